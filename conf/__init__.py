@@ -1,0 +1,1 @@
+"""Hydra config tree, installed as the package ``launcher.conf`` (Hydra search path ``pkg://launcher.conf``)."""

@@ -1,0 +1,65 @@
+"""``hetero-launch recipe=<name> [key=value ...]``: compose, plan, then launch (or print, for a dry run).
+
+Hydra's own flags (--help, --cfg job, --info, ...) are handed to a Hydra app; everything else composes through
+launcher.config so that bad keys and values give one clear message (exit code 2) before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+
+from launcher.errors import ConfigError
+
+HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--package", "-p",
+               "--shell-completion", "-sc", "--version"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a.split("=")[0] in HYDRA_FLAGS for a in argv):
+        return _hydra_app(argv)
+    from launcher.config import compose_config
+    from launcher.launch import launch_run, write_dry_run
+    from launcher.launch.host import probe_host
+    from launcher.plan import plan_launch
+    from launcher.report.plan_view import plan_tree
+
+    console = Console()
+    try:
+        cfg = compose_config(argv)
+        plan = plan_launch(cfg, probe_host())
+        console.print(plan_tree(plan))
+        if cfg.dry_run:
+            run_dir = write_dry_run(cfg, plan)
+            console.print("[bold]DeepSpeed config[/bold] (ds_config.json):")
+            console.print_json(json.dumps(plan.deepspeed))
+            console.print(f"dry run: nothing started; plan written to {run_dir}")
+            return 0
+        return launch_run(cfg, plan, console)
+    except ConfigError as e:
+        Console(stderr=True).print(f"[bold red]hetero-launch:[/bold red] {e.render()}", highlight=False, soft_wrap=True)
+        return 2
+
+
+def _hydra_app(argv: list[str]) -> int:
+    import hydra
+
+    from launcher.schema import register_schemas
+
+    register_schemas()
+
+    @hydra.main(config_path="pkg://launcher.conf", config_name="config", version_base="1.3")
+    def app(_cfg) -> None:  # only reached without an info flag; the flags print and return before it
+        pass
+
+    sys.argv = [sys.argv[0], *argv, "hydra/help=hetero_launch", "hydra.output_subdir=null", "hydra.run.dir=.",
+                "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    app()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Compose a config from ``conf/`` + command-line overrides, and check every override before composing.
+
+Hydra alone stops at the first bad override with a message about dataclass internals. Here each override is
+checked against the composed defaults first, so a user gets every problem at once with a did-you-mean:
+``trainer.stepz=3: no such key. Did you mean trainer.steps? ...``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Sequence
+
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from launcher.errors import ConfigError
+from launcher.schema import register_schemas
+
+CONFIG_MODULE = "launcher.conf"
+CONFIG_NAME = "config"
+
+
+def compose_config(overrides: Sequence[str]) -> DictConfig:
+    """The resolved config for these overrides, or ConfigError listing every problem."""
+    register_schemas()
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as e:
+        raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value.") from None
+    GlobalHydra.instance().clear()
+    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        groups = set(loader.list_groups(""))
+        problems: list[str] = []
+        group_lines = []
+        for o in parsed:
+            if o.key_or_group in groups:
+                options = loader.get_group_options(o.key_or_group)
+                value = o.value()
+                if isinstance(value, str) and value not in options:
+                    problems.append(_unknown(o.key_or_group, value, options, "option of"))
+                else:
+                    group_lines.append(o.input_line)
+        if not any(o.key_or_group == "recipe" for o in parsed):
+            options = loader.get_group_options("recipe")
+            problems.append(f"recipe is not set. Pick one: {' | '.join(f'recipe={r}' for r in options)}.")
+        if problems:
+            raise ConfigError(problems)
+        base = _compose(group_lines)
+        for o in parsed:
+            if o.key_or_group in groups or o.key_or_group.startswith("hydra"):
+                continue
+            problems += _check_value_override(base, o.key_or_group, o.value(), o.input_line, o.is_delete())
+        if problems:
+            raise ConfigError(problems)
+        cfg = _compose(list(overrides))
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{e.full_key}: {_first_line(e)}. Set it on the command line: {e.full_key}=<value>.") from None
+    return cfg
+
+
+def _compose(lines: list[str]) -> DictConfig:
+    try:
+        return compose(config_name=CONFIG_NAME, overrides=lines)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(_first_line(e)) from None
+
+
+def _check_value_override(base: DictConfig, key: str, value, line: str, delete: bool) -> list[str]:
+    if OmegaConf.select(base, key, default=_ABSENT, throw_on_missing=False) is _ABSENT:
+        if line.startswith("+"):
+            return []  # an explicit append; Hydra reports it if the schema forbids it
+        return [_unknown(key, line.split("=", 1)[-1], list(_dotted_keys(base)), "key in the config; value")]
+    if delete:
+        return []
+    trial = base.copy()
+    try:
+        OmegaConf.update(trial, key, value, merge=True)
+    except OmegaConfBaseException as e:
+        return [f"{line}: {_first_line(e)}. Current value: {key}={OmegaConf.select(base, key)!r}; give one of that type."]
+    return []
+
+
+def _unknown(key: str, value: str, candidates: Sequence[str], what: str) -> str:
+    if what == "option of":
+        close = difflib.get_close_matches(value, candidates, n=1, cutoff=0.6)
+        hint = f" Did you mean {key}={close[0]}?" if close else ""
+        return f"{key}={value}: no such {key}.{hint} Available: {', '.join(candidates)}."
+    parent = key.rpartition(".")[0]
+    same_depth = [c for c in candidates if c.count(".") == key.count(".")]
+    close = difflib.get_close_matches(key, same_depth, n=1, cutoff=0.6)
+    hint = f" Did you mean {close[0]}? Write {close[0]}={value}." if close else ""
+    siblings = [c.rpartition(".")[2] for c in candidates if c.rpartition(".")[0] == parent]
+    known = f" Keys under {parent or 'the root'}: {', '.join(siblings)}." if siblings and not close else ""
+    return f"{key}: no such key (value {value}).{hint}{known}"
+
+
+def _dotted_keys(node, prefix: str = "") -> Iterator[str]:
+    if isinstance(node, DictConfig):
+        for k in node.keys():
+            full = f"{prefix}{k}"
+            yield full
+            child = node._get_node(k)
+            if isinstance(child, DictConfig):
+                yield from _dotted_keys(child, full + ".")
+    elif isinstance(node, ListConfig):
+        return
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0].rstrip(".") if text else type(e).__name__
+
+
+class _Absent:
+    pass
+
+
+_ABSENT = _Absent()

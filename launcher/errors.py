@@ -1,0 +1,16 @@
+"""The one error users see for bad input: every problem at once, each naming key, value and fix."""
+
+from __future__ import annotations
+
+
+class ConfigError(Exception):
+    """Raised before anything is spawned. ``problems`` holds one sentence (or short paragraph) per problem."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        n = len(self.problems)
+        head = f"{n} problem{'s' if n != 1 else ''} in the config; nothing was started."
+        return head + "".join(f"\n  - {p}" for p in self.problems)

@@ -1,0 +1,63 @@
+"""SIDE EFFECTS: make the run dir, build DeepSpeed ops once, spawn the ranks, supervise, summarise."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+from rich.console import Console
+
+from launcher.launch.rundir import create_run_dir, point_latest, write_run_files
+from launcher.plan import LaunchPlan
+from launcher.report.summary import build_summary, failure_report, summary_table, write_summary
+
+__all__ = ["launch_run", "write_dry_run"]
+
+
+def write_dry_run(cfg: DictConfig, plan: LaunchPlan) -> Path:
+    """The run dir of a dry run: every file a real run starts with, and no process."""
+    log_dir = Path(cfg.output.log_dir)
+    run_dir = create_run_dir(log_dir, cfg.output.run_name, plan.recipe)
+    write_run_files(run_dir, cfg, plan)
+    point_latest(log_dir, run_dir)
+    return run_dir
+
+
+def launch_run(cfg: DictConfig, plan: LaunchPlan, console: Console) -> int:
+    """Run the plan on this host; returns the launcher's exit code (0 = every rank finished)."""
+    from launcher.launch.engine import host_store, spawn_ranks
+    from launcher.launch.ops import build_ops
+    from launcher.launch.progress import ProgressView
+    from launcher.launch.supervise import supervise
+
+    run_dir = write_dry_run(cfg, plan)
+    console.print(f"run dir: {run_dir}")
+    t0 = time.monotonic()
+    plan_dict = plan.to_dict()
+    try:
+        build_ops(plan, run_dir, console)
+    except RuntimeError as e:
+        console.print(f"[red]{e}[/red]")
+        exits = [{"rank": r.rank, "exit_code": None} for r in plan.ranks]
+        write_summary(run_dir, build_summary(run_dir, plan_dict, exits, "failed", time.monotonic() - t0))
+        return 1
+    store = host_store(plan)  # held open for the whole run: the ranks rendezvous on it
+    pc = spawn_ranks(plan, run_dir, run_dir.name, store.port)
+    with ProgressView(console, run_dir / "rank.0", plan.steps) as view:
+        outcome = supervise(pc, plan.nproc_per_node, view.tick)
+    by_local = {r.local_rank: r.rank for r in plan.ranks}
+    exits = [
+        {"rank": by_local[e.local_rank], "exit_code": e.exit_code, "stopped_by_launcher": e.stopped_by_launcher}
+        for e in outcome.exits
+    ]
+    ok = not outcome.interrupted and all(e["exit_code"] == 0 for e in exits)
+    status = "ok" if ok else ("interrupted" if outcome.interrupted else "failed")
+    summary = build_summary(run_dir, plan_dict, exits, status, time.monotonic() - t0)
+    write_summary(run_dir, summary)
+    console.print(summary_table(summary))
+    if outcome.first_failed is not None:
+        failed_rank = by_local[outcome.first_failed]
+        console.print(failure_report(run_dir, summary, failed_rank, cfg.output.stderr_tail))
+    console.print(f"summary: {run_dir / 'summary.json'}")
+    return 0 if ok else (130 if outcome.interrupted else 1)

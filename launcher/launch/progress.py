@@ -1,0 +1,66 @@
+"""Live progress from rank 0's records: a rich bar on a terminal, one plain line per logged step elsewhere (CI)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+
+class ProgressView:
+    def __init__(self, console: Console, rank_dir: Path, total_steps: int) -> None:
+        self._console = console
+        self._metrics = rank_dir / "metrics.jsonl"
+        self._heartbeat = rank_dir / "last_step"
+        self._offset = 0
+        self._total = total_steps
+        self._live = console.is_terminal
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[rate]} samples/s"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not self._live,
+        )
+        self._task = self._progress.add_task("train", total=total_steps, loss="-", rate="-")
+
+    def __enter__(self) -> ProgressView:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.tick()
+        self._progress.stop()
+
+    def tick(self) -> None:
+        for record in self._new_records():
+            if "event" in record:
+                if not self._live:
+                    self._console.print(f"{record['event']}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k in ("loss", "n")))
+                continue
+            self._progress.update(self._task, loss=f"{record['loss']:.4f}", rate=f"{record['samples_per_s']:.0f}")
+            if not self._live:
+                self._console.print(
+                    f"step {record['step']}/{self._total}  loss {record['loss']:.5f}  {record['samples_per_s']:.0f} samples/s"
+                )
+        try:
+            self._progress.update(self._task, completed=int(self._heartbeat.read_text()))
+        except (OSError, ValueError):
+            pass
+
+    def _new_records(self) -> list[dict]:
+        try:
+            with open(self._metrics) as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return []
+        complete = chunk[: chunk.rfind("\n") + 1]  # leave a half-written last line for the next tick
+        self._offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]

@@ -1,0 +1,108 @@
+"""PURE planning: a composed config + host facts -> a frozen LaunchPlan.
+
+No environment is read, no port bound, no file written, no deepspeed imported: planning takes milliseconds and a
+dry run shows exactly what a real run would do. Every problem found is reported at once (ConfigError).
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from launcher.errors import ConfigError
+from launcher.plan.batch import BatchPlan, plan_batch
+from launcher.plan.deepspeed import DeepSpeedInputs, deepspeed_config
+from launcher.plan.memory import MemoryEstimate, estimate_memory
+from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
+from launcher.plan.rules import check_config, resolve_nproc
+from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan
+
+__all__ = ["BatchPlan", "HostFacts", "LaunchPlan", "MemoryEstimate", "OptimizerPlan", "RankPlan", "plan_launch"]
+
+
+def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
+    """Plan a run of ``cfg`` on ``host``; raise ConfigError listing every problem."""
+    from launcher.recipes import RECIPES
+
+    problems = check_config(cfg, host)
+    notes: list[str] = []
+    nproc, nproc_note = resolve_nproc(cfg.cluster.nproc_per_node, host)
+    if nproc_note:
+        notes.append(nproc_note)
+    nnodes = cfg.cluster.nnodes
+    world = nnodes * nproc
+    pp = cfg.parallel.pipeline_stages
+    dp = cfg.parallel.dp if cfg.parallel.dp != -1 else max(1, world // max(1, pp))
+    if dp * pp != world:
+        problems.append(
+            f"parallel.dp={dp} × parallel.pipeline_stages={pp} = {dp * pp} != world_size {world} "
+            f"(cluster.nnodes {nnodes} × nproc_per_node {nproc}). Set parallel.dp=-1 to infer it."
+        )
+    batch, batch_problems = plan_batch(cfg.batch.global_size, cfg.batch.micro_size, cfg.batch.grad_accum, dp)
+    problems += batch_problems
+    recipe = RECIPES[cfg.recipe.name]
+    if batch is not None:
+        problems += recipe.problems(cfg.model, cfg.data, batch.micro_size * dp)
+    if problems:
+        raise ConfigError(problems)
+
+    device_type = "cuda" if host.accelerators > 0 else "cpu"
+    backend = cfg.cluster.backend if cfg.cluster.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+    o = cfg.optimizer
+    optimizer = OptimizerPlan(
+        name=o.name,
+        lr=o.lr,
+        momentum=o.momentum,
+        betas=(o.betas[0], o.betas[1]),
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        target=o.target.lower(),
+    )
+    zero = cfg.zero.stage
+    ds = deepspeed_config(
+        DeepSpeedInputs(
+            global_size=batch.global_size,
+            micro_size=batch.micro_size,
+            grad_accum=batch.grad_accum,
+            zero_stage=zero,
+            precision=cfg.precision,
+            optimizer=o.name,
+            log_every=cfg.trainer.log_every,
+        )
+    )
+    ranks = plan_ranks(
+        nnodes=nnodes,
+        nproc_per_node=nproc,
+        device_type=device_type,
+        master_addr=cfg.cluster.master_addr,
+        master_port=cfg.cluster.master_port,
+        omp_threads=max(1, host.cpu_count // nproc),
+        extensions_dir=host.extensions_dir,
+    )
+    hosts = [cfg.cluster.master_addr] if nnodes == 1 else [f"node{n}" for n in range(nnodes)]
+    return LaunchPlan(
+        recipe=cfg.recipe.name,
+        world_size=world,
+        nnodes=nnodes,
+        nproc_per_node=nproc,
+        dp=dp,
+        pipeline_stages=pp,
+        zero_stage=zero,
+        backend=backend,
+        device_type=device_type,
+        precision=cfg.precision,
+        steps=cfg.trainer.steps,
+        log_every=cfg.trainer.log_every,
+        checkpoint_every=cfg.trainer.checkpoint_every,
+        eval_batches=cfg.trainer.eval_batches,
+        seed=cfg.trainer.seed,
+        batch=batch,
+        optimizer=optimizer,
+        memory=estimate_memory(recipe.param_count(cfg.model), cfg.precision, o.name, zero, dp),
+        deepspeed=ds,
+        ranks=ranks,
+        rank_table=rank_table(ranks, hosts),
+        # DeepSpeed's CPU accelerator loads its shared-memory collectives op at init_distributed.
+        ds_ops=("deepspeed_shm_comm",) if device_type == "cpu" else (),
+        notes=tuple(notes),
+        debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step),
+    )

@@ -1,0 +1,54 @@
+"""Solve global = micro x grad_accum x dp from any two of the three batch numbers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    global_size: int
+    """Samples per optimizer step over all data-parallel ranks."""
+    micro_size: int
+    """Samples per forward/backward on one rank."""
+    grad_accum: int
+    """Micro-batches accumulated per optimizer step."""
+
+
+def plan_batch(global_size: int, micro_size: int, grad_accum: int, dp: int) -> tuple[BatchPlan | None, list[str]]:
+    """Infer the -1 entries. Returns (plan, []) or (None, problems)."""
+    given = {k: v for k, v in (("global_size", global_size), ("micro_size", micro_size), ("grad_accum", grad_accum))}
+    bad = [f"batch.{k}={v} must be a positive integer, or -1 to infer it." for k, v in given.items() if v == 0 or v < -1]
+    if bad:
+        return None, bad
+    g, m, a = global_size, micro_size, grad_accum
+    if g == -1 and m == -1:
+        return None, ["batch.global_size and batch.micro_size are both -1 (infer). Set at least one, e.g. batch.global_size=256."]
+    if a == -1 and (g == -1 or m == -1):
+        a = 1  # only one size given: no accumulation
+    if g == -1:
+        g = m * a * dp
+    elif m == -1:
+        if g % (a * dp):
+            return None, [_split_error(g, a, dp, missing="micro")]
+        m = g // (a * dp)
+    elif a == -1:
+        if g % (m * dp):
+            return None, [_split_error(g, m, dp, missing="accum")]
+        a = g // (m * dp)
+    if g != m * a * dp:
+        return None, [
+            f"batch does not divide: global {g} != micro {m} × accum {a} × dp {dp} (= {m * a * dp}). "
+            f"Set batch.global_size={m * a * dp}, or set one of batch.micro_size / batch.grad_accum to -1 to infer it."
+        ]
+    return BatchPlan(global_size=g, micro_size=m, grad_accum=a), []
+
+
+def _split_error(g: int, other: int, dp: int, missing: str) -> str:
+    known = "accum" if missing == "micro" else "micro"
+    lower = (g // (other * dp)) * other * dp
+    fix = f"batch.global_size={lower}" if lower else f"batch.global_size={other * dp}"
+    return (
+        f"batch does not divide: global {g} != {missing} ? × {known} {other} × dp {dp}; "
+        f"{g} is not a multiple of {other * dp}. Set {fix}, or change batch.{'grad_accum' if known == 'accum' else 'micro_size'}."
+    )

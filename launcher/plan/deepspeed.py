@@ -1,0 +1,54 @@
+"""The DeepSpeed config, emitted as a table: each row maps plan fields to one dotted DeepSpeed key.
+
+Keys are spelled exactly as DeepSpeed names them (deepspeed/runtime/constants.py, zero/config.py). Never emitted:
+deprecated ``cpu_offload*``, ``"auto"`` (DeepSpeed does not resolve it; HF Accelerate does), ``sparse_gradients``
+(rejected by DeepSpeed >= 0.19), and ``optimizer`` (the worker passes a torch optimizer; naming one here makes
+DeepSpeed JIT-build fused_adam on CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# Client torch optimizers DeepSpeed's ZeRO has tested; others need zero_allow_untested_optimizer.
+_ZERO_TESTED = {"adam", "adamw"}
+
+
+@dataclass(frozen=True)
+class DeepSpeedInputs:
+    """The plan fields the DeepSpeed config depends on."""
+
+    global_size: int
+    micro_size: int
+    grad_accum: int
+    zero_stage: int
+    precision: str
+    optimizer: str
+    log_every: int
+
+
+_ROWS: list[tuple[str, Callable[[DeepSpeedInputs], Any]]] = [
+    ("train_batch_size", lambda p: p.global_size),
+    ("train_micro_batch_size_per_gpu", lambda p: p.micro_size),
+    ("gradient_accumulation_steps", lambda p: p.grad_accum),
+    ("steps_per_print", lambda p: p.log_every),
+    ("wall_clock_breakdown", lambda p: False),
+    ("zero_optimization.stage", lambda p: p.zero_stage),
+    ("zero_allow_untested_optimizer", lambda p: p.zero_stage > 0 and p.optimizer not in _ZERO_TESTED),
+    ("bf16.enabled", lambda p: p.precision == "bf16"),
+    ("fp16.enabled", lambda p: p.precision == "fp16"),
+]
+
+
+def deepspeed_config(p: DeepSpeedInputs) -> dict[str, Any]:
+    """The DeepSpeed config dict for these inputs."""
+    out: dict[str, Any] = {}
+    for dotted, value in _ROWS:
+        node = out
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value(p)
+    return out

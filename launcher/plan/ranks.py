@@ -1,0 +1,69 @@
+"""Rank layout: the rank table (MindSpore/HCCL JSON form) and each rank's environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    local_rank: int
+    node_rank: int
+    device: str
+    """torch device string: cpu, or cuda:<local_rank>."""
+    env: dict[str, str] = field(default_factory=dict)
+    """The variables this rank is started with (on top of the launcher's environment)."""
+
+
+def plan_ranks(
+    *,
+    nnodes: int,
+    nproc_per_node: int,
+    device_type: str,
+    master_addr: str,
+    master_port: int,
+    omp_threads: int,
+    extensions_dir: str,
+) -> tuple[RankPlan, ...]:
+    """One RankPlan per global rank. MASTER_PORT "0" means: picked at launch."""
+    world = nnodes * nproc_per_node
+    ranks = []
+    for node in range(nnodes):
+        for local in range(nproc_per_node):
+            rank = node * nproc_per_node + local
+            env = {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(local),
+                "GROUP_RANK": str(node),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(nproc_per_node),
+                "GROUP_WORLD_SIZE": str(nnodes),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+                "OMP_NUM_THREADS": str(omp_threads),
+                "TORCH_EXTENSIONS_DIR": extensions_dir,
+                "PYTHONUNBUFFERED": "1",
+            }
+            if device_type == "cpu":
+                env["DS_ACCELERATOR"] = "cpu"
+            device = "cpu" if device_type == "cpu" else f"cuda:{local}"
+            ranks.append(RankPlan(rank=rank, local_rank=local, node_rank=node, device=device, env=env))
+    return tuple(ranks)
+
+
+def rank_table(ranks: tuple[RankPlan, ...], hosts: list[str]) -> dict:
+    """The rank table in MindSpore/HCCL form (all values strings, as HCCL writes them).
+
+    ``hosts[n]`` is node n's address. On a CPU-only host each rank's "device" is a CPU process; its device_ip is
+    the host's address.
+    """
+    servers = []
+    for node, host in enumerate(hosts):
+        devices = [
+            {"device_id": str(r.local_rank), "device_ip": host, "rank_id": str(r.rank)}
+            for r in ranks
+            if r.node_rank == node
+        ]
+        servers.append({"server_id": host, "device": devices, "host_nic_ip": "reserve"})
+    return {"version": "1.0", "server_count": str(len(hosts)), "server_list": servers, "status": "completed"}

@@ -1,0 +1,96 @@
+"""Section rules: one sentence per problem, naming the dotted key, its value and a fix."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from launcher.plan.types import HostFacts
+
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+PRECISIONS = ("fp32", "bf16", "fp16")
+BACKENDS = ("auto", "gloo", "nccl")
+_LATER = "is not supported yet (planned: {what})."
+
+
+def resolve_nproc(value: str, host: HostFacts) -> tuple[int, str]:
+    """cluster.nproc_per_node as an int, and a note when it was resolved from 'auto' (invalid values -> 1)."""
+    if str(value) == "auto":
+        if host.accelerators > 0:
+            return host.accelerators, f"cluster.nproc_per_node=auto -> {host.accelerators} (visible CUDA devices)"
+        return 2, "cluster.nproc_per_node=auto -> 2 (CPU-only host: 2 ranks)"
+    try:
+        return max(1, int(value)), ""
+    except ValueError:
+        return 1, ""
+
+
+def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
+    """Every problem in cfg that does not depend on the batch split."""
+    p: list[str] = []
+    t, c = cfg.trainer, cfg.cluster
+    if t.steps < 1:
+        p.append(f"trainer.steps={t.steps} must be >= 1.")
+    if t.log_every < 1:
+        p.append(f"trainer.log_every={t.log_every} must be >= 1.")
+    if t.checkpoint_every < -1:
+        p.append(f"trainer.checkpoint_every={t.checkpoint_every}: use N>0 (every N steps), 0 (at the end) or -1 (never).")
+    if t.eval_batches < 0:
+        p.append(f"trainer.eval_batches={t.eval_batches} must be >= 0 (0 = no evaluation).")
+
+    nproc = str(c.nproc_per_node)
+    if nproc != "auto" and not (nproc.isdigit() and int(nproc) >= 1):
+        p.append(f"cluster.nproc_per_node={nproc} must be a positive integer or auto.")
+    if c.nnodes != 1:
+        p.append(f"cluster.nnodes={c.nnodes}: multi-node launch " + _LATER.format(what="torchrun/srun/mpirun engines") + " Set cluster.nnodes=1.")
+    if c.node_rank != 0:
+        p.append(f"cluster.node_rank={c.node_rank} must be 0 with cluster.nnodes=1.")
+    if c.backend not in BACKENDS:
+        p.append(f"cluster.backend={c.backend} is not one of {', '.join(BACKENDS)}.")
+    elif c.backend == "nccl" and host.accelerators == 0:
+        p.append("cluster.backend=nccl needs CUDA devices and this host has none. Set cluster.backend=gloo (or auto).")
+    if not 0 <= c.master_port <= 65535:
+        p.append(f"cluster.master_port={c.master_port} must be 0 (pick a free port) or a port number <= 65535.")
+
+    if cfg.zero.stage not in (0, 1, 2, 3):
+        p.append(f"zero.stage={cfg.zero.stage} must be 0, 1, 2 or 3.")
+    pp = cfg.parallel.pipeline_stages
+    if pp < 1:
+        p.append(f"parallel.pipeline_stages={pp} must be >= 1.")
+    elif pp > 1:
+        if cfg.zero.stage >= 2:
+            p.append(
+                f"parallel.pipeline_stages={pp} needs zero.stage<=1; got zero.stage={cfg.zero.stage} "
+                f"(DeepSpeed: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism). "
+                f"Set zero.stage=1 or parallel.pipeline_stages=1."
+            )
+        p.append(f"parallel.pipeline_stages={pp}: pipeline parallelism " + _LATER.format(what="DeepSpeed PipelineModule") + " Set parallel.pipeline_stages=1.")
+    if cfg.parallel.dp == 0 or cfg.parallel.dp < -1:
+        p.append(f"parallel.dp={cfg.parallel.dp} must be a positive integer or -1 (infer).")
+
+    if cfg.precision not in PRECISIONS:
+        p.append(f"precision={cfg.precision} is not one of {', '.join(PRECISIONS)}.")
+    elif cfg.precision == "fp16" and host.accelerators == 0:
+        p.append("precision=fp16 is not supported on CPU (DeepSpeed has no fp16 CPU path). Set precision=bf16 or precision=fp32.")
+
+    o = cfg.optimizer
+    if o.name not in OPTIMIZERS:
+        p.append(f"optimizer.name={o.name} is not one of {', '.join(OPTIMIZERS)}.")
+    if o.lr <= 0:
+        p.append(f"optimizer.lr={o.lr} must be > 0.")
+    if len(o.betas) != 2:
+        p.append(f"optimizer.betas={list(o.betas)} must be two numbers, e.g. optimizer.betas=[0.9,0.999].")
+    if o.target.lower() not in ("device", "cpu"):
+        p.append(f"optimizer.target={o.target} must be device or CPU.")
+    elif o.target.lower() == "cpu":
+        p.append("optimizer.target=CPU: ZeRO-Offload " + _LATER.format(what="heterogeneous placement issue") + " Set optimizer.target=device.")
+
+    pl = cfg.placement
+    if pl.host_device_mix not in (0, 1):
+        p.append(f"placement.host_device_mix={pl.host_device_mix} must be 0 (all on device) or 1 (tables on host).")
+    elif pl.host_device_mix == 1:
+        p.append("placement.host_device_mix=1: host embedding tables " + _LATER.format(what="heterogeneous placement issue") + " Set placement.host_device_mix=0.")
+    if pl.offload_params:
+        p.append("placement.offload_params=true: ZeRO-3 parameter offload " + _LATER.format(what="heterogeneous placement issue") + " Set placement.offload_params=false.")
+    if len(pl.tables):
+        p.append(f"placement.tables={dict(pl.tables)}: per-table placement " + _LATER.format(what="heterogeneous placement issue") + " Remove the placement.tables entries.")
+    return p

@@ -1,0 +1,165 @@
+"""Typed schema of a hetero-launch config, registered in Hydra's ConfigStore.
+
+One dataclass per section. A recipe YAML (``conf/recipe/<name>.yaml``) fills these sections in; the recipe's own
+model and data schemas live beside its code in ``recipes/<name>/__init__.py`` and are registered here too, so every
+key a user can type is typed and known before anything runs.
+
+Sentinels: ``-1`` means "infer it" wherever a field says so; ``"auto"`` means "decide from the host".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class RecipeConfig:
+    name: str = MISSING
+    """Name of the recipe; also the run-id prefix."""
+
+
+@dataclass
+class TargetConfig:
+    """A Hydra-instantiable object: ``_target_`` is a dotted import path."""
+
+    _target_: str = MISSING
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adam"
+    """One of: sgd, momentum (MindSpore's Momentum = SGD with momentum), adam, adamw."""
+    lr: float = 1e-3
+    """Learning rate."""
+    momentum: float = 0.0
+    """Momentum factor for sgd/momentum."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam's (beta1, beta2)."""
+    eps: float = 1e-8
+    """Adam's epsilon."""
+    weight_decay: float = 0.0
+    """L2 (sgd/adam) or decoupled (adamw) weight decay."""
+    target: str = "device"
+    """Where the dense optimizer runs: device, or CPU (ZeRO-Offload; not yet supported)."""
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 100
+    """Optimizer steps (each = grad_accum micro-batches on every data-parallel rank)."""
+    log_every: int = 10
+    """Write a metrics.jsonl line every this many steps (the first and last step are always logged)."""
+    seed: int = 1234
+    """Seed for model init and data order; identical on every rank."""
+    checkpoint_every: int = 0
+    """Save a DeepSpeed checkpoint every N steps; 0 = only at the end; -1 = never."""
+    eval_batches: int = 4
+    """Held-out micro-batches evaluated at the end; 0 = no evaluation."""
+
+
+@dataclass
+class BatchConfig:
+    global_size: int = -1
+    """Samples per optimizer step over all ranks; -1 = infer (global = micro x grad_accum x dp)."""
+    micro_size: int = -1
+    """Samples per forward/backward on one rank; -1 = infer."""
+    grad_accum: int = -1
+    """Micro-batches accumulated per step; -1 = infer (1 when only one size is given)."""
+
+
+@dataclass
+class ParallelConfig:
+    dp: int = -1
+    """Data-parallel degree; -1 = world_size / pipeline_stages."""
+    pipeline_stages: int = 1
+    """Pipeline stages (only 1 supported for now)."""
+
+
+@dataclass
+class ZeroConfig:
+    stage: int = 0
+    """ZeRO stage 0-3: 0 = plain data parallel, 1 = shard optimizer states, 2 = + gradients, 3 = + parameters."""
+
+
+@dataclass
+class PlacementConfig:
+    host_device_mix: int = 0
+    """1 = embedding tables on the host with sparse optimizers (not yet supported)."""
+    offload_params: bool = False
+    """ZeRO-3 parameter offload to host memory (not yet supported)."""
+    tables: dict[str, str] = field(default_factory=dict)
+    """Per-table override, name -> host|device (not yet supported)."""
+
+
+@dataclass
+class ClusterConfig:
+    nnodes: int = 1
+    """Number of hosts (only 1 supported for now)."""
+    node_rank: int = 0
+    """This host's index among nnodes."""
+    nproc_per_node: str = "auto"
+    """Ranks on this host: a positive integer, or auto = one per visible accelerator, 2 on a CPU-only host."""
+    master_addr: str = "127.0.0.1"
+    """Address of the rendezvous store (rank 0's host)."""
+    master_port: int = 0
+    """Port of the rendezvous store; 0 = a free port picked at launch."""
+    backend: str = "auto"
+    """torch.distributed backend: auto (nccl with accelerators, else gloo), gloo or nccl."""
+
+
+@dataclass
+class OutputConfig:
+    log_dir: str = "log_output"
+    """Where run dirs go, relative to the directory the command runs in."""
+    run_name: str = ""
+    """Run dir name; empty = <recipe>-<YYYYmmdd-HHMMSS>. An existing run dir is never overwritten."""
+    stderr_tail: int = 20
+    """Lines of a failed rank's stderr printed by the launcher."""
+
+
+@dataclass
+class DebugConfig:
+    fail_rank: int = -1
+    """Fault injection for testing supervision: this rank raises ...; -1 = off."""
+    fail_step: int = -1
+    """... at this step."""
+
+
+@dataclass
+class HeteroConfig:
+    """The root of every hetero-launch config."""
+
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    model: Any = MISSING
+    """Recipe-specific; typed by the recipe's ModelConfig."""
+    data: Any = MISSING
+    """Recipe-specific; typed by the recipe's DataConfig."""
+    loss: TargetConfig = field(default_factory=TargetConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    precision: str = "fp32"
+    """fp32, bf16 or fp16 (fp16 needs an accelerator)."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    dry_run: bool = False
+    """Plan, write the run dir and print; spawn nothing."""
+
+
+def register_schemas() -> None:
+    """Store the root schema and every recipe's model/data schema in Hydra's ConfigStore (idempotent)."""
+    from launcher.recipes import RECIPES
+
+    cs = ConfigStore.instance()
+    cs.store(name="hetero_launch_schema", node=HeteroConfig)
+    for name, recipe in RECIPES.items():
+        cs.store(group="schema/model", name=name, node=recipe.ModelConfig)
+        cs.store(group="schema/data", name=name, node=recipe.DataConfig)
