@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -31,6 +32,8 @@ def launch_run(cfg: DictConfig, plan: LaunchPlan, console: Console) -> int:
     from launcher.launch.progress import ProgressView
     from launcher.launch.supervise import supervise
 
+    # torch elastic logs each SIGTERM it sends and each failure; the failure report below says it once, better.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     run_dir = write_dry_run(cfg, plan)
     console.print(f"run dir: {run_dir}")
     t0 = time.monotonic()

@@ -29,6 +29,7 @@ class RankLogsSpecs(LogsSpecs):
         return str(self._run_dir)
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        """Called by start_processes; like DefaultLogsSpecs it also tells each rank its error file via envs."""
         dest = LogsDest()
         for local_rank, env in envs.items():
             folder = self._run_dir / f"rank.{env['RANK']}"
@@ -36,6 +37,7 @@ class RankLogsSpecs(LogsSpecs):
             dest.stdouts[local_rank] = str(folder / "stdout")
             dest.stderrs[local_rank] = str(folder / "stderr")
             dest.error_files[local_rank] = str(folder / "error.json")
+            env["TORCHELASTIC_ERROR_FILE"] = str(folder / "error.json")  # where @record in the worker writes
         return dest
 
 

@@ -27,6 +27,8 @@ def build_ops(plan: LaunchPlan, run_dir: Path, console: Console) -> None:
     if not missing:
         return
     env = {**os.environ, **{k: v for k, v in plan.ranks[0].env.items() if k in ("TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR")}}
+    # torch's JIT build calls `ninja` from PATH: put the interpreter's bin dir (where pip installed ninja) first.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     log = run_dir / "ops_build.log"
     where = env["TORCH_EXTENSIONS_DIR"]
     msg = (

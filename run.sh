@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# hetero-launch from a fresh clone: creates .venv when missing, installs torch only when none is importable there
+# (CPU default torch==2.13.0; HL_TORCH_SPEC picks another, e.g. a CUDA build), installs this project, then
+#   ./run.sh recipe=wide_deep [key=value ...]   runs hetero-launch in the current directory (log_output/ lands here)
+#   ./run.sh test [pytest args]                 runs the test suite
+# HL_VENV=path: use another venv. HL_SYSTEM_SITE=1: let a new venv see the system's packages (keeps a torch you have).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+VENV="${HL_VENV:-$ROOT/.venv}"
+PY="$VENV/bin/python"
+
+if [ ! -x "$PY" ]; then
+  echo "run.sh: creating $VENV" >&2
+  python3 -m venv ${HL_SYSTEM_SITE:+--system-site-packages} "$VENV"
+fi
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  spec="${HL_TORCH_SPEC:-torch==2.13.0}"
+  echo "run.sh: installing $spec" >&2
+  "$PY" -m pip install -q "$spec"
+fi
+# Reinstall the project only when its metadata changed (the install is editable: code edits need none).
+stamp="$VENV/.hetero-launch-installed"
+want="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "run.sh: installing hetero-launch and its dependencies into $VENV" >&2
+  "$PY" -m pip install -q -e "$ROOT[test]"
+  echo "$want" > "$stamp"
+fi
+
+if [ "${1:-}" = "test" ]; then
+  shift
+  cd "$ROOT"
+  exec "$PY" -m pytest "$@"
+fi
+exec "$VENV/bin/hetero-launch" "$@"
