@@ -19,9 +19,20 @@ HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "-
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a.split("=")[0] in HYDRA_FLAGS for a in argv):
-        return _hydra_app(argv)
     from launcher.config import compose_config
+
+    if any(a.split("=")[0] in HYDRA_FLAGS for a in argv):
+        overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+        if {"--help", "-h"} & set(argv):
+            if not any(o.startswith("recipe=") for o in overrides):
+                argv.insert(0, "recipe=quickstart")  # help composes a config; any recipe lists the same groups
+        else:
+            try:
+                compose_config(overrides)  # our messages for bad keys, before Hydra prints anything
+            except ConfigError as e:
+                Console(stderr=True).print(f"[bold red]hetero-launch:[/bold red] {e.render()}", highlight=False, soft_wrap=True)
+                return 2
+        return _hydra_app(argv)
     from launcher.launch import launch_run, write_dry_run
     from launcher.launch.host import probe_host
     from launcher.plan import plan_launch
@@ -55,8 +66,8 @@ def _hydra_app(argv: list[str]) -> int:
     def app(_cfg) -> None:  # only reached without an info flag; the flags print and return before it
         pass
 
-    sys.argv = [sys.argv[0], *argv, "hydra/help=hetero_launch", "hydra.output_subdir=null", "hydra.run.dir=.",
-                "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    sys.argv = [sys.argv[0], "hydra/help=hetero_launch", "hydra.output_subdir=null", "hydra.run.dir=.",
+                "hydra/job_logging=none", "hydra/hydra_logging=none", *argv]
     app()
     return 0
 

@@ -59,9 +59,9 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     elif pp > 1:
         if cfg.zero.stage >= 2:
             p.append(
-                f"parallel.pipeline_stages={pp} needs zero.stage<=1; got zero.stage={cfg.zero.stage} "
-                f"(DeepSpeed: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism). "
-                f"Set zero.stage=1 or parallel.pipeline_stages=1."
+                f"parallel.pipeline_stages={pp} needs zero.stage<=1; got zero.stage={cfg.zero.stage}. "
+                f"Set zero.stage=1 or parallel.pipeline_stages=1 "
+                f"(DeepSpeed: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism)."
             )
         p.append(f"parallel.pipeline_stages={pp}: pipeline parallelism " + _LATER.format(what="DeepSpeed PipelineModule") + " Set parallel.pipeline_stages=1.")
     if cfg.parallel.dp == 0 or cfg.parallel.dp < -1:

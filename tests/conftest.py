@@ -1,0 +1,40 @@
+"""Shared fixtures: compose a recipe as the CLI does, a CPU-only host, and running the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.config import compose_config
+from launcher.launch.host import extensions_dir
+from launcher.plan import HostFacts, plan_launch
+from launcher.recipes import RECIPES
+
+ALL_RECIPES = sorted(RECIPES)
+
+
+@pytest.fixture
+def cpu_host() -> HostFacts:
+    """This CI machine's shape: 2 cores, no accelerator; the real op cache (built once per machine)."""
+    return HostFacts(hostname="ci", cpu_count=2, accelerators=0, extensions_dir=str(extensions_dir()))
+
+
+def plan_of(overrides: list[str], host: HostFacts):
+    return plan_launch(compose_config(overrides), host)
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `hetero-launch args` (this interpreter) in cwd; wide terminal so messages are not wrapped."""
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def read_summary(cwd: Path) -> dict:
+    return json.loads((cwd / "log_output" / "latest" / "summary.json").read_text())

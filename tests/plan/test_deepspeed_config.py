@@ -1,0 +1,78 @@
+"""The emitted DeepSpeed config is parsed by DeepSpeed's own DeepSpeedConfig, at the planned data-parallel size."""
+
+import os
+import socket
+
+import pytest
+
+pytest.importorskip("deepspeed")
+import torch.distributed as dist  # noqa: E402
+from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
+from deepspeed.runtime.constants import TRAIN_BATCH_SIZE  # noqa: E402
+
+from launcher.launch.host import extensions_dir  # noqa: E402
+from tests.conftest import ALL_RECIPES, plan_of  # noqa: E402
+
+
+class _DataParallelTopology:
+    """DeepSpeedConfig asks an "mpu" for the data-parallel size; this one answers the plan's dp."""
+
+    def __init__(self, dp: int) -> None:
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_process_group():
+    # DeepSpeedConfig asks deepspeed.comm for the rank (and then the mpu for dp): a real 1-process gloo group.
+    import deepspeed
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(extensions_dir())  # DeepSpeed loads its shm op from our cache
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("recipe", ALL_RECIPES)
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_deepspeed_parses_our_config(recipe, stage, precision, cpu_host):
+    plan = plan_of([f"recipe={recipe}", f"zero.stage={stage}", f"precision={precision}"], cpu_host)
+    ds = DeepSpeedConfig(dict(plan.deepspeed), mpu=_DataParallelTopology(plan.dp))
+    assert ds.train_batch_size == plan.batch.global_size
+    assert ds.train_micro_batch_size_per_gpu == plan.batch.micro_size
+    assert ds.gradient_accumulation_steps == plan.batch.grad_accum
+    assert ds.zero_optimization_stage == stage
+    assert ds.bfloat16_config.enabled == (precision == "bf16")
+    assert not ds.float16_config.enabled
+
+
+def test_deepspeed_rejects_a_batch_that_does_not_divide(cpu_host):
+    # Guards the test above: the parser really checks our numbers against dp.
+    plan = plan_of(["recipe=wide_deep"], cpu_host)
+    bad = {**plan.deepspeed, TRAIN_BATCH_SIZE: plan.batch.global_size + plan.dp}
+    with pytest.raises(AssertionError, match="Check batch related parameters"):
+        DeepSpeedConfig(bad, mpu=_DataParallelTopology(plan.dp))
+
+
+def test_only_keys_deepspeed_knows(cpu_host):
+    from deepspeed.runtime import constants
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    known = {v for k, v in vars(constants).items() if k.isupper() and isinstance(v, str)} | {"zero_optimization"}
+    plan = plan_of(["recipe=wide_deep", "zero.stage=2"], cpu_host)
+    assert set(plan.deepspeed) <= known, set(plan.deepspeed) - known
+    zero_fields = set(DeepSpeedZeroConfig.model_fields) | {
+        f.alias for f in DeepSpeedZeroConfig.model_fields.values() if f.alias
+    }
+    assert set(plan.deepspeed["zero_optimization"]) <= zero_fields
+    for forbidden in ("sparse_gradients", "optimizer", "cpu_offload"):
+        assert forbidden not in plan.deepspeed
+    assert "auto" not in str(plan.deepspeed)

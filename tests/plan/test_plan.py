@@ -1,0 +1,119 @@
+"""Planning is pure, complete and JSON-serialisable; bad combinations are refused with a fix."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launcher.errors import ConfigError
+from launcher.plan import HostFacts, LaunchPlan
+from tests.conftest import ALL_RECIPES, plan_of
+
+
+@pytest.mark.parametrize("recipe", ALL_RECIPES)
+def test_every_recipe_plans_on_cpu(recipe, cpu_host):
+    plan = plan_of([f"recipe={recipe}"], cpu_host)
+    assert plan.world_size == 2 and plan.dp == 2 and plan.backend == "gloo" and plan.device_type == "cpu"
+    b = plan.batch
+    assert b.global_size == b.micro_size * b.grad_accum * plan.dp
+    assert plan.deepspeed["train_batch_size"] == b.global_size
+    assert plan.memory.params > 0
+    # Round trip through JSON is exact: the worker rebuilds the same plan from plan.json.
+    assert LaunchPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+
+
+def test_rank_env(cpu_host):
+    plan = plan_of(["recipe=quickstart", "cluster.nproc_per_node=2"], cpu_host)
+    for r in plan.ranks:
+        env = r.env
+        assert env["RANK"] == str(r.rank) and env["LOCAL_RANK"] == str(r.local_rank)
+        assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "0"  # 0: picked at launch
+        assert env["OMP_NUM_THREADS"] == "1"  # 2 cores / 2 local ranks
+        assert env["DS_ACCELERATOR"] == "cpu"
+        assert env["TORCH_EXTENSIONS_DIR"] == cpu_host.extensions_dir
+
+
+def test_omp_threads_divide_cores():
+    host = HostFacts(hostname="h", cpu_count=16, accelerators=0, extensions_dir="/x")
+    plan = plan_of(["recipe=quickstart", "cluster.nproc_per_node=4", "batch.micro_size=4"], host)
+    assert {r.env["OMP_NUM_THREADS"] for r in plan.ranks} == {"4"}
+
+
+def test_auto_nproc_uses_accelerators_and_nccl():
+    host = HostFacts(hostname="h", cpu_count=16, accelerators=4, extensions_dir="/x")
+    plan = plan_of(["recipe=quickstart", "batch.micro_size=4"], host)
+    assert plan.world_size == 4 and plan.backend == "nccl" and plan.device_type == "cuda"
+    assert [r.device for r in plan.ranks] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert "DS_ACCELERATOR" not in plan.ranks[0].env
+    assert any("visible CUDA devices" in n for n in plan.notes)
+
+
+def test_rank_table_is_hccl_shaped(cpu_host):
+    table = plan_of(["recipe=quickstart"], cpu_host).rank_table
+    assert table["version"] == "1.0" and table["status"] == "completed" and table["server_count"] == "1"
+    (server,) = table["server_list"]
+    assert set(server) == {"server_id", "device", "host_nic_ip"}
+    assert [d["rank_id"] for d in server["device"]] == ["0", "1"]
+    for d in server["device"]:
+        assert set(d) == {"device_id", "device_ip", "rank_id"}
+        assert all(isinstance(v, str) for v in d.values())
+
+
+def test_memory_estimate_shards_with_zero(cpu_host):
+    m0 = plan_of(["recipe=wide_deep"], cpu_host).memory
+    m1 = plan_of(["recipe=wide_deep", "zero.stage=1"], cpu_host).memory
+    m3 = plan_of(["recipe=wide_deep", "zero.stage=3"], cpu_host).memory
+    assert m0.param_bytes == m0.params * 4 and m0.optimizer_bytes == m0.params * 8  # fp32 Adam: 2 states
+    assert m1.optimizer_bytes == m0.optimizer_bytes // 2 and m1.grad_bytes == m0.grad_bytes
+    assert m3.param_bytes == m0.param_bytes // 2 and m3.grad_bytes == m0.grad_bytes // 2
+
+
+def test_param_count_matches_the_built_model(cpu_host):
+    from hydra.utils import instantiate
+
+    from launcher.config import compose_config
+
+    for recipe in ALL_RECIPES:
+        cfg = compose_config([f"recipe={recipe}", "model.rows_per_table=100"] if recipe == "wide_deep" else [f"recipe={recipe}"])
+        model = instantiate(cfg.model)
+        assert plan_of([f"recipe={recipe}"] + (["model.rows_per_table=100"] if recipe == "wide_deep" else []), cpu_host).memory.params == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["precision=fp16"], r"precision=fp16 is not supported on CPU .* Set precision=bf16 or precision=fp32"),
+        (["parallel.pipeline_stages=2", "zero.stage=2"], r"parallel.pipeline_stages=2 needs zero.stage<=1; got zero.stage=2\. Set zero.stage=1 or parallel.pipeline_stages=1 "),
+        (["zero.stage=4"], r"zero.stage=4 must be 0, 1, 2 or 3"),
+        (["optimizer.name=lamb"], r"optimizer.name=lamb is not one of sgd, momentum, adam, adamw"),
+        (["cluster.backend=nccl"], r"cluster.backend=nccl needs CUDA devices"),
+        (["cluster.nproc_per_node=two"], r"cluster.nproc_per_node=two must be a positive integer or auto"),
+        (["parallel.dp=3"], r"parallel.dp=3 × parallel.pipeline_stages=1 = 3 != world_size 2"),
+        (["batch.global_size=10", "batch.micro_size=4"], r"global 10 != micro 4 × accum 1 × dp 2"),
+        (["placement.host_device_mix=1"], r"placement.host_device_mix=1: .* not supported yet"),
+        (["optimizer.target=CPU"], r"optimizer.target=CPU: ZeRO-Offload is not supported yet"),
+        (["model.rows_per_table=0"], r"model.rows_per_table=0 .* must be >= 1"),
+    ],
+)
+def test_refused_with_key_value_and_fix(overrides, message, cpu_host):
+    with pytest.raises(ConfigError, match=message):
+        plan_of(["recipe=wide_deep", *overrides], cpu_host)
+
+
+def test_quickstart_data_must_cover_a_global_micro_batch(cpu_host):
+    with pytest.raises(ConfigError, match=r"data.samples=8 is smaller than one global micro-batch \(micro_size x dp = 32\)"):
+        plan_of(["recipe=quickstart", "data.samples=8"], cpu_host)
+
+
+def test_planning_imports_neither_torch_nor_deepspeed():
+    code = (
+        "import sys\n"
+        "from launcher.config import compose_config\n"
+        "from launcher.plan import plan_launch, HostFacts\n"
+        "plan_launch(compose_config(['recipe=wide_deep']), HostFacts('h', 2, 0, '/x'))\n"
+        "bad = [m for m in ('torch', 'deepspeed') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,68 @@
+"""The command line as a user meets it: dry runs, help, config printing, and errors before anything starts."""
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import run_cli
+
+
+def test_dry_run_prints_plan_and_deepspeed_json_and_starts_nothing(tmp_path):
+    res = run_cli(["recipe=wide_deep", "dry_run=true", "zero.stage=2"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "plan: recipe wide_deep, 2 rank(s) on cpu" in res.stdout
+    assert '"train_batch_size": 1024' in res.stdout and '"stage": 2' in res.stdout
+    run = (tmp_path / "log_output" / "latest").resolve()
+    assert run.parent == tmp_path / "log_output" and run.name.startswith("wide_deep-")
+    for name in ("config.yaml", "plan.json", "ds_config.json", "rank_table.json", "rank_env.json", "versions.json"):
+        assert (run / name).is_file(), name
+    assert json.loads((run / "ds_config.json").read_text())["zero_optimization"] == {"stage": 2}
+    assert not list(run.glob("rank.*")) and not (run / "summary.json").exists()  # no rank was started
+    assert not (tmp_path / "outputs").exists()  # Hydra scatters nothing
+
+
+def test_dry_run_does_not_import_deepspeed(tmp_path):
+    code = (
+        "import sys\nfrom launcher.cli import main\n"
+        "assert main(['recipe=quickstart', 'dry_run=true']) == 0\n"
+        "assert 'deepspeed' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True)
+
+
+def test_unknown_key_exits_2_with_did_you_mean_and_no_run_dir(tmp_path):
+    res = run_cli(["recipe=wide_deep", "trainer.stepz=3"], tmp_path)
+    assert res.returncode == 2
+    assert "trainer.stepz: no such key (value 3). Did you mean trainer.steps? Write trainer.steps=3." in res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    assert not (tmp_path / "log_output").exists()
+
+
+def test_bad_value_type_exits_2(tmp_path):
+    res = run_cli(["recipe=quickstart", "batch.micro_size=big"], tmp_path)
+    assert res.returncode == 2 and "batch.micro_size=big" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_impossible_batch_split_exits_2_with_formula(tmp_path):
+    res = run_cli(["recipe=wide_deep", "batch.global_size=10", "batch.micro_size=4"], tmp_path)
+    assert res.returncode == 2 and "global 10 != micro 4 × accum 1 × dp 2" in res.stderr
+
+
+def test_help_lists_recipes(tmp_path):
+    res = run_cli(["--help"], tmp_path)
+    assert res.returncode == 0
+    assert "recipe: quickstart, wide_deep" in res.stdout
+    assert "hetero-launch recipe=<name>" in res.stdout
+
+
+def test_cfg_job_prints_composed_config(tmp_path):
+    res = run_cli(["recipe=quickstart", "trainer.steps=7", "--cfg", "job"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "name: quickstart" in res.stdout and "steps: 7" in res.stdout
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "log_output").exists()
+
+
+def test_existing_run_name_is_never_overwritten(tmp_path):
+    assert run_cli(["recipe=quickstart", "dry_run=true", "output.run_name=mine"], tmp_path).returncode == 0
+    res = run_cli(["recipe=quickstart", "dry_run=true", "output.run_name=mine"], tmp_path)
+    assert res.returncode == 2 and "output.run_name=mine" in res.stderr and "never overwritten" in res.stderr
