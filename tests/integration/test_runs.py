@@ -1,0 +1,84 @@
+"""Real runs: 2 ranks over gloo through the launcher, as a user starts them, checked from the run dir."""
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import read_summary, run_cli
+
+pytestmark = pytest.mark.integration
+
+
+def _metrics(run, rank):
+    return [json.loads(line) for line in (run / f"rank.{rank}" / "metrics.jsonl").read_text().splitlines()]
+
+
+def _check_ok_run(tmp_path, recipe):
+    run = (tmp_path / "log_output" / "latest").resolve()
+    s = read_summary(tmp_path)
+    assert s["status"] == "ok" and s["world_size"] == 2 and s["recipe"] == recipe
+    assert s["final_loss"] < s["first_loss"]
+    assert [r["exit_code"] for r in s["ranks"]] == [0, 0]
+    assert [r["last_step"] for r in s["ranks"]] == [s["steps"], s["steps"]]
+    assert s["eval"]["loss"] > 0 and s["eval"]["n"] > 0
+    for rank in (0, 1):
+        assert (run / f"rank.{rank}" / "stdout").is_file() and (run / f"rank.{rank}" / "stderr").is_file()
+        steps = [m for m in _metrics(run, rank) if "event" not in m]
+        assert {"step", "loss", "samples_per_s", "wall_s"} <= set(steps[0])
+        assert steps[-1]["step"] == s["steps"]
+    # The logged loss is the mean over ranks: both ranks write the same numbers.
+    assert [m["loss"] for m in _metrics(run, 0)] == [m["loss"] for m in _metrics(run, 1)]
+    assert (run / "checkpoints" / f"step{s['steps']}").is_dir()
+    return run, s
+
+
+def test_quickstart_two_ranks(tmp_path):
+    res = run_cli(["recipe=quickstart"], tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    _check_ok_run(tmp_path, "quickstart")
+    assert "step 50/50" in res.stdout  # plain progress lines when stdout is not a terminal
+
+
+def test_wide_deep_two_ranks_zero2_with_periodic_checkpoints(tmp_path):
+    res = run_cli(["recipe=wide_deep", "trainer.steps=40", "zero.stage=2", "trainer.checkpoint_every=20"], tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run, _ = _check_ok_run(tmp_path, "wide_deep")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step20", "step40"]
+
+
+def test_two_ranks_match_one_process_at_the_same_global_batch(tmp_path):
+    """Data parallelism does not change the math: same global batch, same samples -> same per-step losses."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    common = ["recipe=quickstart", "trainer.steps=20", "trainer.log_every=1", "trainer.checkpoint_every=-1"]
+    assert run_cli([*common, "cluster.nproc_per_node=1", "batch.micro_size=32"], one).returncode == 0
+    assert run_cli([*common, "cluster.nproc_per_node=2", "batch.micro_size=16"], two).returncode == 0
+    a = [m["loss"] for m in _metrics((one / "log_output/latest").resolve(), 0) if "event" not in m]
+    b = [m["loss"] for m in _metrics((two / "log_output/latest").resolve(), 0) if "event" not in m]
+    assert len(a) == len(b) == 20
+    assert a[-1] < a[0]
+    for x, y in zip(a, b):
+        assert abs(x - y) <= 1e-5 * abs(x), (a, b)
+
+
+def test_failing_rank_stops_the_others_and_is_named(tmp_path):
+    res = run_cli(["recipe=quickstart", "debug.fail_rank=1", "debug.fail_step=3"], tmp_path)
+    assert res.returncode == 1
+    out = res.stdout + res.stderr
+    assert "rank 1 failed with exit code 1 at step 3 of 50" in out
+    assert "injected failure" in out and "Begin global rank 1 STDERR" in out
+    s = read_summary(tmp_path)
+    assert s["status"] == "failed"
+    by_rank = {r["rank"]: r for r in s["ranks"]}
+    assert by_rank[1]["exit_code"] == 1 and not by_rank[1]["stopped_by_launcher"]
+    assert by_rank[0]["stopped_by_launcher"] and by_rank[0]["signal"] in ("SIGTERM", "SIGKILL")
+    assert by_rank[1]["last_step"] == 2
+    run = (tmp_path / "log_output" / "latest").resolve()
+    assert json.loads((run / "rank.1" / "error.json").read_text())["message"]
+    # Nothing is lost (metrics, logs) and no rank survives the launcher.
+    assert _metrics(run, 0) and _metrics(run, 1)
+    for rank in (0, 1):
+        pid = int((run / f"rank.{rank}" / "pid").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
