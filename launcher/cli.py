@@ -36,13 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     from launcher.launch import launch_run, write_dry_run
     from launcher.launch.host import probe_host
     from launcher.plan import plan_launch
-    from launcher.report.plan_view import plan_tree
+    from launcher.report.plan_view import placement_table, plan_tree
 
     console = Console()
     try:
         cfg = compose_config(argv)
         plan = plan_launch(cfg, probe_host())
         console.print(plan_tree(plan))
+        console.print(placement_table(plan))
         if cfg.dry_run:
             run_dir = write_dry_run(cfg, plan)
             console.print("[bold]DeepSpeed config[/bold] (ds_config.json):")

@@ -44,7 +44,32 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     """L2 (sgd/adam) or decoupled (adamw) weight decay."""
     target: str = "device"
-    """Where the dense optimizer runs: device, or CPU (ZeRO-Offload; not yet supported)."""
+    """Where the dense optimizer and its fp32 states live: device, or CPU (ZeRO-Offload; needs zero.stage>=1,
+    and zero.stage=0 becomes 2)."""
+    cpu_impl: str = "torch"
+    """With target=CPU: torch (torch.optim, fused kernel, no JIT build) or deepspeed (DeepSpeedCPUAdam, adam/adamw)."""
+
+
+@dataclass
+class TableConfig:
+    """How one embedding table trains. Tables with a sparse optimizer live outside the DeepSpeed engine."""
+
+    optimizer: str = "lazy_adam"
+    """lazy_adam (torch SparseAdam), ftrl (FTRL-Proximal), or dense (inside the engine with optimizer.name)."""
+    lr: float = 1e-3
+    """Learning rate of the table's optimizer."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """lazy_adam's (beta1, beta2)."""
+    eps: float = 1e-8
+    """lazy_adam's epsilon."""
+    l1: float = 0.0
+    """ftrl's L1 strength."""
+    l2: float = 0.0
+    """ftrl's L2 strength."""
+    lr_power: float = -0.5
+    """ftrl's learning-rate power (<= 0; -0.5 = 1/sqrt schedule)."""
+    initial_accumulator: float = 0.1
+    """ftrl's starting squared-gradient accumulator (> 0)."""
 
 
 @dataclass
@@ -88,11 +113,14 @@ class ZeroConfig:
 @dataclass
 class PlacementConfig:
     host_device_mix: int = 0
-    """1 = embedding tables on the host with sparse optimizers (not yet supported)."""
+    """1 = every embedding table with a sparse optimizer lives on the host (looked up and updated there);
+    0 = on the device. The dense network always trains on the device inside the DeepSpeed engine."""
     offload_params: bool = False
-    """ZeRO-3 parameter offload to host memory (not yet supported)."""
+    """ZeRO-3 parameter offload (offload_param: device cpu); needs zero.stage=3."""
     tables: dict[str, str] = field(default_factory=dict)
-    """Per-table override, name -> host|device (not yet supported)."""
+    """Per-table override of host_device_mix: <table name> -> host|device."""
+    pin_memory: str = "auto"
+    """Page-locked host buffers for offload and transfers: auto (true with CUDA), true, false."""
 
 
 @dataclass
@@ -140,6 +168,8 @@ class HeteroConfig:
     """Recipe-specific; typed by the recipe's DataConfig."""
     loss: TargetConfig = field(default_factory=TargetConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    tables: dict[str, TableConfig] = field(default_factory=dict)
+    """Per embedding table of the recipe: its optimizer. A table not listed uses TableConfig's defaults."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)

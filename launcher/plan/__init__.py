@@ -11,12 +11,16 @@ from omegaconf import DictConfig
 from launcher.errors import ConfigError
 from launcher.plan.batch import BatchPlan, plan_batch
 from launcher.plan.deepspeed import DeepSpeedInputs, deepspeed_config
-from launcher.plan.memory import MemoryEstimate, estimate_memory
+from launcher.plan.memory import Bytes, MemoryEstimate, estimate_memory
+from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
 from launcher.plan.rules import check_config, resolve_nproc
 from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan
 
-__all__ = ["BatchPlan", "HostFacts", "LaunchPlan", "MemoryEstimate", "OptimizerPlan", "RankPlan", "plan_launch"]
+__all__ = [
+    "BatchPlan", "Bytes", "HostFacts", "LaunchPlan", "MemoryEstimate", "OptimizerPlan", "PlacementPlan", "RankPlan",
+    "TablePlan", "plan_launch",
+]
 
 
 def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
@@ -42,10 +46,13 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
     recipe = RECIPES[cfg.recipe.name]
     if batch is not None:
         problems += recipe.problems(cfg.model, cfg.data, batch.micro_size * dp)
+    device_type = "cuda" if host.accelerators > 0 else "cpu"
+    placement, zero, placement_problems, placement_notes = plan_placement(cfg, recipe, device_type)
+    problems += placement_problems
+    notes += placement_notes
     if problems:
         raise ConfigError(problems)
 
-    device_type = "cuda" if host.accelerators > 0 else "cpu"
     backend = cfg.cluster.backend if cfg.cluster.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
     o = cfg.optimizer
     optimizer = OptimizerPlan(
@@ -57,7 +64,6 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
         weight_decay=o.weight_decay,
         target=o.target.lower(),
     )
-    zero = cfg.zero.stage
     ds = deepspeed_config(
         DeepSpeedInputs(
             global_size=batch.global_size,
@@ -67,8 +73,15 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
             precision=cfg.precision,
             optimizer=o.name,
             log_every=cfg.trainer.log_every,
+            offload_optimizer=placement.optimizer_location == "host",
+            offload_params=placement.param_location == "host",
+            pin_memory=placement.pin_memory,
+            cpu_impl=placement.cpu_impl,
         )
     )
+    ds_ops = ("deepspeed_shm_comm",) if device_type == "cpu" else ()  # DeepSpeed's CPU accelerator loads it at init
+    if placement.optimizer_location == "host" and placement.cpu_impl == "deepspeed":
+        ds_ops += ("cpu_adam",)
     ranks = plan_ranks(
         nnodes=nnodes,
         nproc_per_node=nproc,
@@ -97,12 +110,12 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
         seed=cfg.trainer.seed,
         batch=batch,
         optimizer=optimizer,
-        memory=estimate_memory(recipe.param_count(cfg.model), cfg.precision, o.name, zero, dp),
+        placement=placement,
+        memory=estimate_memory(placement, cfg.precision, o.name, zero, dp),
         deepspeed=ds,
         ranks=ranks,
         rank_table=rank_table(ranks, hosts),
-        # DeepSpeed's CPU accelerator loads its shared-memory collectives op at init_distributed.
-        ds_ops=("deepspeed_shm_comm",) if device_type == "cpu" else (),
+        ds_ops=ds_ops,
         notes=tuple(notes),
         debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step),
     )

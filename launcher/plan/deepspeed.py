@@ -27,6 +27,13 @@ class DeepSpeedInputs:
     precision: str
     optimizer: str
     log_every: int
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    pin_memory: bool = False
+    cpu_impl: str = "torch"
+
+
+_SKIP = object()  # a row that does not apply to this plan emits nothing
 
 
 _ROWS: list[tuple[str, Callable[[DeepSpeedInputs], Any]]] = [
@@ -36,6 +43,13 @@ _ROWS: list[tuple[str, Callable[[DeepSpeedInputs], Any]]] = [
     ("steps_per_print", lambda p: p.log_every),
     ("wall_clock_breakdown", lambda p: False),
     ("zero_optimization.stage", lambda p: p.zero_stage),
+    ("zero_optimization.offload_optimizer",
+     lambda p: {"device": "cpu", "pin_memory": p.pin_memory} if p.offload_optimizer else _SKIP),
+    ("zero_optimization.offload_param",
+     lambda p: {"device": "cpu", "pin_memory": p.pin_memory} if p.offload_params else _SKIP),
+    # A torch optimizer stepping on DeepSpeed's host partitions (faster than DeepSpeedCPUAdam, no JIT build: see
+    # README "Performance"); DeepSpeed refuses a client optimizer with offload unless told otherwise.
+    ("zero_force_ds_cpu_optimizer", lambda p: False if p.offload_optimizer and p.cpu_impl == "torch" else _SKIP),
     ("zero_allow_untested_optimizer", lambda p: p.zero_stage > 0 and p.optimizer not in _ZERO_TESTED),
     ("bf16.enabled", lambda p: p.precision == "bf16"),
     ("fp16.enabled", lambda p: p.precision == "fp16"),
@@ -45,10 +59,13 @@ _ROWS: list[tuple[str, Callable[[DeepSpeedInputs], Any]]] = [
 def deepspeed_config(p: DeepSpeedInputs) -> dict[str, Any]:
     """The DeepSpeed config dict for these inputs."""
     out: dict[str, Any] = {}
-    for dotted, value in _ROWS:
+    for dotted, row in _ROWS:
+        value = row(p)
+        if value is _SKIP:
+            continue
         node = out
         *parents, leaf = dotted.split(".")
         for key in parents:
             node = node.setdefault(key, {})
-        node[leaf] = value(p)
+        node[leaf] = value
     return out

@@ -9,7 +9,7 @@ from launcher.plan.types import HostFacts
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 PRECISIONS = ("fp32", "bf16", "fp16")
 BACKENDS = ("auto", "gloo", "nccl")
-_LATER = "is not supported yet (planned: {what})."
+_LATER = "is not supported yet (planned: {what})."  # for features of later milestones
 
 
 def resolve_nproc(value: str, host: HostFacts) -> tuple[int, str]:
@@ -72,25 +72,11 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     elif cfg.precision == "fp16" and host.accelerators == 0:
         p.append("precision=fp16 is not supported on CPU (DeepSpeed has no fp16 CPU path). Set precision=bf16 or precision=fp32.")
 
-    o = cfg.optimizer
+    o = cfg.optimizer  # target, cpu_impl and placement.*: plan/placement.py
     if o.name not in OPTIMIZERS:
         p.append(f"optimizer.name={o.name} is not one of {', '.join(OPTIMIZERS)}.")
     if o.lr <= 0:
         p.append(f"optimizer.lr={o.lr} must be > 0.")
     if len(o.betas) != 2:
         p.append(f"optimizer.betas={list(o.betas)} must be two numbers, e.g. optimizer.betas=[0.9,0.999].")
-    if o.target.lower() not in ("device", "cpu"):
-        p.append(f"optimizer.target={o.target} must be device or CPU.")
-    elif o.target.lower() == "cpu":
-        p.append("optimizer.target=CPU: ZeRO-Offload " + _LATER.format(what="heterogeneous placement issue") + " Set optimizer.target=device.")
-
-    pl = cfg.placement
-    if pl.host_device_mix not in (0, 1):
-        p.append(f"placement.host_device_mix={pl.host_device_mix} must be 0 (all on device) or 1 (tables on host).")
-    elif pl.host_device_mix == 1:
-        p.append("placement.host_device_mix=1: host embedding tables " + _LATER.format(what="heterogeneous placement issue") + " Set placement.host_device_mix=0.")
-    if pl.offload_params:
-        p.append("placement.offload_params=true: ZeRO-3 parameter offload " + _LATER.format(what="heterogeneous placement issue") + " Set placement.offload_params=false.")
-    if len(pl.tables):
-        p.append(f"placement.tables={dict(pl.tables)}: per-table placement " + _LATER.format(what="heterogeneous placement issue") + " Remove the placement.tables entries.")
     return p

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.plan.batch import BatchPlan
-from launcher.plan.memory import MemoryEstimate
+from launcher.plan.memory import Bytes, MemoryEstimate
+from launcher.plan.placement import PlacementPlan, TablePlan
 from launcher.plan.ranks import RankPlan
 
 
@@ -57,6 +58,7 @@ class LaunchPlan:
     seed: int
     batch: BatchPlan
     optimizer: OptimizerPlan
+    placement: PlacementPlan
     memory: MemoryEstimate
     deepspeed: dict[str, Any]
     ranks: tuple[RankPlan, ...]
@@ -76,7 +78,11 @@ class LaunchPlan:
         d = dict(d)
         d["batch"] = BatchPlan(**d["batch"])
         d["optimizer"] = OptimizerPlan(**{**d["optimizer"], "betas": tuple(d["optimizer"]["betas"])})
-        d["memory"] = MemoryEstimate(**d["memory"])
+        m = d["memory"]
+        d["memory"] = MemoryEstimate(**{**m, "host": Bytes(**m["host"]), "device": Bytes(**m["device"])})
+        pl = d["placement"]
+        tables = tuple(TablePlan(**{**t, "betas": tuple(t["betas"])}) for t in pl["tables"])
+        d["placement"] = PlacementPlan(**{**pl, "tables": tables})
         d["ranks"] = tuple(RankPlan(**r) for r in d["ranks"])
         d["ds_ops"] = tuple(d["ds_ops"])
         d["notes"] = tuple(d["notes"])

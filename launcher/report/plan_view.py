@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+from rich.table import Table
 from rich.tree import Tree
 
-from launcher.plan import LaunchPlan
-
+from launcher.plan import Bytes, LaunchPlan
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
+
+
+def placement_table(plan: LaunchPlan) -> Table:
+    """One row per table and for the dense network: where it lives, its optimizer, where that optimizer's state is."""
+    pl, o = plan.placement, plan.optimizer
+    t = Table(title="placement", title_justify="left")
+    for col in ("table / module", "size", "lives on", "optimizer", "its state on"):
+        t.add_column(col)
+    for tb in pl.tables:
+        if tb.location == "engine":
+            t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", "device, engine", f"{o.name} dense", pl.optimizer_location)
+        else:
+            t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", tb.location, f"{tb.optimizer} rows", tb.location)
+    impl = f" ({pl.cpu_impl})" if pl.optimizer_location == "host" else ""
+    t.add_row("dense network", f"{pl.dense_params:,}", f"{pl.param_location}, ZeRO-{plan.zero_stage}",
+              f"{o.name}{impl}", pl.optimizer_location)
+    return t
+
+
+def _bytes_line(where: str, b: Bytes, ranks: int) -> str:
+    return (f"{where}: {_mib(b.total)}/rank, {_mib(b.total * ranks)}/host = params {_mib(b.params)} + grads "
+            f"{_mib(b.grads)} + optimizer {_mib(b.optimizer)} + tables {_mib(b.tables)} + table states "
+            f"{_mib(b.table_states)}")
 
 
 def plan_tree(plan: LaunchPlan) -> Tree:
@@ -19,9 +42,10 @@ def plan_tree(plan: LaunchPlan) -> Tree:
     par.add(f"dp {plan.dp}, pipeline_stages {plan.pipeline_stages}, ZeRO stage {plan.zero_stage}, backend {plan.backend}")
     root.add(f"batch: global {b.global_size} = micro {b.micro_size} × accum {b.grad_accum} × dp {plan.dp}")
     root.add(f"trainer: {plan.steps} steps, log every {plan.log_every}, seed {plan.seed}, precision {plan.precision}")
-    root.add(f"optimizer: {o.name} lr {o.lr} on {o.target}")
-    mem = root.add(f"memory per rank (estimate, {m.params:,} parameters): {_mib(m.total_bytes)}")
-    mem.add(f"parameters {_mib(m.param_bytes)}, gradients {_mib(m.grad_bytes)}, optimizer states {_mib(m.optimizer_bytes)}")
+    root.add(f"optimizer: {o.name} lr {o.lr} on {plan.placement.optimizer_location}")
+    mem = root.add(f"memory (estimate; {m.params:,} parameters, {m.dense_params:,} in the DeepSpeed engine)")
+    mem.add(_bytes_line("host", m.host, plan.nproc_per_node))
+    mem.add(_bytes_line("device", m.device, plan.nproc_per_node))
     ranks = root.add("ranks")
     for r in plan.ranks:
         ranks.add(f"rank {r.rank}: node {r.node_rank}, local rank {r.local_rank}, device {r.device}, OMP_NUM_THREADS {r.env['OMP_NUM_THREADS']}")

@@ -14,8 +14,11 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from launcher.plan import LaunchPlan
+from launcher.worker.accounting import measure_memory
 from launcher.worker.metrics import MetricsWriter
 from launcher.worker.optim import build_optimizer
+from launcher.worker.tables import TableSet
+from launcher.worker.transfer import host_to_device
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -42,9 +45,15 @@ def run_rank(run_dir: str | Path) -> None:
     model = instantiate(cfg.model)
     loss_fn = instantiate(cfg.loss)
     data = instantiate(cfg.data)
-    optimizer = build_optimizer(plan.optimizer, model.parameters())
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=plan.deepspeed)
     dtype = _DTYPES[plan.precision]
+    tables = None
+    net = model
+    if plan.placement.sparse_tables:  # tables train outside the engine; the engine gets the rest of the model
+        tables = TableSet(model.tables, plan.placement.tables, device)
+        net = model.body
+    optimizer = build_optimizer(plan.optimizer, plan.placement, net.parameters())
+    engine, _, _, _ = deepspeed.initialize(model=net, optimizer=optimizer, config=plan.deepspeed)
+    step_fn = _Forward(engine, model, tables, device, dtype)
     metrics = MetricsWriter(rank_dir)
     dp_rank = rank  # data parallel only, for now: one data shard per rank
     batches = data.train_batches(dp_rank, plan.dp, plan.batch.micro_size, plan.seed)
@@ -54,11 +63,17 @@ def run_rank(run_dir: str | Path) -> None:
         for step in range(1, plan.steps + 1):
             step_loss = torch.zeros((), device=device)
             for _ in range(plan.batch.grad_accum):
-                inputs, labels = _to(next(batches), device, dtype)
-                loss = loss_fn(engine(*inputs), labels)
+                out, labels = step_fn(next(batches), train=True)
+                loss = loss_fn(out, labels)
                 engine.backward(loss)
+                if tables is not None:
+                    tables.collect_grads()
                 engine.step()
                 step_loss += loss.detach().float()
+            if tables is not None:
+                tables.step()
+            if step == 1:
+                (rank_dir / "memory.json").write_text(json.dumps(measure_memory(engine, tables, plan.placement), indent=2))
             if rank == fail_rank and step == fail_step:
                 raise RuntimeError(f"debug.fail_rank={fail_rank} debug.fail_step={fail_step}: injected failure")
             metrics.step_done(step)
@@ -69,25 +84,38 @@ def run_rank(run_dir: str | Path) -> None:
                 metrics.write(step=step, loss=mean, samples_per_s=round(rate, 1))
                 tick, tick_step = now, step
             if plan.checkpoint_every > 0 and step % plan.checkpoint_every == 0 and step != plan.steps:
-                engine.save_checkpoint(str(run_dir / "checkpoints"), tag=f"step{step}")
+                _checkpoint(engine, tables, run_dir, step, rank)
         if plan.eval_batches > 0:
-            metrics.write(event="eval", step=plan.steps, **_evaluate(engine, loss_fn, data, plan, dp_rank, device, dtype))
+            metrics.write(event="eval", step=plan.steps, **_evaluate(step_fn, loss_fn, data, plan, dp_rank, device))
         if plan.checkpoint_every >= 0:
-            engine.save_checkpoint(str(run_dir / "checkpoints"), tag=f"step{plan.steps}")
+            _checkpoint(engine, tables, run_dir, plan.steps, rank)
         dist.barrier()
     finally:
         metrics.close()
     dist.destroy_process_group()
 
 
-def _to(batch, device, dtype):
-    inputs, labels = batch
+class _Forward:
+    """One micro-batch forward: inputs to the device; with sparse tables, rows looked up where the tables live."""
 
-    def move(t: torch.Tensor) -> torch.Tensor:
-        t = t.to(device, non_blocking=True)
-        return t.to(dtype) if t.is_floating_point() else t
+    def __init__(self, engine, model, tables: TableSet | None, device, dtype) -> None:
+        self.engine, self.model, self.tables, self.device, self.dtype = engine, model, tables, device, dtype
 
-    return tuple(move(t) for t in inputs), move(labels)
+    def __call__(self, batch, train: bool):
+        inputs, labels = batch
+        moved = tuple(host_to_device(t, self.device, self.dtype) for t in inputs)
+        if self.tables is None:
+            return self.engine(*moved), host_to_device(labels, self.device, self.dtype)
+        looked_up = self.tables.lookup(self.model.table_rows(*inputs), self.dtype, train=train)
+        return self.engine(*moved, **looked_up), host_to_device(labels, self.device, self.dtype)
+
+
+def _checkpoint(engine, tables: TableSet | None, run_dir: Path, step: int, rank: int) -> None:
+    """DeepSpeed's checkpoint of the engine (every rank writes its shard) + the sparse tables (rank 0)."""
+    tag = f"step{step}"
+    engine.save_checkpoint(str(run_dir / "checkpoints"), tag=tag)
+    if tables is not None and rank == 0:
+        tables.save(run_dir / "checkpoints" / tag / "tables.pt")
 
 
 def _mean_over_ranks(value: torch.Tensor) -> float:
@@ -97,12 +125,12 @@ def _mean_over_ranks(value: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def _evaluate(engine, loss_fn, data, plan: LaunchPlan, dp_rank: int, device, dtype) -> dict:
-    engine.eval()
+def _evaluate(step_fn: _Forward, loss_fn, data, plan: LaunchPlan, dp_rank: int, device) -> dict:
+    step_fn.engine.eval()
     total, n = torch.zeros((), device=device), 0
     for batch in data.eval_batches(dp_rank, plan.dp, plan.batch.micro_size, plan.eval_batches):
-        inputs, labels = _to(batch, device, dtype)
-        total += loss_fn(engine(*inputs), labels).float()
+        out, labels = step_fn(batch, train=False)
+        total += loss_fn(out, labels).float()
         n += 1
-    engine.train()
+    step_fn.engine.train()
     return {"loss": _mean_over_ranks(total / max(n, 1)), "n": n * plan.batch.micro_size * plan.dp}

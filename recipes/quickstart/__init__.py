@@ -28,7 +28,12 @@ class DataConfig:
     """Seed of the data set itself (the data order follows trainer.seed)."""
 
 
-def param_count(model: ModelConfig) -> int:
+def tables(model: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Embedding tables: none."""
+    return {}
+
+
+def dense_param_count(model: ModelConfig) -> int:
     """Parameters of Network for these sizes, without building it."""
     return model.in_features * model.hidden + model.hidden + model.hidden * model.out_features + model.out_features
 

@@ -2,7 +2,8 @@
 Criteo-shaped data: 13 continuous and 26 categorical fields, each field hashed into its own range of rows.
 
 Two embedding tables, as in MindSpore: ``deep_embedding`` (rows x embed_dim) feeds the MLP, ``wide_embedding``
-(rows x 1) is the wide linear part over the same ids. Both are one tensor with a row offset per field."""
+(rows x 1) is the wide linear part over the same ids. Both are one tensor with a row offset per field. MindSpore
+trains them with LazyAdam (deep) and FTRL (wide) and, with host_device_mix, keeps them on the host."""
 
 from dataclasses import dataclass, field
 
@@ -35,13 +36,17 @@ class DataConfig:
     """Seed of the generating model (field effects); the sample stream follows trainer.seed."""
 
 
-def param_count(model: ModelConfig) -> int:
-    """Parameters of WideDeep for these sizes, without building it."""
+def tables(model: ModelConfig) -> dict[str, tuple[int, int]]:
+    """The embedding tables of WideDeep: name -> (rows, dim). Their placement and optimizers are planned per table."""
     rows = model.num_sparse * model.rows_per_table
-    tables = rows * model.embed_dim + rows * 1
+    return {"deep_embedding": (rows, model.embed_dim), "wide_embedding": (rows, 1)}
+
+
+def dense_param_count(model: ModelConfig) -> int:
+    """Parameters of WideDeep outside the tables (the MLP and the wide part's dense linear), without building it."""
     widths = [model.num_dense + model.num_sparse * model.embed_dim, *model.hidden, 1]
     mlp = sum(a * b + b for a, b in zip(widths, widths[1:]))
-    return tables + mlp + model.num_dense + 1  # + wide dense linear
+    return mlp + model.num_dense + 1
 
 
 def problems(model: ModelConfig, data: DataConfig, micro_group: int) -> list[str]:

@@ -62,12 +62,14 @@ def test_rank_table_is_hccl_shaped(cpu_host):
 
 
 def test_memory_estimate_shards_with_zero(cpu_host):
-    m0 = plan_of(["recipe=wide_deep"], cpu_host).memory
-    m1 = plan_of(["recipe=wide_deep", "zero.stage=1"], cpu_host).memory
-    m3 = plan_of(["recipe=wide_deep", "zero.stage=3"], cpu_host).memory
-    assert m0.param_bytes == m0.params * 4 and m0.optimizer_bytes == m0.params * 8  # fp32 Adam: 2 states
-    assert m1.optimizer_bytes == m0.optimizer_bytes // 2 and m1.grad_bytes == m0.grad_bytes
-    assert m3.param_bytes == m0.param_bytes // 2 and m3.grad_bytes == m0.grad_bytes // 2
+    dense = ["recipe=wide_deep", "tables.deep_embedding.optimizer=dense", "tables.wide_embedding.optimizer=dense"]
+    m0 = plan_of(dense, cpu_host).memory.device
+    m1 = plan_of([*dense, "zero.stage=1"], cpu_host).memory.device
+    m3 = plan_of([*dense, "zero.stage=3"], cpu_host).memory.device
+    n = plan_of(dense, cpu_host).memory.dense_params
+    assert m0.params == n * 4 and m0.optimizer == n * 8  # fp32 Adam at stage 0: 2 states, no master copy
+    assert m1.optimizer == n * 12 // 2 and m1.grads == m0.grads  # ZeRO-1: (2 states + fp32 master) / dp
+    assert m3.params == m0.params // 2 and m3.grads == m0.grads // 2
 
 
 def test_param_count_matches_the_built_model(cpu_host):
@@ -76,9 +78,9 @@ def test_param_count_matches_the_built_model(cpu_host):
     from launcher.config import compose_config
 
     for recipe in ALL_RECIPES:
-        cfg = compose_config([f"recipe={recipe}", "model.rows_per_table=100"] if recipe == "wide_deep" else [f"recipe={recipe}"])
-        model = instantiate(cfg.model)
-        assert plan_of([f"recipe={recipe}"] + (["model.rows_per_table=100"] if recipe == "wide_deep" else []), cpu_host).memory.params == sum(p.numel() for p in model.parameters())
+        small = ["model.rows_per_table=100"] if recipe == "wide_deep" else []
+        model = instantiate(compose_config([f"recipe={recipe}", *small]).model)
+        assert plan_of([f"recipe={recipe}", *small], cpu_host).memory.params == sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize(
@@ -92,8 +94,7 @@ def test_param_count_matches_the_built_model(cpu_host):
         (["cluster.nproc_per_node=two"], r"cluster.nproc_per_node=two must be a positive integer or auto"),
         (["parallel.dp=3"], r"parallel.dp=3 × parallel.pipeline_stages=1 = 3 != world_size 2"),
         (["batch.global_size=10", "batch.micro_size=4"], r"global 10 != micro 4 × accum 1 × dp 2"),
-        (["placement.host_device_mix=1"], r"placement.host_device_mix=1: .* not supported yet"),
-        (["optimizer.target=CPU"], r"optimizer.target=CPU: ZeRO-Offload is not supported yet"),
+        (["placement.offload_params=true"], r"placement.offload_params=true needs zero.stage=3 .* got zero.stage=0\. Set zero.stage=3"),
         (["model.rows_per_table=0"], r"model.rows_per_table=0 .* must be >= 1"),
     ],
 )

@@ -1,0 +1,152 @@
+"""Placement: which tables live on the host or the device, where the dense optimizer and parameters live.
+
+Intents (placement.host_device_mix, placement.tables.<name>, optimizer.target, placement.offload_params) become
+concrete decisions here; DeepSpeed's offload keys and the memory accounting follow from them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+TABLE_OPTIMIZERS = ("lazy_adam", "ftrl", "dense")
+CPU_IMPLS = ("torch", "deepspeed")
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    name: str
+    rows: int
+    dim: int
+    location: str
+    """host or device: where the table, its lookups and its optimizer state live; engine: inside DeepSpeed (dense)."""
+    optimizer: str
+    """lazy_adam, ftrl or dense."""
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    l1: float
+    l2: float
+    lr_power: float
+    initial_accumulator: float
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    tables: tuple[TablePlan, ...]
+    sparse_tables: bool
+    """True: tables train outside the DeepSpeed engine with their sparse optimizers."""
+    dense_params: int
+    """Parameters inside the DeepSpeed engine (tables included when they are dense)."""
+    param_location: str
+    """device, or host (ZeRO-3 offload_param)."""
+    optimizer_location: str
+    """device, or host (ZeRO-Offload offload_optimizer)."""
+    cpu_impl: str
+    """With the optimizer on the host: torch or deepspeed (DeepSpeedCPUAdam)."""
+    pin_memory: bool
+
+
+def plan_placement(cfg: DictConfig, recipe, device_type: str) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
+    """(placement, effective ZeRO stage, problems, notes)."""
+    problems: list[str] = []
+    notes: list[str] = []
+    pl, o = cfg.placement, cfg.optimizer
+    shapes = recipe.tables(cfg.model)
+    for section, keys in (("tables", cfg.tables.keys()), ("placement.tables", pl.tables.keys())):
+        for name in keys:
+            if name not in shapes:
+                close = difflib.get_close_matches(name, list(shapes), n=1)
+                hint = f" Did you mean {section}.{close[0]}?" if close else ""
+                known = ", ".join(shapes) or "none"
+                problems.append(f"{section}.{name}: recipe {cfg.recipe.name} has no table {name}.{hint} Its tables: {known}.")
+    if pl.host_device_mix not in (0, 1):
+        problems.append(f"placement.host_device_mix={pl.host_device_mix} must be 0 (tables on the device) or 1 (tables on the host).")
+    if pl.host_device_mix == 1 and not shapes:
+        notes.append(f"placement.host_device_mix=1: recipe {cfg.recipe.name} has no embedding tables; nothing moves to the host")
+
+    tables = []
+    for name, (rows, dim) in shapes.items():
+        t = cfg.tables.get(name)
+        opt = t.optimizer if t is not None else "lazy_adam"
+        if opt not in TABLE_OPTIMIZERS:
+            problems.append(f"tables.{name}.optimizer={opt} is not one of {', '.join(TABLE_OPTIMIZERS)}.")
+        want = pl.tables.get(name, "host" if pl.host_device_mix == 1 else "device")
+        if want not in ("host", "device"):
+            problems.append(f"placement.tables.{name}={want} must be host or device.")
+        if opt == "dense":
+            if name in pl.tables and want == "host":
+                problems.append(
+                    f"placement.tables.{name}=host with tables.{name}.optimizer=dense: a dense table trains inside the "
+                    f"DeepSpeed engine on the device. Set tables.{name}.optimizer=lazy_adam (or ftrl) to keep it on the host."
+                )
+            want = "engine"
+        d = t if t is not None else _defaults()
+        tables.append(
+            TablePlan(
+                name=name, rows=rows, dim=dim, location=want, optimizer=opt, lr=d.lr, betas=(d.betas[0], d.betas[1]),
+                eps=d.eps, l1=d.l1, l2=d.l2, lr_power=d.lr_power, initial_accumulator=d.initial_accumulator,
+            )
+        )
+        if opt != "dense" and (d.lr <= 0 or d.l1 < 0 or d.l2 < 0 or d.lr_power > 0 or d.initial_accumulator <= 0):
+            problems.append(
+                f"tables.{name}: needs lr > 0, l1 >= 0, l2 >= 0, lr_power <= 0, initial_accumulator > 0; got lr={d.lr}, "
+                f"l1={d.l1}, l2={d.l2}, lr_power={d.lr_power}, initial_accumulator={d.initial_accumulator}."
+            )
+    dense = [t.name for t in tables if t.optimizer == "dense"]
+    if dense and len(dense) != len(tables):
+        problems.append(
+            f"tables {', '.join(dense)} are dense and {', '.join(t.name for t in tables if t.optimizer != 'dense')} are "
+            f"sparse: all tables of a run train either inside the engine or outside it. Set every tables.<name>.optimizer "
+            f"to dense, or none."
+        )
+    if dense and pl.host_device_mix == 1:
+        problems.append(
+            "placement.host_device_mix=1 needs sparse tables (lazy_adam or ftrl); the tables are dense. "
+            "Set tables.<name>.optimizer=lazy_adam, or placement.host_device_mix=0."
+        )
+    sparse = bool(tables) and not dense
+
+    stage = cfg.zero.stage
+    target = o.target.lower()
+    if target not in ("device", "cpu"):
+        problems.append(f"optimizer.target={o.target} must be device or CPU.")
+    if o.cpu_impl not in CPU_IMPLS:
+        problems.append(f"optimizer.cpu_impl={o.cpu_impl} is not one of {', '.join(CPU_IMPLS)}.")
+    offload_opt = target == "cpu"
+    if offload_opt and stage == 0:
+        stage = 2
+        notes.append("optimizer.target=CPU needs ZeRO (offload_optimizer): zero.stage 0 -> 2")
+    if offload_opt and o.cpu_impl == "deepspeed" and o.name not in ("adam", "adamw"):
+        problems.append(
+            f"optimizer.cpu_impl=deepspeed runs DeepSpeedCPUAdam, which needs optimizer.name=adam or adamw; got "
+            f"optimizer.name={o.name}. Set optimizer.cpu_impl=torch."
+        )
+    if pl.offload_params and stage != 3:
+        problems.append(
+            f"placement.offload_params=true needs zero.stage=3 (offload_param partitions parameters); got "
+            f"zero.stage={stage}. Set zero.stage=3 or placement.offload_params=false."
+        )
+    pin = str(pl.pin_memory).lower()
+    if pin not in ("auto", "true", "false"):
+        problems.append(f"placement.pin_memory={pl.pin_memory} must be auto, true or false.")
+    pin_memory = device_type == "cuda" if pin == "auto" else pin == "true"
+    dense_params = recipe.dense_param_count(cfg.model) + (0 if sparse else sum(r * d for r, d in shapes.values()))
+    plan = PlacementPlan(
+        tables=tuple(tables),
+        sparse_tables=sparse,
+        dense_params=dense_params,
+        param_location="host" if pl.offload_params else "device",
+        optimizer_location="host" if offload_opt else "device",
+        cpu_impl=o.cpu_impl,
+        pin_memory=pin_memory,
+    )
+    return plan, stage, problems, notes
+
+
+def _defaults():
+    from launcher.schema import TableConfig
+
+    return TableConfig()

@@ -1,0 +1,62 @@
+"""Where the bytes really are: the real tensors of the engine and the tables, by owner and planned location.
+
+Written to rank.N/memory.json after the first step (optimizer states exist from then on) so that the plan's
+estimate can be checked against the run. Each entry also lists the torch device types seen, so a placement that
+silently fell back (a host table on cuda, offload not applied) shows up.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+KINDS = ("params", "optimizer", "tables", "table_states")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def measure_memory(engine, tables, placement) -> dict:
+    """{"host"|"device": {kind: bytes}, "devices": {kind: [torch device types]}, "offload": {...}} for this rank."""
+    where: dict[str, dict[str, int]] = {"host": dict.fromkeys(KINDS, 0), "device": dict.fromkeys(KINDS, 0)}
+    devices: dict[str, set[str]] = defaultdict(set)
+
+    def add(location: str, kind: str, t: torch.Tensor) -> None:
+        where[location][kind] += _nbytes(t)
+        devices[kind].add(t.device.type)
+
+    module_params = list(engine.module.parameters())
+    module_ids = {id(p) for p in module_params}
+    for p in module_params:
+        partition = getattr(p, "ds_tensor", None)  # ZeRO-3 keeps only this rank's partition
+        add(placement.param_location, "params", partition if partition is not None else p)
+    opt = engine.optimizer
+    base = getattr(opt, "optimizer", opt)  # DeepSpeed's ZeRO/bf16 wrappers hold the torch optimizer
+    masters = {}  # DeepSpeed's fp32 master partitions (ZeRO-3 swaps them into param_groups only during step)
+    for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
+        for t in getattr(opt, attr, None) or []:
+            if torch.is_tensor(t):
+                masters[id(t)] = t
+    for group in base.param_groups:
+        for p in group["params"]:
+            if id(p) not in module_ids:
+                masters[id(p)] = p
+    for t in masters.values():
+        add(placement.optimizer_location, "optimizer", t)
+    for state in base.state.values():
+        for v in state.values():
+            if torch.is_tensor(v) and v.dim() > 0:
+                add(placement.optimizer_location, "optimizer", v)
+    if tables is not None:
+        for t in tables.tables.values():
+            add(t.plan.location, "tables", t.weight)
+            for s in t.optimizer.state_tensors():
+                add(t.plan.location, "table_states", s)
+    # What DeepSpeed's ZeRO optimizer actually switched on (stage 1/2: cpu_offload; stage 3: offload_*).
+    offload = {
+        "optimizer": bool(getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)),
+        "params": bool(getattr(opt, "offload_param", False)),
+    }
+    return {**where, "devices": {k: sorted(v) for k, v in devices.items()}, "offload": offload}

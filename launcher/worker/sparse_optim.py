@@ -1,0 +1,76 @@
+"""Row-sparse optimizers for embedding tables: only the rows present in a batch are read or written.
+
+- FTRL-Proximal (McMahan et al., "Ad Click Prediction: a View from the Trenches", KDD 2013, Algorithm 1), in the
+  general learning-rate-power form used by TensorFlow's ApplyFtrl and MindSpore's FTRL:
+      n'  = n + g^2
+      z  += g - (n'^(-p) - n^(-p)) / lr * w
+      w   = (sign(z) * l1 - z) / (n'^(-p) / lr + 2 * l2)   if |z| > l1 else 0
+  with p = lr_power (-0.5 gives the paper's sqrt schedule). No well-kept torch library ships it, so it is here.
+- Lazy Adam is torch.optim.SparseAdam (Adam moments updated only for rows with a gradient, one step count per
+  table, as TensorFlow's LazyAdam and MindSpore's LazyAdam): see ``lazy_adam``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SparseFTRL:
+    """FTRL-Proximal over the rows of one table. ``step(rows, grads)`` takes coalesced (unique) rows."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        lr: float,
+        l1: float = 0.0,
+        l2: float = 0.0,
+        lr_power: float = -0.5,
+        initial_accumulator: float = 0.1,
+    ) -> None:
+        if lr <= 0 or l1 < 0 or l2 < 0 or lr_power > 0 or initial_accumulator <= 0:
+            raise ValueError("FTRL needs lr > 0, l1 >= 0, l2 >= 0, lr_power <= 0, initial_accumulator > 0")
+        self.weight = weight
+        self.lr, self.l1, self.l2, self.lr_power = lr, l1, l2, lr_power
+        self.accum = torch.full_like(weight, initial_accumulator)  # n
+        self.linear = torch.zeros_like(weight)  # z
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [self.accum, self.linear]
+
+    @torch.no_grad()
+    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        w, n, z = self.weight[rows], self.accum[rows], self.linear[rows]
+        n_new = n + grads * grads
+        p = -self.lr_power
+        n_pow, n_new_pow = n.pow(p), n_new.pow(p)
+        z += grads - (n_new_pow - n_pow) / self.lr * w
+        quadratic = n_new_pow / self.lr + 2 * self.l2
+        w_new = (torch.sign(z) * self.l1 - z) / quadratic
+        w_new = torch.where(z.abs() > self.l1, w_new, torch.zeros_like(w_new))
+        self.weight.index_copy_(0, rows, w_new)
+        self.accum.index_copy_(0, rows, n_new)
+        self.linear.index_copy_(0, rows, z)
+
+
+class LazyAdam:
+    """torch.optim.SparseAdam on one table, fed with a sparse gradient built from (rows, grads)."""
+
+    def __init__(self, weight: torch.Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.weight = weight
+        self._param = torch.nn.Parameter(weight, requires_grad=True)  # shares storage with weight
+        self._opt = torch.optim.SparseAdam([self._param], lr=lr, betas=betas, eps=eps)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        state = self._opt.state.get(self._param, {})
+        return [t for t in (state.get("exp_avg"), state.get("exp_avg_sq")) if t is not None]
+
+    def state_bytes_when_allocated(self) -> int:
+        return 2 * self.weight.numel() * self.weight.element_size()
+
+    @torch.no_grad()
+    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        self._param.grad = torch.sparse_coo_tensor(
+            rows.unsqueeze(0), grads, self.weight.shape, is_coalesced=True, check_invariants=False
+        )
+        self._opt.step()
+        self._param.grad = None

@@ -1,0 +1,81 @@
+"""Embedding tables trained outside the DeepSpeed engine, on the host or the device, with row-sparse optimizers.
+
+Per micro-batch: ``lookup`` gathers the batch's rows where the table lives and sends them to the compute device as
+leaves that require grad; after ``engine.backward`` ``collect_grads`` keeps (rows, d loss / d rows). At the
+accumulation boundary ``step`` averages those sparse gradients over the data-parallel ranks and updates only those
+rows, where the table lives. Tables stay fp32 whatever the training precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from launcher.plan import TablePlan
+from launcher.worker.sparse_comm import allreduce_sparse_mean
+from launcher.worker.sparse_optim import LazyAdam, SparseFTRL
+from launcher.worker.transfer import device_to_host, host_to_device
+
+HOST = torch.device("cpu")
+
+
+@dataclass
+class Table:
+    plan: TablePlan
+    weight: torch.Tensor
+    optimizer: LazyAdam | SparseFTRL
+
+
+class TableSet:
+    def __init__(self, model_tables: nn.ModuleDict, plans: tuple[TablePlan, ...], compute: torch.device) -> None:
+        self.compute = compute
+        self.tables: dict[str, Table] = {}
+        for p in plans:
+            where = HOST if p.location == "host" else compute
+            weight = model_tables[p.name].weight.detach().to(where).float().contiguous()
+            if p.optimizer == "ftrl":
+                opt = SparseFTRL(weight, p.lr, p.l1, p.l2, p.lr_power, p.initial_accumulator)
+            else:
+                opt = LazyAdam(weight, p.lr, p.betas, p.eps)
+            self.tables[p.name] = Table(p, weight, opt)
+        self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        self._grads: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {name: [] for name in self.tables}
+
+    def lookup(self, rows_by_table: dict[str, torch.Tensor], dtype: torch.dtype, train: bool = True) -> dict[str, torch.Tensor]:
+        """The rows of each table, on the compute device in the training dtype (leaves requiring grad if train)."""
+        out = {}
+        for name, rows in rows_by_table.items():
+            t = self.tables[name]
+            looked_up = t.weight[rows.to(t.weight.device)]
+            act = host_to_device(looked_up, self.compute, dtype)
+            if train:
+                act.requires_grad_()
+                self._pending.append((name, rows, act))
+            out[name] = act
+        return out
+
+    def collect_grads(self) -> None:
+        """After backward: keep each lookup's gradient as (rows, values) on the compute device."""
+        for name, rows, act in self._pending:
+            dim = self.tables[name].plan.dim
+            self._grads[name].append((rows.reshape(-1).to(self.compute), act.grad.reshape(-1, dim).float()))
+        self._pending.clear()
+
+    def step(self) -> None:
+        """Average the sparse gradients over ranks (collective: every rank calls it) and update those rows."""
+        for name, t in self.tables.items():
+            parts = self._grads[name]
+            rows = torch.cat([r for r, _ in parts]) if parts else torch.empty(0, dtype=torch.long, device=self.compute)
+            values = torch.cat([v for _, v in parts]) if parts else torch.empty(0, t.plan.dim, device=self.compute)
+            rows, values = allreduce_sparse_mean(rows, values)
+            t.optimizer.step(rows.to(t.weight.device), device_to_host(values, t.weight.device))
+            parts.clear()
+
+    def save(self, path: Path) -> None:
+        """Tables and their optimizer states (identical on every rank: rank 0 writes them)."""
+        torch.save(
+            {name: {"weight": t.weight, "state": t.optimizer.state_tensors()} for name, t in self.tables.items()}, path
+        )
