@@ -8,6 +8,7 @@ rows, where the table lives. Tables stay fp32 whatever the training precision.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,10 @@ class TableSet:
             rows, values = allreduce_sparse_mean(rows, values)
             t.optimizer.step(rows.to(t.weight.device), device_to_host(values, t.weight.device))
             parts.clear()
+
+    def digests(self) -> dict[str, str]:
+        """sha256 of each table's bytes: equal on every rank when data-parallel copies stay in sync."""
+        return {name: hashlib.sha256(t.weight.cpu().numpy().tobytes()).hexdigest() for name, t in self.tables.items()}
 
     def save(self, path: Path) -> None:
         """Tables and their optimizer states (identical on every rank: rank 0 writes them)."""

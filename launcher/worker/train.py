@@ -89,6 +89,8 @@ def run_rank(run_dir: str | Path) -> None:
             metrics.write(event="eval", step=plan.steps, **_evaluate(step_fn, loss_fn, data, plan, dp_rank, device))
         if plan.checkpoint_every >= 0:
             _checkpoint(engine, tables, run_dir, plan.steps, rank)
+        if tables is not None:
+            (rank_dir / "tables.json").write_text(json.dumps(tables.digests(), indent=2))
         dist.barrier()
     finally:
         metrics.close()

@@ -54,6 +54,27 @@ def test_deepspeed_parses_our_config(recipe, stage, precision, cpu_host):
     assert not ds.float16_config.enabled
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["optimizer.target=CPU"],
+        ["optimizer.target=CPU", "zero.stage=1", "optimizer.cpu_impl=deepspeed"],
+        ["zero.stage=3", "placement.offload_params=true", "precision=bf16"],
+        ["zero.stage=3", "placement.offload_params=true", "optimizer.target=CPU"],
+    ],
+)
+def test_deepspeed_parses_our_offload_configs(overrides, cpu_host):
+    plan = plan_of(["recipe=wide_deep", "placement.host_device_mix=1", *overrides], cpu_host)
+    ds = DeepSpeedConfig(dict(plan.deepspeed), mpu=_DataParallelTopology(plan.dp))
+    zc = ds.zero_config
+    assert (zc.offload_optimizer is not None) == (plan.placement.optimizer_location == "host")
+    assert (zc.offload_param is not None) == (plan.placement.param_location == "host")
+    if zc.offload_optimizer is not None:
+        assert zc.offload_optimizer.device == "cpu" and zc.offload_optimizer.pin_memory is False
+    torch_on_host = plan.placement.optimizer_location == "host" and plan.placement.cpu_impl == "torch"
+    assert ds.zero_force_ds_cpu_optimizer == (not torch_on_host)
+
+
 def test_deepspeed_rejects_a_batch_that_does_not_divide(cpu_host):
     # Guards the test above: the parser really checks our numbers against dp.
     plan = plan_of(["recipe=wide_deep"], cpu_host)
