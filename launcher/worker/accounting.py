@@ -49,14 +49,22 @@ def measure_memory(engine, tables, placement) -> dict:
         for v in state.values():
             if torch.is_tensor(v) and v.dim() > 0:
                 add(placement.optimizer_location, "optimizer", v)
+    per_table = {}
     if tables is not None:
-        for t in tables.tables.values():
+        engine_ids = {p.data_ptr() for p in module_params}
+        for name, t in tables.tables.items():
             add(t.plan.location, "tables", t.weight)
             for s in t.optimizer.state_tensors():
                 add(t.plan.location, "table_states", s)
+            per_table[name] = {
+                "planned": t.plan.location,
+                "torch_device": t.weight.device.type,
+                "state_devices": sorted({s.device.type for s in t.optimizer.state_tensors()}),
+                "in_engine": t.weight.data_ptr() in engine_ids,
+            }
     # What DeepSpeed's ZeRO optimizer actually switched on (stage 1/2: cpu_offload; stage 3: offload_*).
     offload = {
         "optimizer": bool(getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)),
         "params": bool(getattr(opt, "offload_param", False)),
     }
-    return {**where, "devices": {k: sorted(v) for k, v in devices.items()}, "offload": offload}
+    return {**where, "devices": {k: sorted(v) for k, v in devices.items()}, "offload": offload, "tables": per_table}
