@@ -55,11 +55,12 @@ class TableConfig:
     """How one embedding table trains. Tables with a sparse optimizer live outside the DeepSpeed engine."""
 
     optimizer: str = "lazy_adam"
-    """lazy_adam (torch SparseAdam), ftrl (FTRL-Proximal), or dense (inside the engine with optimizer.name)."""
+    """lazy_adam (row-fused lazy Adam), sparse_adam (the same algorithm by torch.optim.SparseAdam, slower),
+    ftrl (FTRL-Proximal), or dense (inside the DeepSpeed engine with optimizer.name)."""
     lr: float = 1e-3
     """Learning rate of the table's optimizer."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    """lazy_adam's (beta1, beta2)."""
+    """lazy_adam's / sparse_adam's (beta1, beta2)."""
     eps: float = 1e-8
     """lazy_adam's epsilon."""
     l1: float = 0.0

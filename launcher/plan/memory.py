@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from launcher.plan.placement import PlacementPlan
 
 _STATE_FLOATS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}  # fp32 values per parameter
-_TABLE_STATE_FLOATS = {"lazy_adam": 2, "ftrl": 2}  # exp_avg + exp_avg_sq; accumulator + linear
+_TABLE_STATE_FLOATS = {"lazy_adam": 2, "sparse_adam": 2, "ftrl": 2}  # exp_avg + exp_avg_sq; accumulator + linear
 _WIDTH = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 

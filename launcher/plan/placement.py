@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-TABLE_OPTIMIZERS = ("lazy_adam", "ftrl", "dense")
+TABLE_OPTIMIZERS = ("lazy_adam", "sparse_adam", "ftrl", "dense")
 CPU_IMPLS = ("torch", "deepspeed")
 
 

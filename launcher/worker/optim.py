@@ -12,8 +12,7 @@ from launcher.plan import OptimizerPlan, PlacementPlan
 
 
 def build_optimizer(o: OptimizerPlan, placement: PlacementPlan, params) -> torch.optim.Optimizer:
-    on_host = placement.optimizer_location == "host"
-    if on_host and placement.cpu_impl == "deepspeed":
+    if placement.optimizer_location == "host" and placement.cpu_impl == "deepspeed":
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         return DeepSpeedCPUAdam(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
@@ -25,5 +24,6 @@ def build_optimizer(o: OptimizerPlan, placement: PlacementPlan, params) -> torch
     kind = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}.get(o.name)
     if kind is None:
         raise ValueError(f"optimizer.name={o.name} is not known")  # the planner rejects it before launch
-    # fused: one kernel per step over all tensors (CPU and CUDA); measured fastest on host partitions.
-    return kind(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, fused=on_host or None)
+    # fused: one kernel per step over all tensors, on CPU and CUDA alike; 3.4x faster than the default foreach
+    # kernels on this CPU (bench/placement_bench.py, "hand dense") and faster than DeepSpeedCPUAdam (README).
+    return kind(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, fused=True)

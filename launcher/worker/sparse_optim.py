@@ -6,11 +6,16 @@
       z  += g - (n'^(-p) - n^(-p)) / lr * w
       w   = (sign(z) * l1 - z) / (n'^(-p) / lr + 2 * l2)   if |z| > l1 else 0
   with p = lr_power (-0.5 gives the paper's sqrt schedule). No well-kept torch library ships it, so it is here.
-- Lazy Adam is torch.optim.SparseAdam (Adam moments updated only for rows with a gradient, one step count per
-  table, as TensorFlow's LazyAdam and MindSpore's LazyAdam): see ``lazy_adam``.
+- Lazy Adam (TensorFlow's and MindSpore's LazyAdam): Adam moments and weights updated only for rows with a
+  gradient, one step count per table. torch.optim.SparseAdam is that algorithm (``SparseAdam`` below, the
+  reference); ``LazyAdam`` computes the same update with one gather and one scatter of the moments, stored
+  interleaved per row, which makes the host step several times faster (bench/placement_bench.py). The tests hold
+  it to SparseAdam's results.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -53,7 +58,32 @@ class SparseFTRL:
 
 
 class LazyAdam:
-    """torch.optim.SparseAdam on one table, fed with a sparse gradient built from (rows, grads)."""
+    """Row-fused lazy Adam: ``step(rows, grads)`` with coalesced rows; moments in one (rows, 2, dim) tensor."""
+
+    def __init__(self, weight: torch.Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.weight = weight
+        self.lr, self.beta1, self.beta2, self.eps = lr, betas[0], betas[1], eps
+        self.moments = torch.zeros(weight.shape[0], 2, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        self.steps = 0
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [self.moments]
+
+    @torch.no_grad()
+    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        self.steps += 1
+        state = self.moments.index_select(0, rows)
+        exp_avg, exp_avg_sq = state[:, 0], state[:, 1]
+        exp_avg.lerp_(grads, 1 - self.beta1)  # m + (g - m)(1 - b1)
+        exp_avg_sq.mul_(self.beta2).addcmul_(grads, grads, value=1 - self.beta2)
+        self.moments.index_copy_(0, rows, state)
+        # SparseAdam's step: lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)
+        step_size = self.lr * math.sqrt(1 - self.beta2**self.steps) / (1 - self.beta1**self.steps)
+        self.weight.index_add_(0, rows, exp_avg.div_(exp_avg_sq.sqrt_().add_(self.eps)), alpha=-step_size)
+
+
+class SparseAdam:
+    """torch.optim.SparseAdam on one table, fed with a sparse gradient built from (rows, grads): the reference."""
 
     def __init__(self, weight: torch.Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
         self.weight = weight

@@ -17,7 +17,7 @@ from torch import nn
 
 from launcher.plan import TablePlan
 from launcher.worker.sparse_comm import allreduce_sparse_mean
-from launcher.worker.sparse_optim import LazyAdam, SparseFTRL
+from launcher.worker.sparse_optim import LazyAdam, SparseAdam, SparseFTRL
 from launcher.worker.transfer import device_to_host, host_to_device
 
 HOST = torch.device("cpu")
@@ -27,7 +27,7 @@ HOST = torch.device("cpu")
 class Table:
     plan: TablePlan
     weight: torch.Tensor
-    optimizer: LazyAdam | SparseFTRL
+    optimizer: LazyAdam | SparseAdam | SparseFTRL
 
 
 class TableSet:
@@ -39,41 +39,51 @@ class TableSet:
             weight = model_tables[p.name].weight.detach().to(where).float().contiguous()
             if p.optimizer == "ftrl":
                 opt = SparseFTRL(weight, p.lr, p.l1, p.l2, p.lr_power, p.initial_accumulator)
+            elif p.optimizer == "sparse_adam":
+                opt = SparseAdam(weight, p.lr, p.betas, p.eps)
             else:
                 opt = LazyAdam(weight, p.lr, p.betas, p.eps)
             self.tables[p.name] = Table(p, weight, opt)
-        self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
-        self._grads: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {name: [] for name in self.tables}
+        # Tables looked up with the same row ids (Wide&Deep's two tables) share one coalesce and one all-gather:
+        # their gradients travel side by side as the columns of one (rows, dim_a + dim_b) tensor.
+        self._pending: list[tuple[tuple[str, ...], torch.Tensor, list[torch.Tensor]]] = []
+        self._grads: dict[tuple[str, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def lookup(self, rows_by_table: dict[str, torch.Tensor], dtype: torch.dtype, train: bool = True) -> dict[str, torch.Tensor]:
         """The rows of each table, on the compute device in the training dtype (leaves requiring grad if train)."""
-        out = {}
+        out: dict[str, torch.Tensor] = {}
+        groups: dict[int, tuple[torch.Tensor, list[str]]] = {}
         for name, rows in rows_by_table.items():
             t = self.tables[name]
-            looked_up = t.weight[rows.to(t.weight.device)]
-            act = host_to_device(looked_up, self.compute, dtype)
+            act = host_to_device(t.weight[rows.to(t.weight.device)], self.compute, dtype)
             if train:
                 act.requires_grad_()
-                self._pending.append((name, rows, act))
+            groups.setdefault(id(rows), (rows, []))[1].append(name)
             out[name] = act
+        if train:
+            for rows, names in groups.values():
+                self._pending.append((tuple(names), rows, [out[n] for n in names]))
         return out
 
     def collect_grads(self) -> None:
         """After backward: keep each lookup's gradient as (rows, values) on the compute device."""
-        for name, rows, act in self._pending:
-            dim = self.tables[name].plan.dim
-            self._grads[name].append((rows.reshape(-1).to(self.compute), act.grad.reshape(-1, dim).float()))
+        for names, rows, acts in self._pending:
+            values = torch.cat([a.grad.reshape(-1, self.tables[n].plan.dim).float() for n, a in zip(names, acts)], dim=1)
+            self._grads.setdefault(names, []).append((rows.reshape(-1).to(self.compute), values))
         self._pending.clear()
 
     def step(self) -> None:
         """Average the sparse gradients over ranks (collective: every rank calls it) and update those rows."""
-        for name, t in self.tables.items():
-            parts = self._grads[name]
-            rows = torch.cat([r for r, _ in parts]) if parts else torch.empty(0, dtype=torch.long, device=self.compute)
-            values = torch.cat([v for _, v in parts]) if parts else torch.empty(0, t.plan.dim, device=self.compute)
-            rows, values = allreduce_sparse_mean(rows, values)
-            t.optimizer.step(rows.to(t.weight.device), device_to_host(values, t.weight.device))
-            parts.clear()
+        for names in sorted(self._grads):  # the same groups in the same order on every rank
+            parts = self._grads[names]
+            rows, values = allreduce_sparse_mean(torch.cat([r for r, _ in parts]), torch.cat([v for _, v in parts]))
+            start = 0
+            for name in names:
+                t = self.tables[name]
+                grads = values[:, start : start + t.plan.dim]
+                start += t.plan.dim
+                t.optimizer.step(rows.to(t.weight.device), device_to_host(grads, t.weight.device).contiguous())
+        self._grads.clear()
 
     def digests(self) -> dict[str, str]:
         """sha256 of each table's bytes: equal on every rank when data-parallel copies stay in sync."""
