@@ -13,7 +13,7 @@ if [ ! -x "$PY" ]; then
   echo "run.sh: creating $VENV" >&2
   python3 -m venv ${HL_SYSTEM_SITE:+--system-site-packages} "$VENV"
 fi
-if ! "$PY" -c "import torch" 2>/dev/null; then
+if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" 2>/dev/null; then
   spec="${HL_TORCH_SPEC:-torch==2.13.0}"
   echo "run.sh: installing $spec" >&2
   "$PY" -m pip install -q "$spec"
