@@ -69,7 +69,7 @@ def launcher_run(rows_per: int, batch: int, steps: int, warmup: int, nproc: int,
         args = [
             "recipe=wide_deep", f"model.rows_per_table={rows_per}", f"batch.global_size={batch}",
             f"cluster.nproc_per_node={nproc}", f"trainer.steps={warmup + steps}", "trainer.log_every=1",
-            "trainer.checkpoint_every=-1", "trainer.eval_batches=0", *extra,
+            "trainer.checkpoint_every=-1", "eval.batches=0", *extra,
         ]
         res = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=tmp, capture_output=True, text=True)
         if res.returncode != 0:

@@ -19,6 +19,10 @@ HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "-
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:  # everything after -- goes to the user's script
+        cut = argv.index("--")
+        quoted = ",".join("'" + a.replace("\\", "\\\\").replace("'", "\\'") + "'" for a in argv[cut + 1 :])
+        argv = [*argv[:cut], f"script_args=[{quoted}]"]
     from launcher.config import compose_config
 
     if any(a.split("=")[0] in HYDRA_FLAGS for a in argv):
@@ -35,19 +39,28 @@ def main(argv: list[str] | None = None) -> int:
         return _hydra_app(argv)
     from launcher.launch import launch_run, write_dry_run
     from launcher.launch.host import probe_host
+    from launcher.launch.preflight import check_inputs
     from launcher.plan import plan_launch
+    from launcher.plan.script import plan_script
     from launcher.report.plan_view import placement_table, plan_tree
 
     console = Console()
     try:
         cfg = compose_config(argv)
-        plan = plan_launch(cfg, probe_host())
-        console.print(plan_tree(plan))
-        console.print(placement_table(plan))
+        check_inputs(cfg)
+        if cfg.script:
+            plan = plan_script(cfg, probe_host())
+            console.print(f"[bold]plan[/bold]: script {plan.script} {' '.join(plan.args)} on {plan.world_size} "
+                          f"rank(s), {plan.device_type}, torchrun environment")
+        else:
+            plan = plan_launch(cfg, probe_host())
+            console.print(plan_tree(plan))
+            console.print(placement_table(plan))
         if cfg.dry_run:
             run_dir = write_dry_run(cfg, plan)
-            console.print("[bold]DeepSpeed config[/bold] (ds_config.json):")
-            console.print_json(json.dumps(plan.deepspeed))
+            if plan.deepspeed:
+                console.print("[bold]DeepSpeed config[/bold] (ds_config.json):")
+                console.print_json(json.dumps(plan.deepspeed))
             console.print(f"dry run: nothing started; plan written to {run_dir}")
             return 0
         return launch_run(cfg, plan, console)

@@ -46,8 +46,15 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
                 else:
                     group_lines.append(o.input_line)
         if not any(o.key_or_group == "recipe" for o in parsed):
-            options = loader.get_group_options("recipe")
-            problems.append(f"recipe is not set. Pick one: {' | '.join(f'recipe={r}' for r in options)}.")
+            if any(o.key_or_group == "script" for o in parsed):
+                overrides = ["recipe=script", *overrides]  # a user's own script: no training recipe
+                group_lines.append("recipe=script")
+            else:
+                options = [r for r in loader.get_group_options("recipe") if r != "script"]
+                problems.append(
+                    f"recipe is not set. Pick one: {' | '.join(f'recipe={r}' for r in options)}, "
+                    f"or run your own script: script=path/to/train.py."
+                )
         if problems:
             raise ConfigError(problems)
         base = _compose(group_lines)

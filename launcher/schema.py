@@ -83,8 +83,17 @@ class TrainerConfig:
     """Seed for model init and data order; identical on every rank."""
     checkpoint_every: int = 0
     """Save a DeepSpeed checkpoint every N steps; 0 = only at the end; -1 = never."""
-    eval_batches: int = 4
-    """Held-out micro-batches evaluated at the end; 0 = no evaluation."""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0
+    """Evaluate every N steps as well as at the end; 0 = only at the end."""
+    batches: int = 4
+    """Held-out global micro-batches per evaluation for endless (synthetic) data; a data set with a test split
+    evaluates all of it. 0 = no evaluation."""
+    metrics: str = "loss"
+    """loss (mean loss), or binary: loss + AUC, log loss, accuracy (and bayes_auc when the data knows the truth)."""
 
 
 @dataclass
@@ -172,6 +181,7 @@ class HeteroConfig:
     tables: dict[str, TableConfig] = field(default_factory=dict)
     """Per embedding table of the recipe: its optimizer. A table not listed uses TableConfig's defaults."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
@@ -183,6 +193,10 @@ class HeteroConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
     dry_run: bool = False
     """Plan, write the run dir and print; spawn nothing."""
+    script: str = ""
+    """Run this Python script on every rank instead of a recipe, with torchrun's environment."""
+    script_args: list[str] = field(default_factory=list)
+    """Arguments for the script (on the command line: everything after --)."""
 
 
 def register_schemas() -> None:

@@ -11,7 +11,7 @@ def test_dry_run_prints_plan_and_deepspeed_json_and_starts_nothing(tmp_path):
     res = run_cli(["recipe=wide_deep", "dry_run=true", "zero.stage=2"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert "plan: recipe wide_deep, 2 rank(s) on cpu" in res.stdout
-    assert '"train_batch_size": 1024' in res.stdout and '"stage": 2' in res.stdout
+    assert '"train_batch_size": 2048' in res.stdout and '"stage": 2' in res.stdout
     run = (tmp_path / "log_output" / "latest").resolve()
     assert run.parent == tmp_path / "log_output" and run.name.startswith("wide_deep-")
     for name in ("config.yaml", "plan.json", "ds_config.json", "rank_table.json", "rank_env.json", "versions.json"):

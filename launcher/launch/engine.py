@@ -15,6 +15,7 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs, PContext, Std, start_processes
 
 from launcher.plan import LaunchPlan
+from launcher.plan.script import ScriptPlan
 
 
 class RankLogsSpecs(LogsSpecs):
@@ -41,7 +42,7 @@ class RankLogsSpecs(LogsSpecs):
         return dest
 
 
-def host_store(plan: LaunchPlan) -> TCPStore:
+def host_store(plan: LaunchPlan | ScriptPlan) -> TCPStore:
     """The rendezvous store, on master_addr at the planned port (0 = a free one, chosen by the OS)."""
     env = plan.ranks[0].env
     return TCPStore(
@@ -50,8 +51,8 @@ def host_store(plan: LaunchPlan) -> TCPStore:
     )
 
 
-def spawn_ranks(plan: LaunchPlan, run_dir: Path, run_id: str, port: int) -> PContext:
-    """Start this host's ranks as ``python -m launcher.worker <run_dir>``; returns the process context."""
+def spawn_ranks(plan: LaunchPlan | ScriptPlan, run_dir: Path, run_id: str, port: int) -> PContext:
+    """Start this host's ranks as ``python -m launcher.worker <run_dir>`` (or ``python <script> <args>``)."""
     envs, args = {}, {}
     for r in plan.ranks:
         envs[r.local_rank] = {
@@ -62,7 +63,10 @@ def spawn_ranks(plan: LaunchPlan, run_dir: Path, run_id: str, port: int) -> PCon
             "TORCHELASTIC_RESTART_COUNT": "0",
             "TORCHELASTIC_MAX_RESTARTS": "0",
         }
-        args[r.local_rank] = ("-m", "launcher.worker", str(run_dir))
+        if isinstance(plan, ScriptPlan):  # the user's script, as torchrun would start it
+            args[r.local_rank] = (str(Path(plan.script).resolve()), *plan.args)
+        else:
+            args[r.local_rank] = ("-m", "launcher.worker", str(run_dir))
     return start_processes(
         name=run_id,
         entrypoint=sys.executable,

@@ -42,7 +42,9 @@ class ProgressView:
         for record in self._new_records():
             if "event" in record:
                 if not self._live:
-                    self._console.print(f"{record['event']}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k in ("loss", "n")))
+                    shown = ("loss", "auc", "bayes_auc", "logloss", "accuracy", "n")
+                    self._console.print(f"{record['event']} at step {record['step']}: " + ", ".join(
+                        f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k in shown))
                 continue
             self._progress.update(self._task, loss=f"{record['loss']:.4f}", rate=f"{record['samples_per_s']:.0f}")
             if not self._live:

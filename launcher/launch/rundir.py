@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import ConfigError
 from launcher.plan import LaunchPlan
+from launcher.plan.script import ScriptPlan
 
 
 def create_run_dir(log_dir: Path, run_name: str, recipe: str) -> Path:
@@ -40,10 +41,11 @@ def create_run_dir(log_dir: Path, run_name: str, recipe: str) -> Path:
     raise RuntimeError(f"could not create a new run dir under {log_dir}")
 
 
-def write_run_files(run_dir: Path, cfg: DictConfig, plan: LaunchPlan) -> None:
+def write_run_files(run_dir: Path, cfg: DictConfig, plan: LaunchPlan | ScriptPlan) -> None:
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     _write_json(run_dir / "plan.json", plan.to_dict())
-    _write_json(run_dir / "ds_config.json", plan.deepspeed)
+    if plan.deepspeed:
+        _write_json(run_dir / "ds_config.json", plan.deepspeed)
     _write_json(run_dir / "rank_table.json", plan.rank_table)
     _write_json(run_dir / "rank_env.json", {str(r.rank): r.env for r in plan.ranks})
     _write_json(run_dir / "versions.json", versions())

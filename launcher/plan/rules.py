@@ -34,8 +34,13 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
         p.append(f"trainer.log_every={t.log_every} must be >= 1.")
     if t.checkpoint_every < -1:
         p.append(f"trainer.checkpoint_every={t.checkpoint_every}: use N>0 (every N steps), 0 (at the end) or -1 (never).")
-    if t.eval_batches < 0:
-        p.append(f"trainer.eval_batches={t.eval_batches} must be >= 0 (0 = no evaluation).")
+    e = cfg.eval
+    if e.batches < 0:
+        p.append(f"eval.batches={e.batches} must be >= 0 (0 = no evaluation).")
+    if e.every < 0:
+        p.append(f"eval.every={e.every} must be >= 0 (0 = only at the end).")
+    if e.metrics not in ("loss", "binary"):
+        p.append(f"eval.metrics={e.metrics} is not one of loss, binary.")
 
     nproc = str(c.nproc_per_node)
     if nproc != "auto" and not (nproc.isdigit() and int(nproc) >= 1):

@@ -54,7 +54,9 @@ class LaunchPlan:
     steps: int
     log_every: int
     checkpoint_every: int
+    eval_every: int
     eval_batches: int
+    eval_metrics: str
     seed: int
     batch: BatchPlan
     optimizer: OptimizerPlan

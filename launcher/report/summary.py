@@ -117,7 +117,8 @@ def failure_report(run_dir: Path, summary: dict, failed_rank: int | None, tail_l
         rank_dir = run_dir / f"rank.{r['rank']}"
         lines = (rank_dir / "stderr").read_text(errors="replace").splitlines() if (rank_dir / "stderr").exists() else []
         body = Text()
-        body.append(f"rank {r['rank']} failed with {how} at step {r['last_step'] + 1} of {summary['steps']}.\n")
+        where = f" at step {r['last_step'] + 1} of {summary['steps']}" if summary["steps"] else ""
+        body.append(f"rank {r['rank']} failed with {how}{where}.\n")
         message = _error_message(rank_dir / "error.json")
         if message:
             body.append(f"error: {message}\n", style="bold red")

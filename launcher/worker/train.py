@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from launcher.plan import LaunchPlan
 from launcher.worker.accounting import measure_memory
+from launcher.worker.evaluate import evaluate, mean_over_ranks
 from launcher.worker.metrics import MetricsWriter
 from launcher.worker.optim import build_optimizer
 from launcher.worker.tables import TableSet
@@ -78,15 +79,19 @@ def run_rank(run_dir: str | Path) -> None:
                 raise RuntimeError(f"debug.fail_rank={fail_rank} debug.fail_step={fail_step}: injected failure")
             metrics.step_done(step)
             if step == 1 or step % plan.log_every == 0 or step == plan.steps:
-                mean = _mean_over_ranks(step_loss / plan.batch.grad_accum)
+                local = (step_loss / plan.batch.grad_accum).item()
+                mean = mean_over_ranks(step_loss / plan.batch.grad_accum)
                 now = time.perf_counter()
                 rate = (step - tick_step) * plan.batch.global_size / (now - tick)
-                metrics.write(step=step, loss=mean, samples_per_s=round(rate, 1))
+                metrics.write(step=step, loss=mean, local_loss=local, samples_per_s=round(rate, 1))
                 tick, tick_step = now, step
+            if plan.eval_every > 0 and step % plan.eval_every == 0 and step != plan.steps and plan.eval_batches > 0:
+                metrics.write(event="eval", step=step, **evaluate(step_fn, loss_fn, data, plan, dp_rank, device))
+                tick = time.perf_counter()  # evaluation time is not training throughput
             if plan.checkpoint_every > 0 and step % plan.checkpoint_every == 0 and step != plan.steps:
                 _checkpoint(engine, tables, run_dir, step, rank)
         if plan.eval_batches > 0:
-            metrics.write(event="eval", step=plan.steps, **_evaluate(step_fn, loss_fn, data, plan, dp_rank, device))
+            metrics.write(event="eval", step=plan.steps, **evaluate(step_fn, loss_fn, data, plan, dp_rank, device))
         if plan.checkpoint_every >= 0:
             _checkpoint(engine, tables, run_dir, plan.steps, rank)
         if tables is not None:
@@ -120,19 +125,3 @@ def _checkpoint(engine, tables: TableSet | None, run_dir: Path, step: int, rank:
         tables.save(run_dir / "checkpoints" / tag / "tables.pt")
 
 
-def _mean_over_ranks(value: torch.Tensor) -> float:
-    value = value.detach().float().clone()
-    dist.all_reduce(value)
-    return value.item() / dist.get_world_size()
-
-
-@torch.no_grad()
-def _evaluate(step_fn: _Forward, loss_fn, data, plan: LaunchPlan, dp_rank: int, device) -> dict:
-    step_fn.engine.eval()
-    total, n = torch.zeros((), device=device), 0
-    for batch in data.eval_batches(dp_rank, plan.dp, plan.batch.micro_size, plan.eval_batches):
-        out, labels = step_fn(batch, train=False)
-        total += loss_fn(out, labels).float()
-        n += 1
-    step_fn.engine.train()
-    return {"loss": _mean_over_ranks(total / max(n, 1)), "n": n * plan.batch.micro_size * plan.dp}

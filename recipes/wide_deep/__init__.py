@@ -34,6 +34,14 @@ class DataConfig:
     """Ids per field are drawn in [0, rows_per_table); must equal model.rows_per_table."""
     seed: int = 0
     """Seed of the generating model (field effects); the sample stream follows trainer.seed."""
+    effect_scale: float = 1.0
+    """Largest per-id effect on the logit (of the most frequent id)."""
+    effect_decay: float = 0.3
+    """Effect of id k is scaled by (1 + k)^-decay: frequent ids matter more, as in real CTR data."""
+    interactions: list[list[int]] = field(default_factory=lambda: [[0, 1], [2, 3], [4, 5]])
+    """Field pairs with a joint effect on the logit."""
+    interaction_scale: float = 1.0
+    """Largest pairwise effect."""
 
 
 def tables(model: ModelConfig) -> dict[str, tuple[int, int]]:

@@ -10,7 +10,7 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.integration
 
 SMALL = ["recipe=wide_deep", "model.rows_per_table=2000", "batch.global_size=256", "trainer.log_every=1",
-         "trainer.checkpoint_every=-1", "trainer.eval_batches=1"]
+         "trainer.checkpoint_every=-1", "eval.batches=1"]
 TOLERANCE = 0.05  # measured bytes vs the plan's estimate
 
 

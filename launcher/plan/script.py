@@ -1,0 +1,62 @@
+"""PURE planning of a user's own script: ranks, environment and rank table, nothing else."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from launcher.errors import ConfigError
+from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
+from launcher.plan.rules import BACKENDS, resolve_nproc
+from launcher.plan.types import HostFacts
+
+
+@dataclass(frozen=True)
+class ScriptPlan:
+    script: str
+    args: tuple[str, ...]
+    world_size: int
+    nnodes: int
+    nproc_per_node: int
+    backend: str
+    """What the script should pass to init_process_group (it decides; the env says TORCH_BACKEND)."""
+    device_type: str
+    ranks: tuple[RankPlan, ...]
+    rank_table: dict[str, Any]
+    notes: tuple[str, ...]
+    recipe: str = "script"
+    steps: int = 0
+    ds_ops: tuple[str, ...] = ()
+    deepspeed: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
+    problems = []
+    c = cfg.cluster
+    nproc_value = str(c.nproc_per_node)
+    if nproc_value != "auto" and not (nproc_value.isdigit() and int(nproc_value) >= 1):
+        problems.append(f"cluster.nproc_per_node={nproc_value} must be a positive integer or auto.")
+    if c.nnodes != 1:
+        problems.append(f"cluster.nnodes={c.nnodes}: multi-node launch is not supported yet. Set cluster.nnodes=1.")
+    if c.backend not in BACKENDS:
+        problems.append(f"cluster.backend={c.backend} is not one of {', '.join(BACKENDS)}.")
+    if problems:
+        raise ConfigError(problems)
+    nproc, note = resolve_nproc(c.nproc_per_node, host)
+    device_type = "cuda" if host.accelerators > 0 else "cpu"
+    backend = c.backend if c.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+    ranks = plan_ranks(
+        nnodes=1, nproc_per_node=nproc, device_type=device_type, master_addr=c.master_addr,
+        master_port=c.master_port, omp_threads=max(1, host.cpu_count // nproc), extensions_dir=host.extensions_dir,
+    )
+    return ScriptPlan(
+        script=cfg.script, args=tuple(cfg.script_args), world_size=nproc, nnodes=1, nproc_per_node=nproc,
+        backend=backend, device_type=device_type, ranks=ranks, rank_table=rank_table(ranks, [c.master_addr]),
+        notes=(note,) if note else (),
+    )
