@@ -39,9 +39,9 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
         group_lines = []
         for o in parsed:
             if o.key_or_group in groups:
-                options = loader.get_group_options(o.key_or_group)
+                options = [g for g in loader.get_group_options(o.key_or_group) if g != "script"]  # script=<path>
                 value = o.value()
-                if isinstance(value, str) and value not in options:
+                if isinstance(value, str) and value not in options and (o.key_or_group, value) != ("recipe", "script"):
                     problems.append(_unknown(o.key_or_group, value, options, "option of"))
                 else:
                     group_lines.append(o.input_line)

@@ -27,7 +27,7 @@ def test_unknown_key_names_the_key_and_did_you_mean():
 
 
 def test_bad_type_names_key_and_current_value():
-    with pytest.raises(ConfigError, match=r"trainer\.steps=many: .*Integer.*Current value: trainer\.steps=200"):
+    with pytest.raises(ConfigError, match=r"trainer\.steps=many: .*Integer.*Current value: trainer\.steps=300"):
         compose_config(["recipe=wide_deep", "trainer.steps=many"])
 
 
