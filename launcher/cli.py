@@ -19,6 +19,15 @@ HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "-
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["report"]:  # hetero-launch report <run_dir>
+        from pathlib import Path
+
+        from launcher.report.plots import report
+
+        if len(argv) != 2:
+            Console(stderr=True).print("usage: hetero-launch report <run_dir>   (e.g. log_output/latest)")
+            return 2
+        return report(Path(argv[1]), Console())
     if "--" in argv:  # everything after -- goes to the user's script
         cut = argv.index("--")
         quoted = ",".join("'" + a.replace("\\", "\\\\").replace("'", "\\'") + "'" for a in argv[cut + 1 :])

@@ -36,14 +36,18 @@ def _check_ok_run(tmp_path, recipe):
 def test_quickstart_two_ranks(tmp_path):
     res = run_cli(["recipe=quickstart"], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    _check_ok_run(tmp_path, "quickstart")
+    run, _ = _check_ok_run(tmp_path, "quickstart")
     assert "step 50/50" in res.stdout  # plain progress lines when stdout is not a terminal
+    rep = run_cli(["report", str(run)], tmp_path)
+    assert rep.returncode == 0 and "wrote" in rep.stdout and (run / "loss.png").is_file()
 
 
 def test_wide_deep_two_ranks_zero2_with_periodic_checkpoints(tmp_path):
     res = run_cli(["recipe=wide_deep", "trainer.steps=40", "zero.stage=2", "trainer.checkpoint_every=20"], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    run, _ = _check_ok_run(tmp_path, "wide_deep")
+    run, s = _check_ok_run(tmp_path, "wide_deep")
+    assert 0.5 < s["eval"]["auc"] <= 1 and 0.5 < s["eval"]["bayes_auc"] <= 1 and s["eval"]["n"] == 16 * 1024 * 2
+    assert {"logloss", "accuracy"} <= set(s["eval"])
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step20", "step40"]
 
 
@@ -78,6 +82,11 @@ def test_failing_rank_stops_the_others_and_is_named(tmp_path):
     assert json.loads((run / "rank.1" / "error.json").read_text())["message"]
     # Nothing is lost (metrics, logs) and no rank survives the launcher.
     assert _metrics(run, 0) and _metrics(run, 1)
+    # The report works on what a failed run left.
+    rep = run_cli(["report", "log_output/latest"], tmp_path)
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    for png in ("loss.png", "throughput.png"):
+        assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for rank in (0, 1):
         pid = int((run / f"rank.{rank}" / "pid").read_text())
         with pytest.raises(ProcessLookupError):
