@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     try:
         cfg = compose_config(argv)
-        check_inputs(cfg)
+        for line in check_inputs(cfg):
+            console.print(line)
         if cfg.script:
             plan = plan_script(cfg, probe_host())
             console.print(f"[bold]plan[/bold]: script {plan.script} {' '.join(plan.args)} on {plan.world_size} "

@@ -65,6 +65,9 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
         if problems:
             raise ConfigError(problems)
         cfg = _compose(list(overrides))
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError([f"{k} is required and not set. Set it on the command line: {k}=<value>." for k in missing])
     try:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as e:
@@ -80,7 +83,7 @@ def _compose(lines: list[str]) -> DictConfig:
 
 
 def _check_value_override(base: DictConfig, key: str, value, line: str, delete: bool) -> list[str]:
-    if OmegaConf.select(base, key, default=_ABSENT, throw_on_missing=False) is _ABSENT:
+    if not _exists(base, key):
         if line.startswith("+"):
             return []  # an explicit append; Hydra reports it if the schema forbids it
         return [_unknown(key, line.split("=", 1)[-1], list(_dotted_keys(base)), "key in the config; value")]
@@ -92,6 +95,17 @@ def _check_value_override(base: DictConfig, key: str, value, line: str, delete: 
     except OmegaConfBaseException as e:
         return [f"{line}: {_first_line(e)}. Current value: {key}={OmegaConf.select(base, key)!r}; give one of that type."]
     return []
+
+
+def _exists(cfg: DictConfig, key: str) -> bool:
+    """Whether the dotted key is in the config, also when its value is still ??? (select() treats that as absent)."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key, default=None, throw_on_missing=False) if parent_key else cfg
+    if isinstance(parent, DictConfig):
+        return leaf in parent.keys()
+    if isinstance(parent, ListConfig):
+        return leaf.isdigit() and int(leaf) < len(parent)
+    return False
 
 
 def _unknown(key: str, value: str, candidates: Sequence[str], what: str) -> str:
@@ -124,9 +138,3 @@ def _first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0].rstrip(".") if text else type(e).__name__
 
-
-class _Absent:
-    pass
-
-
-_ABSENT = _Absent()

@@ -77,6 +77,8 @@ class TableConfig:
 class TrainerConfig:
     steps: int = 100
     """Optimizer steps (each = grad_accum micro-batches on every data-parallel rank)."""
+    epochs: float = 0
+    """If > 0: train this many passes over the data instead of trainer.steps (needs a data set of known size)."""
     log_every: int = 10
     """Write a metrics.jsonl line every this many steps (the first and last step are always logged)."""
     seed: int = 1234
@@ -208,3 +210,5 @@ def register_schemas() -> None:
     for name, recipe in RECIPES.items():
         cs.store(group="schema/model", name=name, node=recipe.ModelConfig)
         cs.store(group="schema/data", name=name, node=recipe.DataConfig)
+        for option, node in getattr(recipe, "DATA_OPTIONS", {}).items():  # choices of the data group
+            cs.store(group="schema/data", name=option, node=node)

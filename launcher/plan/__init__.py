@@ -44,6 +44,24 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
     batch, batch_problems = plan_batch(cfg.batch.global_size, cfg.batch.micro_size, cfg.batch.grad_accum, dp)
     problems += batch_problems
     recipe = RECIPES[cfg.recipe.name]
+    steps = cfg.trainer.steps
+    if cfg.trainer.epochs > 0 and batch is not None:
+        per_epoch = recipe.samples_per_epoch(cfg.data)
+        if per_epoch is None:
+            problems.append(
+                f"trainer.epochs={cfg.trainer.epochs} needs a data set of known size; this data is an endless "
+                f"stream. Set trainer.epochs=0 and use trainer.steps."
+            )
+        else:
+            steps_per_epoch = per_epoch // (batch.micro_size * dp) // batch.grad_accum
+            if steps_per_epoch < 1:
+                problems.append(
+                    f"trainer.epochs: one global batch ({batch.global_size}) is larger than the {per_epoch} "
+                    f"training samples. Lower batch.global_size."
+                )
+            steps = max(1, int(cfg.trainer.epochs * steps_per_epoch))
+            notes.append(f"trainer.epochs={cfg.trainer.epochs} -> {steps} steps ({steps_per_epoch} per epoch of "
+                         f"{per_epoch:,} samples)")
     if batch is not None:
         problems += recipe.problems(cfg.model, cfg.data, batch.micro_size * dp)
     device_type = "cuda" if host.accelerators > 0 else "cpu"
@@ -103,7 +121,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
         backend=backend,
         device_type=device_type,
         precision=cfg.precision,
-        steps=cfg.trainer.steps,
+        steps=steps,
         log_every=cfg.trainer.log_every,
         checkpoint_every=cfg.trainer.checkpoint_every,
         eval_every=cfg.eval.every,

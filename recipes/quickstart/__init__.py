@@ -28,6 +28,11 @@ class DataConfig:
     """Seed of the data set itself (the data order follows trainer.seed)."""
 
 
+def samples_per_epoch(data: DataConfig) -> int | None:
+    """Samples in one epoch of the fixed data set."""
+    return data.samples
+
+
 def tables(model: ModelConfig) -> dict[str, tuple[int, int]]:
     """Embedding tables: none."""
     return {}

@@ -7,6 +7,8 @@ trains them with LazyAdam (deep) and FTRL (wide) and, with host_device_mix, keep
 
 from dataclasses import dataclass, field
 
+from omegaconf import MISSING
+
 
 @dataclass
 class ModelConfig:
@@ -16,7 +18,9 @@ class ModelConfig:
     num_sparse: int = 26
     """Categorical fields (one table range per field)."""
     rows_per_table: int = 10_000
-    """Hashed vocabulary rows per categorical field."""
+    """Hashed vocabulary rows per categorical field (when field_sizes is empty)."""
+    field_sizes: list[int] = field(default_factory=list)
+    """Rows of each categorical field; empty = rows_per_table each. data=tabular fills it from the file."""
     embed_dim: int = 16
     """Width of the deep embeddings."""
     hidden: list[int] = field(default_factory=lambda: [256, 128])
@@ -24,7 +28,9 @@ class ModelConfig:
 
 
 @dataclass
-class DataConfig:
+class SyntheticDataConfig:
+    """data=synthetic_ctr: Criteo-shaped samples from a known logistic model (so the Bayes AUC is known)."""
+
     _target_: str = "launcher.recipes.wide_deep.data.SyntheticCTR"
     num_dense: int = 13
     """Continuous fields; must equal model.num_dense."""
@@ -44,9 +50,49 @@ class DataConfig:
     """Largest pairwise effect."""
 
 
+@dataclass
+class TabularDataConfig:
+    """data=tabular: a user's CSV / CSV.gz / Parquet file (see recipes/wide_deep/tabular.py)."""
+
+    _target_: str = "launcher.recipes.wide_deep.tabular.TabularCTR"
+    path: str = MISSING
+    """The file."""
+    label: str = MISSING
+    """The label column."""
+    positive: str = MISSING
+    """The label value of a positive (clicked) row."""
+    negative: str = ""
+    """The label value of a negative row; empty = the one other value in the column."""
+    categorical: list[str] = field(default_factory=list)
+    """Columns to treat as categorical even if numeric."""
+    continuous: list[str] = field(default_factory=list)
+    """Columns to treat as continuous."""
+    drop: list[str] = field(default_factory=list)
+    """Columns to ignore (ids, leaks)."""
+    test_fraction: float = 0.2
+    """Share of rows held out for evaluation (seeded split)."""
+    max_vocab: int = 100_000
+    """A categorical column with more distinct values is hashed into this many buckets."""
+    crosses: list[list[str]] = field(default_factory=list)
+    """Pairs of columns whose value pairs become extra categorical fields, e.g. [[education,occupation]]."""
+    seed: int = 0
+    """Seed of the train/test split."""
+    train_rows: int = 0
+    """Filled in by the launcher from the file (for trainer.epochs); leave 0."""
+
+
+DataConfig = SyntheticDataConfig  # the recipe's default data
+DATA_OPTIONS = {"synthetic_ctr": SyntheticDataConfig, "tabular": TabularDataConfig}
+
+
+def samples_per_epoch(data) -> int | None:
+    """Training rows of one epoch, or None for an endless stream."""
+    return getattr(data, "train_rows", 0) or None
+
+
 def tables(model: ModelConfig) -> dict[str, tuple[int, int]]:
     """The embedding tables of WideDeep: name -> (rows, dim). Their placement and optimizers are planned per table."""
-    rows = model.num_sparse * model.rows_per_table
+    rows = sum(model.field_sizes) if model.field_sizes else model.num_sparse * model.rows_per_table
     return {"deep_embedding": (rows, model.embed_dim), "wide_embedding": (rows, 1)}
 
 
@@ -60,6 +106,10 @@ def dense_param_count(model: ModelConfig) -> int:
 def problems(model: ModelConfig, data: DataConfig, micro_group: int) -> list[str]:
     """Recipe-specific checks, reported with every other config problem before anything runs."""
     out = []
+    if model.field_sizes and len(model.field_sizes) != model.num_sparse:
+        out.append(f"model.field_sizes has {len(model.field_sizes)} entries for model.num_sparse={model.num_sparse}.")
+    if not hasattr(data, "rows_per_table"):  # tabular data: the launcher sized the model from the file
+        return out
     for key in ("num_dense", "num_sparse", "rows_per_table"):
         if getattr(model, key) != getattr(data, key):
             out.append(

@@ -30,15 +30,17 @@ class WideDeepBody(nn.Module):
 
 
 class WideDeep(nn.Module):
-    def __init__(self, num_dense: int, num_sparse: int, rows_per_table: int, embed_dim: int, hidden: list[int]):
+    def __init__(self, num_dense: int, num_sparse: int, rows_per_table: int, embed_dim: int, hidden: list[int],
+                 field_sizes: list[int] | None = None):
         super().__init__()
-        rows = num_sparse * rows_per_table
+        sizes = list(field_sizes) if field_sizes else [rows_per_table] * num_sparse
+        rows = sum(sizes)
         self.tables = nn.ModuleDict({"deep_embedding": nn.Embedding(rows, embed_dim), "wide_embedding": nn.Embedding(rows, 1)})
         nn.init.normal_(self.tables["deep_embedding"].weight, std=0.01)
         nn.init.zeros_(self.tables["wide_embedding"].weight)  # FTRL's weights start at 0
         self.body = WideDeepBody(num_dense, num_sparse, embed_dim, hidden)
-        # Field f's ids live in rows [f * rows_per_table, (f + 1) * rows_per_table) of each table.
-        self.offsets = torch.arange(num_sparse) * rows_per_table
+        # Field f's ids live in rows [offsets[f], offsets[f] + sizes[f]) of each table.
+        self.offsets = torch.tensor([0, *sizes[:-1]]).cumsum(0)
 
     def table_rows(self, dense: torch.Tensor, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         rows = ids + self.offsets.to(ids.device)

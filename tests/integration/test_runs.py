@@ -91,3 +91,17 @@ def test_failing_rank_stops_the_others_and_is_named(tmp_path):
         pid = int((run / f"rank.{rank}" / "pid").read_text())
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_tabular_file_trains_and_reports_auc(tmp_path):
+    from tests.data.make_ctr_csv import write_ctr_csv
+
+    write_ctr_csv(str(tmp_path / "ctr.csv.gz"), 6000, gz=True)
+    res = run_cli(["recipe=wide_deep", "data=tabular", "data.path=ctr.csv.gz", "data.label=clicked",
+                   "data.positive=yes", "data.drop=[user_id]", "trainer.epochs=3"], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "4,800 train + 1,200 test rows" in res.stdout
+    s = read_summary(tmp_path)
+    assert s["status"] == "ok" and s["final_loss"] < s["first_loss"]
+    assert s["steps"] == 3 * (4800 // 512)
+    assert s["eval"]["n"] == 1200 and s["eval"]["auc"] > 0.65 and "bayes_auc" not in s["eval"]
