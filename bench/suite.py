@@ -1,0 +1,200 @@
+"""The benchmark suite: one command, every figure a ratio measured side by side in this invocation.
+
+    .venv/bin/python bench/suite.py [--runs 5] [--only P1 P4 ...]
+
+P1 launch overhead: a trivial 2-rank gloo job via hetero-launch script=, torchrun, the deepspeed launcher; a dry run.
+P2 wide_deep host placement: samples/s of host sparse tables vs dense tables (both through hetero-launch, 1 rank),
+   lookups/s vs a plain gather's bound.
+P3 offloaded optimizer step: DeepSpeedCPUAdam vs torch.optim.Adam(fused) at 32 M parameters.
+P4 quickstart through the generated DeepSpeed config vs a hand-written DDP loop: step-time ratio.
+P5 cost growth: plan time for 10 / 100 / 1,000 / 10,000 tables; launch-to-first-step for 1 / 2 / 4 / 8 ranks.
+Runs of one comparison are interleaved (a, b, c, a, b, c, ...) and each figure is the median of --runs runs.
+Prints a markdown table and writes bench/results/suite.json. Not a test: the numbers belong to this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+sys.path.insert(0, str(BENCH))
+PY = sys.executable
+BIN = Path(PY).parent
+
+
+def timed(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, env={**os.environ, **(env or {})}, cwd=cwd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stdout[-1500:]}\n{res.stderr[-1500:]}")
+    return time.perf_counter() - t0
+
+
+def interleaved(fns: dict, runs: int) -> dict[str, list]:
+    out = {k: [] for k in fns}
+    for _ in range(runs):
+        for k, fn in fns.items():
+            out[k].append(fn())
+    return out
+
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def p1(runs: int) -> list[tuple]:
+    script = str(BENCH / "trivial_gloo.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        fns = {
+            "hetero-launch script=": lambda: timed([str(BIN / "hetero-launch"), f"script={script}", "cluster.nproc_per_node=2"], cwd=tmp),
+            "torchrun": lambda: timed([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", script], cwd=tmp),
+            "deepspeed launcher": lambda: timed([str(BIN / "deepspeed"), "--num_gpus", "2", script], {"DS_ACCELERATOR": "cpu"}, cwd=tmp),
+            "dry run (recipe=wide_deep)": lambda: timed([str(BIN / "hetero-launch"), "recipe=wide_deep", "dry_run=true"], cwd=tmp),
+        }
+        r = interleaved(fns, runs)
+    base = med(r["torchrun"])
+    return [("P1", f"trivial 2-rank gloo job: {k}", f"{med(v):.2f} s", f"{med(v) / base:.2f}x torchrun") for k, v in r.items()]
+
+
+def p2(runs: int) -> list[tuple]:
+    from placement_bench import gather_bound, launcher_run
+
+    rows_per, batch, steps, warm = 1_000_000 // 26, 4096, 10, 3
+    sparse = ["placement.host_device_mix=1"]
+    dense = ["tables.deep_embedding.optimizer=dense", "tables.wide_embedding.optimizer=dense"]
+    r = interleaved({
+        "host sparse tables (lazy Adam + FTRL)": lambda: launcher_run(rows_per, batch, steps, warm, 1, sparse),
+        "dense tables, dense Adam in DeepSpeed": lambda: launcher_run(rows_per, batch, steps, warm, 1, dense),
+    }, runs)
+    bound = gather_bound(rows_per, batch, skewed=True)
+    s = med([x["samples_per_s"] for x in r["host sparse tables (lazy Adam + FTRL)"]])
+    d = med([x["samples_per_s"] for x in r["dense tables, dense Adam in DeepSpeed"]])
+    return [
+        ("P2", "wide_deep 1 M rows/table, batch 4096, 1 rank: host sparse", f"{s:,.0f} samples/s", f"{s / d:.2f}x dense"),
+        ("P2", "... dense tables inside DeepSpeed", f"{d:,.0f} samples/s", "1.00x"),
+        ("P2", "... host sparse lookups/s vs plain gather bound", f"{s * 26 / 1e6:.2f} M/s", f"{s * 26 / bound:.1%} of {bound / 1e6:.0f} M/s"),
+    ]
+
+
+def p3(runs: int) -> list[tuple]:
+    from optimizer_bench import make
+
+    import torch
+
+    opts = {k: make(k, 32_000_000) for k in ("torch Adam fused", "DeepSpeedCPUAdam")}
+    for o in opts.values():
+        o.step()
+
+    def step(o):
+        t0 = time.perf_counter()
+        o.step()
+        return (time.perf_counter() - t0) * 1000
+
+    r = interleaved({k: (lambda o=o: step(o)) for k, o in opts.items()}, max(runs, 5) * 3)
+    del torch
+    f, ds = med(r["torch Adam fused"]), med(r["DeepSpeedCPUAdam"])
+    return [("P3", "Adam step, 32 M params, host: torch fused", f"{f:.1f} ms", "1.00x"),
+            ("P3", "... DeepSpeedCPUAdam", f"{ds:.1f} ms", f"{ds / f:.2f}x torch fused")]
+
+
+def p4(runs: int) -> list[tuple]:
+    steps = 200
+
+    def launcher():
+        with tempfile.TemporaryDirectory() as tmp:
+            timed([str(BIN / "hetero-launch"), "recipe=quickstart", f"trainer.steps={steps}", "trainer.log_every=1",
+                   "trainer.checkpoint_every=-1", "eval.batches=0"], cwd=tmp)
+            recs = [json.loads(x) for x in (Path(tmp) / "log_output/latest/rank.0/metrics.jsonl").read_text().splitlines()]
+        rates = [x["samples_per_s"] for x in recs if x["step"] > 10]
+        return 32 / med(rates) * 1000
+
+    def ddp():
+        res = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2",
+                              str(BENCH / "ddp_quickstart.py"), str(steps)], capture_output=True, text=True)
+        return float(re.search(r"median_step_ms=([\d.]+)", res.stdout).group(1))
+
+    r = interleaved({"launcher": launcher, "ddp": ddp}, runs)
+    a, b = med(r["launcher"]), med(r["ddp"])
+    return [("P4", "quickstart step, 2 ranks: hetero-launch (DeepSpeed ZeRO-0)", f"{a:.2f} ms", f"{a / b:.2f}x DDP"),
+            ("P4", "... hand-written DDP loop (torchrun)", f"{b:.2f} ms", "1.00x")]
+
+
+def p5(runs: int) -> list[tuple]:
+    from omegaconf import open_dict
+
+    from launcher.config import compose_config
+    from launcher.plan import HostFacts, plan_launch
+    from launcher.recipes import RECIPES
+    from launcher.schema import TableConfig
+
+    host = HostFacts("bench", 2, 0, "/tmp/x")
+    out = []
+    base_cfg = compose_config(["recipe=wide_deep"])
+    for n in (10, 100, 1_000, 10_000):
+        RECIPES["bench_tables"] = types.SimpleNamespace(
+            tables=lambda m, n=n: {f"t{i}": (1000, 16) for i in range(n)},
+            dense_param_count=lambda m: 100_000, problems=lambda *a: [], samples_per_epoch=lambda d: None)
+        cfg = base_cfg.copy()
+        with open_dict(cfg):
+            cfg.recipe.name = "bench_tables"
+            cfg.tables = {f"t{i}": TableConfig(optimizer="lazy_adam" if i % 2 else "ftrl") for i in range(n)}
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            plan_launch(cfg, host)
+            times.append(time.perf_counter() - t0)
+        out.append((n, med(times)))
+    del RECIPES["bench_tables"]
+    rows = [("P5", f"plan time, {n:,} tables", f"{t * 1000:.1f} ms", f"{t / out[0][1]:.1f}x 10 tables") for n, t in out]
+
+    def first_step(nproc: int) -> float:
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.time()
+            timed([str(BIN / "hetero-launch"), "recipe=quickstart", f"cluster.nproc_per_node={nproc}",
+                   f"batch.micro_size={32 // nproc}", "trainer.steps=2", "trainer.checkpoint_every=-1", "eval.batches=0"], cwd=tmp)
+            first = json.loads((Path(tmp) / "log_output/latest/rank.0/metrics.jsonl").read_text().splitlines()[0])
+        return first["time"] - t0
+
+    r = interleaved({n: (lambda n=n: first_step(n)) for n in (1, 2, 4, 8)}, runs)
+    one = med(r[1])
+    rows += [("P5", f"launch to first step, quickstart, {n} rank(s)", f"{med(v):.1f} s", f"{med(v) / one:.2f}x 1 rank")
+             for n, v in r.items()]
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--only", nargs="*", default=["P1", "P2", "P3", "P4", "P5"])
+    a = ap.parse_args()
+    parts = {"P1": p1, "P2": p2, "P3": p3, "P4": p4, "P5": p5}
+    rows = []
+    for name in a.only:
+        t0 = time.perf_counter()
+        rows += parts[name](a.runs)
+        print(f"{name} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    machine = f"{platform.node()}, {len(os.sched_getaffinity(0))} cores, {platform.processor() or platform.machine()}"
+    print(f"\nhetero-launch benchmark suite: median of {a.runs} interleaved runs; {machine}\n")
+    print("| | what | measured | ratio |")
+    print("|---|---|---:|---:|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    out = BENCH / "results"
+    out.mkdir(exist_ok=True)
+    (out / "suite.json").write_text(json.dumps({"runs": a.runs, "machine": machine, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
