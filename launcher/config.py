@@ -57,14 +57,16 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
                 )
         if problems:
             raise ConfigError(problems)
-        base = _compose(group_lines)
-        for o in parsed:
-            if o.key_or_group in groups or o.key_or_group.startswith("hydra"):
-                continue
-            problems += _check_value_override(base, o.key_or_group, o.value(), o.input_line, o.is_delete())
-        if problems:
-            raise ConfigError(problems)
-        cfg = _compose(list(overrides))
+        try:
+            cfg = compose(config_name=CONFIG_NAME, overrides=list(overrides))  # the usual case: all is well
+        except (HydraException, OmegaConfBaseException) as first_error:
+            # Diagnose every override against the defaults, so that all problems are reported at once.
+            base = _compose(group_lines)
+            for o in parsed:
+                if o.key_or_group in groups or o.key_or_group.startswith("hydra"):
+                    continue
+                problems += _check_value_override(base, o.key_or_group, o.value(), o.input_line, o.is_delete())
+            raise ConfigError(problems or _first_line(first_error)) from None
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError([f"{k} is required and not set. Set it on the command line: {k}=<value>." for k in missing])

@@ -29,7 +29,7 @@ class Outcome:
     interrupted: bool
 
 
-def supervise(pc: PContext, nprocs: int, on_tick: Callable[[], None], period_s: float = 0.5) -> Outcome:
+def supervise(pc: PContext, nprocs: int, on_tick: Callable[[], None], period_s: float = 0.1) -> Outcome:
     """Poll the ranks every period_s, calling on_tick (progress) each time, until the run is over."""
     interrupted = False
     result = None

@@ -50,25 +50,24 @@ def write_plots(run_dir: Path, summary: dict) -> list[Path]:
             ax.annotate(f"AUC {last['auc']:.4f}{extra}", (last["step"], last["loss"]), textcoords="offset points",
                         xytext=(-10, 12), ha="right", color="red")
     ax.set(xlabel="step", ylabel="training loss", title=f"loss — {title}")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    written.append(run_dir / "loss.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
+    written.append(_save(plt, fig, ax, run_dir / "loss.png"))
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r, recs in steps.items():
         if recs:
             ax.plot([m["step"] for m in recs], [m["samples_per_s"] for m in recs], marker=".", lw=1, label=f"rank {r}")
     ax.set(xlabel="step", ylabel="samples/s (all ranks together)", title=f"throughput — {title}", ylim=(0, None))
+    written.append(_save(plt, fig, ax, run_dir / "throughput.png"))
+    return written
+
+
+def _save(plt, fig, ax, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    written.append(run_dir / "throughput.png")
-    fig.savefig(written[-1], dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    return written
+    return path
 
 
 def report(run_dir: Path, console: Console) -> int:
