@@ -43,11 +43,14 @@ def test_quickstart_two_ranks(tmp_path):
 
 
 def test_wide_deep_two_ranks_zero2_with_periodic_checkpoints(tmp_path):
-    res = run_cli(["recipe=wide_deep", "trainer.steps=40", "zero.stage=2", "trainer.checkpoint_every=20"], tmp_path)
+    res = run_cli(["recipe=wide_deep", "trainer.steps=40", "zero.stage=2", "trainer.checkpoint_every=20",
+                   "eval.every=20"], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     run, s = _check_ok_run(tmp_path, "wide_deep")
     assert 0.5 < s["eval"]["auc"] <= 1 and 0.5 < s["eval"]["bayes_auc"] <= 1 and s["eval"]["n"] == 16 * 1024 * 2
     assert {"logloss", "accuracy"} <= set(s["eval"])
+    evals = [m for m in _metrics(run, 0) if m.get("event") == "eval"]
+    assert [m["step"] for m in evals] == [20, 40]
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step20", "step40"]
 
 
