@@ -24,7 +24,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.1)
 loss_fn = torch.nn.MSELoss()
 batches = FixedRandom(64, 32, 16, 0).train_batches(rank, world, 16, 1234)
 times = []
-for step in range(steps):
+for _ in range(steps):
     t0 = time.perf_counter()
     (x,), y = next(batches)
     opt.zero_grad(set_to_none=True)

@@ -15,6 +15,7 @@ import csv
 import gzip
 import hashlib
 import io
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,6 @@ class TabularCTR:
         dense, ids, y = self.prepared.test
         mine = torch.arange(rank, len(y), world_size)
         # The same number of batches on every rank (ZeRO-3 gathers parameters collectively in each forward).
-        batches = -(-(-(-len(y) // world_size)) // micro_size)
+        batches = max(1, math.ceil(math.ceil(len(y) / world_size) / micro_size))
         for idx in torch.tensor_split(mine, batches):
             yield (dense[idx], ids[idx]), y[idx]
