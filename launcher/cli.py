@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 compose_config(overrides)  # our messages for bad keys, before Hydra prints anything
             except ConfigError as e:
-                Console(stderr=True).print(f"[bold red]hetero-launch:[/bold red] {e.render()}", highlight=False, soft_wrap=True)
-                return 2
+                return _print_error(e)
         return _hydra_app(argv)
     from launcher.launch import launch_run, write_dry_run
     from launcher.launch.host import probe_host
@@ -75,8 +74,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return launch_run(cfg, plan, console)
     except ConfigError as e:
-        Console(stderr=True).print(f"[bold red]hetero-launch:[/bold red] {e.render()}", highlight=False, soft_wrap=True)
-        return 2
+        return _print_error(e)
+
+
+def _print_error(e: ConfigError) -> int:
+    """Every problem, one paragraph each, on stderr; exit code 2 (nothing was started)."""
+    Console(stderr=True).print(f"[bold red]hetero-launch:[/bold red] {e.render()}", highlight=False, soft_wrap=True)
+    return 2
 
 
 def _hydra_app(argv: list[str]) -> int:

@@ -24,6 +24,25 @@ def resolve_nproc(value: str, host: HostFacts) -> tuple[int, str]:
         return 1, ""
 
 
+def check_cluster(c: DictConfig, host: HostFacts) -> list[str]:
+    """The cluster section's problems (shared by recipe runs and script runs)."""
+    p: list[str] = []
+    nproc = str(c.nproc_per_node)
+    if nproc != "auto" and not (nproc.isdigit() and int(nproc) >= 1):
+        p.append(f"cluster.nproc_per_node={nproc} must be a positive integer or auto.")
+    if c.nnodes != 1:
+        p.append(f"cluster.nnodes={c.nnodes}: multi-node launch " + _LATER.format(what="torchrun/srun/mpirun engines") + " Set cluster.nnodes=1.")
+    if c.node_rank != 0:
+        p.append(f"cluster.node_rank={c.node_rank} must be 0 with cluster.nnodes=1.")
+    if c.backend not in BACKENDS:
+        p.append(f"cluster.backend={c.backend} is not one of {', '.join(BACKENDS)}.")
+    elif c.backend == "nccl" and host.accelerators == 0:
+        p.append("cluster.backend=nccl needs CUDA devices and this host has none. Set cluster.backend=gloo (or auto).")
+    if not 0 <= c.master_port <= 65535:
+        p.append(f"cluster.master_port={c.master_port} must be 0 (pick a free port) or a port number <= 65535.")
+    return p
+
+
 def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     """Every problem in cfg that does not depend on the batch split."""
     p: list[str] = []
@@ -42,19 +61,7 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     if e.metrics not in ("loss", "binary"):
         p.append(f"eval.metrics={e.metrics} is not one of loss, binary.")
 
-    nproc = str(c.nproc_per_node)
-    if nproc != "auto" and not (nproc.isdigit() and int(nproc) >= 1):
-        p.append(f"cluster.nproc_per_node={nproc} must be a positive integer or auto.")
-    if c.nnodes != 1:
-        p.append(f"cluster.nnodes={c.nnodes}: multi-node launch " + _LATER.format(what="torchrun/srun/mpirun engines") + " Set cluster.nnodes=1.")
-    if c.node_rank != 0:
-        p.append(f"cluster.node_rank={c.node_rank} must be 0 with cluster.nnodes=1.")
-    if c.backend not in BACKENDS:
-        p.append(f"cluster.backend={c.backend} is not one of {', '.join(BACKENDS)}.")
-    elif c.backend == "nccl" and host.accelerators == 0:
-        p.append("cluster.backend=nccl needs CUDA devices and this host has none. Set cluster.backend=gloo (or auto).")
-    if not 0 <= c.master_port <= 65535:
-        p.append(f"cluster.master_port={c.master_port} must be 0 (pick a free port) or a port number <= 65535.")
+    p += check_cluster(c, host)
 
     if cfg.zero.stage not in (0, 1, 2, 3):
         p.append(f"zero.stage={cfg.zero.stage} must be 0, 1, 2 or 3.")

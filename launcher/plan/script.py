@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from launcher.errors import ConfigError
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
-from launcher.plan.rules import BACKENDS, resolve_nproc
+from launcher.plan.rules import check_cluster, resolve_nproc
 from launcher.plan.types import HostFacts
 
 
@@ -37,15 +37,8 @@ class ScriptPlan:
 
 
 def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
-    problems = []
     c = cfg.cluster
-    nproc_value = str(c.nproc_per_node)
-    if nproc_value != "auto" and not (nproc_value.isdigit() and int(nproc_value) >= 1):
-        problems.append(f"cluster.nproc_per_node={nproc_value} must be a positive integer or auto.")
-    if c.nnodes != 1:
-        problems.append(f"cluster.nnodes={c.nnodes}: multi-node launch is not supported yet. Set cluster.nnodes=1.")
-    if c.backend not in BACKENDS:
-        problems.append(f"cluster.backend={c.backend} is not one of {', '.join(BACKENDS)}.")
+    problems = check_cluster(c, host)
     if problems:
         raise ConfigError(problems)
     nproc, note = resolve_nproc(c.nproc_per_node, host)
