@@ -16,7 +16,8 @@ fi
 if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" 2>/dev/null; then
   spec="${HL_TORCH_SPEC:-torch==2.13.0}"
   echo "run.sh: installing $spec" >&2
-  "$PY" -m pip install -q "$spec"
+  # shellcheck disable=SC2086  # unquoted on purpose: the spec may carry pip options (--index-url ...)
+  "$PY" -m pip install -q $spec
 fi
 # Reinstall the project only when its metadata changed (the install is editable: code edits need none).
 stamp="$VENV/.hetero-launch-installed"
