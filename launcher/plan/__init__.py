@@ -14,7 +14,7 @@ from launcher.plan.deepspeed import DeepSpeedInputs, deepspeed_config
 from launcher.plan.memory import Bytes, MemoryEstimate, estimate_memory
 from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
-from launcher.plan.rules import check_config, resolve_nproc
+from launcher.plan.rules import check_config, device_and_backend, resolve_nproc
 from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan
 
 __all__ = [
@@ -64,14 +64,13 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
                          f"{per_epoch:,} samples)")
     if batch is not None:
         problems += recipe.problems(cfg.model, cfg.data, batch.micro_size * dp)
-    device_type = "cuda" if host.accelerators > 0 else "cpu"
+    device_type, backend = device_and_backend(cfg.cluster.backend, host)
     placement, zero, placement_problems, placement_notes = plan_placement(cfg, recipe, device_type)
     problems += placement_problems
     notes += placement_notes
     if problems:
         raise ConfigError(problems)
 
-    backend = cfg.cluster.backend if cfg.cluster.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
     o = cfg.optimizer
     optimizer = OptimizerPlan(
         name=o.name,
@@ -106,7 +105,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
         device_type=device_type,
         master_addr=cfg.cluster.master_addr,
         master_port=cfg.cluster.master_port,
-        omp_threads=max(1, host.cpu_count // nproc),
+        cpu_count=host.cpu_count,
         extensions_dir=host.extensions_dir,
     )
     hosts = [cfg.cluster.master_addr] if nnodes == 1 else [f"node{n}" for n in range(nnodes)]

@@ -23,11 +23,13 @@ def plan_ranks(
     device_type: str,
     master_addr: str,
     master_port: int,
-    omp_threads: int,
+    cpu_count: int,
     extensions_dir: str,
 ) -> tuple[RankPlan, ...]:
-    """One RankPlan per global rank. MASTER_PORT "0" means: picked at launch."""
+    """One RankPlan per global rank. MASTER_PORT "0" means: picked at launch. OMP_NUM_THREADS shares the host's
+    cores among its local ranks."""
     world = nnodes * nproc_per_node
+    omp_threads = max(1, cpu_count // nproc_per_node)
     ranks = []
     for node in range(nnodes):
         for local in range(nproc_per_node):

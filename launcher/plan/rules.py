@@ -24,6 +24,14 @@ def resolve_nproc(value: str, host: HostFacts) -> tuple[int, str]:
         return 1, ""
 
 
+def device_and_backend(backend: str, host: HostFacts) -> tuple[str, str]:
+    """(cuda|cpu, the torch.distributed backend): auto means nccl with CUDA devices, gloo without."""
+    device_type = "cuda" if host.accelerators > 0 else "cpu"
+    if backend == "auto":
+        backend = "nccl" if device_type == "cuda" else "gloo"
+    return device_type, backend
+
+
 def check_cluster(c: DictConfig, host: HostFacts) -> list[str]:
     """The cluster section's problems (shared by recipe runs and script runs)."""
     p: list[str] = []

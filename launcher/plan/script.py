@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from launcher.errors import ConfigError
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
-from launcher.plan.rules import check_cluster, resolve_nproc
+from launcher.plan.rules import check_cluster, device_and_backend, resolve_nproc
 from launcher.plan.types import HostFacts
 
 
@@ -22,7 +22,7 @@ class ScriptPlan:
     nnodes: int
     nproc_per_node: int
     backend: str
-    """What the script should pass to init_process_group (it decides; the env says TORCH_BACKEND)."""
+    """The backend a recipe run would use; informational: the script picks its own in init_process_group."""
     device_type: str
     ranks: tuple[RankPlan, ...]
     rank_table: dict[str, Any]
@@ -42,11 +42,10 @@ def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
     if problems:
         raise ConfigError(problems)
     nproc, note = resolve_nproc(c.nproc_per_node, host)
-    device_type = "cuda" if host.accelerators > 0 else "cpu"
-    backend = c.backend if c.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+    device_type, backend = device_and_backend(c.backend, host)
     ranks = plan_ranks(
         nnodes=1, nproc_per_node=nproc, device_type=device_type, master_addr=c.master_addr,
-        master_port=c.master_port, omp_threads=max(1, host.cpu_count // nproc), extensions_dir=host.extensions_dir,
+        master_port=c.master_port, cpu_count=host.cpu_count, extensions_dir=host.extensions_dir,
     )
     return ScriptPlan(
         script=cfg.script, args=tuple(cfg.script_args), world_size=nproc, nnodes=1, nproc_per_node=nproc,
