@@ -15,6 +15,8 @@ dist.all_reduce(t)
 expected = world * (world + 1) / 2
 print(f"rank {rank}/{world} sum={t.item()} expected={expected} args={sys.argv[1:]}", flush=True)
 if "--fail-on-rank" in sys.argv and rank == int(sys.argv[sys.argv.index("--fail-on-rank") + 1]):
+    # Leave the group first: exiting with gloo's threads alive can end in std::terminate (SIGABRT), not exit 3.
+    dist.destroy_process_group()
     raise SystemExit(3)
 assert t.item() == expected
 dist.destroy_process_group()
