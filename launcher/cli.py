@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         return _hydra_app(argv)
     from launcher.launch import launch_run, write_dry_run
     from launcher.launch.host import probe_host
-    from launcher.launch.preflight import check_inputs
+    from launcher.launch.preflight import check_resume, check_script, gather_data_facts
     from launcher.plan import plan_launch
     from launcher.plan.script import plan_script
     from launcher.report.plan_view import placement_table, plan_tree
@@ -55,22 +55,25 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     try:
         cfg = compose_config(argv)
-        for line in check_inputs(cfg):
-            console.print(line)
         if cfg.script:
+            check_script(cfg)
             plan = plan_script(cfg, probe_host())
             console.print(f"[bold]plan[/bold]: script {plan.script} {' '.join(plan.args)} on {plan.world_size} "
                           f"rank(s), {plan.device_type}, torchrun environment")
         else:
-            plan = plan_launch(cfg, probe_host())
+            check_resume(cfg)
+            facts = gather_data_facts(cfg)
+            for line in facts.lines:
+                console.print(line)
+            plan = plan_launch(cfg, probe_host(), facts)
             console.print(plan_tree(plan))
             console.print(placement_table(plan))
         if cfg.dry_run:
             run_dir = write_dry_run(cfg, plan)
-            if plan.deepspeed:
+            if plan.engine_config() is not None:
                 console.print("[bold]DeepSpeed config[/bold] (ds_config.json):")
-                console.print_json(json.dumps(plan.deepspeed))
-            console.print(f"dry run: nothing started; plan written to {run_dir}")
+                console.print_json(json.dumps(plan.engine_config()))
+            console.print(f"dry run: nothing started; plan written to {run_dir.path}")
             return 0
         return launch_run(cfg, plan, console)
     except ConfigError as e:

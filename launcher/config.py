@@ -39,18 +39,16 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
         group_lines = []
         for o in parsed:
             if o.key_or_group in groups:
-                options = [g for g in loader.get_group_options(o.key_or_group) if g != "script"]  # script=<path>
+                options = loader.get_group_options(o.key_or_group)
                 value = o.value()
-                if isinstance(value, str) and value not in options and (o.key_or_group, value) != ("recipe", "script"):
+                if isinstance(value, str) and value not in options:
                     problems.append(_unknown(o.key_or_group, value, options, "option of"))
                 else:
                     group_lines.append(o.input_line)
+        script_mode = any(o.key_or_group == "script" for o in parsed)  # a user's own script: no recipe
         if not any(o.key_or_group == "recipe" for o in parsed):
-            if any(o.key_or_group == "script" for o in parsed):
-                overrides = ["recipe=script", *overrides]  # a user's own script: no training recipe
-                group_lines.append("recipe=script")
-            else:
-                options = [r for r in loader.get_group_options("recipe") if r != "script"]
+            if not script_mode:
+                options = loader.get_group_options("recipe")
                 problems.append(
                     f"recipe is not set. Pick one: {' | '.join(f'recipe={r}' for r in options)}, "
                     f"or run your own script: script=path/to/train.py."
@@ -68,10 +66,12 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
                 problems += _check_value_override(base, o.key_or_group, o.value(), o.input_line, o.is_delete())
             raise ConfigError(problems or _first_line(first_error)) from None
     missing = sorted(OmegaConf.missing_keys(cfg))
+    if script_mode:  # the recipe sections stay unset: a script brings its own model, data and loss
+        missing = [k for k in missing if k.split(".")[0] not in ("recipe", "model", "data", "loss")]
     if missing:
         raise ConfigError([f"{k} is required and not set. Set it on the command line: {k}=<value>." for k in missing])
     try:
-        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=not script_mode)
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {_first_line(e)}. Set it on the command line: {e.full_key}=<value>.") from None
     return cfg

@@ -84,7 +84,10 @@ class TrainerConfig:
     seed: int = 1234
     """Seed for model init and data order; identical on every rank."""
     checkpoint_every: int = 0
-    """Save a DeepSpeed checkpoint every N steps; 0 = only at the end; -1 = never."""
+    """Save a checkpoint (log_output/<run>/checkpoints/step<N>) every N steps; 0 = only at the end; -1 = never."""
+    resume_from: str = ""
+    """A checkpoint dir to continue from (e.g. log_output/<run>/checkpoints/step100): model, optimizer, tables and
+    their states, data position and RNG are loaded, training goes on to trainer.steps. Empty = start fresh."""
 
 
 @dataclass
@@ -111,9 +114,15 @@ class BatchConfig:
 @dataclass
 class ParallelConfig:
     dp: int = -1
-    """Data-parallel degree; -1 = world_size / pipeline_stages."""
+    """Data-parallel degree; -1 = world_size / (pipeline_stages x tp). dp x pipeline_stages x tp = world_size."""
     pipeline_stages: int = 1
     """Pipeline stages (only 1 supported for now)."""
+    tp: int = 1
+    """Tensor (op-level) parallel degree. Its sharding engine comes next; with tp > 1 the ranks of a tp group hold
+    the same replica and see the same data (the mesh and its groups are built)."""
+    engine: str = "auto"
+    """ddp (torch DistributedDataParallel), deepspeed, or auto: ddp for plain data parallelism (ZeRO 0, no offload,
+    fp32), DeepSpeed otherwise."""
 
 
 @dataclass
@@ -175,9 +184,9 @@ class HeteroConfig:
 
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     model: Any = MISSING
-    """Recipe-specific; typed by the recipe's ModelConfig."""
+    """Recipe-specific; typed by the recipe's model_config."""
     data: Any = MISSING
-    """Recipe-specific; typed by the recipe's DataConfig."""
+    """Recipe-specific; typed by one of the recipe's data_configs."""
     loss: TargetConfig = field(default_factory=TargetConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     tables: dict[str, TableConfig] = field(default_factory=dict)
@@ -202,13 +211,12 @@ class HeteroConfig:
 
 
 def register_schemas() -> None:
-    """Store the root schema and every recipe's model/data schema in Hydra's ConfigStore (idempotent)."""
+    """Store the root schema and every recipe's model/data schemas in Hydra's ConfigStore (idempotent)."""
     from launcher.recipes import RECIPES
 
     cs = ConfigStore.instance()
     cs.store(name="hetero_launch_schema", node=HeteroConfig)
     for name, recipe in RECIPES.items():
-        cs.store(group="schema/model", name=name, node=recipe.ModelConfig)
-        cs.store(group="schema/data", name=name, node=recipe.DataConfig)
-        for option, node in getattr(recipe, "DATA_OPTIONS", {}).items():  # choices of the data group
+        cs.store(group="schema/model", name=name, node=recipe.model_config)
+        for option, node in recipe.data_configs.items():  # choices of the data group
             cs.store(group="schema/data", name=option, node=node)

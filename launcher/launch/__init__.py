@@ -9,33 +9,40 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from launcher.launch.rundir import create_run_dir, point_latest, write_run_files
-from launcher.plan import LaunchPlan
-from launcher.report.summary import build_summary, failure_report, summary_table, write_summary
+from launcher.launch.record import write_rank_env, write_run_files
+from launcher.plan import RunPlan
+from launcher.report.summary import build_summary, failure_report, summary_table
+from launcher.rundir import RunDir, create_run_dir, point_latest
 
 __all__ = ["launch_run", "write_dry_run"]
 
 
-def write_dry_run(cfg: DictConfig, plan: LaunchPlan) -> Path:
-    """The run dir of a dry run: every file a real run starts with, and no process."""
+def write_dry_run(cfg: DictConfig, plan: RunPlan) -> RunDir:
+    """The run dir of a dry run: every file a real run starts with (rank_env.json with the planned port), no process."""
+    run_dir = _start_run_dir(cfg, plan)
+    write_rank_env(run_dir, {r.rank: r.env for r in plan.ranks})
+    return run_dir
+
+
+def _start_run_dir(cfg: DictConfig, plan: RunPlan) -> RunDir:
     log_dir = Path(cfg.output.log_dir)
-    run_dir = create_run_dir(log_dir, cfg.output.run_name, plan.recipe)
+    run_dir = create_run_dir(log_dir, cfg.output.run_name, plan.name)
     write_run_files(run_dir, cfg, plan)
     point_latest(log_dir, run_dir)
     return run_dir
 
 
-def launch_run(cfg: DictConfig, plan: LaunchPlan, console: Console) -> int:
+def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     """Run the plan on this host; returns the launcher's exit code (0 = every rank finished)."""
-    from launcher.launch.engine import host_store, spawn_ranks
+    from launcher.launch.engine import host_store, rank_envs, spawn_ranks
     from launcher.launch.ops import build_ops
     from launcher.launch.progress import ProgressView
     from launcher.launch.supervise import supervise
 
     # torch elastic logs each SIGTERM it sends and each failure; the failure report below says it once, better.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    run_dir = write_dry_run(cfg, plan)
-    console.print(f"run dir: {run_dir}")
+    run_dir = _start_run_dir(cfg, plan)
+    console.print(f"run dir: {run_dir.path}")
     t0 = time.monotonic()
     plan_dict = plan.to_dict()
     try:
@@ -43,11 +50,13 @@ def launch_run(cfg: DictConfig, plan: LaunchPlan, console: Console) -> int:
     except RuntimeError as e:
         console.print(f"[red]{e}[/red]")
         exits = [{"rank": r.rank, "exit_code": None} for r in plan.ranks]
-        write_summary(run_dir, build_summary(run_dir, plan_dict, exits, "failed", time.monotonic() - t0))
+        run_dir.write_summary(build_summary(run_dir, plan_dict, exits, "failed", time.monotonic() - t0))
         return 1
     store = host_store(plan)  # held open for the whole run: the ranks rendezvous on it
-    pc = spawn_ranks(plan, run_dir, run_dir.name, store.port)
-    with ProgressView(console, run_dir / "rank.0", plan.steps) as view:
+    envs = rank_envs(plan, run_dir.name, store.port)
+    write_rank_env(run_dir, envs)
+    pc = spawn_ranks(plan, run_dir, envs)
+    with ProgressView(console, run_dir.rank(0), plan.steps) as view:
         outcome = supervise(pc, plan.nproc_per_node, view.tick)
     by_local = {r.local_rank: r.rank for r in plan.ranks}
     exits = [
@@ -57,10 +66,10 @@ def launch_run(cfg: DictConfig, plan: LaunchPlan, console: Console) -> int:
     ok = not outcome.interrupted and all(e["exit_code"] == 0 for e in exits)
     status = "ok" if ok else ("interrupted" if outcome.interrupted else "failed")
     summary = build_summary(run_dir, plan_dict, exits, status, time.monotonic() - t0)
-    write_summary(run_dir, summary)
+    run_dir.write_summary(summary)
     console.print(summary_table(summary))
     if outcome.first_failed is not None:
         failed_rank = by_local[outcome.first_failed]
         console.print(failure_report(run_dir, summary, failed_rank, cfg.output.stderr_tail))
-    console.print(f"summary: {run_dir / 'summary.json'}")
+    console.print(f"summary: {run_dir.summary}")
     return 0 if ok else (130 if outcome.interrupted else 1)

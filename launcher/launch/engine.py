@@ -9,40 +9,39 @@ from __future__ import annotations
 
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs, PContext, Std, start_processes
 
-from launcher.plan import LaunchPlan
-from launcher.plan.script import ScriptPlan
+from launcher.plan import RunPlan
+from launcher.rundir import RunDir
 
 
 class RankLogsSpecs(LogsSpecs):
     """``<run_dir>/rank.<RANK>/{stdout,stderr,error.json}``: one folder per global rank, one attempt per run."""
 
-    def __init__(self, run_dir: Path) -> None:
-        super().__init__(log_dir=str(run_dir), redirects=Std.ALL, tee=Std.NONE)
+    def __init__(self, run_dir: RunDir) -> None:
+        super().__init__(log_dir=str(run_dir.path), redirects=Std.ALL, tee=Std.NONE)
         self._run_dir = run_dir
 
     @property
     def root_log_dir(self) -> str:
-        return str(self._run_dir)
+        return str(self._run_dir.path)
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         """Called by start_processes; like DefaultLogsSpecs it also tells each rank its error file via envs."""
         dest = LogsDest()
         for local_rank, env in envs.items():
-            folder = self._run_dir / f"rank.{env['RANK']}"
-            folder.mkdir(parents=True, exist_ok=True)
-            dest.stdouts[local_rank] = str(folder / "stdout")
-            dest.stderrs[local_rank] = str(folder / "stderr")
-            dest.error_files[local_rank] = str(folder / "error.json")
-            env["TORCHELASTIC_ERROR_FILE"] = str(folder / "error.json")  # where @record in the worker writes
+            rank_dir = self._run_dir.rank(int(env["RANK"]))
+            rank_dir.path.mkdir(parents=True, exist_ok=True)
+            dest.stdouts[local_rank] = str(rank_dir.stdout)
+            dest.stderrs[local_rank] = str(rank_dir.stderr)
+            dest.error_files[local_rank] = str(rank_dir.error)
+            env["TORCHELASTIC_ERROR_FILE"] = str(rank_dir.error)  # where @record in the worker writes
         return dest
 
 
-def host_store(plan: LaunchPlan | ScriptPlan) -> TCPStore:
+def host_store(plan: RunPlan) -> TCPStore:
     """The rendezvous store, on master_addr at the planned port (0 = a free one, chosen by the OS)."""
     env = plan.ranks[0].env
     return TCPStore(
@@ -51,11 +50,10 @@ def host_store(plan: LaunchPlan | ScriptPlan) -> TCPStore:
     )
 
 
-def spawn_ranks(plan: LaunchPlan | ScriptPlan, run_dir: Path, run_id: str, port: int) -> PContext:
-    """Start this host's ranks as ``python -m launcher.worker <run_dir>`` (or ``python <script> <args>``)."""
-    envs, args = {}, {}
-    for r in plan.ranks:
-        envs[r.local_rank] = {
+def rank_envs(plan: RunPlan, run_id: str, port: int) -> dict[int, dict[str, str]]:
+    """Each rank's variables as it is started: the plan's, the store's real port, torch elastic's own."""
+    return {
+        r.rank: {
             **r.env,
             "MASTER_PORT": str(port),
             "TORCHELASTIC_RUN_ID": run_id,
@@ -63,14 +61,18 @@ def spawn_ranks(plan: LaunchPlan | ScriptPlan, run_dir: Path, run_id: str, port:
             "TORCHELASTIC_RESTART_COUNT": "0",
             "TORCHELASTIC_MAX_RESTARTS": "0",
         }
-        if isinstance(plan, ScriptPlan):  # the user's script, as torchrun would start it
-            args[r.local_rank] = (str(Path(plan.script).resolve()), *plan.args)
-        else:
-            args[r.local_rank] = ("-m", "launcher.worker", str(run_dir))
+        for r in plan.ranks
+    }
+
+
+def spawn_ranks(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> PContext:
+    """Start this host's ranks as ``python <plan.rank_args(run_dir)>``."""
+    by_local = {r.local_rank: r.rank for r in plan.ranks}
+    args = plan.rank_args(str(run_dir.path))
     return start_processes(
-        name=run_id,
+        name=run_dir.name,
         entrypoint=sys.executable,
-        args=args,
-        envs=envs,
+        args={local: args for local in by_local},
+        envs={local: dict(envs[rank]) for local, rank in by_local.items()},
         logs_specs=RankLogsSpecs(run_dir),
     )

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher.plan import LaunchPlan
+from launcher.plan import RunPlan
+from launcher.rundir import RunDir
 
 
-def missing_ops(plan: LaunchPlan) -> list[str]:
+def missing_ops(plan: RunPlan) -> list[str]:
     """Ops in plan.ds_ops with no built library in the cache yet."""
     if not plan.ds_ops:
         return []
@@ -21,7 +22,7 @@ def missing_ops(plan: LaunchPlan) -> list[str]:
     return [op for op in plan.ds_ops if not (root / op / f"{op}.so").exists()]
 
 
-def build_ops(plan: LaunchPlan, run_dir: Path, console: Console) -> None:
+def build_ops(plan: RunPlan, run_dir: RunDir, console: Console) -> None:
     """Build the missing ops in one child process, showing what is built and where. Raises on failure."""
     missing = missing_ops(plan)
     if not missing:
@@ -29,7 +30,7 @@ def build_ops(plan: LaunchPlan, run_dir: Path, console: Console) -> None:
     env = {**os.environ, **{k: v for k, v in plan.ranks[0].env.items() if k in ("TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR")}}
     # torch's JIT build calls `ninja` from PATH: put the interpreter's bin dir (where pip installed ninja) first.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    log = run_dir / "ops_build.log"
+    log = run_dir.ops_build_log
     where = env["TORCH_EXTENSIONS_DIR"]
     msg = (
         f"Building DeepSpeed op(s) {', '.join(missing)}: first run on this machine only, about a minute each; "

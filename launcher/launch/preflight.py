@@ -1,50 +1,41 @@
-"""Checks of the user's inputs on disk (script, data files), before planning and before any process starts.
+"""Before planning and before any process starts: the user's inputs on disk, and the facts of the recipe's data.
 
-A file-backed data set is read once here: errors in it are reported like config errors, and the sizes the model
-needs (continuous/categorical fields, vocabulary per field, training rows) are written into the config, so that
-the plan (pure) can size tables and epochs and every rank builds the same model.
+A missing script or an unreadable data file is reported like a config error (exit 2). The data facts (sizes the
+model needs, samples per epoch, reference numbers) come from the recipe's own ``data_facts`` hook and go into the
+plan as an input, as HostFacts do; the composed config is never changed.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf
 
+from launcher.contract import DataFacts
 from launcher.errors import ConfigError
+from launcher.rundir import CheckpointDir
 
 
-def check_inputs(cfg: DictConfig) -> list[str]:
-    """Raise ConfigError naming each missing or unreadable input and how to fix it; return lines to show."""
-    problems, lines = [], []
-    if cfg.script:
-        path = Path(cfg.script)
-        if not path.is_file():
-            problems.append(
-                f"script={cfg.script}: no such file (relative paths start at {Path.cwd()}). "
-                f"Give the path of a Python script, e.g. script=path/to/train.py."
-            )
-    if str(cfg.data.get("_target_", "")).endswith("tabular.TabularCTR"):
-        from launcher.recipes.wide_deep.tabular import TabularError, prepare
+def check_script(cfg: DictConfig) -> None:
+    if not Path(cfg.script).is_file():
+        raise ConfigError(
+            f"script={cfg.script}: no such file (relative paths start at {Path.cwd()}). "
+            f"Give the path of a Python script, e.g. script=path/to/train.py."
+        )
 
-        d = cfg.data
-        try:
-            p = prepare(d.path, d.label, str(d.positive), str(d.negative), list(d.categorical), list(d.continuous),
-                        list(d.drop), d.test_fraction, d.max_vocab, [list(c) for c in d.crosses], d.seed)
-        except TabularError as e:
-            problems += e.problems
-        else:
-            with open_dict(cfg):
-                cfg.model.num_dense = len(p.continuous)
-                cfg.model.num_sparse = len(p.categorical)
-                cfg.model.field_sizes = p.field_sizes
-                cfg.data.train_rows = len(p.train[2])
-            positives = float(p.train[2].mean())
-            lines.append(
-                f"data: {d.path}: {len(p.train[2]):,} train + {len(p.test[2]):,} test rows, {positives:.1%} positive; "
-                f"continuous {p.continuous or '-'}; categorical {dict(zip(p.categorical, p.field_sizes)) or '-'} "
-                f"(rows incl. the out-of-vocabulary row)"
-            )
-    if problems:
-        raise ConfigError(problems)
-    return lines
+
+def check_resume(cfg: DictConfig) -> None:
+    """trainer.resume_from must be a checkpoint dir a run wrote (it has rank 0's trainer state)."""
+    path = cfg.trainer.resume_from
+    if path and not CheckpointDir(path).trainer(0).is_file():
+        raise ConfigError(
+            f"trainer.resume_from={path}: not a checkpoint dir (no {CheckpointDir(path).trainer(0).name} in it). "
+            f"Give one of a run's log_output/<run>/checkpoints/step<N> folders, or leave it empty."
+        )
+
+
+def gather_data_facts(cfg: DictConfig) -> DataFacts:
+    """The recipe's facts of cfg.data (its hook may read the user's files and raise ConfigError)."""
+    from launcher.recipes import RECIPES
+
+    return RECIPES[cfg.recipe.name].data_facts(OmegaConf.to_object(cfg.data))

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+
 import json
-from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from launcher.rundir import RankDir
+
 
 class ProgressView:
-    def __init__(self, console: Console, rank_dir: Path, total_steps: int) -> None:
+    def __init__(self, console: Console, rank_dir: RankDir, total_steps: int) -> None:
         self._console = console
-        self._metrics = rank_dir / "metrics.jsonl"
-        self._heartbeat = rank_dir / "last_step"
+        self._metrics = rank_dir.metrics
+        self._heartbeat = rank_dir.heartbeat
         self._offset = 0
         self._total = total_steps
         self._live = console.is_terminal

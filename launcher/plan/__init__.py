@@ -1,4 +1,4 @@
-"""PURE planning: a composed config + host facts -> a frozen LaunchPlan.
+"""PURE planning: a composed config + host facts + the recipe's data facts -> a frozen LaunchPlan.
 
 No environment is read, no port bound, no file written, no deepspeed imported: planning takes milliseconds and a
 dry run shows exactly what a real run would do. Every problem found is reported at once (ConfigError).
@@ -6,25 +6,29 @@ dry run shows exactly what a real run would do. Every problem found is reported 
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from launcher.contract import DataFacts
 from launcher.errors import ConfigError
 from launcher.plan.batch import BatchPlan, plan_batch
 from launcher.plan.deepspeed import DeepSpeedInputs, deepspeed_config
+from launcher.plan.engine import plan_engine
 from launcher.plan.memory import Bytes, MemoryEstimate, estimate_memory
+from launcher.plan.parallel import ParallelDims, plan_parallel
 from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
 from launcher.plan.rules import check_config, device_and_backend, resolve_nproc
-from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan
+from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan, RunPlan, ScriptPlan
 
 __all__ = [
-    "BatchPlan", "Bytes", "HostFacts", "LaunchPlan", "MemoryEstimate", "OptimizerPlan", "PlacementPlan", "RankPlan",
-    "TablePlan", "plan_launch",
+    "BatchPlan", "Bytes", "HostFacts", "LaunchPlan", "MemoryEstimate", "OptimizerPlan", "ParallelDims",
+    "PlacementPlan", "RankPlan", "RunPlan", "ScriptPlan", "TablePlan", "plan_launch",
 ]
 
 
-def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
-    """Plan a run of ``cfg`` on ``host``; raise ConfigError listing every problem."""
+def plan_launch(cfg: DictConfig, host: HostFacts, facts: DataFacts) -> LaunchPlan:
+    """Plan a run of ``cfg`` on ``host`` with the recipe's ``facts`` of its data; raise ConfigError listing every
+    problem."""
     from launcher.recipes import RECIPES
 
     problems = check_config(cfg, host)
@@ -34,19 +38,20 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
         notes.append(nproc_note)
     nnodes = cfg.cluster.nnodes
     world = nnodes * nproc
-    pp = cfg.parallel.pipeline_stages
-    dp = cfg.parallel.dp if cfg.parallel.dp != -1 else max(1, world // max(1, pp))
-    if dp * pp != world:
-        problems.append(
-            f"parallel.dp={dp} × parallel.pipeline_stages={pp} = {dp * pp} != world_size {world} "
-            f"(cluster.nnodes {nnodes} × nproc_per_node {nproc}). Set parallel.dp=-1 to infer it."
-        )
+    par = cfg.parallel
+    dims, dims_problems = plan_parallel(par.dp, par.pipeline_stages, par.tp, world,
+                                        f"cluster.nnodes {nnodes} × nproc_per_node {nproc}")
+    problems += dims_problems
+    dp = dims.dp if dims is not None else 1
+    if dims is not None and dims.tp > 1:
+        notes.append(f"parallel.tp={dims.tp}: no op-level sharding strategy is chosen yet, so the {dims.tp} ranks of "
+                     f"each tp group hold the same replica and see the same data")
     batch, batch_problems = plan_batch(cfg.batch.global_size, cfg.batch.micro_size, cfg.batch.grad_accum, dp)
     problems += batch_problems
     recipe = RECIPES[cfg.recipe.name]
     steps = cfg.trainer.steps
     if cfg.trainer.epochs > 0 and batch is not None:
-        per_epoch = recipe.samples_per_epoch(cfg.data)
+        per_epoch = facts.train_samples
         if per_epoch is None:
             problems.append(
                 f"trainer.epochs={cfg.trainer.epochs} needs a data set of known size; this data is an endless "
@@ -62,12 +67,19 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
             steps = max(1, int(cfg.trainer.epochs * steps_per_epoch))
             notes.append(f"trainer.epochs={cfg.trainer.epochs} -> {steps} steps ({steps_per_epoch} per epoch of "
                          f"{per_epoch:,} samples)")
+    data_cfg = OmegaConf.to_object(cfg.data)
+    model = recipe.model_spec(OmegaConf.to_object(cfg.model), facts)
     if batch is not None:
-        problems += recipe.problems(cfg.model, cfg.data, batch.micro_size * dp)
+        problems += recipe.problems(model, data_cfg, batch.micro_size * dp)
     device_type, backend = device_and_backend(cfg.cluster.backend, host)
-    placement, zero, placement_problems, placement_notes = plan_placement(cfg, recipe, device_type)
+    placement, zero, placement_problems, placement_notes = plan_placement(
+        cfg, recipe.tables(model), recipe.dense_param_count(model), device_type)
     problems += placement_problems
     notes += placement_notes
+    offload = placement.optimizer_location == "host" or placement.param_location == "host"
+    engine, engine_problems, engine_notes = plan_engine(par.engine, zero, offload, cfg.precision, dims)
+    problems += engine_problems
+    notes += engine_notes
     if problems:
         raise ConfigError(problems)
 
@@ -81,24 +93,26 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
         weight_decay=o.weight_decay,
         target=o.target.lower(),
     )
-    ds = deepspeed_config(
-        DeepSpeedInputs(
-            global_size=batch.global_size,
-            micro_size=batch.micro_size,
-            grad_accum=batch.grad_accum,
-            zero_stage=zero,
-            precision=cfg.precision,
-            optimizer=o.name,
-            log_every=cfg.trainer.log_every,
-            offload_optimizer=placement.optimizer_location == "host",
-            offload_params=placement.param_location == "host",
-            pin_memory=placement.pin_memory,
-            cpu_impl=placement.cpu_impl,
+    ds, ds_ops = None, ()
+    if engine == "deepspeed":
+        ds = deepspeed_config(
+            DeepSpeedInputs(
+                global_size=batch.global_size,
+                micro_size=batch.micro_size,
+                grad_accum=batch.grad_accum,
+                zero_stage=zero,
+                precision=cfg.precision,
+                optimizer=o.name,
+                log_every=cfg.trainer.log_every,
+                offload_optimizer=placement.optimizer_location == "host",
+                offload_params=placement.param_location == "host",
+                pin_memory=placement.pin_memory,
+                cpu_impl=placement.cpu_impl,
+            )
         )
-    )
-    ds_ops = ("deepspeed_shm_comm",) if device_type == "cpu" else ()  # DeepSpeed's CPU accelerator loads it at init
-    if placement.optimizer_location == "host" and placement.cpu_impl == "deepspeed":
-        ds_ops += ("cpu_adam",)
+        ds_ops = ("deepspeed_shm_comm",) if device_type == "cpu" else ()  # DeepSpeed's CPU accelerator loads it
+        if placement.optimizer_location == "host" and placement.cpu_impl == "deepspeed":
+            ds_ops += ("cpu_adam",)
     ranks = plan_ranks(
         nnodes=nnodes,
         nproc_per_node=nproc,
@@ -107,15 +121,16 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
         master_port=cfg.cluster.master_port,
         cpu_count=host.cpu_count,
         extensions_dir=host.extensions_dir,
+        dims=dims,
     )
     hosts = [cfg.cluster.master_addr] if nnodes == 1 else [f"node{n}" for n in range(nnodes)]
     return LaunchPlan(
         recipe=cfg.recipe.name,
+        dims=dims,
+        engine=engine,
         world_size=world,
         nnodes=nnodes,
         nproc_per_node=nproc,
-        dp=dp,
-        pipeline_stages=pp,
         zero_stage=zero,
         backend=backend,
         device_type=device_type,
@@ -131,10 +146,15 @@ def plan_launch(cfg: DictConfig, host: HostFacts) -> LaunchPlan:
         optimizer=optimizer,
         placement=placement,
         memory=estimate_memory(placement, cfg.precision, o.name, zero, dp),
+        model=model,
+        data=OmegaConf.to_container(cfg.data, resolve=True),
+        loss=OmegaConf.to_container(cfg.loss, resolve=True),
+        reference=dict(facts.reference),
         deepspeed=ds,
         ranks=ranks,
         rank_table=rank_table(ranks, hosts),
         ds_ops=ds_ops,
         notes=tuple(notes),
+        resume_from=cfg.trainer.resume_from,
         debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step),
     )

@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-# Client torch optimizers DeepSpeed's ZeRO has tested; others need zero_allow_untested_optimizer.
-_ZERO_TESTED = {"adam", "adamw"}
+from launcher.plan.registry import DENSE_OPTIMIZERS
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ _ROWS: list[tuple[str, Callable[[DeepSpeedInputs], Any]]] = [
     # A torch optimizer stepping on DeepSpeed's host partitions (faster than DeepSpeedCPUAdam, no JIT build: see
     # README "Performance"); DeepSpeed refuses a client optimizer with offload unless told otherwise.
     ("zero_force_ds_cpu_optimizer", lambda p: False if p.offload_optimizer and p.cpu_impl == "torch" else _SKIP),
-    ("zero_allow_untested_optimizer", lambda p: p.zero_stage > 0 and p.optimizer not in _ZERO_TESTED),
+    ("zero_allow_untested_optimizer", lambda p: p.zero_stage > 0 and not DENSE_OPTIMIZERS[p.optimizer].zero_tested),
     ("bf16.enabled", lambda p: p.precision == "bf16"),
     ("fp16.enabled", lambda p: p.precision == "fp16"),
 ]

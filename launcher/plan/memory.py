@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.plan.placement import PlacementPlan
+from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS
 
-_STATE_FLOATS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}  # fp32 values per parameter
-_TABLE_STATE_FLOATS = {"lazy_adam": 2, "sparse_adam": 2, "ftrl": 2}  # exp_avg + exp_avg_sq; accumulator + linear
 _WIDTH = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -40,7 +39,7 @@ class MemoryEstimate:
     params: int
     """All parameters of the model, tables included."""
     dense_params: int
-    """Parameters inside the DeepSpeed engine."""
+    """Parameters inside the engine."""
     host: Bytes
     """Per rank, in host memory."""
     device: Bytes
@@ -57,7 +56,7 @@ def estimate_memory(placement: PlacementPlan, precision: str, optimizer: str, ze
     master = zero_stage >= 1 or width < 4
     params = share(n * width, zero_stage >= 3)
     grads = share(n * width, zero_stage >= 2)
-    states = share(n * (_STATE_FLOATS.get(optimizer, 2) + (1 if master else 0)) * 4, zero_stage >= 1)
+    states = share(n * (DENSE_OPTIMIZERS[optimizer].state_floats + (1 if master else 0)) * 4, zero_stage >= 1)
     where = {"host": Bytes(), "device": Bytes()}
     where[placement.param_location] = _add(where[placement.param_location], params=params)
     where["device"] = _add(where["device"], grads=grads)
@@ -70,7 +69,7 @@ def estimate_memory(placement: PlacementPlan, precision: str, optimizer: str, ze
         if t.location == "engine":
             continue
         size = t.rows * t.dim * 4
-        where[t.location] = _add(where[t.location], tables=size, table_states=size * _TABLE_STATE_FLOATS[t.optimizer])
+        where[t.location] = _add(where[t.location], tables=size, table_states=size * TABLE_OPTIMIZERS[t.optimizer].state_floats)
     params_total = n + (tables_total if placement.sparse_tables else 0)
     return MemoryEstimate(params=params_total, dense_params=n, host=where["host"], device=where["device"])
 

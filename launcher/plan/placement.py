@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, unknown
 from launcher.schema import TableConfig
 
-TABLE_OPTIMIZERS = ("lazy_adam", "sparse_adam", "ftrl", "dense")
 CPU_IMPLS = ("torch", "deepspeed")
 
 
@@ -23,7 +23,7 @@ class TablePlan:
     rows: int
     dim: int
     location: str
-    """host or device: where the table, its lookups and its optimizer state live; engine: inside DeepSpeed (dense)."""
+    """host or device: where the table, its lookups and its optimizer state live; engine: inside the engine (dense)."""
     optimizer: str
     """lazy_adam, ftrl or dense."""
     lr: float
@@ -41,7 +41,7 @@ class PlacementPlan:
     sparse_tables: bool
     """True: tables train outside the DeepSpeed engine with their sparse optimizers."""
     dense_params: int
-    """Parameters inside the DeepSpeed engine (tables included when they are dense)."""
+    """Parameters inside the engine (tables included when they are dense)."""
     param_location: str
     """device, or host (ZeRO-3 offload_param)."""
     optimizer_location: str
@@ -51,12 +51,13 @@ class PlacementPlan:
     pin_memory: bool
 
 
-def plan_placement(cfg: DictConfig, recipe, device_type: str) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
-    """(placement, effective ZeRO stage, problems, notes)."""
+def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]], dense_count: int,
+                   device_type: str) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
+    """(placement, effective ZeRO stage, problems, notes) for the recipe's tables (name -> (rows, dim)) and its
+    dense_count parameters outside them."""
     problems: list[str] = []
     notes: list[str] = []
     pl, o = cfg.placement, cfg.optimizer
-    shapes = recipe.tables(cfg.model)
     # Plain containers: OmegaConf node access costs ~50 us a key, and a recipe may have thousands of tables.
     table_cfgs = {name: TableConfig(**t) for name, t in OmegaConf.to_container(cfg.tables).items()}
     wanted = OmegaConf.to_container(pl.tables)
@@ -77,7 +78,7 @@ def plan_placement(cfg: DictConfig, recipe, device_type: str) -> tuple[Placement
         t = table_cfgs.get(name)
         opt = t.optimizer if t is not None else "lazy_adam"
         if opt not in TABLE_OPTIMIZERS:
-            problems.append(f"tables.{name}.optimizer={opt} is not one of {', '.join(TABLE_OPTIMIZERS)}.")
+            problems.append(unknown(f"tables.{name}.optimizer", opt, TABLE_OPTIMIZERS))
         want = wanted.get(name, "host" if pl.host_device_mix == 1 else "device")
         if want not in ("host", "device"):
             problems.append(f"placement.tables.{name}={want} must be host or device.")
@@ -119,12 +120,12 @@ def plan_placement(cfg: DictConfig, recipe, device_type: str) -> tuple[Placement
     if target not in ("device", "cpu"):
         problems.append(f"optimizer.target={o.target} must be device or CPU.")
     if o.cpu_impl not in CPU_IMPLS:
-        problems.append(f"optimizer.cpu_impl={o.cpu_impl} is not one of {', '.join(CPU_IMPLS)}.")
+        problems.append(unknown("optimizer.cpu_impl", o.cpu_impl, CPU_IMPLS))
     offload_opt = target == "cpu"
     if offload_opt and stage == 0:
         stage = 2
         notes.append("optimizer.target=CPU needs ZeRO (offload_optimizer): zero.stage 0 -> 2")
-    if offload_opt and o.cpu_impl == "deepspeed" and o.name not in ("adam", "adamw"):
+    if offload_opt and o.cpu_impl == "deepspeed" and not DENSE_OPTIMIZERS.get(o.name, DENSE_OPTIMIZERS["sgd"]).ds_cpu_adam:
         problems.append(
             f"optimizer.cpu_impl=deepspeed runs DeepSpeedCPUAdam, which needs optimizer.name=adam or adamw; got "
             f"optimizer.name={o.name}. Set optimizer.cpu_impl=torch."
@@ -138,7 +139,7 @@ def plan_placement(cfg: DictConfig, recipe, device_type: str) -> tuple[Placement
     if pin not in ("auto", "true", "false"):
         problems.append(f"placement.pin_memory={pl.pin_memory} must be auto, true or false.")
     pin_memory = device_type == "cuda" if pin == "auto" else pin == "true"
-    dense_params = recipe.dense_param_count(cfg.model) + (0 if sparse else sum(r * d for r, d in shapes.values()))
+    dense_params = dense_count + (0 if sparse else sum(r * d for r, d in shapes.values()))
     plan = PlacementPlan(
         tables=tuple(tables),
         sparse_tables=sparse,

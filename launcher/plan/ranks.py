@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from launcher.plan.parallel import ParallelDims
+
 
 @dataclass(frozen=True)
 class RankPlan:
@@ -12,6 +14,8 @@ class RankPlan:
     node_rank: int
     device: str
     """torch device string: cpu, or cuda:<local_rank>."""
+    coords: dict[str, int] = field(default_factory=dict)
+    """Coordinates in the parallel mesh ({pp, dp, tp}); empty for a script run."""
     env: dict[str, str] = field(default_factory=dict)
     """The variables this rank is started with (on top of the launcher's environment)."""
 
@@ -25,6 +29,7 @@ def plan_ranks(
     master_port: int,
     cpu_count: int,
     extensions_dir: str,
+    dims: ParallelDims | None = None,
 ) -> tuple[RankPlan, ...]:
     """One RankPlan per global rank. MASTER_PORT "0" means: picked at launch. OMP_NUM_THREADS shares the host's
     cores among its local ranks."""
@@ -53,7 +58,8 @@ def plan_ranks(
             if device_type == "cpu":
                 env["DS_ACCELERATOR"] = "cpu"
             device = "cpu" if device_type == "cpu" else f"cuda:{local}"
-            ranks.append(RankPlan(rank=rank, local_rank=local, node_rank=node, device=device, env=env))
+            coords = dims.coords(rank) if dims is not None else {}
+            ranks.append(RankPlan(rank=rank, local_rank=local, node_rank=node, device=device, coords=coords, env=env))
     return tuple(ranks)
 
 

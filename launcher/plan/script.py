@@ -2,38 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
-
 from omegaconf import DictConfig
 
 from launcher.errors import ConfigError
-from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
+from launcher.plan.ranks import plan_ranks, rank_table
 from launcher.plan.rules import check_cluster, device_and_backend, resolve_nproc
-from launcher.plan.types import HostFacts
-
-
-@dataclass(frozen=True)
-class ScriptPlan:
-    script: str
-    args: tuple[str, ...]
-    world_size: int
-    nnodes: int
-    nproc_per_node: int
-    backend: str
-    """The backend a recipe run would use; informational: the script picks its own in init_process_group."""
-    device_type: str
-    ranks: tuple[RankPlan, ...]
-    rank_table: dict[str, Any]
-    notes: tuple[str, ...]
-    recipe: str = "script"
-    steps: int = 0
-    ds_ops: tuple[str, ...] = ()
-    deepspeed: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+from launcher.plan.types import HostFacts, ScriptPlan
 
 
 def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:

@@ -1,13 +1,15 @@
-"""The frozen result of planning, and the host facts planning takes as input."""
+"""The frozen results of planning, the small protocol the launch side needs of any of them, and the host facts
+planning takes as input."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from launcher.plan.batch import BatchPlan
 from launcher.plan.memory import Bytes, MemoryEstimate
+from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, TablePlan
 from launcher.plan.ranks import RankPlan
 
@@ -24,6 +26,32 @@ class HostFacts:
     """Where DeepSpeed's JIT-built C++ ops are cached (TORCH_EXTENSIONS_DIR)."""
 
 
+class RunPlan(Protocol):
+    """What launching needs of a plan, whatever runs in the ranks (a recipe's Trainer or a user's script)."""
+
+    kind: str
+    """recipe or script."""
+    name: str
+    """Run-id prefix: the recipe's name, or 'script'."""
+    world_size: int
+    nproc_per_node: int
+    steps: int
+    """Steps the ranks report progress for; 0 = they report none (a script)."""
+    ranks: tuple[RankPlan, ...]
+    rank_table: dict[str, Any]
+    ds_ops: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    def rank_args(self, run_dir: str) -> tuple[str, ...]:
+        """Arguments of ``python`` for every rank."""
+
+    def engine_config(self) -> dict[str, Any] | None:
+        """The engine's own config file (ds_config.json), or None when the engine has none."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """plan.json."""
+
+
 @dataclass(frozen=True)
 class OptimizerPlan:
     name: str
@@ -38,14 +66,17 @@ class OptimizerPlan:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Everything the launcher and the ranks need to know, decided before any process exists."""
+    """Everything the launcher and the ranks need to know, decided before any process exists. The worker reads only
+    this (plan.json): the resolved model, data and loss specs are in it."""
 
     recipe: str
+    dims: ParallelDims
+    """dp × pp × tp = world_size."""
+    engine: str
+    """ddp or deepspeed (launcher.plan.registry.ENGINES)."""
     world_size: int
     nnodes: int
     nproc_per_node: int
-    dp: int
-    pipeline_stages: int
     zero_stage: int
     backend: str
     device_type: str
@@ -62,15 +93,37 @@ class LaunchPlan:
     optimizer: OptimizerPlan
     placement: PlacementPlan
     memory: MemoryEstimate
-    deepspeed: dict[str, Any]
+    model: dict[str, Any]
+    """The model's kwargs with its ``_target_``, data facts applied."""
+    data: dict[str, Any]
+    """The data source's kwargs with its ``_target_``."""
+    loss: dict[str, Any]
+    """The loss's ``_target_`` (and kwargs)."""
+    reference: dict[str, float]
+    """Numbers the data knows a trained model is measured against (e.g. entropy_floor, uniform_loss)."""
+    deepspeed: dict[str, Any] | None
+    """The DeepSpeed config; None when the engine is not DeepSpeed."""
     ranks: tuple[RankPlan, ...]
     rank_table: dict[str, Any]
     ds_ops: tuple[str, ...]
     """DeepSpeed C++ ops the ranks will load (JIT-built once per machine)."""
     notes: tuple[str, ...]
     """Decisions the planner made for the user, in words (e.g. how nproc_per_node=auto resolved)."""
+    resume_from: str = ""
+    """A checkpoint dir (<run>/checkpoints/step<N>) every rank loads before training; empty = start fresh."""
     debug_fail: tuple[int, int] = (-1, -1)
     """(rank, step) where a rank raises on purpose, for testing supervision; (-1, -1) = off."""
+    kind: str = "recipe"
+
+    @property
+    def name(self) -> str:
+        return self.recipe
+
+    def rank_args(self, run_dir: str) -> tuple[str, ...]:
+        return ("-m", "launcher.worker", run_dir)
+
+    def engine_config(self) -> dict[str, Any] | None:
+        return self.deepspeed
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -78,6 +131,7 @@ class LaunchPlan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LaunchPlan:
         d = dict(d)
+        d["dims"] = ParallelDims(**{**d["dims"], "names": tuple(d["dims"]["names"])})
         d["batch"] = BatchPlan(**d["batch"])
         d["optimizer"] = OptimizerPlan(**{**d["optimizer"], "betas": tuple(d["optimizer"]["betas"])})
         m = d["memory"]
@@ -86,7 +140,36 @@ class LaunchPlan:
         tables = tuple(TablePlan(**{**t, "betas": tuple(t["betas"])}) for t in pl["tables"])
         d["placement"] = PlacementPlan(**{**pl, "tables": tables})
         d["ranks"] = tuple(RankPlan(**r) for r in d["ranks"])
-        d["ds_ops"] = tuple(d["ds_ops"])
-        d["notes"] = tuple(d["notes"])
-        d["debug_fail"] = tuple(d["debug_fail"])
+        for key in ("ds_ops", "notes", "debug_fail"):
+            d[key] = tuple(d[key])
         return cls(**d)
+
+
+@dataclass(frozen=True)
+class ScriptPlan:
+    """A user's own torch.distributed script on every rank, with torchrun's environment: ranks, env, rank table."""
+
+    script: str
+    args: tuple[str, ...]
+    world_size: int
+    nnodes: int
+    nproc_per_node: int
+    backend: str
+    """The backend a recipe run would use; informational: the script picks its own in init_process_group."""
+    device_type: str
+    ranks: tuple[RankPlan, ...]
+    rank_table: dict[str, Any]
+    notes: tuple[str, ...]
+    kind: str = "script"
+    name: str = "script"
+    steps: int = 0
+    ds_ops: tuple[str, ...] = field(default=())
+
+    def rank_args(self, run_dir: str) -> tuple[str, ...]:
+        return (self.script, *self.args)
+
+    def engine_config(self) -> dict[str, Any] | None:
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -7,6 +7,7 @@ from rich.tree import Tree
 
 from launcher.plan import Bytes, LaunchPlan
 
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
@@ -23,7 +24,8 @@ def placement_table(plan: LaunchPlan) -> Table:
         else:
             t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", tb.location, f"{tb.optimizer} rows", tb.location)
     impl = f" ({pl.cpu_impl})" if pl.optimizer_location == "host" else ""
-    t.add_row("dense network", f"{pl.dense_params:,}", f"{pl.param_location}, ZeRO-{plan.zero_stage}",
+    engine = f"ZeRO-{plan.zero_stage}" if plan.engine == "deepspeed" else plan.engine.upper()
+    t.add_row("dense network", f"{pl.dense_params:,}", f"{pl.param_location}, {engine}",
               f"{o.name}{impl}", pl.optimizer_location)
     return t
 
@@ -35,20 +37,26 @@ def _bytes_line(where: str, b: Bytes, ranks: int) -> str:
 
 
 def plan_tree(plan: LaunchPlan) -> Tree:
-    b, o, m = plan.batch, plan.optimizer, plan.memory
+    b, o, m, d = plan.batch, plan.optimizer, plan.memory, plan.dims
     root = Tree(f"[bold]plan[/bold]: recipe {plan.recipe}, {plan.world_size} rank(s) on {plan.device_type}")
     par = root.add("parallel")
     par.add(f"nnodes {plan.nnodes} × nproc_per_node {plan.nproc_per_node} = world {plan.world_size}")
-    par.add(f"dp {plan.dp}, pipeline_stages {plan.pipeline_stages}, ZeRO stage {plan.zero_stage}, backend {plan.backend}")
-    root.add(f"batch: global {b.global_size} = micro {b.micro_size} × accum {b.grad_accum} × dp {plan.dp}")
+    par.add(f"mesh {' × '.join(f'{n} {getattr(d, n)}' for n in d.names)}, backend {plan.backend}")
+    zero = f", ZeRO stage {plan.zero_stage}" if plan.engine == "deepspeed" else ""
+    par.add(f"engine {plan.engine}{zero}")
+    root.add(f"batch: global {b.global_size} = micro {b.micro_size} × accum {b.grad_accum} × dp {d.dp}")
     root.add(f"trainer: {plan.steps} steps, log every {plan.log_every}, seed {plan.seed}, precision {plan.precision}")
     root.add(f"optimizer: {o.name} lr {o.lr} on {plan.placement.optimizer_location}")
-    mem = root.add(f"memory (estimate; {m.params:,} parameters, {m.dense_params:,} in the DeepSpeed engine)")
+    mem = root.add(f"memory (estimate; {m.params:,} parameters, {m.dense_params:,} in the engine)")
     mem.add(_bytes_line("host", m.host, plan.nproc_per_node))
     mem.add(_bytes_line("device", m.device, plan.nproc_per_node))
     ranks = root.add("ranks")
     for r in plan.ranks:
-        ranks.add(f"rank {r.rank}: node {r.node_rank}, local rank {r.local_rank}, device {r.device}, OMP_NUM_THREADS {r.env['OMP_NUM_THREADS']}")
+        coords = " ".join(f"{k} {v}" for k, v in r.coords.items())
+        ranks.add(f"rank {r.rank}: ({coords}), node {r.node_rank}, local rank {r.local_rank}, device {r.device}, "
+                  f"OMP_NUM_THREADS {r.env['OMP_NUM_THREADS']}")
+    if plan.reference:
+        root.add("data reference: " + ", ".join(f"{k} {v:.4f}" for k, v in plan.reference.items()))
     if plan.ds_ops:
         root.add(f"DeepSpeed ops: {', '.join(plan.ds_ops)}")
     for note in plan.notes:

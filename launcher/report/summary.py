@@ -2,36 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import signal
-from pathlib import Path
-from typing import Any
 
 from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-
-def read_metrics(rank_dir: Path) -> list[dict[str, Any]]:
-    """The rank's metrics.jsonl records; a torn last line (the rank died mid-write) is skipped."""
-    path = rank_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
-def last_step(rank_dir: Path) -> int:
-    try:
-        return int((rank_dir / "last_step").read_text())
-    except (OSError, ValueError):
-        return 0
+from launcher.rundir import RunDir
 
 
 def signal_name(exit_code: int | None) -> str | None:
@@ -43,44 +21,47 @@ def signal_name(exit_code: int | None) -> str | None:
         return f"signal {-exit_code}"
 
 
-def build_summary(run_dir: Path, plan: dict, rank_exits: list[dict], status: str, wall_s: float) -> dict:
+def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: str, wall_s: float) -> dict:
     """rank_exits: [{rank, exit_code, stopped_by_launcher}] for every rank (exit_code None if unknown)."""
     ranks = []
     for e in rank_exits:
-        rank_dir = run_dir / f"rank.{e['rank']}"
-        steps = [m for m in read_metrics(rank_dir) if "event" not in m]
+        rank_dir = run_dir.rank(e["rank"])
+        steps = [m for m in rank_dir.read_metrics() if "event" not in m]
         ranks.append(
             {
                 "rank": e["rank"],
                 "exit_code": e["exit_code"],
                 "signal": signal_name(e["exit_code"]),
                 "stopped_by_launcher": e.get("stopped_by_launcher", False),
-                "last_step": last_step(rank_dir),
+                "last_step": rank_dir.last_step(),
                 "final_loss": steps[-1]["loss"] if steps else None,
                 "samples_per_s": steps[-1]["samples_per_s"] if steps else None,
             }
         )
-    rank0 = read_metrics(run_dir / "rank.0")
+    rank0 = run_dir.rank(0).read_metrics()
     steps0 = [m for m in rank0 if "event" not in m]
     evals = [m for m in rank0 if m.get("event") == "eval"]
+    final_loss = steps0[-1]["loss"] if steps0 else None
+    reference = dict(plan.get("reference") or {})
+    floor, uniform = reference.get("entropy_floor"), reference.get("uniform_loss")
+    if final_loss is not None and floor is not None and uniform is not None and uniform > floor:
+        reference["gap_closed"] = round((uniform - final_loss) / (uniform - floor), 4)
     return {
         "status": status,
         "run_id": run_dir.name,
-        "recipe": plan.get("recipe"),
+        "recipe": plan.get("recipe") or plan.get("name"),
+        "engine": plan.get("engine"),
         "world_size": plan.get("world_size"),
         "steps": plan.get("steps"),
         "completed_steps": min((r["last_step"] for r in ranks), default=0),
         "first_loss": steps0[0]["loss"] if steps0 else None,
-        "final_loss": steps0[-1]["loss"] if steps0 else None,
+        "final_loss": final_loss,
         "samples_per_s": steps0[-1]["samples_per_s"] if steps0 else None,
         "wall_s": round(wall_s, 2),
         "ranks": ranks,
         "eval": {k: v for k, v in evals[-1].items() if k not in ("event", "time", "wall_s")} if evals else {},
+        "reference": reference,
     }
-
-
-def write_summary(run_dir: Path, summary: dict) -> None:
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def summary_table(summary: dict) -> Table:
@@ -98,12 +79,13 @@ def summary_table(summary: dict) -> Table:
             "-" if r["final_loss"] is None else f"{r['final_loss']:.5f}",
             "-" if r["samples_per_s"] is None else f"{r['samples_per_s']:.0f}",
         )
-    if summary.get("eval"):
-        t.caption = "eval: " + ", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary["eval"].items())
+    lines = [f"{what}: " + ", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
+             for what, d in (("eval", summary.get("eval")), ("reference", summary.get("reference"))) if d]
+    t.caption = "\n".join(lines) or None
     return t
 
 
-def failure_report(run_dir: Path, summary: dict, failed_rank: int | None, tail_lines: int) -> Group:
+def failure_report(run_dir: RunDir, summary: dict, failed_rank: int | None, tail_lines: int) -> Group:
     """Who failed, how, the rank's error and the tail of its stderr between banners."""
     parts = []
     for r in summary["ranks"]:
@@ -114,27 +96,19 @@ def failure_report(run_dir: Path, summary: dict, failed_rank: int | None, tail_l
             how = f"signal {r['signal']}"
             if r["signal"] == "SIGKILL":
                 how += " (killed from outside: likely the host ran out of memory; check `dmesg` for oom-kill)"
-        rank_dir = run_dir / f"rank.{r['rank']}"
-        lines = (rank_dir / "stderr").read_text(errors="replace").splitlines() if (rank_dir / "stderr").exists() else []
+        rank_dir = run_dir.rank(r["rank"])
+        lines = rank_dir.stderr.read_text(errors="replace").splitlines() if rank_dir.stderr.exists() else []
         body = Text()
         where = f" at step {r['last_step'] + 1} of {summary['steps']}" if summary["steps"] else ""
         body.append(f"rank {r['rank']} failed with {how}{where}.\n")
-        message = _error_message(rank_dir / "error.json")
+        message = rank_dir.error_message()
         if message:
             body.append(f"error: {message}\n", style="bold red")
-        body.append(f"---- Begin global rank {r['rank']} STDERR (last {tail_lines} lines of {rank_dir / 'stderr'}) ----\n")
+        body.append(f"---- Begin global rank {r['rank']} STDERR (last {tail_lines} lines of {rank_dir.stderr}) ----\n")
         body.append("\n".join(lines[-tail_lines:]) + "\n")
         body.append(f"---- End global rank {r['rank']} STDERR ----")
         parts.append(Panel(body, title=f"rank {r['rank']} failed", border_style="red"))
     stopped = [str(r["rank"]) for r in summary["ranks"] if r["stopped_by_launcher"]]
     if stopped:
-        parts.append(Text(f"stopped by the launcher: rank {', '.join(stopped)}; logs and metrics are in {run_dir}"))
+        parts.append(Text(f"stopped by the launcher: rank {', '.join(stopped)}; logs and metrics are in {run_dir.path}"))
     return Group(*parts)
-
-
-def _error_message(path: Path) -> str:
-    try:
-        err = json.loads(path.read_text())
-        return err["message"]["message"] if isinstance(err.get("message"), dict) else str(err.get("message", ""))
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""

@@ -1,50 +1,54 @@
-"""Evaluation inside the ranks: every rank scores its shard of the held-out set, rank results are gathered."""
+"""Evaluation inside the ranks: every data-parallel rank scores its shard of the held-out set; results are reduced
+over the dp group."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from launcher.plan import LaunchPlan
 from launcher.worker.eval_metrics import auc, binary_metrics
+from launcher.worker.mesh import DataParallel
 
 
-def mean_over_ranks(value: torch.Tensor) -> float:
+def mean_over(value: torch.Tensor, dp: DataParallel) -> float:
+    """The mean of a scalar over the dp group."""
     value = value.detach().float().clone()
-    dist.all_reduce(value)
-    return value.item() / dist.get_world_size()
+    if dp.size > 1:
+        dist.all_reduce(value, group=dp.group)
+    return value.item() / dp.size
 
 
-def _gather_cat(t: torch.Tensor) -> torch.Tensor:
-    """Concatenate a 1-D CPU tensor from every rank (shards may differ in length)."""
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, t.cpu())
+def _gather_cat(t: torch.Tensor, dp: DataParallel) -> torch.Tensor:
+    """Concatenate a 1-D CPU tensor from every dp rank (shards may differ in length)."""
+    parts = [None] * dp.size
+    dist.all_gather_object(parts, t.cpu(), group=dp.group)
     return torch.cat(parts)
 
 
 @torch.no_grad()
-def evaluate(step_fn, loss_fn, data, plan: LaunchPlan, dp_rank: int, device) -> dict:
+def evaluate(trainer) -> dict:
     """Mean loss; with eval.metrics=binary also AUC, log loss, accuracy, n, and bayes_auc if the data knows the
     true click probability of each example (``data.true_logits(*inputs)``)."""
-    step_fn.engine.eval()
-    total, batches = torch.zeros((), device=device), 0
+    plan, dp, data = trainer.plan, trainer.dp, trainer.data
+    trainer.engine.eval()
+    total, batches = torch.zeros((), device=trainer.device), 0
     outputs, labels, truth = [], [], []
     knows_truth = hasattr(data, "true_logits")
-    for batch in data.eval_batches(dp_rank, plan.dp, plan.batch.micro_size, plan.eval_batches):
-        out, y = step_fn(batch, train=False)
-        total += loss_fn(out, y).float()
+    for batch in data.eval_batches(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches):
+        out, y = trainer.forward(batch, train=False)
+        total += trainer.loss_fn(out, y).float()
         batches += 1
         if plan.eval_metrics == "binary":
             outputs.append(out.float().cpu().flatten())
             labels.append(y.float().cpu().flatten())
             if knows_truth:
                 truth.append(data.true_logits(*batch[0]).flatten())
-    step_fn.engine.train()
-    result = {"loss": mean_over_ranks(total / max(batches, 1))}
+    trainer.engine.train()
+    result = {"loss": mean_over(total / max(batches, 1), dp)}
     if plan.eval_metrics != "binary":
-        return result | {"n": batches * plan.batch.micro_size * plan.dp}
-    scores, ys = _gather_cat(torch.cat(outputs)), _gather_cat(torch.cat(labels))
+        return result | {"n": batches * plan.batch.micro_size * dp.size}
+    scores, ys = _gather_cat(torch.cat(outputs), dp), _gather_cat(torch.cat(labels), dp)
     result |= binary_metrics(scores, ys)
     if knows_truth:
-        result["bayes_auc"] = auc(_gather_cat(torch.cat(truth)), ys)
+        result["bayes_auc"] = auc(_gather_cat(torch.cat(truth), dp), ys)
     return result

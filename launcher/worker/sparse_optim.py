@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -41,6 +42,13 @@ class SparseFTRL:
 
     def state_tensors(self) -> list[torch.Tensor]:
         return [self.accum, self.linear]
+
+    def state_dict(self) -> dict:
+        return {"accum": self.accum.clone(), "linear": self.linear.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.accum.copy_(state["accum"])
+        self.linear.copy_(state["linear"])
 
     @torch.no_grad()
     def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
@@ -69,6 +77,14 @@ class LazyAdam:
     def state_tensors(self) -> list[torch.Tensor]:
         return [self.moments]
 
+    def state_dict(self) -> dict:
+        """The moments and the step count (the bias correction depends on it)."""
+        return {"moments": self.moments.clone(), "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.moments.copy_(state["moments"])
+        self.steps = int(state["steps"])
+
     @torch.no_grad()
     def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
         self.steps += 1
@@ -93,6 +109,12 @@ class SparseAdam:
     def state_tensors(self) -> list[torch.Tensor]:
         state = self._opt.state.get(self._param, {})
         return [t for t in (state.get("exp_avg"), state.get("exp_avg_sq")) if t is not None]
+
+    def state_dict(self) -> dict:
+        return copy.deepcopy(self._opt.state_dict())  # torch's holds references to tensors that later steps change
+
+    def load_state_dict(self, state: dict) -> None:
+        self._opt.load_state_dict(state)
 
     def state_bytes_when_allocated(self) -> int:
         return 2 * self.weight.numel() * self.weight.element_size()

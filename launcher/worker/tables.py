@@ -1,49 +1,57 @@
-"""Embedding tables trained outside the DeepSpeed engine, on the host or the device, with row-sparse optimizers.
+"""Embedding tables trained outside the engine, on the host or the device, with row-sparse optimizers.
 
 Per micro-batch: ``lookup`` gathers the batch's rows where the table lives and sends them to the compute device as
-leaves that require grad; after ``engine.backward`` ``collect_grads`` keeps (rows, d loss / d rows). At the
-accumulation boundary ``step`` averages those sparse gradients over the data-parallel ranks and updates only those
-rows, where the table lives. Tables stay fp32 whatever the training precision.
+leaves that require grad; after the engine's backward ``collect_grads`` keeps (rows, d loss / d rows), unscaled by
+the engine's loss scale (fp16). At the accumulation boundary ``step`` averages those sparse gradients over the
+data-parallel group and updates only those rows, where the table lives; when the engine skipped its step (an fp16
+overflow) ``discard`` drops them instead, so tables and network skip together. Tables stay fp32 whatever the
+training precision.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from launcher.plan import TablePlan
+from launcher.plan.registry import TABLE_OPTIMIZERS
 from launcher.worker.sparse_comm import allreduce_sparse_mean
-from launcher.worker.sparse_optim import LazyAdam, SparseAdam, SparseFTRL
 from launcher.worker.transfer import device_to_host, host_to_device
 
 HOST = torch.device("cpu")
+_ARGS = {"lazy_adam": ("lr", "betas", "eps"), "sparse_adam": ("lr", "betas", "eps"),
+         "ftrl": ("lr", "l1", "l2", "lr_power", "initial_accumulator")}
+
+
+def build_table_optimizer(p: TablePlan, weight: torch.Tensor) -> Any:
+    """The row-sparse optimizer the registry names for p.optimizer (the planner refused unknown names)."""
+    module, _, cls = TABLE_OPTIMIZERS[p.optimizer].impl.rpartition(".")
+    return getattr(importlib.import_module(module), cls)(weight, *(getattr(p, a) for a in _ARGS[p.optimizer]))
 
 
 @dataclass
 class Table:
     plan: TablePlan
     weight: torch.Tensor
-    optimizer: LazyAdam | SparseAdam | SparseFTRL
+    optimizer: Any
+    """LazyAdam, SparseAdam or SparseFTRL: step(rows, grads), state_tensors(), state_dict()."""
 
 
 class TableSet:
-    def __init__(self, model_tables: nn.ModuleDict, plans: tuple[TablePlan, ...], compute: torch.device) -> None:
+    def __init__(self, model_tables: nn.ModuleDict, plans: tuple[TablePlan, ...], compute: torch.device,
+                 dp_group=None) -> None:
         self.compute = compute
+        self.dp_group = dp_group
         self.tables: dict[str, Table] = {}
         for p in plans:
             where = HOST if p.location == "host" else compute
             weight = model_tables[p.name].weight.detach().to(where).float().contiguous()
-            if p.optimizer == "ftrl":
-                opt = SparseFTRL(weight, p.lr, p.l1, p.l2, p.lr_power, p.initial_accumulator)
-            elif p.optimizer == "sparse_adam":
-                opt = SparseAdam(weight, p.lr, p.betas, p.eps)
-            else:
-                opt = LazyAdam(weight, p.lr, p.betas, p.eps)
-            self.tables[p.name] = Table(p, weight, opt)
+            self.tables[p.name] = Table(p, weight, build_table_optimizer(p, weight))
         # Tables looked up with the same row ids (Wide&Deep's two tables) share one coalesce and one all-gather:
         # their gradients travel side by side as the columns of one (rows, dim_a + dim_b) tensor.
         self._pending: list[tuple[tuple[str, ...], torch.Tensor, list[torch.Tensor]]] = []
@@ -65,18 +73,21 @@ class TableSet:
                 self._pending.append((tuple(names), rows, [out[n] for n in names]))
         return out
 
-    def collect_grads(self) -> None:
-        """After backward: keep each lookup's gradient as (rows, values) on the compute device."""
+    def collect_grads(self, loss_scale: float = 1.0) -> None:
+        """After backward: keep each lookup's gradient as (rows, values / loss_scale) on the compute device."""
         for names, rows, acts in self._pending:
             values = torch.cat([a.grad.reshape(-1, self.tables[n].plan.dim).float() for n, a in zip(names, acts)], dim=1)
+            if loss_scale != 1.0:
+                values.div_(loss_scale)
             self._grads.setdefault(names, []).append((rows.reshape(-1).to(self.compute), values))
         self._pending.clear()
 
     def step(self) -> None:
-        """Average the sparse gradients over ranks (collective: every rank calls it) and update those rows."""
+        """Average the sparse gradients over the dp group (collective: every rank calls it) and update those rows."""
         for names in sorted(self._grads):  # the same groups in the same order on every rank
             parts = self._grads[names]
-            rows, values = allreduce_sparse_mean(torch.cat([r for r, _ in parts]), torch.cat([v for _, v in parts]))
+            rows, values = allreduce_sparse_mean(torch.cat([r for r, _ in parts]), torch.cat([v for _, v in parts]),
+                                                 group=self.dp_group)
             start = 0
             for name in names:
                 t = self.tables[name]
@@ -85,12 +96,20 @@ class TableSet:
                 t.optimizer.step(rows.to(t.weight.device), device_to_host(grads, t.weight.device).contiguous())
         self._grads.clear()
 
+    def discard(self) -> None:
+        """Drop this step's gradients (the engine skipped its step)."""
+        self._pending.clear()
+        self._grads.clear()
+
     def digests(self) -> dict[str, str]:
         """sha256 of each table's bytes: equal on every rank when data-parallel copies stay in sync."""
         return {name: hashlib.sha256(t.weight.cpu().numpy().tobytes()).hexdigest() for name, t in self.tables.items()}
 
-    def save(self, path: Path) -> None:
-        """Tables and their optimizer states (identical on every rank: rank 0 writes them)."""
-        torch.save(
-            {name: {"weight": t.weight, "state": t.optimizer.state_tensors()} for name, t in self.tables.items()}, path
-        )
+    def state_dict(self) -> dict[str, Any]:
+        """Each table's weights and its optimizer's state, step counts included (identical on every rank)."""
+        return {name: {"weight": t.weight.clone(), "optimizer": t.optimizer.state_dict()} for name, t in self.tables.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, t in self.tables.items():
+            t.weight.copy_(state[name]["weight"])
+            t.optimizer.load_state_dict(state[name]["optimizer"])

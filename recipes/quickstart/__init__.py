@@ -1,7 +1,9 @@
 """quickstart: MindSpore's quick-start network (Dense 32->16, ReLU, Dense 16->16), MSE loss, Momentum optimizer,
 on a fixed set of random inputs and labels. The smallest real job: it proves the launcher end to end in seconds."""
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+
+from launcher.contract import DataFacts
 
 
 @dataclass
@@ -28,33 +30,40 @@ class DataConfig:
     """Seed of the data set itself (the data order follows trainer.seed)."""
 
 
-def samples_per_epoch(data: DataConfig) -> int | None:
-    """Samples in one epoch of the fixed data set."""
-    return data.samples
+class Quickstart:
+    name = "quickstart"
+    model_config = ModelConfig
+    data_configs = {"quickstart": DataConfig}
 
+    def data_facts(self, data: DataConfig) -> DataFacts:
+        return DataFacts(train_samples=data.samples)
 
-def tables(model: ModelConfig) -> dict[str, tuple[int, int]]:
-    """Embedding tables: none."""
-    return {}
+    def model_spec(self, model: ModelConfig, facts: DataFacts) -> dict:
+        return asdict(model)
 
+    def tables(self, model: dict) -> dict[str, tuple[int, int]]:
+        return {}
 
-def dense_param_count(model: ModelConfig) -> int:
-    """Parameters of Network for these sizes, without building it."""
-    return model.in_features * model.hidden + model.hidden + model.hidden * model.out_features + model.out_features
+    def dense_param_count(self, model: dict) -> int:
+        i, h, o = model["in_features"], model["hidden"], model["out_features"]
+        return i * h + h + h * o + o
 
-
-def problems(model: ModelConfig, data: DataConfig, micro_group: int) -> list[str]:
-    """Recipe-specific checks, reported with every other config problem before anything runs."""
-    out = []
-    for key in ("in_features", "out_features"):
-        if getattr(model, key) != getattr(data, key):
+    def problems(self, model: dict, data: DataConfig, micro_group: int) -> list[str]:
+        out = []
+        for key in ("in_features", "out_features"):
+            if model[key] != getattr(data, key):
+                out.append(
+                    f"data.{key}={getattr(data, key)} differs from model.{key}={model[key]}. Set both to the same value."
+                )
+        if data.samples < micro_group:
             out.append(
-                f"data.{key}={getattr(data, key)} differs from model.{key}={getattr(model, key)}. "
-                f"Set both to the same value."
+                f"data.samples={data.samples} is smaller than one global micro-batch (micro_size x dp = {micro_group}). "
+                f"Set data.samples>={micro_group} or lower batch.micro_size."
             )
-    if data.samples < micro_group:
-        out.append(
-            f"data.samples={data.samples} is smaller than one global micro-batch (micro_size x dp = {micro_group}). "
-            f"Set data.samples>={micro_group} or lower batch.micro_size."
-        )
-    return out
+        return out
+
+    def layers(self, model) -> list:
+        return [("fc1", model.fc1), ("relu", model.relu), ("fc2", model.fc2)]
+
+
+RECIPE = Quickstart()

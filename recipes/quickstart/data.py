@@ -1,4 +1,4 @@
-"""A fixed random data set, reshuffled every epoch with the trainer seed and split across ranks."""
+"""A fixed random data set, reshuffled every epoch with the trainer seed and split across data-parallel ranks."""
 
 from __future__ import annotations
 
@@ -16,20 +16,21 @@ class FixedRandom:
         self.eval_inputs = torch.randn(samples, in_features, generator=g)
         self.eval_labels = torch.randn(samples, out_features, generator=g)
 
-    def train_batches(self, rank: int, world_size: int, micro_size: int, seed: int) -> Iterator[tuple]:
-        group = micro_size * world_size
+    def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[tuple]:
+        group = micro_size * dp_size
         n = self.inputs.shape[0]
-        epoch = 0
+        per_epoch = n // group
+        epoch, skip = divmod(start, per_epoch)
         while True:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
-            for start in range(0, n - group + 1, group):
-                idx = order[start + rank * micro_size : start + (rank + 1) * micro_size]
+            for k in range(skip, per_epoch):
+                idx = order[k * group + dp_rank * micro_size : k * group + (dp_rank + 1) * micro_size]
                 yield (self.inputs[idx],), self.labels[idx]
-            epoch += 1
+            epoch, skip = epoch + 1, 0
 
-    def eval_batches(self, rank: int, world_size: int, micro_size: int, count: int) -> Iterator[tuple]:
-        group = micro_size * world_size
+    def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[tuple]:
+        group = micro_size * dp_size
         for k in range(count):
             start = (k * group) % max(1, self.eval_inputs.shape[0] - group + 1)
-            idx = slice(start + rank * micro_size, start + (rank + 1) * micro_size)
+            idx = slice(start + dp_rank * micro_size, start + (dp_rank + 1) * micro_size)
             yield (self.eval_inputs[idx],), self.eval_labels[idx]

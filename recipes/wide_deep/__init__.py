@@ -5,9 +5,12 @@ Two embedding tables, as in MindSpore: ``deep_embedding`` (rows x embed_dim) fee
 (rows x 1) is the wide linear part over the same ids. Both are one tensor with a row offset per field. MindSpore
 trains them with LazyAdam (deep) and FTRL (wide) and, with host_device_mix, keeps them on the host."""
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from omegaconf import MISSING
+
+from launcher.contract import DataFacts
+from launcher.errors import ConfigError
 
 
 @dataclass
@@ -77,47 +80,68 @@ class TabularDataConfig:
     """Pairs of columns whose value pairs become extra categorical fields, e.g. [[education,occupation]]."""
     seed: int = 0
     """Seed of the train/test split."""
-    train_rows: int = 0
-    """Filled in by the launcher from the file (for trainer.epochs); leave 0."""
 
 
-DataConfig = SyntheticDataConfig  # the recipe's default data
-DATA_OPTIONS = {"synthetic_ctr": SyntheticDataConfig, "tabular": TabularDataConfig}
+class WideDeepRecipe:
+    name = "wide_deep"
+    model_config = ModelConfig
+    data_configs = {"synthetic_ctr": SyntheticDataConfig, "tabular": TabularDataConfig}
 
+    def data_facts(self, data) -> DataFacts:
+        """Synthetic data: an endless stream. A tabular file: read once here, so that errors in it are reported
+        like config errors and the model is sized from its columns and vocabularies."""
+        if not isinstance(data, TabularDataConfig):
+            return DataFacts()
+        from launcher.recipes.wide_deep.tabular import TabularError, prepare
 
-def samples_per_epoch(data) -> int | None:
-    """Training rows of one epoch, or None for an endless stream."""
-    return getattr(data, "train_rows", 0) or None
+        try:
+            p = prepare(data.path, data.label, str(data.positive), str(data.negative), list(data.categorical),
+                        list(data.continuous), list(data.drop), data.test_fraction, data.max_vocab,
+                        [list(c) for c in data.crosses], data.seed)
+        except TabularError as e:
+            raise ConfigError(e.problems) from None
+        rows = len(p.train[2])
+        line = (f"data: {data.path}: {rows:,} train + {len(p.test[2]):,} test rows, {float(p.train[2].mean()):.1%} "
+                f"positive; continuous {p.continuous or '-'}; categorical "
+                f"{dict(zip(p.categorical, p.field_sizes)) or '-'} (rows incl. the out-of-vocabulary row)")
+        sizes = {"num_dense": len(p.continuous), "num_sparse": len(p.categorical), "field_sizes": p.field_sizes}
+        return DataFacts(train_samples=rows, model_sizes=sizes, lines=(line,))
 
+    def model_spec(self, model: ModelConfig, facts: DataFacts) -> dict:
+        return {**asdict(model), **facts.model_sizes}
 
-def tables(model: ModelConfig) -> dict[str, tuple[int, int]]:
-    """The embedding tables of WideDeep: name -> (rows, dim). Their placement and optimizers are planned per table."""
-    rows = sum(model.field_sizes) if model.field_sizes else model.num_sparse * model.rows_per_table
-    return {"deep_embedding": (rows, model.embed_dim), "wide_embedding": (rows, 1)}
+    def tables(self, model: dict) -> dict[str, tuple[int, int]]:
+        """The embedding tables of WideDeep: name -> (rows, dim). Their placement and optimizers are planned per
+        table."""
+        rows = sum(model["field_sizes"]) if model["field_sizes"] else model["num_sparse"] * model["rows_per_table"]
+        return {"deep_embedding": (rows, model["embed_dim"]), "wide_embedding": (rows, 1)}
 
+    def dense_param_count(self, model: dict) -> int:
+        """The MLP and the wide part's dense linear."""
+        widths = [model["num_dense"] + model["num_sparse"] * model["embed_dim"], *model["hidden"], 1]
+        mlp = sum(a * b + b for a, b in zip(widths, widths[1:]))
+        return mlp + model["num_dense"] + 1
 
-def dense_param_count(model: ModelConfig) -> int:
-    """Parameters of WideDeep outside the tables (the MLP and the wide part's dense linear), without building it."""
-    widths = [model.num_dense + model.num_sparse * model.embed_dim, *model.hidden, 1]
-    mlp = sum(a * b + b for a, b in zip(widths, widths[1:]))
-    return mlp + model.num_dense + 1
-
-
-def problems(model: ModelConfig, data: DataConfig, micro_group: int) -> list[str]:
-    """Recipe-specific checks, reported with every other config problem before anything runs."""
-    out = []
-    if model.field_sizes and len(model.field_sizes) != model.num_sparse:
-        out.append(f"model.field_sizes has {len(model.field_sizes)} entries for model.num_sparse={model.num_sparse}.")
-    if not hasattr(data, "rows_per_table"):  # tabular data: the launcher sized the model from the file
+    def problems(self, model: dict, data, micro_group: int) -> list[str]:
+        out = []
+        if model["field_sizes"] and len(model["field_sizes"]) != model["num_sparse"]:
+            out.append(f"model.field_sizes has {len(model['field_sizes'])} entries for model.num_sparse="
+                       f"{model['num_sparse']}. Give one size per categorical field, or leave it empty.")
+        if model["rows_per_table"] < 1 or model["embed_dim"] < 1:
+            out.append(f"model.rows_per_table={model['rows_per_table']} and model.embed_dim={model['embed_dim']} "
+                       f"must be >= 1.")
+        if isinstance(data, SyntheticDataConfig):
+            for key in ("num_dense", "num_sparse", "rows_per_table"):
+                if model[key] != getattr(data, key):
+                    out.append(
+                        f"data.{key}={getattr(data, key)} differs from model.{key}={model[key]}. Set both to the "
+                        f"same value (the recipe links them: override model.{key} only)."
+                    )
         return out
-    for key in ("num_dense", "num_sparse", "rows_per_table"):
-        if getattr(model, key) != getattr(data, key):
-            out.append(
-                f"data.{key}={getattr(data, key)} differs from model.{key}={getattr(model, key)}. "
-                f"Set both to the same value (the recipe links them: override model.{key} only)."
-            )
-    if model.rows_per_table < 1 or model.embed_dim < 1:
-        out.append(
-            f"model.rows_per_table={model.rows_per_table} and model.embed_dim={model.embed_dim} must be >= 1."
-        )
-    return out
+
+    def layers(self, model) -> list:
+        """The tables (looked up first), then the body (MLP and the wide part's linear)."""
+        return [("tables", model.tables), ("body", model.body)]
+
+
+RECIPE = WideDeepRecipe()

@@ -8,7 +8,7 @@ Criteo). The click probability is
 with effect_f(id) = scale * h(seed, f, id) * (1 + id)^-decay, h uniform in [-1, 1) from an integer hash (no per-row
 storage at any table size); frequent ids carry strong effects, rare ids weak ones, as in real CTR logs. A few field
 pairs interact the same way. ``true_logits`` gives the exact logit, hence the Bayes AUC of any test set. Every global micro-batch is
-drawn from a generator seeded by (seed, index), so the sample stream does not depend on how it is split over ranks.
+drawn from a generator seeded by (seed, index), so the sample stream does not depend on how it is split over data-parallel ranks.
 """
 
 from __future__ import annotations
@@ -74,18 +74,18 @@ class SyntheticCTR:
         labels = torch.bernoulli(p, generator=g)
         return (dense, ids), labels
 
-    def _slice(self, batch, rank: int, micro_size: int):
+    def _slice(self, batch, dp_rank: int, micro_size: int):
         (dense, ids), labels = batch
-        part = slice(rank * micro_size, (rank + 1) * micro_size)
+        part = slice(dp_rank * micro_size, (dp_rank + 1) * micro_size)
         return (dense[part], ids[part]), labels[part]
 
-    def train_batches(self, rank: int, world_size: int, micro_size: int, seed: int) -> Iterator[tuple]:
-        index = 0
+    def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[tuple]:
+        index = start
         while True:
-            yield self._slice(self.global_micro_batch(index, micro_size * world_size, seed), rank, micro_size)
+            yield self._slice(self.global_micro_batch(index, micro_size * dp_size, seed), dp_rank, micro_size)
             index += 1
 
-    def eval_batches(self, rank: int, world_size: int, micro_size: int, count: int) -> Iterator[tuple]:
+    def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[tuple]:
         for k in range(count):
-            batch = self.global_micro_batch(_EVAL_STREAM + k, micro_size * world_size, self.seed)
-            yield self._slice(batch, rank, micro_size)
+            batch = self.global_micro_batch(_EVAL_STREAM + k, micro_size * dp_size, self.seed)
+            yield self._slice(batch, dp_rank, micro_size)

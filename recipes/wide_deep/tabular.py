@@ -168,26 +168,28 @@ class TabularCTR:
     """The data source of data=tabular: epochs of the train split, sharded over ranks; the whole test split."""
 
     def __init__(self, path: str, label: str, positive: str, negative: str, categorical, continuous, drop,
-                 test_fraction: float, max_vocab: int, crosses, seed: int, train_rows: int = 0) -> None:
+                 test_fraction: float, max_vocab: int, crosses, seed: int) -> None:
         self.prepared = prepare(path, label, str(positive), str(negative), list(categorical), list(continuous),
                                 list(drop), test_fraction, max_vocab, [list(c) for c in crosses], seed)
 
-    def train_batches(self, rank: int, world_size: int, micro_size: int, seed: int) -> Iterator[tuple]:
+    def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[tuple]:
         dense, ids, y = self.prepared.train
-        group = micro_size * world_size
-        epoch = 0
+        group = micro_size * dp_size
+        per_epoch = len(y) // group
+        epoch, skip = divmod(start, per_epoch)
         while True:  # DistributedSampler semantics: disjoint shards, reshuffled each epoch, last partial group dropped
             order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed + epoch))
-            for start in range(0, len(y) - group + 1, group):
-                idx = order[start + rank * micro_size : start + (rank + 1) * micro_size]
+            for k in range(skip, per_epoch):
+                idx = order[k * group + dp_rank * micro_size : k * group + (dp_rank + 1) * micro_size]
                 yield (dense[idx], ids[idx]), y[idx]
-            epoch += 1
+            epoch, skip = epoch + 1, 0
 
-    def eval_batches(self, rank: int, world_size: int, micro_size: int, count: int) -> Iterator[tuple]:
-        """The whole test split (count is ignored), each rank a disjoint part, micro_size rows at a time."""
+    def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[tuple]:
+        """The whole test split (count is ignored), each data-parallel rank a disjoint part, micro_size rows at a
+        time."""
         dense, ids, y = self.prepared.test
-        mine = torch.arange(rank, len(y), world_size)
+        mine = torch.arange(dp_rank, len(y), dp_size)
         # The same number of batches on every rank (ZeRO-3 gathers parameters collectively in each forward).
-        batches = max(1, math.ceil(math.ceil(len(y) / world_size) / micro_size))
+        batches = max(1, math.ceil(math.ceil(len(y) / dp_size) / micro_size))
         for idx in torch.tensor_split(mine, batches):
             yield (dense[idx], ids[idx]), y[idx]

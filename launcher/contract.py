@@ -1,0 +1,127 @@
+"""The recipe contract, as code (torchtitan's TrainSpec, torchtune's recipe interface).
+
+A recipe is an object with the attributes and hooks of ``Recipe`` below; ``check_recipe`` checks one when it is
+registered (``recipes/__init__.py``), so a missing hook or a misspelt argument fails at import with its name, not
+halfway through a run. Recipes implement the contract; they do not inherit from a base class or from each other.
+
+The hooks the planner calls are torch-free and take the typed config objects of the recipe's own schemas
+(``model_config``, ``data_configs``). Torch-side, the model and the data source follow ``TableModel`` (optional)
+and ``DataSource``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+Batch = tuple[tuple[Any, ...], Any]
+"""One micro-batch: (model inputs, labels)."""
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What the launcher learned about a recipe's data before planning, as HostFacts is for the host.
+
+    Gathered by ``Recipe.data_facts`` (which may read the user's files) and handed to ``plan_launch``; the composed
+    config is never changed.
+    """
+
+    train_samples: int | None = None
+    """Training samples in one epoch; None for an endless stream (trainer.epochs is then refused)."""
+    model_sizes: dict[str, Any] = field(default_factory=dict)
+    """Model keys the data decides (e.g. field_sizes of a tabular file); ``Recipe.model_spec`` applies them."""
+    reference: dict[str, float] = field(default_factory=dict)
+    """Numbers a trained model is measured against, e.g. {entropy_floor, uniform_loss} (nats per token)."""
+    lines: tuple[str, ...] = ()
+    """What to tell the user about the data before the plan."""
+
+
+@runtime_checkable
+class Recipe(Protocol):
+    name: str
+    """The recipe's name (conf/recipe/<name>.yaml, the run-id prefix)."""
+    model_config: type
+    """Dataclass schema of the ``model`` section (with the model's ``_target_``)."""
+    data_configs: Mapping[str, type]
+    """Dataclass schemas of the ``data`` section, by option name (stored as schema/data/<option>)."""
+
+    def data_facts(self, data: Any) -> DataFacts:
+        """Facts of this data config (may read files; raise launcher.errors.ConfigError for bad input)."""
+
+    def model_spec(self, model: Any, facts: DataFacts) -> dict[str, Any]:
+        """The resolved model config, facts applied: the kwargs (with ``_target_``) every rank builds."""
+
+    def tables(self, model: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+        """Embedding tables of the model spec: name -> (rows, dim). Empty when the model has none."""
+
+    def dense_param_count(self, model: Mapping[str, Any]) -> int:
+        """Parameters outside the tables, from the model spec, without building the model."""
+
+    def problems(self, model: Mapping[str, Any], data: Any, micro_group: int) -> list[str]:
+        """Recipe-specific config problems (one sentence each: key, value, fix); micro_group = micro_size × dp."""
+
+    def layers(self, model: Any) -> list[tuple[str, Any]]:
+        """The built model's ordered, named top-level blocks (embedding, block.0, ..., head): what pipeline stages
+        and recompute refer to. Running them in order is the model's forward."""
+
+
+class DataSource(Protocol):
+    """What the worker asks of the object built from ``data``'s ``_target_``."""
+
+    def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[Batch]:
+        """Endless micro-batches of data-parallel rank ``dp_rank``, from global micro-batch ``start`` on. Global
+        micro-batch k is the same micro_size × dp_size samples however it is split over ranks."""
+
+    def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
+        """Held-out micro-batches (``count`` global ones for endless data; a finite test split may ignore it)."""
+
+
+class TableModel(Protocol):
+    """A model whose embedding tables may train outside the engine (placement.host_device_mix)."""
+
+    tables: Any
+    """nn.ModuleDict of nn.Embedding, named as in Recipe.tables."""
+    body: Any
+    """The rest of the model: body(*inputs, **looked_up_rows)."""
+
+    def table_rows(self, *inputs: Any) -> dict[str, Any]:
+        """Table name -> row ids of this batch."""
+
+
+_HOOKS = ("data_facts", "model_spec", "tables", "dense_param_count", "problems", "layers")
+_ATTRS = ("name", "model_config", "data_configs")
+
+
+def check_recipe(recipe: object) -> None:
+    """Raise TypeError naming every attribute or hook of the contract that ``recipe`` lacks or spells differently."""
+    problems = [f"no attribute {a}" for a in _ATTRS if not hasattr(recipe, a)]
+    for hook in _HOOKS:
+        fn = getattr(recipe, hook, None)
+        if not callable(fn):
+            problems.append(f"no hook {hook}()")
+            continue
+        want = [p for p in inspect.signature(getattr(Recipe, hook)).parameters if p != "self"]
+        got = list(inspect.signature(fn).parameters)
+        if got != want:
+            problems.append(f"{hook}({', '.join(got)}) should take ({', '.join(want)})")
+    if problems:
+        name = getattr(recipe, "name", type(recipe).__name__)
+        raise TypeError(f"recipe {name} does not follow launcher.contract.Recipe: {'; '.join(problems)}")
+
+
+def register(*recipes: object) -> dict[str, Recipe]:
+    """name -> recipe, each checked against the contract; data option names must be unique across recipes."""
+    out: dict[str, Recipe] = {}
+    options: dict[str, str] = {}
+    for r in recipes:
+        check_recipe(r)
+        if r.name in out:
+            raise TypeError(f"two recipes are named {r.name}")
+        for option in r.data_configs:
+            if option in options:
+                raise TypeError(f"data option {option} of recipe {r.name} is also recipe {options[option]}'s")
+            options[option] = r.name
+        out[r.name] = r
+    return out

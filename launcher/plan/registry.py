@@ -1,0 +1,89 @@
+"""One registry per kind of option: name -> what the plan, the memory estimate, the DeepSpeed emitter and the worker
+need to know about it. Torch-free: the worker imports the classes named here by their dotted path.
+
+An unknown name is a plan-time error with a did-you-mean (``unknown``), never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DenseOptimizer:
+    """An optimizer of the dense network (inside the engine)."""
+
+    impl: str
+    """Dotted path of the torch optimizer class."""
+    kwargs: tuple[str, ...]
+    """Which OptimizerPlan fields it takes (lr, momentum, betas, eps, weight_decay)."""
+    state_floats: int
+    """fp32 state values per parameter (Adam: exp_avg + exp_avg_sq = 2)."""
+    fused: bool
+    """Construct with fused=True (one kernel per step; 3.4x torch's foreach Adam on this CPU)."""
+    zero_tested: bool
+    """DeepSpeed's ZeRO has tested it as a client optimizer (else zero_allow_untested_optimizer is emitted)."""
+    ds_cpu_adam: bool
+    """optimizer.cpu_impl=deepspeed can run it (DeepSpeedCPUAdam: Adam or AdamW)."""
+
+
+DENSE_OPTIMIZERS: dict[str, DenseOptimizer] = {
+    "sgd": DenseOptimizer("torch.optim.SGD", ("lr", "weight_decay"), 0, False, False, False),
+    # MindSpore's Momentum: v = m*v + g; p -= lr*v (torch SGD with dampening 0)
+    "momentum": DenseOptimizer("torch.optim.SGD", ("lr", "momentum", "weight_decay"), 1, False, False, False),
+    "adam": DenseOptimizer("torch.optim.Adam", ("lr", "betas", "eps", "weight_decay"), 2, True, True, True),
+    "adamw": DenseOptimizer("torch.optim.AdamW", ("lr", "betas", "eps", "weight_decay"), 2, True, True, True),
+}
+
+
+@dataclass(frozen=True)
+class TableOptimizer:
+    """How an embedding table trains."""
+
+    impl: str
+    """Dotted path of the row-sparse optimizer class (launcher.worker.sparse_optim); '' = inside the engine."""
+    state_floats: int
+    """fp32 state values per table value."""
+
+    @property
+    def sparse(self) -> bool:
+        """Trains outside the engine, on the rows of each batch only."""
+        return bool(self.impl)
+
+
+TABLE_OPTIMIZERS: dict[str, TableOptimizer] = {
+    "lazy_adam": TableOptimizer("launcher.worker.sparse_optim.LazyAdam", 2),  # exp_avg + exp_avg_sq
+    "sparse_adam": TableOptimizer("launcher.worker.sparse_optim.SparseAdam", 2),
+    "ftrl": TableOptimizer("launcher.worker.sparse_optim.SparseFTRL", 2),  # accumulator + linear
+    "dense": TableOptimizer("", 0),  # a dense table is a parameter of the engine; its state is optimizer.name's
+}
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What drives the dense network inside a rank."""
+
+    impl: str
+    """Dotted path of the engine class in launcher.worker.engines."""
+    zero_stages: tuple[int, ...]
+    precisions: tuple[str, ...]
+    offload: bool
+    """Can put the optimizer (ZeRO-Offload) or the parameters on the host."""
+    config_file: bool
+    """Writes a config file of its own into the run dir (ds_config.json)."""
+
+
+ENGINES: dict[str, Engine] = {
+    "ddp": Engine("launcher.worker.engines.DDPEngine", (0,), ("fp32",), False, False),
+    "deepspeed": Engine("launcher.worker.engines.DeepSpeedEngine", (0, 1, 2, 3), ("fp32", "bf16", "fp16"), True, True),
+}
+
+
+def unknown(key: str, value: str, known: Mapping[str, object] | tuple[str, ...]) -> str:
+    """'key=value is not one of ...' with a did-you-mean, for any registry."""
+    names = list(known)
+    close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+    hint = f" Did you mean {key}={close[0]}?" if close else ""
+    return f"{key}={value} is not one of {', '.join(names)}.{hint}"

@@ -1,0 +1,211 @@
+"""The run dir, in one place: the name of every file in it and the readers and writers of its records.
+
+Launch, worker and report ask this module for paths, so the layout can change here alone::
+
+    <log_dir>/<run>/                      RunDir
+        config.yaml plan.json ds_config.json rank_table.json rank_env.json versions.json
+        ops_build.log summary.json loss.png throughput.png
+        checkpoints/step<N>/              CheckpointDir: the engine's files (DeepSpeed's, or engine.pt),
+                                          tables.pt, trainer.<rank>.pt
+        rank.<N>/                         RankDir
+            stdout stderr error.json pid last_step metrics.jsonl memory.json tables.json mesh.json
+    <log_dir>/latest -> <run>
+
+Torch-free and Hydra-free: the report imports it without the training stack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import ConfigError
+
+__all__ = ["CheckpointDir", "MetricsWriter", "RankDir", "RunDir", "create_run_dir", "point_latest"]
+
+
+class CheckpointDir:
+    """``<run>/checkpoints/step<N>/``: everything a resumed run loads (Trainer.save / Trainer.load)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.root = self.path.parent
+        """DeepSpeed's save_dir ..."""
+        self.tag = self.path.name
+        """... and its tag."""
+        self.engine = self.path / "engine.pt"
+        """A DDP engine's model and optimizer (DeepSpeed writes its own files beside)."""
+        self.tables = self.path / "tables.pt"
+        """Tables trained outside the engine and their optimizers' states (identical on every rank)."""
+
+    def trainer(self, rank: int) -> Path:
+        """One rank's step, data position and RNG states."""
+        return self.path / f"trainer.{rank}.pt"
+
+
+class RankDir:
+    """``<run>/rank.<N>/``: one rank's logs and records."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.stdout = path / "stdout"
+        self.stderr = path / "stderr"
+        self.error = path / "error.json"
+        """Written by torch elastic's @record when the rank raises."""
+        self.pid = path / "pid"
+        self.heartbeat = path / "last_step"
+        """The last finished step, as text (MetricsWriter.step_done)."""
+        self.metrics = path / "metrics.jsonl"
+        self.memory = path / "memory.json"
+        self.tables = path / "tables.json"
+        self.mesh = path / "mesh.json"
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """metrics.jsonl's records; a torn last line (the rank died mid-write) is skipped."""
+        if not self.metrics.exists():
+            return []
+        out = []
+        for line in self.metrics.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+    def last_step(self) -> int:
+        try:
+            return int(self.heartbeat.read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def error_message(self) -> str:
+        """The message of error.json, or '' when there is none."""
+        try:
+            err = json.loads(self.error.read_text())
+            msg = err.get("message")
+            return msg["message"] if isinstance(msg, dict) else str(msg or "")
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""
+
+
+class RunDir:
+    """``<log_dir>/<run>/``: the record of one run."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.name = self.path.name
+        self.config = self.path / "config.yaml"
+        self.plan = self.path / "plan.json"
+        self.ds_config = self.path / "ds_config.json"
+        self.rank_table = self.path / "rank_table.json"
+        self.rank_env = self.path / "rank_env.json"
+        self.versions = self.path / "versions.json"
+        self.ops_build_log = self.path / "ops_build.log"
+        self.summary = self.path / "summary.json"
+        self.checkpoints = self.path / "checkpoints"
+
+    def rank(self, rank: int) -> RankDir:
+        return RankDir(self.path / f"rank.{rank}")
+
+    def checkpoint(self, step: int) -> CheckpointDir:
+        return CheckpointDir(self.checkpoints / f"step{step}")
+
+    def plot(self, name: str) -> Path:
+        return self.path / f"{name}.png"
+
+    def write_json(self, path: Path, obj: Any) -> None:
+        path.write_text(json.dumps(obj, indent=2) + "\n")
+
+    def read_json(self, path: Path) -> Any:
+        return json.loads(path.read_text())
+
+    def read_plan(self) -> dict[str, Any]:
+        return self.read_json(self.plan)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        self.write_json(self.summary, summary)
+
+    def read_summary(self) -> dict[str, Any] | None:
+        return self.read_json(self.summary) if self.summary.exists() else None
+
+
+def create_run_dir(log_dir: Path, run_name: str, prefix: str) -> RunDir:
+    """Make a new run dir, never reusing one: an explicit run_name that exists is an error; otherwise
+    <prefix>-<YYYYmmdd-HHMMSS>[-n]. An unwritable log_dir is a ConfigError (nothing was started)."""
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        if run_name:
+            path = log_dir / run_name
+            try:
+                path.mkdir()
+            except FileExistsError:
+                raise ConfigError(
+                    f"output.run_name={run_name}: {path} already exists and runs are never overwritten. "
+                    f"Pick another output.run_name, or leave it empty for <recipe>-<timestamp>."
+                ) from None
+            return RunDir(path)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for n in range(1000):
+            path = log_dir / (f"{prefix}-{stamp}" + (f"-{n}" if n else ""))
+            try:
+                path.mkdir()
+                return RunDir(path)
+            except FileExistsError:
+                continue
+    except PermissionError as e:
+        raise ConfigError(
+            f"output.log_dir={log_dir}: cannot create the run dir there ({e.strerror}). "
+            f"Set output.log_dir to a directory you can write."
+        ) from None
+    raise ConfigError(f"output.log_dir={log_dir}: 1000 runs named {prefix}-{stamp} already exist. Set output.run_name.")
+
+
+def point_latest(log_dir: Path, run_dir: RunDir) -> None:
+    """log_dir/latest -> run_dir (relative symlink, replaced atomically)."""
+    tmp = log_dir / f".latest.{os.getpid()}"
+    if tmp.is_symlink():
+        tmp.unlink()
+    tmp.symlink_to(run_dir.name)
+    os.replace(tmp, log_dir / "latest")
+
+
+class MetricsWriter:
+    """A rank's ``metrics.jsonl`` (one JSON object per logged step or event, line-buffered so a crash keeps every
+    finished line) and its ``last_step`` heartbeat."""
+
+    HEARTBEAT_S = 0.2  # at most this often: a file write per step would cost tiny models more than the step
+
+    def __init__(self, rank_dir: RankDir) -> None:
+        rank_dir.path.mkdir(parents=True, exist_ok=True)
+        self._file = open(rank_dir.metrics, "a", buffering=1)
+        self._heartbeat = rank_dir.heartbeat
+        self._t0 = time.time()
+        self._beat = 0.0
+        self._pending: int | None = None
+
+    def step_done(self, step: int) -> None:
+        now = time.monotonic()
+        self._pending = step
+        if now - self._beat >= self.HEARTBEAT_S:
+            self._flush_step()
+            self._beat = now
+
+    def _flush_step(self) -> None:
+        if self._pending is not None:
+            self._heartbeat.write_text(str(self._pending))
+            self._pending = None
+
+    def write(self, **record: Any) -> None:
+        self._flush_step()  # last_step is exact at every logged step and at the end
+        now = time.time()
+        record.setdefault("time", round(now, 3))
+        record.setdefault("wall_s", round(now - self._t0, 3))
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._flush_step()
+        self._file.close()

@@ -1,0 +1,165 @@
+"""The training loop as an object with state (torchtitan's Stateful Trainer).
+
+``Trainer`` drives an engine (``launcher.worker.engines``) and, where the plan keeps tables outside it, a TableSet.
+``state_dict()`` / ``load_state_dict()`` cover everything a resumed run needs: the engine's model and optimizer,
+the tables and their optimizers' states (step counts included), the data position and the RNG states; ``save`` /
+``load`` write and read the same to a checkpoint dir (with DeepSpeed's own checkpoint for a sharded engine), so
+resuming is a ``load``, not a second code path.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from launcher.plan import LaunchPlan
+from launcher.rundir import CheckpointDir, MetricsWriter, RankDir, RunDir
+from launcher.worker.accounting import measure_memory
+from launcher.worker.engines import Engine
+from launcher.worker.evaluate import evaluate, mean_over
+from launcher.worker.mesh import DataParallel
+from launcher.worker.tables import TableSet
+from launcher.worker.transfer import host_to_device
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Trainer:
+    def __init__(self, plan: LaunchPlan, engine: Engine, model: torch.nn.Module, tables: TableSet | None, loss_fn,
+                 data, dp: DataParallel, device: torch.device, rank: int) -> None:
+        self.plan, self.engine, self.model, self.tables = plan, engine, model, tables
+        self.loss_fn, self.data, self.dp, self.device, self.rank = loss_fn, data, dp, device, rank
+        self.dtype = DTYPES[plan.precision]
+        self.step = 0
+        """Optimizer steps done."""
+        self.data_position = 0
+        """Global micro-batches consumed (the data source restarts there after a load)."""
+        self._batches = None
+
+    # -- one step ---------------------------------------------------------------------------------------------------
+    def forward(self, batch, train: bool):
+        """One micro-batch forward: inputs to the device; with tables outside the engine, their rows looked up where
+        the tables live. Returns (output, labels on the device)."""
+        inputs, labels = batch
+        moved = tuple(host_to_device(t, self.device, self.dtype) for t in inputs)
+        labels = host_to_device(labels, self.device, self.dtype)
+        if self.tables is None:
+            return self.engine(*moved), labels
+        looked_up = self.tables.lookup(self.model.table_rows(*inputs), self.dtype, train=train)
+        return self.engine(*moved, **looked_up), labels
+
+    def _next_batch(self):
+        if self._batches is None:
+            b = self.plan.batch
+            self._batches = self.data.train_batches(self.dp.rank, self.dp.size, b.micro_size, self.plan.seed,
+                                                    start=self.data_position)
+        self.data_position += 1
+        return next(self._batches)
+
+    def train_step(self) -> torch.Tensor:
+        """grad_accum micro-batches and one optimizer step; returns this rank's mean loss (a tensor, not synced)."""
+        accum = self.plan.batch.grad_accum
+        step_loss = torch.zeros((), device=self.device)
+        for _ in range(accum):
+            out, labels = self.forward(self._next_batch(), train=True)
+            loss = self.loss_fn(out, labels)
+            self.engine.backward(loss)
+            if self.tables is not None:
+                self.tables.collect_grads(self.engine.loss_scale)  # read before step() may change the scale
+            self.engine.step()
+            step_loss += loss.detach().float()
+        if self.tables is not None:
+            if self.engine.step_skipped:  # fp16 overflow: the network skipped this step, so do the tables
+                self.tables.discard()
+            else:
+                self.tables.step()
+        self.step += 1
+        return step_loss / accum
+
+    def evaluate(self) -> dict[str, Any]:
+        return evaluate(self)
+
+    # -- the loop ---------------------------------------------------------------------------------------------------
+    def fit(self, run_dir: RunDir, rank_dir: RankDir, metrics: MetricsWriter) -> None:
+        """Train from self.step to plan.steps: metrics, evaluations and checkpoints as planned."""
+        p = self.plan
+        fail_rank, fail_step = p.debug_fail
+        tick, tick_step = time.perf_counter(), self.step
+        first = True
+        while self.step < p.steps:
+            loss = self.train_step()
+            step = self.step
+            if first:  # optimizer states exist from the first step on
+                rank_dir.memory.write_text(json.dumps(measure_memory(self.engine, self.tables, p.placement), indent=2))
+                first = False
+            if self.rank == fail_rank and step == fail_step:
+                raise RuntimeError(f"debug.fail_rank={fail_rank} debug.fail_step={fail_step}: injected failure")
+            metrics.step_done(step)
+            if step == 1 or step % p.log_every == 0 or step == p.steps:
+                local, mean = loss.item(), mean_over(loss, self.dp)
+                now = time.perf_counter()
+                rate = (step - tick_step) * p.batch.global_size / (now - tick)
+                metrics.write(step=step, loss=mean, local_loss=local, samples_per_s=round(rate, 1))
+                tick, tick_step = now, step
+            if p.eval_every > 0 and step % p.eval_every == 0 and step != p.steps and p.eval_batches > 0:
+                metrics.write(event="eval", step=step, **self.evaluate())
+                tick = time.perf_counter()  # evaluation time is not training throughput
+            if p.checkpoint_every > 0 and step % p.checkpoint_every == 0 and step != p.steps:
+                self.save(run_dir.checkpoint(step))
+                tick = time.perf_counter()
+        if p.eval_batches > 0:
+            metrics.write(event="eval", step=p.steps, **self.evaluate())
+        if p.checkpoint_every >= 0:
+            self.save(run_dir.checkpoint(p.steps))
+        if self.tables is not None:
+            rank_dir.tables.write_text(json.dumps(self.tables.digests(), indent=2))
+
+    # -- state ------------------------------------------------------------------------------------------------------
+    def _progress(self) -> dict[str, Any]:
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {"step": self.step, "data_position": self.data_position, "rng": rng}
+
+    def _load_progress(self, state: dict[str, Any]) -> None:
+        self.step, self.data_position = int(state["step"]), int(state["data_position"])
+        self._batches = None  # restart the data source at data_position
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        if "cuda" in state["rng"]:
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs, in memory (the engine's part as Engine.state_dict gives it)."""
+        return {
+            **self._progress(),
+            "engine": self.engine.state_dict(),
+            "tables": self.tables.state_dict() if self.tables is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.engine.load_state_dict(state["engine"])
+        if self.tables is not None:
+            self.tables.load_state_dict(state["tables"])
+        self._load_progress(state)
+
+    def save(self, ckpt: CheckpointDir) -> None:
+        """Write a checkpoint (collective): the engine's (sharded for DeepSpeed), the tables (rank 0: identical on
+        every rank), each rank's progress and RNG."""
+        self.engine.save(ckpt)
+        ckpt.path.mkdir(parents=True, exist_ok=True)
+        if self.tables is not None and self.rank == 0:
+            torch.save(self.tables.state_dict(), ckpt.tables)
+        torch.save(self._progress(), ckpt.trainer(self.rank))
+        dist.barrier()
+
+    def load(self, ckpt: CheckpointDir) -> None:
+        self.engine.load(ckpt)
+        if self.tables is not None:
+            self.tables.load_state_dict(torch.load(ckpt.tables, map_location="cpu", weights_only=True))
+        self._load_progress(torch.load(ckpt.trainer(self.rank), weights_only=False))  # our own file: RNG tuples
