@@ -6,7 +6,8 @@ P1 launch overhead: a trivial 2-rank gloo job via hetero-launch script=, torchru
 P2 wide_deep host placement: samples/s of host sparse tables vs dense tables (both through hetero-launch, 1 rank),
    lookups/s vs a plain gather's bound.
 P3 offloaded optimizer step: DeepSpeedCPUAdam vs torch.optim.Adam(fused) at 32 M parameters.
-P4 quickstart through the generated DeepSpeed config vs a hand-written DDP loop: step-time ratio.
+P4 quickstart step time: hetero-launch's engine=auto (torch DDP) and engine=deepspeed (ZeRO-0) vs a hand-written DDP
+   loop, over the same 20-step windows.
 P5 cost growth: plan time for 10 / 100 / 1,000 / 10,000 tables; launch-to-first-step for 1 / 2 / 4 / 8 ranks.
 Runs of one comparison are interleaved (a, b, c, a, b, c, ...) and each figure is the median of --runs runs.
 Prints a markdown table and writes bench/results/suite.json. Not a test: the numbers belong to this machine.
@@ -110,12 +111,13 @@ def p3(runs: int) -> list[tuple]:
 
 
 def p4(runs: int) -> list[tuple]:
+    """Step time over the same windows (steps 21..200, in 20-step windows) for all three, interleaved."""
     steps = 200
 
-    def launcher():
+    def launcher(*extra: str):
         with tempfile.TemporaryDirectory() as tmp:
             timed([str(BIN / "hetero-launch"), "recipe=quickstart", f"trainer.steps={steps}", "trainer.log_every=20",
-                   "trainer.checkpoint_every=-1", "eval.batches=0"], cwd=tmp)
+                   "trainer.checkpoint_every=-1", "eval.batches=0", *extra], cwd=tmp)
             recs = [json.loads(x) for x in (Path(tmp) / "log_output/latest/rank.0/metrics.jsonl").read_text().splitlines()]
         rates = [x["samples_per_s"] for x in recs if x["step"] > 20]  # each: the mean rate over 20 steps
         return 32 / med(rates) * 1000
@@ -123,18 +125,23 @@ def p4(runs: int) -> list[tuple]:
     def ddp():
         res = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2",
                               str(BENCH / "ddp_quickstart.py"), str(steps)], capture_output=True, text=True)
-        return float(re.search(r"median_step_ms=([\d.]+)", res.stdout).group(1))
+        return float(re.search(r"window_step_ms=([\d.]+)", res.stdout).group(1))
 
-    r = interleaved({"launcher": launcher, "ddp": ddp}, runs)
-    a, b = med(r["launcher"]), med(r["ddp"])
-    return [("P4", "quickstart step, 2 ranks: hetero-launch (DeepSpeed ZeRO-0)", f"{a:.2f} ms", f"{a / b:.2f}x DDP"),
-            ("P4", "... hand-written DDP loop (torchrun)", f"{b:.2f} ms", "1.00x")]
+    r = interleaved({"auto": launcher, "deepspeed": lambda: launcher("parallel.engine=deepspeed"), "ddp": ddp}, runs)
+    a, d, b = med(r["auto"]), med(r["deepspeed"]), med(r["ddp"])
+    spread = {k: f"{min(v):.2f}-{max(v):.2f}" for k, v in r.items()}
+    return [("P4", f"quickstart step, 2 ranks: hetero-launch parallel.engine=auto (torch DDP) [{spread['auto']}]",
+             f"{a:.2f} ms", f"{a / b:.2f}x hand DDP"),
+            ("P4", f"... hetero-launch parallel.engine=deepspeed (ZeRO-0) [{spread['deepspeed']}]", f"{d:.2f} ms",
+             f"{d / b:.2f}x hand DDP"),
+            ("P4", f"... hand-written DDP loop (torchrun) [{spread['ddp']}]", f"{b:.2f} ms", "1.00x")]
 
 
 def p5(runs: int) -> list[tuple]:
     from omegaconf import open_dict
 
     from launcher.config import compose_config
+    from launcher.contract import DataFacts
     from launcher.plan import HostFacts, plan_launch
     from launcher.recipes import RECIPES
     from launcher.schema import TableConfig
@@ -144,8 +151,8 @@ def p5(runs: int) -> list[tuple]:
     base_cfg = compose_config(["recipe=wide_deep"])
     for n in (10, 100, 1_000, 10_000):
         RECIPES["bench_tables"] = types.SimpleNamespace(
-            tables=lambda m, n=n: {f"t{i}": (1000, 16) for i in range(n)},
-            dense_param_count=lambda m: 100_000, problems=lambda *a: [], samples_per_epoch=lambda d: None)
+            tables=lambda m, n=n: {f"t{i}": (1000, 16) for i in range(n)}, model_spec=lambda m, f: {},
+            dense_param_count=lambda m: 100_000, problems=lambda *a: [])
         cfg = base_cfg.copy()
         with open_dict(cfg):
             cfg.recipe.name = "bench_tables"
@@ -153,7 +160,7 @@ def p5(runs: int) -> list[tuple]:
         times = []
         for _ in range(runs):
             t0 = time.perf_counter()
-            plan_launch(cfg, host)
+            plan_launch(cfg, host, DataFacts())
             times.append(time.perf_counter() - t0)
         out.append((n, med(times)))
     del RECIPES["bench_tables"]

@@ -61,11 +61,11 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[bold]plan[/bold]: script {plan.script} {' '.join(plan.args)} on {plan.world_size} "
                           f"rank(s), {plan.device_type}, torchrun environment")
         else:
-            check_resume(cfg)
             facts = gather_data_facts(cfg)
             for line in facts.lines:
                 console.print(line)
             plan = plan_launch(cfg, probe_host(), facts)
+            check_resume(plan)
             console.print(plan_tree(plan))
             console.print(placement_table(plan))
         if cfg.dry_run:

@@ -40,6 +40,8 @@ class CheckpointDir:
         """A DDP engine's model and optimizer (DeepSpeed writes its own files beside)."""
         self.tables = self.path / "tables.pt"
         """Tables trained outside the engine and their optimizers' states (identical on every rank)."""
+        self.meta = self.path / "checkpoint.json"
+        """What the checkpoint was saved from (recipe, step, engine, layout): checked before a resume starts."""
 
     def trainer(self, rank: int) -> Path:
         """One rank's step, data position and RNG states."""

@@ -25,7 +25,11 @@ def cpu_host() -> HostFacts:
 
 
 def plan_of(overrides: list[str], host: HostFacts):
-    return plan_launch(compose_config(overrides), host)
+    """Compose and plan as the CLI does (the recipe's data facts gathered first)."""
+    from launcher.launch.preflight import gather_data_facts
+
+    cfg = compose_config(overrides)
+    return plan_launch(cfg, host, gather_data_facts(cfg))
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:

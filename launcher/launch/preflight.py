@@ -7,12 +7,14 @@ plan as an input, as HostFacts do; the composed config is never changed.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.contract import DataFacts
 from launcher.errors import ConfigError
+from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.rundir import CheckpointDir
 
 
@@ -24,14 +26,23 @@ def check_script(cfg: DictConfig) -> None:
         )
 
 
-def check_resume(cfg: DictConfig) -> None:
-    """trainer.resume_from must be a checkpoint dir a run wrote (it has rank 0's trainer state)."""
-    path = cfg.trainer.resume_from
-    if path and not CheckpointDir(path).trainer(0).is_file():
-        raise ConfigError(
-            f"trainer.resume_from={path}: not a checkpoint dir (no {CheckpointDir(path).trainer(0).name} in it). "
-            f"Give one of a run's log_output/<run>/checkpoints/step<N> folders, or leave it empty."
-        )
+def check_resume(plan: LaunchPlan) -> None:
+    """trainer.resume_from must be a checkpoint dir a run wrote, saved from the same recipe, engine and layout."""
+    if not plan.resume_from:
+        return
+    ckpt = CheckpointDir(plan.resume_from)
+    key = f"trainer.resume_from={plan.resume_from}"
+    if not ckpt.meta.is_file():
+        raise ConfigError(f"{key}: not a checkpoint dir (no {ckpt.meta.name} in it). Give one of a run's "
+                          f"log_output/<run>/checkpoints/step<N> folders, or leave trainer.resume_from empty.")
+    saved = json.loads(ckpt.meta.read_text())
+    if saved.get("step", 0) >= plan.steps:
+        raise ConfigError(f"{key}: the checkpoint is at step {saved.get('step')} and trainer.steps={plan.steps}: "
+                          f"nothing is left to train. Set trainer.steps above {saved.get('step')}.")
+    now = checkpoint_layout(plan)
+    diff = [f"{k} {saved.get(k)} (now {v})" for k, v in now.items() if saved.get(k) != v]
+    if diff:
+        raise ConfigError(f"{key}: saved with {', '.join(diff)}. Resume with the settings it was saved with.")
 
 
 def gather_data_facts(cfg: DictConfig) -> DataFacts:

@@ -18,11 +18,11 @@ from launcher.plan.parallel import ParallelDims, plan_parallel
 from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
 from launcher.plan.rules import check_config, device_and_backend, resolve_nproc
-from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan, RunPlan, ScriptPlan
+from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan, RunPlan, ScriptPlan, checkpoint_layout
 
 __all__ = [
     "BatchPlan", "Bytes", "HostFacts", "LaunchPlan", "MemoryEstimate", "OptimizerPlan", "ParallelDims",
-    "PlacementPlan", "RankPlan", "RunPlan", "ScriptPlan", "TablePlan", "plan_launch",
+    "PlacementPlan", "RankPlan", "RunPlan", "ScriptPlan", "TablePlan", "checkpoint_layout", "plan_launch",
 ]
 
 

@@ -173,3 +173,10 @@ class ScriptPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def checkpoint_layout(plan: LaunchPlan) -> dict[str, Any]:
+    """What a checkpoint depends on: a run resumes from it only with the same values."""
+    return {"recipe": plan.recipe, "engine": plan.engine, "zero_stage": plan.zero_stage, "precision": plan.precision,
+            "world_size": plan.world_size, "dims": {n: getattr(plan.dims, n) for n in plan.dims.names},
+            "tables": {t.name: t.location for t in plan.placement.tables}}

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.plan import LaunchPlan
+from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.rundir import CheckpointDir, MetricsWriter, RankDir, RunDir
 from launcher.worker.accounting import measure_memory
 from launcher.worker.engines import Engine
@@ -64,7 +64,7 @@ class Trainer:
     def train_step(self) -> torch.Tensor:
         """grad_accum micro-batches and one optimizer step; returns this rank's mean loss (a tensor, not synced)."""
         accum = self.plan.batch.grad_accum
-        step_loss = torch.zeros((), device=self.device)
+        total = None
         for _ in range(accum):
             out, labels = self.forward(self._next_batch(), train=True)
             loss = self.loss_fn(out, labels)
@@ -72,14 +72,15 @@ class Trainer:
             if self.tables is not None:
                 self.tables.collect_grads(self.engine.loss_scale)  # read before step() may change the scale
             self.engine.step()
-            step_loss += loss.detach().float()
+            loss = loss.detach().float()
+            total = loss if total is None else total + loss
         if self.tables is not None:
             if self.engine.step_skipped:  # fp16 overflow: the network skipped this step, so do the tables
                 self.tables.discard()
             else:
                 self.tables.step()
         self.step += 1
-        return step_loss / accum
+        return total / accum if accum > 1 else total
 
     def evaluate(self) -> dict[str, Any]:
         return evaluate(self)
@@ -153,8 +154,10 @@ class Trainer:
         every rank), each rank's progress and RNG."""
         self.engine.save(ckpt)
         ckpt.path.mkdir(parents=True, exist_ok=True)
-        if self.tables is not None and self.rank == 0:
-            torch.save(self.tables.state_dict(), ckpt.tables)
+        if self.rank == 0:
+            if self.tables is not None:
+                torch.save(self.tables.state_dict(), ckpt.tables)
+            ckpt.meta.write_text(json.dumps({"step": self.step, **checkpoint_layout(self.plan)}, indent=2))
         torch.save(self._progress(), ckpt.trainer(self.rank))
         dist.barrier()
 

@@ -7,6 +7,7 @@ seed and the global micro-batch index only, so the stream does not depend on how
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterator
 
@@ -14,11 +15,13 @@ import torch
 
 from launcher.recipes.gpt.markov import profile, uniform_loss
 
-_EVAL_STREAM = 1 << 40  # offset of the held-out stream's batch indices, beyond any training run's
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
 
 
 class MarkovTokens:
+    """Sequences of seq_len tokens over vocab_size from an order-2 chain with ``candidates`` successors per context,
+    weighted by ``markov.profile(candidates, skew)``; ``seed`` fixes the chain (the trainer's seed, the samples)."""
+
     def __init__(self, vocab_size: int, seq_len: int, candidates: int, skew: float, seed: int) -> None:
         if not 1 <= candidates <= vocab_size:
             raise ValueError(f"candidates={candidates} must lie in [1, vocab_size={vocab_size}].")
@@ -59,9 +62,14 @@ class MarkovTokens:
         nll[:, 1:] = torch.where(p > 0, -p.log(), torch.full_like(p, math.inf))
         return nll
 
-    def global_micro_batch(self, index: int, rows: int, seed: int) -> Batch:
-        """Global micro-batch ``index`` of ``rows`` sequences, from a generator seeded by (seed, index) only."""
-        seqs = self.sequences(rows, torch.Generator().manual_seed(seed * 1_000_000_007 + index))
+    def global_micro_batch(self, stream: str, seed: int, index: int, rows: int) -> Batch:
+        """Global micro-batch ``index`` of ``stream`` ("train" or "eval"): ``rows`` sequences as ((tokens,), labels).
+
+        Its generator is seeded by a 32-bit hash of (stream, seed, index) alone: torch's CPU generator keeps only the
+        low 32 bits of a seed, so the three are hashed rather than packed into one integer.
+        """
+        digest = hashlib.blake2b(f"{stream}:{seed}:{index}".encode(), digest_size=4).digest()
+        seqs = self.sequences(rows, torch.Generator().manual_seed(int.from_bytes(digest, "little")))
         return (seqs[:, :-1],), seqs[:, 1:]
 
     def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[Batch]:
@@ -69,14 +77,13 @@ class MarkovTokens:
         start, start+1, ... Each item is ((tokens,), labels), both int64 (micro_size, seq_len-1)."""
         index = start
         while True:
-            yield _rows(self.global_micro_batch(index, micro_size * dp_size, seed), dp_rank, micro_size)
+            yield _rows(self.global_micro_batch("train", seed, index, micro_size * dp_size), dp_rank, micro_size)
             index += 1
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
         """``count`` held-out micro-batches of rank dp_rank, from a stream seeded by the source's own seed."""
         for k in range(count):
-            batch = self.global_micro_batch(_EVAL_STREAM + k, micro_size * dp_size, self.seed)
-            yield _rows(batch, dp_rank, micro_size)
+            yield _rows(self.global_micro_batch("eval", self.seed, k, micro_size * dp_size), dp_rank, micro_size)
 
 
 def _rows(batch: Batch, dp_rank: int, micro_size: int) -> Batch:

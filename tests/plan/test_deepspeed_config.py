@@ -44,8 +44,9 @@ def one_process_group():
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_deepspeed_parses_our_config(recipe, stage, precision, cpu_host):
-    plan = plan_of([f"recipe={recipe}", f"zero.stage={stage}", f"precision={precision}"], cpu_host)
-    ds = DeepSpeedConfig(dict(plan.deepspeed), mpu=_DataParallelTopology(plan.dp))
+    plan = plan_of([f"recipe={recipe}", f"zero.stage={stage}", f"precision={precision}", "parallel.engine=deepspeed"],
+                   cpu_host)
+    ds = DeepSpeedConfig(dict(plan.deepspeed), mpu=_DataParallelTopology(plan.dims.dp))
     assert ds.train_batch_size == plan.batch.global_size
     assert ds.train_micro_batch_size_per_gpu == plan.batch.micro_size
     assert ds.gradient_accumulation_steps == plan.batch.grad_accum
@@ -65,7 +66,7 @@ def test_deepspeed_parses_our_config(recipe, stage, precision, cpu_host):
 )
 def test_deepspeed_parses_our_offload_configs(overrides, cpu_host):
     plan = plan_of(["recipe=wide_deep", "placement.host_device_mix=1", *overrides], cpu_host)
-    ds = DeepSpeedConfig(dict(plan.deepspeed), mpu=_DataParallelTopology(plan.dp))
+    ds = DeepSpeedConfig(dict(plan.deepspeed), mpu=_DataParallelTopology(plan.dims.dp))
     zc = ds.zero_config
     assert (zc.offload_optimizer is not None) == (plan.placement.optimizer_location == "host")
     assert (zc.offload_param is not None) == (plan.placement.param_location == "host")
@@ -77,10 +78,10 @@ def test_deepspeed_parses_our_offload_configs(overrides, cpu_host):
 
 def test_deepspeed_rejects_a_batch_that_does_not_divide(cpu_host):
     # Guards the test above: the parser really checks our numbers against dp.
-    plan = plan_of(["recipe=wide_deep"], cpu_host)
-    bad = {**plan.deepspeed, TRAIN_BATCH_SIZE: plan.batch.global_size + plan.dp}
+    plan = plan_of(["recipe=wide_deep", "parallel.engine=deepspeed"], cpu_host)
+    bad = {**plan.deepspeed, TRAIN_BATCH_SIZE: plan.batch.global_size + plan.dims.dp}
     with pytest.raises(AssertionError, match="Check batch related parameters"):
-        DeepSpeedConfig(bad, mpu=_DataParallelTopology(plan.dp))
+        DeepSpeedConfig(bad, mpu=_DataParallelTopology(plan.dims.dp))
 
 
 def test_only_keys_deepspeed_knows(cpu_host):

@@ -14,10 +14,10 @@ from tests.conftest import ALL_RECIPES, plan_of
 @pytest.mark.parametrize("recipe", ALL_RECIPES)
 def test_every_recipe_plans_on_cpu(recipe, cpu_host):
     plan = plan_of([f"recipe={recipe}"], cpu_host)
-    assert plan.world_size == 2 and plan.dp == 2 and plan.backend == "gloo" and plan.device_type == "cpu"
+    assert plan.world_size == 2 and plan.dims.dp == 2 and plan.backend == "gloo" and plan.device_type == "cpu"
     b = plan.batch
-    assert b.global_size == b.micro_size * b.grad_accum * plan.dp
-    assert plan.deepspeed["train_batch_size"] == b.global_size
+    assert b.global_size == b.micro_size * b.grad_accum * plan.dims.dp
+    assert plan.engine == "ddp" and plan.deepspeed is None and plan.ds_ops == ()  # plain data parallel: torch DDP
     assert plan.memory.params > 0
     # Round trip through JSON is exact: the worker rebuilds the same plan from plan.json.
     assert LaunchPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
@@ -92,7 +92,7 @@ def test_param_count_matches_the_built_model(cpu_host):
         (["optimizer.name=lamb"], r"optimizer.name=lamb is not one of sgd, momentum, adam, adamw"),
         (["cluster.backend=nccl"], r"cluster.backend=nccl needs CUDA devices"),
         (["cluster.nproc_per_node=two"], r"cluster.nproc_per_node=two must be a positive integer or auto"),
-        (["parallel.dp=3"], r"parallel.dp=3 × parallel.pipeline_stages=1 = 3 != world_size 2"),
+        (["parallel.dp=3"], r"dp\(3\) \* pp\(1\) \* tp\(1\) = 3 != world_size 2 \(cluster.nnodes 1 × nproc_per_node 2\)\. Set parallel.dp=-1"),
         (["batch.global_size=10", "batch.micro_size=4"], r"global 10 != micro 4 × accum 1 × dp 2"),
         (["placement.offload_params=true"], r"placement.offload_params=true needs zero.stage=3 .* got zero.stage=0\. Set zero.stage=3"),
         (["model.rows_per_table=0"], r"model.rows_per_table=0 .* must be >= 1"),
@@ -112,8 +112,10 @@ def test_planning_imports_neither_torch_nor_deepspeed():
     code = (
         "import sys\n"
         "from launcher.config import compose_config\n"
+        "from launcher.contract import DataFacts\n"
         "from launcher.plan import plan_launch, HostFacts\n"
-        "plan_launch(compose_config(['recipe=wide_deep']), HostFacts('h', 2, 0, '/x'))\n"
+        "for r in ('quickstart', 'wide_deep'):\n"
+        "    plan_launch(compose_config([f'recipe={r}', 'zero.stage=2']), HostFacts('h', 2, 0, '/x'), DataFacts())\n"
         "bad = [m for m in ('torch', 'deepspeed') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

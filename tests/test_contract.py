@@ -1,0 +1,75 @@
+"""The recipe contract is checked when a recipe registers, and every shipped recipe follows it."""
+
+import pytest
+
+from launcher.contract import DataFacts, Recipe, check_recipe, register
+from launcher.recipes import RECIPES
+from launcher.recipes.quickstart import Quickstart
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_shipped_recipes_follow_the_contract(name):
+    recipe = RECIPES[name]
+    assert isinstance(recipe, Recipe) and recipe.name == name
+    check_recipe(recipe)
+
+
+def test_a_missing_hook_and_a_misspelt_argument_are_named():
+    class Broken(Quickstart):  # a test double of a user's recipe, not a shipped one
+        name = "broken"
+        layers = None
+
+        def problems(self, model, data, micro_size):
+            return []
+
+    with pytest.raises(TypeError, match=r"recipe broken does not follow launcher.contract.Recipe: problems\(model, "
+                                        r"data, micro_size\) should take \(model, data, micro_group\); no hook layers"):
+        check_recipe(Broken())
+
+
+def test_data_option_names_are_unique_across_recipes():
+    class Twin(Quickstart):
+        name = "twin"
+
+    with pytest.raises(TypeError, match="data option quickstart of recipe twin is also recipe quickstart's"):
+        register(Quickstart(), Twin())
+
+
+def test_layers_name_the_blocks_in_order():
+    from hydra.utils import instantiate
+
+    from launcher.config import compose_config
+
+    cfg = compose_config(["recipe=gpt", "model.layers=3"])
+    model = instantiate(cfg.model)
+    names = [n for n, _ in RECIPES["gpt"].layers(model)]
+    assert names == ["embedding", "block.0", "block.1", "block.2", "head"]
+    assert [n for n, _ in RECIPES["quickstart"].layers(instantiate(compose_config(["recipe=quickstart"]).model))] == [
+        "fc1", "relu", "fc2"]
+
+
+def test_data_facts_go_into_the_plan_and_leave_the_config_alone(tmp_path, cpu_host):
+    from launcher.config import compose_config
+    from launcher.launch.preflight import gather_data_facts
+    from launcher.plan import plan_launch
+    from tests.data.make_ctr_csv import write_ctr_csv
+
+    write_ctr_csv(str(tmp_path / "ctr.csv"), 400)
+    cfg = compose_config(["recipe=wide_deep", "data=tabular", f"data.path={tmp_path / 'ctr.csv'}",
+                          "data.label=clicked", "data.positive=yes", "data.drop=[user_id]", "batch.global_size=64"])
+    before = str(cfg)
+    facts = gather_data_facts(cfg)
+    plan = plan_launch(cfg, cpu_host, facts)
+    assert str(cfg) == before  # the composed config is never mutated
+    assert plan.model["field_sizes"] == facts.model_sizes["field_sizes"] and cfg.model.field_sizes == []
+    assert plan.model["num_sparse"] == len(facts.model_sizes["field_sizes"])
+    assert facts.train_samples == 320 and plan.steps == 5 * (320 // 64)  # data=tabular trains 5 epochs
+
+
+def test_gpt_reference_numbers():
+    import math
+
+    facts = RECIPES["gpt"].data_facts(RECIPES["gpt"].data_configs["markov"](vocab_size=64, seq_len=64))
+    assert facts.reference["uniform_loss"] == pytest.approx(math.log(64), abs=1e-6)
+    assert 0 < facts.reference["entropy_floor"] < facts.reference["uniform_loss"]
+    assert facts.train_samples is None and isinstance(facts, DataFacts)
