@@ -32,6 +32,21 @@ def plan_of(overrides: list[str], host: HostFacts):
     return plan_launch(cfg, host, gather_data_facts(cfg))
 
 
+def init_one_process_group():
+    """A real 1-process gloo group on a free port, for code that needs torch.distributed in the test process.
+    DeepSpeed loads its shm op from our cache."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(extensions_dir())
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
 def run_cli(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run `hetero-launch args` (this interpreter) in cwd; wide terminal so messages are not wrapped."""
     env = {**os.environ, "COLUMNS": "200"}

@@ -11,7 +11,7 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.integration
 
 QUIET = ["trainer.log_every=1", "trainer.checkpoint_every=-1", "eval.batches=1"]
-QUICKSTART = ["recipe=quickstart", "trainer.steps=15", *QUIET]
+QUICKSTART = ["recipe=quickstart", "trainer.steps=15", "batch.global_size=32", "batch.micro_size=-1", *QUIET]
 WIDE_DEEP = ["recipe=wide_deep", "model.rows_per_table=2000", "batch.global_size=256", "trainer.steps=15", *QUIET]
 GPT = ["recipe=gpt", "model.layers=1", "model.width=64", "model.heads=2", "model.seq_len=32", "trainer.steps=15",
        *QUIET]
@@ -78,7 +78,7 @@ def test_gpt_two_ranks_one_process_and_offload_agree(tmp_path):
 
 
 def test_dp2_tp2_mesh_groups_match_the_plan(tmp_path):
-    four = run(tmp_path, "four", [*QUICKSTART, "cluster.nproc_per_node=4", "parallel.tp=2", "batch.micro_size=16"])
+    four = run(tmp_path, "four", [*QUICKSTART, "cluster.nproc_per_node=4", "parallel.tp=2"])
     plan = plan_of_run(four)
     assert plan["dims"]["dp"] == 2 and plan["dims"]["tp"] == 2
     for r in plan["ranks"]:
@@ -91,7 +91,7 @@ def test_dp2_tp2_mesh_groups_match_the_plan(tmp_path):
     assert [m["groups"]["dp"] for m in (json.loads((four / f"rank.{k}/mesh.json").read_text()) for k in range(4))] == [
         [0, 2], [1, 3], [0, 2], [1, 3]]
     # tp partners hold the same replica and see the same batch: the run is the dp=2 run, step for step.
-    two = run(tmp_path, "two", [*QUICKSTART, "cluster.nproc_per_node=2", "batch.micro_size=16"])
+    two = run(tmp_path, "two", [*QUICKSTART, "cluster.nproc_per_node=2"])
     assert_close(losses(two), losses(four), rel=1e-5)
     assert_close(losses(four, 0), losses(four, 1), rel=0)  # tp partners, in different dp groups
 

@@ -1,8 +1,5 @@
 """The emitted DeepSpeed config is parsed by DeepSpeed's own DeepSpeedConfig, at the planned data-parallel size."""
 
-import os
-import socket
-
 import pytest
 
 pytest.importorskip("deepspeed")
@@ -10,8 +7,7 @@ import torch.distributed as dist  # noqa: E402
 from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
 from deepspeed.runtime.constants import TRAIN_BATCH_SIZE  # noqa: E402
 
-from launcher.launch.host import extensions_dir  # noqa: E402
-from tests.conftest import ALL_RECIPES, plan_of  # noqa: E402
+from tests.conftest import ALL_RECIPES, init_one_process_group, plan_of  # noqa: E402
 
 
 class _DataParallelTopology:
@@ -29,12 +25,7 @@ def one_process_group():
     # DeepSpeedConfig asks deepspeed.comm for the rank (and then the mpu for dp): a real 1-process gloo group.
     import deepspeed
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ["TORCH_EXTENSIONS_DIR"] = str(extensions_dir())  # DeepSpeed loads its shm op from our cache
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    init_one_process_group()
     deepspeed.init_distributed(dist_backend="gloo")
     yield
     dist.destroy_process_group()

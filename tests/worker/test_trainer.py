@@ -1,9 +1,6 @@
 """The Trainer in one process (a real 1-rank gloo group): its state_dict carries everything the next steps depend
 on, and tables follow the engine's loss scale and skipped steps."""
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,16 +10,12 @@ from launcher.plan import TablePlan
 from launcher.worker.mesh import build_mesh
 from launcher.worker.tables import TableSet
 from launcher.worker.train import build_trainer
-from tests.conftest import plan_of
+from tests.conftest import init_one_process_group, plan_of
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    init_one_process_group()
     yield
     dist.destroy_process_group()
 
