@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from launcher.rundir import RunDir
+
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = 26
 
@@ -74,8 +76,7 @@ def launcher_run(rows_per: int, batch: int, steps: int, warmup: int, nproc: int,
         res = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=tmp, capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(res.stdout[-2000:] + res.stderr[-2000:])
-        lines = (Path(tmp) / "log_output" / "latest" / "rank.0" / "metrics.jsonl").read_text().splitlines()
-        records = [json.loads(line) for line in lines]
+        records = RunDir(Path(tmp) / "log_output" / "latest").rank(0).read_metrics()
     # samples_per_s of each logged step (log_every=1): one step each; skip warm-up.
     rates = [r["samples_per_s"] for r in records if "event" not in r and r["step"] > warmup]
     sps = statistics.median(rates)

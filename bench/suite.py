@@ -34,6 +34,8 @@ sys.path.insert(0, str(BENCH))
 PY = sys.executable
 BIN = Path(PY).parent
 
+from launcher.rundir import RunDir  # noqa: E402
+
 
 def timed(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> float:
     t0 = time.perf_counter()
@@ -77,14 +79,14 @@ def p2(runs: int) -> list[tuple]:
     dense = ["tables.deep_embedding.optimizer=dense", "tables.wide_embedding.optimizer=dense"]
     r = interleaved({
         "host sparse tables (lazy Adam + FTRL)": lambda: launcher_run(rows_per, batch, steps, warm, 1, sparse),
-        "dense tables, dense Adam in DeepSpeed": lambda: launcher_run(rows_per, batch, steps, warm, 1, dense),
+        "dense tables, dense Adam in the engine": lambda: launcher_run(rows_per, batch, steps, warm, 1, dense),
     }, runs)
     bound = gather_bound(rows_per, batch, skewed=True)
     s = med([x["samples_per_s"] for x in r["host sparse tables (lazy Adam + FTRL)"]])
-    d = med([x["samples_per_s"] for x in r["dense tables, dense Adam in DeepSpeed"]])
+    d = med([x["samples_per_s"] for x in r["dense tables, dense Adam in the engine"]])
     return [
         ("P2", "wide_deep 1 M rows/table, batch 4096, 1 rank: host sparse", f"{s:,.0f} samples/s", f"{s / d:.2f}x dense"),
-        ("P2", "... dense tables inside DeepSpeed", f"{d:,.0f} samples/s", "1.00x"),
+        ("P2", "... dense tables inside the engine", f"{d:,.0f} samples/s", "1.00x"),
         ("P2", "... host sparse lookups/s vs plain gather bound", f"{s * 26 / 1e6:.2f} M/s", f"{s * 26 / bound:.1%} of {bound / 1e6:.0f} M/s"),
     ]
 
@@ -118,7 +120,7 @@ def p4(runs: int) -> list[tuple]:
         with tempfile.TemporaryDirectory() as tmp:
             timed([str(BIN / "hetero-launch"), "recipe=quickstart", f"trainer.steps={steps}", "trainer.log_every=20",
                    "trainer.checkpoint_every=-1", "eval.batches=0", *extra], cwd=tmp)
-            recs = [json.loads(x) for x in (Path(tmp) / "log_output/latest/rank.0/metrics.jsonl").read_text().splitlines()]
+            recs = RunDir(Path(tmp) / "log_output" / "latest").rank(0).read_metrics()
         rates = [x["samples_per_s"] for x in recs if x["step"] > 20]  # each: the mean rate over 20 steps
         return 32 / med(rates) * 1000
 
@@ -171,7 +173,7 @@ def p5(runs: int) -> list[tuple]:
             t0 = time.time()
             timed([str(BIN / "hetero-launch"), "recipe=quickstart", f"cluster.nproc_per_node={nproc}",
                    f"batch.micro_size={32 // nproc}", "trainer.steps=2", "trainer.checkpoint_every=-1", "eval.batches=0"], cwd=tmp)
-            first = json.loads((Path(tmp) / "log_output/latest/rank.0/metrics.jsonl").read_text().splitlines()[0])
+            first = RunDir(Path(tmp) / "log_output" / "latest").rank(0).read_metrics()[0]
         return first["time"] - t0
 
     r = interleaved({n: (lambda n=n: first_step(n)) for n in (1, 2, 4, 8)}, runs)

@@ -30,6 +30,9 @@ def _check_ok_run(tmp_path, recipe):
     # The logged loss is the mean over ranks: both ranks write the same numbers.
     assert [m["loss"] for m in _metrics(run, 0)] == [m["loss"] for m in _metrics(run, 1)]
     assert (run / "checkpoints" / f"step{s['steps']}").is_dir()
+    env = json.loads((run / "rank_env.json").read_text())
+    ports = {e["MASTER_PORT"] for e in env.values()}
+    assert len(env) == 2 and len(ports) == 1 and ports != {"0"}  # the real port the ranks met on
     return run, s
 
 
