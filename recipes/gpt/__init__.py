@@ -16,13 +16,13 @@ from launcher.recipes.gpt import markov, sizes
 @dataclass
 class ModelConfig:
     _target_: str = "launcher.recipes.gpt.model.GPT"
-    vocab_size: int = 64
+    vocab_size: int = 32
     """Tokens in the vocabulary."""
     seq_len: int = 64
     """Tokens per training sequence (the model sees seq_len - 1 and predicts the next of each)."""
     layers: int = 2
     """Transformer blocks."""
-    width: int = 128
+    width: int = 64
     """Model width (embedding size)."""
     heads: int = 4
     """Attention heads; must divide width."""
@@ -39,7 +39,7 @@ class MarkovDataConfig:
     """data=markov: an order-2 Markov token stream with a known entropy rate."""
 
     _target_: str = "launcher.recipes.gpt.data.MarkovTokens"
-    vocab_size: int = 64
+    vocab_size: int = 32
     """Must equal model.vocab_size."""
     seq_len: int = 64
     """Must equal model.seq_len."""
