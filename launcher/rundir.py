@@ -175,15 +175,16 @@ def point_latest(log_dir: Path, run_dir: RunDir) -> None:
 
 
 class MetricsWriter:
-    """A rank's ``metrics.jsonl`` (one JSON object per logged step or event, line-buffered so a crash keeps every
-    finished line) and its ``last_step`` heartbeat."""
+    """A rank's ``metrics.jsonl`` (one JSON object per logged step or event, flushed line by line so a crash keeps
+    every finished line) and its ``last_step`` heartbeat (rewritten in place: both files stay open, since opening a
+    file per write costs a tiny model more than its step)."""
 
-    HEARTBEAT_S = 0.2  # at most this often: a file write per step would cost tiny models more than the step
+    HEARTBEAT_S = 0.2  # at most this often
 
     def __init__(self, rank_dir: RankDir) -> None:
         rank_dir.path.mkdir(parents=True, exist_ok=True)
-        self._file = open(rank_dir.metrics, "a", buffering=1)
-        self._heartbeat = rank_dir.heartbeat
+        self._file = open(rank_dir.metrics, "a")
+        self._heartbeat = open(rank_dir.heartbeat, "w")
         self._t0 = time.time()
         self._beat = 0.0
         self._pending: int | None = None
@@ -197,7 +198,9 @@ class MetricsWriter:
 
     def _flush_step(self) -> None:
         if self._pending is not None:
-            self._heartbeat.write_text(str(self._pending))
+            self._heartbeat.seek(0)
+            self._heartbeat.write(f"{self._pending:<12d}")  # fixed width: a reader never sees a shorter stale tail
+            self._heartbeat.flush()
             self._pending = None
 
     def write(self, **record: Any) -> None:
@@ -211,3 +214,4 @@ class MetricsWriter:
     def close(self) -> None:
         self._flush_step()
         self._file.close()
+        self._heartbeat.close()

@@ -95,8 +95,8 @@ class DDPEngine:
         self._micro = 0
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
-        # DDP.no_sync() sets this flag; setting it per micro-batch also covers a backward outside this call.
-        self._ddp.require_backward_grad_sync = (self._micro + 1) % self._accum == 0
+        if self._accum > 1:  # DDP.no_sync() sets this flag: all-reduce only in the boundary micro-batch's backward
+            self._ddp.require_backward_grad_sync = (self._micro + 1) % self._accum == 0
         return self._ddp(*inputs, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
