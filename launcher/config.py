@@ -26,11 +26,14 @@ CONFIG_NAME = "config"
 
 def compose_config(overrides: Sequence[str]) -> DictConfig:
     """The resolved config for these overrides, or ConfigError listing every problem."""
-    register_schemas()
+    from launcher.recipes import RECIPES
+
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
         raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value.") from None
+    chosen = [o.value() for o in parsed if o.key_or_group == "recipe"]
+    register_schemas(chosen if chosen and all(c in RECIPES for c in chosen) else None)
     GlobalHydra.instance().clear()
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()

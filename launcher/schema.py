@@ -9,6 +9,7 @@ Sentinels: ``-1`` means "infer it" wherever a field says so; ``"auto"`` means "d
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,13 +211,15 @@ class HeteroConfig:
     """Arguments for the script (on the command line: everything after --)."""
 
 
-def register_schemas() -> None:
-    """Store the root schema and every recipe's model/data schemas in Hydra's ConfigStore (idempotent)."""
+def register_schemas(names: Iterable[str] | None = None) -> None:
+    """Store the root schema and the model/data schemas of the named recipes (default: all) in Hydra's ConfigStore.
+    Idempotent. Storing converts each dataclass to a config node, so a run stores only its own recipe's."""
     from launcher.recipes import RECIPES
 
     cs = ConfigStore.instance()
     cs.store(name="hetero_launch_schema", node=HeteroConfig)
-    for name, recipe in RECIPES.items():
+    for name in RECIPES if names is None else names:
+        recipe = RECIPES[name]
         cs.store(group="schema/model", name=name, node=recipe.model_config)
         for option, node in recipe.data_configs.items():  # choices of the data group
             cs.store(group="schema/data", name=option, node=node)

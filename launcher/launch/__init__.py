@@ -11,7 +11,6 @@ from rich.console import Console
 
 from launcher.launch.record import write_rank_env, write_run_files
 from launcher.plan import RunPlan
-from launcher.report.summary import build_summary, failure_report, summary_table
 from launcher.rundir import RunDir, create_run_dir, point_latest
 
 __all__ = ["launch_run", "write_dry_run"]
@@ -38,6 +37,7 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     from launcher.launch.ops import build_ops
     from launcher.launch.progress import ProgressView
     from launcher.launch.supervise import supervise
+    from launcher.report.summary import build_summary, failure_report, summary_table
 
     # torch elastic logs each SIGTERM it sends and each failure; the failure report below says it once, better.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
