@@ -34,40 +34,15 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
         raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value.") from None
     chosen = [o.value() for o in parsed if o.key_or_group == "recipe"]
     register_schemas(chosen if chosen and all(c in RECIPES for c in chosen) else None)
+    script_mode = any(o.key_or_group == "script" for o in parsed)  # a user's own script: no recipe
     GlobalHydra.instance().clear()
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-        loader = GlobalHydra.instance().config_loader()
-        groups = set(loader.list_groups(""))
-        problems: list[str] = []
-        group_lines = []
-        for o in parsed:
-            if o.key_or_group in groups:
-                options = loader.get_group_options(o.key_or_group)
-                value = o.value()
-                if isinstance(value, str) and value not in options:
-                    problems.append(_unknown(o.key_or_group, value, options, "option of"))
-                else:
-                    group_lines.append(o.input_line)
-        script_mode = any(o.key_or_group == "script" for o in parsed)  # a user's own script: no recipe
-        if not any(o.key_or_group == "recipe" for o in parsed):
-            if not script_mode:
-                options = loader.get_group_options("recipe")
-                problems.append(
-                    f"recipe is not set. Pick one: {' | '.join(f'recipe={r}' for r in options)}, "
-                    f"or run your own script: script=path/to/train.py."
-                )
-        if problems:
-            raise ConfigError(problems)
+        if not (script_mode or chosen):
+            raise ConfigError(_diagnose(parsed, script_mode))
         try:
             cfg = compose(config_name=CONFIG_NAME, overrides=list(overrides))  # the usual case: all is well
         except (HydraException, OmegaConfBaseException) as first_error:
-            # Diagnose every override against the defaults, so that all problems are reported at once.
-            base = _compose(group_lines)
-            for o in parsed:
-                if o.key_or_group in groups or o.key_or_group.startswith("hydra"):
-                    continue
-                problems += _check_value_override(base, o.key_or_group, o.value(), o.input_line, o.is_delete())
-            raise ConfigError(problems or _first_line(first_error)) from None
+            raise ConfigError(_diagnose(parsed, script_mode) or _first_line(first_error)) from None
     missing = sorted(OmegaConf.missing_keys(cfg))
     if script_mode:  # the recipe sections stay unset: a script brings its own model, data and loss
         missing = [k for k in missing if k.split(".")[0] not in ("recipe", "model", "data", "loss")]
@@ -78,6 +53,37 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {_first_line(e)}. Set it on the command line: {e.full_key}=<value>.") from None
     return cfg
+
+
+def _diagnose(parsed, script_mode: bool) -> list[str]:
+    """Every problem of the overrides, once composing failed: unknown group options, a missing recipe, then each
+    value override checked against the defaults of the valid groups."""
+    loader = GlobalHydra.instance().config_loader()
+    groups = set(loader.list_groups(""))
+    problems: list[str] = []
+    group_lines = []
+    for o in parsed:
+        if o.key_or_group in groups:
+            options = loader.get_group_options(o.key_or_group)
+            value = o.value()
+            if isinstance(value, str) and value not in options:
+                problems.append(_unknown(o.key_or_group, value, options, "option of"))
+            else:
+                group_lines.append(o.input_line)
+    if not script_mode and not any(o.key_or_group == "recipe" for o in parsed):
+        options = loader.get_group_options("recipe")
+        problems.append(
+            f"recipe is not set. Pick one: {' | '.join(f'recipe={r}' for r in options)}, "
+            f"or run your own script: script=path/to/train.py."
+        )
+    if problems:
+        return problems
+    base = _compose(group_lines)
+    for o in parsed:
+        if o.key_or_group in groups or o.key_or_group.startswith("hydra"):
+            continue
+        problems += _check_value_override(base, o.key_or_group, o.value(), o.input_line, o.is_delete())
+    return problems
 
 
 def _compose(lines: list[str]) -> DictConfig:
