@@ -47,7 +47,7 @@ class Engine(Protocol):
     def eval(self) -> Any: ...
 
     def state_dict(self) -> dict[str, Any]:
-        """Model and optimizer state, in memory."""
+        """Model and optimizer state, in memory: references to the live tensors, as torch's state_dict gives."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
@@ -123,7 +123,7 @@ class DDPEngine:
         return self._ddp.eval()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"module": _clone(self.module.state_dict()), "optimizer": _clone(self.optimizer.state_dict())}
+        return {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.module.load_state_dict(state["module"])
@@ -186,7 +186,7 @@ class DeepSpeedEngine:
                 f"DeepSpeed ZeRO-{self._ds.zero_optimization_stage()} / {type(self.optimizer).__name__} keeps its "
                 f"state in shards: use Trainer.save(), which writes DeepSpeed's checkpoint."
             )
-        return {"module": _clone(self.module.state_dict()), "optimizer": _clone(self.optimizer.state_dict())}
+        return {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state_dict()  # the same check
@@ -200,10 +200,3 @@ class DeepSpeedEngine:
         path, _ = self._ds.load_checkpoint(str(ckpt.root), tag=ckpt.tag)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint in {ckpt.path}")
-
-
-def _clone(state: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy of a state dict's tensors: torch's state dicts reference tensors that later steps change."""
-    import copy
-
-    return copy.deepcopy(state)

@@ -11,11 +11,13 @@
   reference); ``LazyAdam`` computes the same update with one gather and one scatter of the moments, stored
   interleaved per row, which makes the host step several times faster (bench/placement_bench.py). The tests hold
   it to SparseAdam's results.
+
+``state_dict()`` returns references to the live state tensors, as torch's optimizers do: deep-copy it to keep a
+snapshot while training goes on.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
@@ -44,7 +46,7 @@ class SparseFTRL:
         return [self.accum, self.linear]
 
     def state_dict(self) -> dict:
-        return {"accum": self.accum.clone(), "linear": self.linear.clone()}
+        return {"accum": self.accum, "linear": self.linear}
 
     def load_state_dict(self, state: dict) -> None:
         self.accum.copy_(state["accum"])
@@ -79,7 +81,7 @@ class LazyAdam:
 
     def state_dict(self) -> dict:
         """The moments and the step count (the bias correction depends on it)."""
-        return {"moments": self.moments.clone(), "steps": self.steps}
+        return {"moments": self.moments, "steps": self.steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.moments.copy_(state["moments"])
@@ -111,7 +113,7 @@ class SparseAdam:
         return [t for t in (state.get("exp_avg"), state.get("exp_avg_sq")) if t is not None]
 
     def state_dict(self) -> dict:
-        return copy.deepcopy(self._opt.state_dict())  # torch's holds references to tensors that later steps change
+        return self._opt.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self._opt.load_state_dict(state)

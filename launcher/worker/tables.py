@@ -106,8 +106,9 @@ class TableSet:
         return {name: hashlib.sha256(t.weight.cpu().numpy().tobytes()).hexdigest() for name, t in self.tables.items()}
 
     def state_dict(self) -> dict[str, Any]:
-        """Each table's weights and its optimizer's state, step counts included (identical on every rank)."""
-        return {name: {"weight": t.weight.clone(), "optimizer": t.optimizer.state_dict()} for name, t in self.tables.items()}
+        """Each table's weights and its optimizer's state, step counts included (identical on every rank).
+        References to the live tensors, as torch's state_dict gives: no copy of a large table just to save it."""
+        return {name: {"weight": t.weight, "optimizer": t.optimizer.state_dict()} for name, t in self.tables.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, t in self.tables.items():

@@ -136,7 +136,8 @@ class Trainer:
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs, in memory (the engine's part as Engine.state_dict gives it)."""
+        """Everything a resumed run needs, in memory (the engine's part as Engine.state_dict gives it). Tensors are
+        references to the live state, as in torch: ``copy.deepcopy`` it to keep a snapshot while training goes on."""
         return {
             **self._progress(),
             "engine": self.engine.state_dict(),
