@@ -39,6 +39,9 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         if not (script_mode or chosen):
             raise ConfigError(_diagnose(parsed, script_mode))
+        if script_mode and chosen:
+            raise ConfigError(f"script= and recipe={chosen[0]} were both given: a run is either your own script or a "
+                              f"recipe. Drop one of them.")
         try:
             cfg = compose(config_name=CONFIG_NAME, overrides=list(overrides))  # the usual case: all is well
         except (HydraException, OmegaConfBaseException) as first_error:

@@ -66,3 +66,17 @@ def test_existing_run_name_is_never_overwritten(tmp_path):
     assert run_cli(["recipe=quickstart", "dry_run=true", "output.run_name=mine"], tmp_path).returncode == 0
     res = run_cli(["recipe=quickstart", "dry_run=true", "output.run_name=mine"], tmp_path)
     assert res.returncode == 2 and "output.run_name=mine" in res.stderr and "never overwritten" in res.stderr
+
+
+def test_script_and_recipe_together_are_refused(tmp_path):
+    res = run_cli(["recipe=gpt", "script=train.py"], tmp_path)
+    assert res.returncode == 2 and "script= and recipe=gpt were both given" in res.stderr
+
+
+def test_resume_from_a_folder_that_is_no_checkpoint(tmp_path):
+    res = run_cli(["recipe=quickstart", f"trainer.resume_from={tmp_path}"], tmp_path)
+    assert res.returncode == 2 and f"trainer.resume_from={tmp_path}: not a checkpoint dir" in res.stderr
+    (tmp_path / "checkpoint.json").write_text('{"step": 3, "rec')  # cut short by a crash
+    res = run_cli(["recipe=quickstart", f"trainer.resume_from={tmp_path}"], tmp_path)
+    assert res.returncode == 2 and "cannot be read" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "log_output").exists()

@@ -73,3 +73,18 @@ def test_gpt_reference_numbers():
     assert facts.reference["uniform_loss"] == pytest.approx(math.log(64), abs=1e-6)
     assert 0 < facts.reference["entropy_floor"] < facts.reference["uniform_loss"]
     assert facts.train_samples is None and isinstance(facts, DataFacts)
+
+
+def test_a_data_file_smaller_than_a_global_micro_batch_is_refused(tmp_path, cpu_host):
+    from launcher.config import compose_config
+    from launcher.errors import ConfigError
+    from launcher.launch.preflight import gather_data_facts
+    from launcher.plan import plan_launch
+    from tests.data.make_ctr_csv import write_ctr_csv
+
+    write_ctr_csv(str(tmp_path / "ctr.csv"), 100)
+    cfg = compose_config(["recipe=wide_deep", "data=tabular", f"data.path={tmp_path / 'ctr.csv'}",
+                          "data.label=clicked", "data.positive=yes", "trainer.epochs=0", "trainer.steps=5"])
+    with pytest.raises(ConfigError, match=r"the data has 80 training samples, fewer than one global micro-batch "
+                                          r"\(batch.micro_size 256 × dp 2 = 512\)\. Lower batch.global_size"):
+        plan_launch(cfg, cpu_host, gather_data_facts(cfg))

@@ -35,7 +35,11 @@ def check_resume(plan: LaunchPlan) -> None:
     if not ckpt.meta.is_file():
         raise ConfigError(f"{key}: not a checkpoint dir (no {ckpt.meta.name} in it). Give one of a run's "
                           f"log_output/<run>/checkpoints/step<N> folders, or leave trainer.resume_from empty.")
-    saved = json.loads(ckpt.meta.read_text())
+    try:
+        saved = json.loads(ckpt.meta.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{key}: {ckpt.meta} cannot be read ({e}); the checkpoint is incomplete or damaged. "
+                          f"Give another checkpoint dir.") from None
     if saved.get("step", 0) >= plan.steps:
         raise ConfigError(f"{key}: the checkpoint is at step {saved.get('step')} and trainer.steps={plan.steps}: "
                           f"nothing is left to train. Set trainer.steps above {saved.get('step')}.")

@@ -67,6 +67,12 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: DataFacts) -> LaunchPla
             steps = max(1, int(cfg.trainer.epochs * steps_per_epoch))
             notes.append(f"trainer.epochs={cfg.trainer.epochs} -> {steps} steps ({steps_per_epoch} per epoch of "
                          f"{per_epoch:,} samples)")
+    if facts.train_samples is not None and batch is not None and facts.train_samples < batch.micro_size * dp:
+        problems.append(
+            f"the data has {facts.train_samples} training samples, fewer than one global micro-batch "
+            f"(batch.micro_size {batch.micro_size} × dp {dp} = {batch.micro_size * dp}). Lower batch.global_size "
+            f"(or batch.micro_size), or give more data."
+        )
     data_cfg = OmegaConf.to_object(cfg.data)
     model = recipe.model_spec(OmegaConf.to_object(cfg.model), facts)
     if batch is not None:

@@ -44,6 +44,8 @@ class TableOptimizer:
 
     impl: str
     """Dotted path of the row-sparse optimizer class (launcher.worker.sparse_optim); '' = inside the engine."""
+    kwargs: tuple[str, ...]
+    """Which TablePlan fields it takes, in its constructor's order after the weight."""
     state_floats: int
     """fp32 state values per table value."""
 
@@ -54,10 +56,11 @@ class TableOptimizer:
 
 
 TABLE_OPTIMIZERS: dict[str, TableOptimizer] = {
-    "lazy_adam": TableOptimizer("launcher.worker.sparse_optim.LazyAdam", 2),  # exp_avg + exp_avg_sq
-    "sparse_adam": TableOptimizer("launcher.worker.sparse_optim.SparseAdam", 2),
-    "ftrl": TableOptimizer("launcher.worker.sparse_optim.SparseFTRL", 2),  # accumulator + linear
-    "dense": TableOptimizer("", 0),  # a dense table is a parameter of the engine; its state is optimizer.name's
+    "lazy_adam": TableOptimizer("launcher.worker.sparse_optim.LazyAdam", ("lr", "betas", "eps"), 2),  # m and v
+    "sparse_adam": TableOptimizer("launcher.worker.sparse_optim.SparseAdam", ("lr", "betas", "eps"), 2),
+    "ftrl": TableOptimizer("launcher.worker.sparse_optim.SparseFTRL",
+                           ("lr", "l1", "l2", "lr_power", "initial_accumulator"), 2),  # accumulator + linear
+    "dense": TableOptimizer("", (), 0),  # a dense table is a parameter of the engine; its state is optimizer.name's
 }
 
 

@@ -176,7 +176,11 @@ class ScriptPlan:
 
 
 def checkpoint_layout(plan: LaunchPlan) -> dict[str, Any]:
-    """What a checkpoint depends on: a run resumes from it only with the same values."""
+    """What a checkpoint depends on: a run resumes from it only with the same values (the data position counts
+    global micro-batches of this batch split and seed; the optimizer's hyperparameters come back with its state)."""
     return {"recipe": plan.recipe, "engine": plan.engine, "zero_stage": plan.zero_stage, "precision": plan.precision,
             "world_size": plan.world_size, "dims": {n: getattr(plan.dims, n) for n in plan.dims.names},
-            "tables": {t.name: t.location for t in plan.placement.tables}}
+            "tables": {t.name: t.location for t in plan.placement.tables},
+            "batch": dataclasses.asdict(plan.batch), "seed": plan.seed,
+            "optimizer": {**dataclasses.asdict(plan.optimizer), "betas": list(plan.optimizer.betas)},
+            "model": plan.model, "data": plan.data}

@@ -181,17 +181,20 @@ class DeepSpeedEngine:
     def state_dict(self) -> dict[str, Any]:
         """In memory only where nothing is sharded or wrapped (ZeRO-0, fp32): otherwise each rank holds a shard
         that only DeepSpeed's checkpoint (``save``) reassembles."""
+        self._check_in_memory()
+        return {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._check_in_memory()
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def _check_in_memory(self) -> None:
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise RuntimeError(
                 f"DeepSpeed ZeRO-{self._ds.zero_optimization_stage()} / {type(self.optimizer).__name__} keeps its "
                 f"state in shards: use Trainer.save(), which writes DeepSpeed's checkpoint."
             )
-        return {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state_dict()  # the same check
-        self.module.load_state_dict(state["module"])
-        self.optimizer.load_state_dict(state["optimizer"])
 
     def save(self, ckpt: CheckpointDir) -> None:
         self._ds.save_checkpoint(str(ckpt.root), tag=ckpt.tag)

@@ -4,8 +4,8 @@ Per micro-batch: ``lookup`` gathers the batch's rows where the table lives and s
 leaves that require grad; after the engine's backward ``collect_grads`` keeps (rows, d loss / d rows), unscaled by
 the engine's loss scale (fp16). At the accumulation boundary ``step`` averages those sparse gradients over the
 data-parallel group and updates only those rows, where the table lives; when the engine skipped its step (an fp16
-overflow) ``discard`` drops them instead, so tables and network skip together. Tables stay fp32 whatever the
-training precision.
+overflow) ``discard`` drops them instead, so tables and network skip together; ``step`` also skips by itself when
+the tables' own reduced gradients are not finite. Tables stay fp32 whatever the training precision.
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ from launcher.worker.sparse_comm import allreduce_sparse_mean
 from launcher.worker.transfer import device_to_host, host_to_device
 
 HOST = torch.device("cpu")
-_ARGS = {"lazy_adam": ("lr", "betas", "eps"), "sparse_adam": ("lr", "betas", "eps"),
-         "ftrl": ("lr", "l1", "l2", "lr_power", "initial_accumulator")}
 
 
 def build_table_optimizer(p: TablePlan, weight: torch.Tensor) -> Any:
     """The row-sparse optimizer the registry names for p.optimizer (the planner refused unknown names)."""
-    module, _, cls = TABLE_OPTIMIZERS[p.optimizer].impl.rpartition(".")
-    return getattr(importlib.import_module(module), cls)(weight, *(getattr(p, a) for a in _ARGS[p.optimizer]))
+    spec = TABLE_OPTIMIZERS[p.optimizer]
+    module, _, cls = spec.impl.rpartition(".")
+    return getattr(importlib.import_module(module), cls)(weight, *(getattr(p, a) for a in spec.kwargs))
 
 
 @dataclass
@@ -56,6 +55,8 @@ class TableSet:
         # their gradients travel side by side as the columns of one (rows, dim_a + dim_b) tensor.
         self._pending: list[tuple[tuple[str, ...], torch.Tensor, list[torch.Tensor]]] = []
         self._grads: dict[tuple[str, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.skipped_steps = 0
+        """Steps whose table gradients overflowed (nothing was updated)."""
 
     def lookup(self, rows_by_table: dict[str, torch.Tensor], dtype: torch.dtype, train: bool = True) -> dict[str, torch.Tensor]:
         """The rows of each table, on the compute device in the training dtype (leaves requiring grad if train)."""
@@ -82,19 +83,29 @@ class TableSet:
             self._grads.setdefault(names, []).append((rows.reshape(-1).to(self.compute), values))
         self._pending.clear()
 
-    def step(self) -> None:
-        """Average the sparse gradients over the dp group (collective: every rank calls it) and update those rows."""
+    def step(self) -> bool:
+        """Average the sparse gradients over the dp group (collective: every rank calls it) and update those rows.
+        Returns False, updating nothing, when a reduced gradient is not finite (an fp16 overflow in the looked-up
+        rows, which the engine's own overflow check does not see); the reduced values are the same on every rank,
+        so every rank decides the same."""
+        reduced = []
         for names in sorted(self._grads):  # the same groups in the same order on every rank
             parts = self._grads[names]
             rows, values = allreduce_sparse_mean(torch.cat([r for r, _ in parts]), torch.cat([v for _, v in parts]),
                                                  group=self.dp_group)
+            reduced.append((names, rows, values))
+        self._grads.clear()
+        if not all(bool(torch.isfinite(v).all()) for _, _, v in reduced):
+            self.skipped_steps += 1
+            return False
+        for names, rows, values in reduced:
             start = 0
             for name in names:
                 t = self.tables[name]
                 grads = values[:, start : start + t.plan.dim]
                 start += t.plan.dim
                 t.optimizer.step(rows.to(t.weight.device), device_to_host(grads, t.weight.device).contiguous())
-        self._grads.clear()
+        return True
 
     def discard(self) -> None:
         """Drop this step's gradients (the engine skipped its step)."""

@@ -3,13 +3,15 @@
 ``Trainer`` drives an engine (``launcher.worker.engines``) and, where the plan keeps tables outside it, a TableSet.
 ``state_dict()`` / ``load_state_dict()`` cover everything a resumed run needs: the engine's model and optimizer,
 the tables and their optimizers' states (step counts included), the data position and the RNG states; ``save`` /
-``load`` write and read the same to a checkpoint dir (with DeepSpeed's own checkpoint for a sharded engine), so
-resuming is a ``load``, not a second code path.
+``load`` write and read the same to a checkpoint dir, and resuming is a ``load``, not a second code path.
+One limit: a DeepSpeed engine that shards or wraps its state (ZeRO 1-3, bf16) has no in-memory state dict here; its
+part of ``save``/``load`` is DeepSpeed's own sharded checkpoint (``Engine.save``), and ``state_dict()`` raises.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from typing import Any
@@ -78,7 +80,7 @@ class Trainer:
             if self.engine.step_skipped:  # fp16 overflow: the network skipped this step, so do the tables
                 self.tables.discard()
             else:
-                self.tables.step()
+                self.tables.step()  # skips by itself when the tables' own gradients overflowed
         self.step += 1
         return total / accum if accum > 1 else total
 
@@ -155,11 +157,14 @@ class Trainer:
         every rank), each rank's progress and RNG."""
         self.engine.save(ckpt)
         ckpt.path.mkdir(parents=True, exist_ok=True)
-        if self.rank == 0:
-            if self.tables is not None:
-                torch.save(self.tables.state_dict(), ckpt.tables)
-            ckpt.meta.write_text(json.dumps({"step": self.step, **checkpoint_layout(self.plan)}, indent=2))
+        if self.tables is not None and self.rank == 0:
+            torch.save(self.tables.state_dict(), ckpt.tables)
         torch.save(self._progress(), ckpt.trainer(self.rank))
+        dist.barrier()
+        if self.rank == 0:  # last, once every rank's part is on disk: a resume trusts a checkpoint that has it
+            tmp = ckpt.meta.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"step": self.step, **checkpoint_layout(self.plan)}, indent=2))
+            os.replace(tmp, ckpt.meta)
         dist.barrier()
 
     def load(self, ckpt: CheckpointDir) -> None:

@@ -114,7 +114,7 @@ def test_planning_imports_neither_torch_nor_deepspeed():
         "from launcher.config import compose_config\n"
         "from launcher.contract import DataFacts\n"
         "from launcher.plan import plan_launch, HostFacts\n"
-        "for r in ('quickstart', 'wide_deep'):\n"
+        "for r in ('gpt', 'quickstart', 'wide_deep'):\n"
         "    plan_launch(compose_config([f'recipe={r}', 'zero.stage=2']), HostFacts('h', 2, 0, '/x'), DataFacts())\n"
         "bad = [m for m in ('torch', 'deepspeed') if m in sys.modules]\n"
         "assert not bad, bad\n"

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.plan import TablePlan
+from launcher.rundir import CheckpointDir
 from launcher.worker.mesh import build_mesh
 from launcher.worker.tables import TableSet
 from launcher.worker.train import build_trainer
@@ -30,7 +31,7 @@ def _trainer(overrides, host):
 
 CASES = {
     "gpt": ["recipe=gpt", "model.layers=1", "model.width=32", "model.heads=2", "model.seq_len=16",
-            "batch.global_size=8"],
+            "model.dropout=0.1", "batch.global_size=8"],  # dropout: the RNG state matters
     "wide_deep_host_tables": ["recipe=wide_deep", "model.rows_per_table=500", "batch.global_size=128",
                               "placement.host_device_mix=1", "batch.grad_accum=2"],
     "quickstart": ["recipe=quickstart"],
@@ -48,42 +49,89 @@ def test_state_dict_round_trip_continues_identically(case, cpu_host):
         assert state["tables"]["deep_embedding"]["optimizer"]["steps"] == 4
     after_a = [a.train_step().item() for _ in range(3)]
 
-    fresh = _trainer(CASES[case], cpu_host)
-    without_state = [fresh.train_step().item() for _ in range(3)]
     b = _trainer(CASES[case], cpu_host)
     b.load_state_dict(state)
+    assert b.step == 4
     after_b = [b.train_step().item() for _ in range(3)]
     assert after_b == after_a  # bit-identical: model, optimizer, tables, data position, RNG
-    assert without_state != after_a  # and the state is what made them so
 
 
-def _table_set(weight: torch.Tensor) -> TableSet:
+def test_save_and_load_through_a_checkpoint_dir(tmp_path, cpu_host):
+    overrides = CASES["wide_deep_host_tables"]
+    a = _trainer(overrides, cpu_host)
+    for _ in range(3):
+        a.train_step()
+    ckpt = CheckpointDir(tmp_path / "step3")
+    a.save(ckpt)
+    assert {p.name for p in ckpt.path.iterdir()} == {"engine.pt", "tables.pt", "trainer.0.pt", "checkpoint.json"}
+    after_a = [a.train_step().item() for _ in range(3)]
+    b = _trainer(overrides, cpu_host)
+    b.load(ckpt)
+    assert [b.train_step().item() for _ in range(3)] == after_a
+
+
+def _table_set(weight: torch.Tensor, optimizer: str) -> TableSet:
     emb = nn.ModuleDict({"t": nn.Embedding(*weight.shape)})
     emb["t"].weight.data.copy_(weight)
-    plan = TablePlan(name="t", rows=weight.shape[0], dim=weight.shape[1], location="host", optimizer="lazy_adam",
+    plan = TablePlan(name="t", rows=weight.shape[0], dim=weight.shape[1], location="host", optimizer=optimizer,
                      lr=0.1, betas=(0.9, 0.999), eps=1e-8, l1=0.0, l2=0.0, lr_power=-0.5, initial_accumulator=0.1)
     return TableSet(emb, (plan,), torch.device("cpu"))
 
 
-def test_tables_unscale_gradients_and_skip_with_the_engine():
-    torch.manual_seed(0)
-    weight = torch.randn(20, 4)
-    rows = torch.tensor([1, 5, 5, 9])
-    target = torch.randn(4, 4)
-    plain, scaled = _table_set(weight), _table_set(weight)
-    for tables, scale in ((plain, 1.0), (scaled, 1024.0)):
-        act = tables.lookup({"t": rows}, torch.float32)["t"]
-        (((act - target) ** 2).sum() * scale).backward()  # what an fp16 engine's backward does to the loss
-        tables.collect_grads(loss_scale=scale)
-        tables.step()
-    assert torch.allclose(plain.tables["t"].weight, scaled.tables["t"].weight, rtol=0, atol=1e-6)
-    assert not torch.equal(plain.tables["t"].weight, weight)
+def _one_step(tables: TableSet, backward_scale: float, collect_scale: float) -> bool:
+    act = tables.lookup({"t": torch.tensor([1, 5, 5, 9])}, torch.float32)["t"]
+    (((act - 1.0) ** 2).sum() * backward_scale).backward()  # what an fp16 engine's backward does to the loss
+    tables.collect_grads(loss_scale=collect_scale)
+    return tables.step()
 
-    before = scaled.tables["t"].weight.clone()
-    act = scaled.lookup({"t": rows}, torch.float32)["t"]
-    (act.sum() * float("inf")).backward()  # an overflow: the engine skips its step, the tables skip theirs
-    scaled.collect_grads(loss_scale=1024.0)
-    scaled.discard()
-    scaled.step()  # nothing left to apply
-    assert torch.equal(scaled.tables["t"].weight, before)
-    assert scaled.tables["t"].optimizer.steps == 1
+
+def test_tables_unscale_gradients_by_the_engines_loss_scale():
+    weight = torch.randn(20, 4, generator=torch.Generator().manual_seed(0))
+    plain, scaled, not_unscaled = (_table_set(weight, "ftrl") for _ in range(3))  # FTRL: n += g^2, scale-sensitive
+    assert _one_step(plain, 1.0, 1.0) and _one_step(scaled, 1024.0, 1024.0) and _one_step(not_unscaled, 1024.0, 1.0)
+    w = {k: t.tables["t"].weight for k, t in (("plain", plain), ("scaled", scaled), ("not", not_unscaled))}
+    assert torch.allclose(w["plain"], w["scaled"], rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(w["plain"], w["not"], rtol=1e-3)  # guards the check above
+    assert not torch.equal(w["plain"], weight)
+
+
+def test_tables_skip_an_overflowed_step():
+    weight = torch.randn(20, 4, generator=torch.Generator().manual_seed(0))
+    tables = _table_set(weight, "lazy_adam")
+    assert not _one_step(tables, float("inf"), 1024.0)  # the tables' own gradients overflowed
+    assert torch.equal(tables.tables["t"].weight, weight) and tables.tables["t"].optimizer.steps == 0
+    assert tables.skipped_steps == 1
+    assert _one_step(tables, 1024.0, 1024.0) and tables.tables["t"].optimizer.steps == 1
+
+
+class LossScaledEngine:
+    """What an fp16 engine shows the Trainer, on CPU: gradients that carry ``loss_scale``, and a skipped step on an
+    overflow. Wraps the real DDP engine; the Trainer and the tables are the real ones under test."""
+
+    def __init__(self, inner, loss_scale: float, skip: bool) -> None:
+        self.inner, self.loss_scale, self.step_skipped = inner, loss_scale, skip
+        self.module, self.optimizer = inner.module, inner.optimizer
+
+    def __call__(self, *inputs, **kwargs):
+        return self.inner(*inputs, **kwargs)
+
+    def backward(self, loss):
+        self.inner.backward(loss * self.loss_scale)
+
+    def step(self):
+        if not self.step_skipped:
+            self.inner.step()
+
+
+def test_trainer_hands_the_loss_scale_and_skips_to_the_tables(cpu_host):
+    overrides = ["recipe=wide_deep", "model.rows_per_table=500", "batch.global_size=128", "placement.host_device_mix=1"]
+    reference, scaled, skipped = (_trainer(overrides, cpu_host) for _ in range(3))
+    before = {n: t.weight.clone() for n, t in skipped.tables.tables.items()}
+    scaled.engine = LossScaledEngine(scaled.engine, 1024.0, skip=False)
+    skipped.engine = LossScaledEngine(skipped.engine, 1024.0, skip=True)
+    for t in (reference, scaled, skipped):
+        t.train_step()
+    for name, t in reference.tables.tables.items():
+        assert not torch.equal(t.weight, before[name])
+        assert torch.allclose(scaled.tables.tables[name].weight, t.weight, rtol=1e-5, atol=1e-7), name
+        assert torch.equal(skipped.tables.tables[name].weight, before[name]), name  # skipped with the engine
