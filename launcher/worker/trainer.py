@@ -93,17 +93,16 @@ class Trainer:
         p = self.plan
         fail_rank, fail_step = p.debug_fail
         tick, tick_step = time.perf_counter(), self.step
-        first = True
+        first = self.step + 1  # 1, or the step after the checkpoint a resumed run loaded
         while self.step < p.steps:
             loss = self.train_step()
             step = self.step
-            if first:  # optimizer states exist from the first step on
+            if step == first:  # optimizer states exist from the first step on
                 rank_dir.memory.write_text(json.dumps(measure_memory(self.engine, self.tables, p.placement), indent=2))
-                first = False
             if self.rank == fail_rank and step == fail_step:
                 raise RuntimeError(f"debug.fail_rank={fail_rank} debug.fail_step={fail_step}: injected failure")
             metrics.step_done(step)
-            if step == 1 or step % p.log_every == 0 or step == p.steps:
+            if step == first or step % p.log_every == 0 or step == p.steps:
                 local, mean = loss.item(), mean_over(loss, self.dp)
                 now = time.perf_counter()
                 rate = (step - tick_step) * p.batch.global_size / (now - tick)
