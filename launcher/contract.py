@@ -67,6 +67,14 @@ class Recipe(Protocol):
         and recompute refer to. Running them in order is the model's forward."""
 
 
+def dp_share(batch: Batch, dp_rank: int, micro_size: int) -> Batch:
+    """Data-parallel rank ``dp_rank``'s rows of a global micro-batch: rows [dp_rank × micro_size, + micro_size) of
+    every input and of the labels (what makes the stream independent of how it is split over ranks)."""
+    inputs, labels = batch
+    part = slice(dp_rank * micro_size, (dp_rank + 1) * micro_size)
+    return tuple(t[part] for t in inputs), labels[part]
+
+
 class DataSource(Protocol):
     """What the worker asks of the object built from ``data``'s ``_target_``."""
 

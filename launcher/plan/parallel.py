@@ -47,9 +47,6 @@ class ParallelDims:
         c = self.coords(rank)
         return tuple(self.rank_of({**c, dim: i}) for i in range(getattr(self, dim)))
 
-    def groups(self, rank: int) -> dict[str, list[int]]:
-        return {n: list(self.group(rank, n)) for n in self.names}
-
 
 def plan_parallel(dp: int, pp: int, tp: int, world: int, world_words: str) -> tuple[ParallelDims | None, list[str]]:
     """Infer dp=-1 as world / (pp × tp) and check dp × pp × tp = world. ``world_words`` says where world comes from."""

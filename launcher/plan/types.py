@@ -4,7 +4,7 @@ planning takes as input."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from launcher.plan.batch import BatchPlan
@@ -163,7 +163,7 @@ class ScriptPlan:
     kind: str = "script"
     name: str = "script"
     steps: int = 0
-    ds_ops: tuple[str, ...] = field(default=())
+    ds_ops: tuple[str, ...] = ()
 
     def rank_args(self, run_dir: str) -> tuple[str, ...]:
         return (self.script, *self.args)

@@ -8,11 +8,11 @@ micro-batch (it steps the optimizer at the accumulation boundary and zeroes the 
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from hydra.utils import get_class
 from torch import nn
 
 from launcher.plan import LaunchPlan
@@ -67,16 +67,14 @@ def build_optimizer(plan: LaunchPlan, params) -> torch.optim.Optimizer:
         return DeepSpeedCPUAdam(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
                                 adamw_mode=o.name == "adamw")
     spec = DENSE_OPTIMIZERS[o.name]
-    module, _, cls = spec.impl.rpartition(".")
     kwargs = {k: getattr(o, k) for k in spec.kwargs}
     if spec.fused:
         kwargs["fused"] = True  # one kernel per step, on CPU and CUDA (bench/placement_bench.py, "hand dense")
-    return getattr(importlib.import_module(module), cls)(params, **kwargs)
+    return get_class(spec.impl)(params, **kwargs)
 
 
 def build_engine(plan: LaunchPlan, net: nn.Module, device: torch.device, dp_group) -> Engine:
-    module, _, cls = ENGINES[plan.engine].impl.rpartition(".")
-    return getattr(importlib.import_module(module), cls)(plan, net, device, dp_group)
+    return get_class(ENGINES[plan.engine].impl)(plan, net, device, dp_group)
 
 
 class DDPEngine:

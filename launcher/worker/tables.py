@@ -11,11 +11,11 @@ the tables' own reduced gradients are not finite. Tables stay fp32 whatever the 
 from __future__ import annotations
 
 import hashlib
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from hydra.utils import get_class
 from torch import nn
 
 from launcher.plan import TablePlan
@@ -29,8 +29,7 @@ HOST = torch.device("cpu")
 def build_table_optimizer(p: TablePlan, weight: torch.Tensor) -> Any:
     """The row-sparse optimizer the registry names for p.optimizer (the planner refused unknown names)."""
     spec = TABLE_OPTIMIZERS[p.optimizer]
-    module, _, cls = spec.impl.rpartition(".")
-    return getattr(importlib.import_module(module), cls)(weight, *(getattr(p, a) for a in spec.kwargs))
+    return get_class(spec.impl)(weight, *(getattr(p, a) for a in spec.kwargs))
 
 
 @dataclass

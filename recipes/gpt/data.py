@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
+from launcher.contract import dp_share
 from launcher.recipes.gpt.markov import profile, uniform_loss
 
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
@@ -77,17 +78,10 @@ class MarkovTokens:
         start, start+1, ... Each item is ((tokens,), labels), both int64 (micro_size, seq_len-1)."""
         index = start
         while True:
-            yield _rows(self.global_micro_batch("train", seed, index, micro_size * dp_size), dp_rank, micro_size)
+            yield dp_share(self.global_micro_batch("train", seed, index, micro_size * dp_size), dp_rank, micro_size)
             index += 1
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
         """``count`` held-out micro-batches of rank dp_rank, from a stream seeded by the source's own seed."""
         for k in range(count):
-            yield _rows(self.global_micro_batch("eval", self.seed, k, micro_size * dp_size), dp_rank, micro_size)
-
-
-def _rows(batch: Batch, dp_rank: int, micro_size: int) -> Batch:
-    """Rank dp_rank's share of a global micro-batch."""
-    (tokens,), labels = batch
-    part = slice(dp_rank * micro_size, (dp_rank + 1) * micro_size)
-    return (tokens[part],), labels[part]
+            yield dp_share(self.global_micro_batch("eval", self.seed, k, micro_size * dp_size), dp_rank, micro_size)

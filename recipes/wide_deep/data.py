@@ -17,6 +17,8 @@ from collections.abc import Iterator
 
 import torch
 
+from launcher.contract import dp_share
+
 _EVAL_STREAM = 1_000_003  # offset of the held-out stream's batch indices
 _MASK32 = (1 << 32) - 1
 
@@ -74,18 +76,13 @@ class SyntheticCTR:
         labels = torch.bernoulli(p, generator=g)
         return (dense, ids), labels
 
-    def _slice(self, batch, dp_rank: int, micro_size: int):
-        (dense, ids), labels = batch
-        part = slice(dp_rank * micro_size, (dp_rank + 1) * micro_size)
-        return (dense[part], ids[part]), labels[part]
-
     def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[tuple]:
         index = start
         while True:
-            yield self._slice(self.global_micro_batch(index, micro_size * dp_size, seed), dp_rank, micro_size)
+            yield dp_share(self.global_micro_batch(index, micro_size * dp_size, seed), dp_rank, micro_size)
             index += 1
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[tuple]:
         for k in range(count):
             batch = self.global_micro_batch(_EVAL_STREAM + k, micro_size * dp_size, self.seed)
-            yield self._slice(batch, dp_rank, micro_size)
+            yield dp_share(batch, dp_rank, micro_size)
