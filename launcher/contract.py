@@ -5,8 +5,8 @@ registered (``recipes/__init__.py``), so a missing hook or a misspelt argument f
 halfway through a run. Recipes implement the contract; they do not inherit from a base class or from each other.
 
 The hooks the planner calls are torch-free and take the typed config objects of the recipe's own schemas
-(``model_config``, ``data_configs``). Torch-side, the model and the data source follow ``TableModel`` (optional)
-and ``DataSource``.
+(``model_config``, ``data_configs``). Torch-side, the model is a plain ``nn.Module`` and
+the data source follows ``DataSource``.
 """
 
 from __future__ import annotations
@@ -84,18 +84,6 @@ class DataSource(Protocol):
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
         """Held-out micro-batches (``count`` global ones for endless data; a finite test split may ignore it)."""
-
-
-class TableModel(Protocol):
-    """A model whose embedding tables may train outside the engine (placement.host_device_mix)."""
-
-    tables: Any
-    """nn.ModuleDict of nn.Embedding, named as in Recipe.tables."""
-    body: Any
-    """The rest of the model: body(*inputs, **looked_up_rows)."""
-
-    def table_rows(self, *inputs: Any) -> dict[str, Any]:
-        """Table name -> row ids of this batch."""
 
 
 _HOOKS = ("data_facts", "model_spec", "tables", "dense_param_count", "problems", "layers")

@@ -35,7 +35,7 @@ def evaluate(trainer) -> dict:
     outputs, labels, truth = [], [], []
     knows_truth = hasattr(data, "true_logits")
     for batch in data.eval_batches(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches):
-        out, y = trainer.forward(batch, train=False)
+        out, y = trainer.forward(batch)
         total += trainer.loss_fn(out, y).float()
         batches += 1
         if plan.eval_metrics == "binary":

@@ -1,11 +1,14 @@
-"""Embedding tables trained outside the engine, on the host or the device, with row-sparse optimizers.
+"""Embedding tables trained outside the engine, on the host or the device, with row-sparse optimizers: MindSpore's
+host ``EmbeddingLookup``, generalised to any model's ``nn.Embedding`` / ``nn.EmbeddingBag``.
 
-Per micro-batch: ``lookup`` gathers the batch's rows where the table lives and sends them to the compute device as
-leaves that require grad; after the engine's backward ``collect_grads`` keeps (rows, d loss / d rows), unscaled by
-the engine's loss scale (fp16). At the accumulation boundary ``step`` averages those sparse gradients over the
-data-parallel group and updates only those rows, where the table lives; when the engine skipped its step (an fp16
-overflow) ``discard`` drops them instead, so tables and network skip together; ``step`` also skips by itself when
-the tables' own reduced gradients are not finite. Tables stay fp32 whatever the training precision.
+``build_tables`` swaps each planned table of a plain model for a ``TableLookup`` module at the same path. In the
+forward it gathers the batch's rows where the table lives and hands them to the compute device as a leaf that
+requires grad (the model's own code does not change); after the engine's backward ``collect_grads`` keeps (rows,
+d loss / d rows), unscaled by the engine's loss scale (fp16). At the accumulation boundary ``step`` averages those
+sparse gradients over the data-parallel group and updates only those rows, where the table lives; when the engine
+skipped its step (an fp16 overflow) ``discard`` drops them instead, so tables and network skip together; ``step``
+also skips by itself when the tables' own reduced gradients are not finite. Tables stay fp32 whatever the training
+precision. The engine never sees the tables: a ``TableLookup`` has no parameters.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from hydra.utils import get_class
 from torch import nn
 
@@ -38,48 +42,54 @@ class Table:
     weight: torch.Tensor
     optimizer: Any
     """LazyAdam, SparseAdam or SparseFTRL: step(rows, grads), state_tensors(), state_dict()."""
+    padding_idx: int | None = None
+    """nn.Embedding's padding_idx: that row gets no gradient."""
 
 
 class TableSet:
-    def __init__(self, model_tables: nn.ModuleDict, plans: tuple[TablePlan, ...], compute: torch.device,
-                 dp_group=None) -> None:
-        self.compute = compute
-        self.dp_group = dp_group
+    def __init__(self, weights: dict[str, torch.Tensor], plans: tuple[TablePlan, ...], compute: torch.device,
+                 dtype: torch.dtype = torch.float32, dp_group=None, padding: dict[str, int | None] | None = None) -> None:
+        self.compute, self.dtype, self.dp_group = compute, dtype, dp_group
         self.tables: dict[str, Table] = {}
         for p in plans:
             where = HOST if p.location == "host" else compute
-            weight = model_tables[p.name].weight.detach().to(where).float().contiguous()
-            self.tables[p.name] = Table(p, weight, build_table_optimizer(p, weight))
-        # Tables looked up with the same row ids (Wide&Deep's two tables) share one coalesce and one all-gather:
-        # their gradients travel side by side as the columns of one (rows, dim_a + dim_b) tensor.
-        self._pending: list[tuple[tuple[str, ...], torch.Tensor, list[torch.Tensor]]] = []
+            weight = weights[p.name].detach().to(where).float().contiguous()
+            self.tables[p.name] = Table(p, weight, build_table_optimizer(p, weight), (padding or {}).get(p.name))
+        # Tables looked up with the same row ids in one forward (Wide&Deep's two tables) share one coalesce and one
+        # all-gather: their gradients travel side by side as the columns of one (rows, dim_a + dim_b) tensor.
+        self._pending: dict[int, tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]] = {}
         self._grads: dict[tuple[str, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.skipped_steps = 0
         """Steps whose table gradients overflowed (nothing was updated)."""
 
-    def lookup(self, rows_by_table: dict[str, torch.Tensor], dtype: torch.dtype, train: bool = True) -> dict[str, torch.Tensor]:
-        """The rows of each table, on the compute device in the training dtype (leaves requiring grad if train)."""
-        out: dict[str, torch.Tensor] = {}
-        groups: dict[int, tuple[torch.Tensor, list[str]]] = {}
-        for name, rows in rows_by_table.items():
-            t = self.tables[name]
-            act = host_to_device(t.weight[rows.to(t.weight.device)], self.compute, dtype)
-            if train:
-                act.requires_grad_()
-            groups.setdefault(id(rows), (rows, []))[1].append(name)
-            out[name] = act
-        if train:
-            for rows, names in groups.values():
-                self._pending.append((tuple(names), rows, [out[n] for n in names]))
-        return out
+    def lookup(self, name: str, ids: torch.Tensor) -> torch.Tensor:
+        """The rows ``ids`` of table ``name`` on the compute device in the training dtype, shaped ids.shape + (dim,).
+        With autograd on, a leaf that requires grad, collected after backward."""
+        t = self.tables[name]
+        act = host_to_device(t.weight[ids.reshape(-1).to(t.weight.device)], self.compute, self.dtype)
+        if torch.is_grad_enabled():
+            act.requires_grad_()
+            self._pending.setdefault(id(ids), (ids, []))[1].append((name, act))
+        return act.view(*ids.shape, t.plan.dim)
 
     def collect_grads(self, loss_scale: float = 1.0) -> None:
-        """After backward: keep each lookup's gradient as (rows, values / loss_scale) on the compute device."""
-        for names, rows, acts in self._pending:
-            values = torch.cat([a.grad.reshape(-1, self.tables[n].plan.dim).float() for n, a in zip(names, acts)], dim=1)
+        """After backward: keep each lookup's gradient as (rows, values / loss_scale) on the compute device.
+        Lookups the loss did not reach (no gradient) are dropped."""
+        for ids, looked_up in self._pending.values():
+            looked_up = [(n, a) for n, a in looked_up if a.grad is not None]
+            if not looked_up:
+                continue
+            rows = ids.reshape(-1).to(self.compute)
+            values = torch.cat([a.grad.float() for _, a in looked_up], dim=1)  # (n, dim_a + dim_b ...)
+            start = 0
+            for name, _ in looked_up:
+                t = self.tables[name]
+                if t.padding_idx is not None:  # torch's embedding backward leaves the padding row's gradient at 0
+                    values[rows == t.padding_idx, start : start + t.plan.dim] = 0.0
+                start += t.plan.dim
             if loss_scale != 1.0:
                 values.div_(loss_scale)
-            self._grads.setdefault(names, []).append((rows.reshape(-1).to(self.compute), values))
+            self._grads.setdefault(tuple(n for n, _ in looked_up), []).append((rows, values))
         self._pending.clear()
 
     def step(self) -> bool:
@@ -124,3 +134,52 @@ class TableSet:
         for name, t in self.tables.items():
             t.weight.copy_(state[name]["weight"])
             t.optimizer.load_state_dict(state[name]["optimizer"])
+
+
+class TableLookup(nn.Module):
+    """Stands in for an ``nn.Embedding`` or ``nn.EmbeddingBag`` whose table lives in a TableSet: same call, same
+    result, no parameters."""
+
+    def __init__(self, tables: TableSet, name: str, bag_mode: str | None = None,
+                 include_last_offset: bool = False) -> None:
+        super().__init__()
+        self._tables = [tables]  # a list: not a submodule, not in state_dict
+        self.name, self.bag_mode, self.include_last_offset = name, bag_mode, include_last_offset
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        rows = self._tables[0].lookup(self.name, ids)
+        if self.bag_mode is None:
+            return rows
+        # EmbeddingBag: reduce the looked-up rows per bag on the compute device; each looked-up row is its own
+        # "table row" here, so the gradient comes back per lookup, as from nn.Embedding.
+        flat = rows.reshape(-1, rows.shape[-1])
+        if ids.dim() == 2:
+            offsets = torch.arange(0, ids.numel(), ids.shape[1], device=flat.device)
+        index = torch.arange(flat.shape[0], device=flat.device)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.reshape(-1).to(flat.device, flat.dtype)
+        return F.embedding_bag(index, flat, offsets.to(flat.device), mode=self.bag_mode,
+                               per_sample_weights=per_sample_weights, include_last_offset=self.include_last_offset)
+
+    def extra_repr(self) -> str:
+        t = self._tables[0].tables[self.name]
+        return f"{self.name}: {t.plan.rows}x{t.plan.dim} on {t.plan.location}, {t.plan.optimizer}"
+
+
+def build_tables(model: nn.Module, plans: tuple[TablePlan, ...], compute: torch.device, dtype: torch.dtype,
+                 dp_group=None) -> TableSet:
+    """Take each planned table (by module path) out of ``model``: its weight moves into a TableSet, where the plan
+    puts it, and a TableLookup takes the module's place. The model is changed in place."""
+    modules = {p.name: model.get_submodule(p.name) for p in plans}
+    for name, m in modules.items():
+        if not isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+            raise TypeError(f"{name} is a {type(m).__name__}, not an nn.Embedding or nn.EmbeddingBag")
+    padding = {n: m.padding_idx for n, m in modules.items()}
+    tables = TableSet({n: m.weight for n, m in modules.items()}, plans, compute, dtype, dp_group, padding)
+    for name, m in modules.items():
+        bag = m.mode if isinstance(m, nn.EmbeddingBag) else None
+        lookup = TableLookup(tables, name, bag, getattr(m, "include_last_offset", False))
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, lookup)
+    return tables

@@ -16,8 +16,8 @@ from launcher.plan import LaunchPlan
 from launcher.rundir import CheckpointDir, MetricsWriter, RunDir
 from launcher.worker.engines import build_engine
 from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh
-from launcher.worker.tables import TableSet
-from launcher.worker.trainer import Trainer
+from launcher.worker.tables import build_tables
+from launcher.worker.trainer import DTYPES, Trainer
 
 
 def run_rank(path: str | Path) -> None:
@@ -48,15 +48,14 @@ def run_rank(path: str | Path) -> None:
 
 
 def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank: int) -> Trainer:
-    """The recipe's model, loss and data from the plan's specs, the tables the plan keeps outside the engine, and
-    the engine around the rest. Needs the process group (and the dp group) to exist."""
+    """The recipe's model, loss and data from the plan's specs; the tables the plan keeps outside the engine are
+    swapped for lookups (``build_tables``), and the engine wraps the model. Needs the process group (and the dp group) to exist."""
     torch.manual_seed(plan.seed)
     model = instantiate(plan.model)
     loss_fn = instantiate(plan.loss)
     data = instantiate(plan.data)
-    tables, net = None, model
+    tables = None
     if plan.placement.sparse_tables:  # tables train outside the engine; the engine gets the rest of the model
-        tables = TableSet(model.tables, plan.placement.tables, device, dp.group)
-        net = model.body
-    engine = build_engine(plan, net, device, dp.group)
+        tables = build_tables(model, plan.placement.tables, device, DTYPES[plan.precision], dp.group)
+    engine = build_engine(plan, model, device, dp.group)
     return Trainer(plan, engine, model, tables, loss_fn, data, dp, device, rank)

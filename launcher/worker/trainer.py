@@ -44,16 +44,13 @@ class Trainer:
         self._batches = None
 
     # -- one step ---------------------------------------------------------------------------------------------------
-    def forward(self, batch, train: bool):
-        """One micro-batch forward: inputs to the device; with tables outside the engine, their rows looked up where
-        the tables live. Returns (output, labels on the device)."""
+    def forward(self, batch):
+        """One micro-batch forward: inputs to the device (tables outside the engine look their rows up where they
+        live, inside the model's forward). Returns (output, labels on the device)."""
         inputs, labels = batch
         moved = tuple(host_to_device(t, self.device, self.dtype) for t in inputs)
         labels = host_to_device(labels, self.device, self.dtype)
-        if self.tables is None:
-            return self.engine(*moved), labels
-        looked_up = self.tables.lookup(self.model.table_rows(*inputs), self.dtype, train=train)
-        return self.engine(*moved, **looked_up), labels
+        return self.engine(*moved), labels
 
     def _next_batch(self):
         if self._batches is None:
@@ -68,7 +65,7 @@ class Trainer:
         accum = self.plan.batch.grad_accum
         total = None
         for _ in range(accum):
-            out, labels = self.forward(self._next_batch(), train=True)
+            out, labels = self.forward(self._next_batch())
             loss = self.loss_fn(out, labels)
             self.engine.backward(loss)
             if self.tables is not None:

@@ -140,8 +140,8 @@ class WideDeepRecipe:
         return out
 
     def layers(self, model) -> list:
-        """The tables (looked up first), then the body (MLP and the wide part's linear)."""
-        return [("tables", model.tables), ("body", model.body)]
+        """The model's top-level modules: the two tables, the wide part's linear, the MLP."""
+        return list(model.named_children())
 
 
 RECIPE = WideDeepRecipe()

@@ -1,0 +1,75 @@
+"""The generic table lookup: a model whose nn.Embedding / nn.EmbeddingBag tables are swapped for TableLookup
+modules computes the same outputs and the same row gradients as the untouched model (one process, no engine)."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from launcher.plan import TablePlan
+from launcher.worker.tables import TableLookup, build_tables
+
+
+class Towers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.user = nn.Embedding(50, 4, padding_idx=0)
+        self.towers = nn.ModuleList([nn.ModuleDict({"item": nn.EmbeddingBag(40, 3, mode="mean")})])
+        self.bag_sum = nn.EmbeddingBag(30, 2, mode="sum")
+        self.head = nn.Linear(4 + 3 + 2, 1)
+
+    def forward(self, user, items, tags, tag_offsets, tag_weights):
+        parts = [self.user(user).sum(1), self.towers[0]["item"](items),
+                 self.bag_sum(tags, tag_offsets, per_sample_weights=tag_weights)]
+        return self.head(torch.cat(parts, dim=1)).squeeze(-1)
+
+
+def _plan(name: str, rows: int, dim: int) -> TablePlan:
+    return TablePlan(name=name, rows=rows, dim=dim, location="host", optimizer="lazy_adam", lr=0.1,
+                     betas=(0.9, 0.999), eps=1e-8, l1=0.0, l2=0.0, lr_power=-0.5, initial_accumulator=0.1)
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    user = torch.randint(0, 50, (6, 3), generator=g)
+    user[0, 0] = 0  # the padding row: no gradient
+    items = torch.randint(0, 40, (6, 5), generator=g)
+    tags = torch.randint(0, 30, (11,), generator=g)
+    offsets = torch.tensor([0, 2, 2, 5, 7, 9])  # bag 2 is empty
+    return user, items, tags, offsets, torch.rand(11, generator=g)
+
+
+def test_swapped_tables_give_the_same_outputs_and_row_gradients():
+    torch.manual_seed(0)
+    model = Towers()
+    swapped = copy.deepcopy(model)
+    names = {"user": (50, 4), "towers.0.item": (40, 3), "bag_sum": (30, 2)}
+    tables = build_tables(swapped, tuple(_plan(n, *s) for n, s in names.items()), torch.device("cpu"), torch.float32)
+    assert isinstance(swapped.towers[0]["item"], TableLookup) and not any("user" in n for n, _ in swapped.named_parameters())
+    batch = _batch()
+    out, out_swapped = model(*batch), swapped(*batch)
+    assert torch.allclose(out, out_swapped, atol=1e-6)
+    out.square().sum().backward()
+    out_swapped.square().sum().backward()
+    tables.collect_grads()
+    grads = {names: rows_values for names, rows_values in tables._grads.items()}
+    for name in names:
+        (rows, values), = grads[(name,)]
+        dense = torch.zeros(names[name]).index_add_(0, rows, values)
+        assert torch.allclose(dense, model.get_submodule(name).weight.grad, atol=1e-6), name
+    assert torch.allclose(swapped.head.weight.grad, model.head.weight.grad, atol=1e-6)
+
+
+def test_lookups_under_no_grad_leave_nothing_to_collect():
+    model = Towers()
+    tables = build_tables(model, (_plan("user", 50, 4),), torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        model(*_batch())
+    tables.collect_grads()
+    assert tables.step() and tables.tables["user"].optimizer.steps == 0
+
+
+def test_a_path_that_is_not_a_table_is_refused():
+    with pytest.raises(TypeError, match="head is a Linear, not an nn.Embedding"):
+        build_tables(Towers(), (_plan("head", 9, 1),), torch.device("cpu"), torch.float32)
