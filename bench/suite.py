@@ -143,7 +143,7 @@ def p5(runs: int) -> list[tuple]:
     from omegaconf import open_dict
 
     from launcher.config import compose_config
-    from launcher.contract import DataFacts
+    from launcher.contract import Facts
     from launcher.plan import HostFacts, plan_launch
     from launcher.recipes import RECIPES
     from launcher.schema import TableConfig
@@ -162,7 +162,7 @@ def p5(runs: int) -> list[tuple]:
         times = []
         for _ in range(runs):
             t0 = time.perf_counter()
-            plan_launch(cfg, host, DataFacts())
+            plan_launch(cfg, host, Facts())
             times.append(time.perf_counter() - t0)
         out.append((n, med(times)))
     del RECIPES["bench_tables"]

@@ -34,36 +34,40 @@ def main(argv: list[str] | None = None) -> int:
         argv = [*argv[:cut], f"script_args=[{quoted}]"]
     from launcher.config import compose_config
 
-    if any(a.split("=")[0] in HYDRA_FLAGS for a in argv):
-        overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    try:
+        config_dir, rest = _split_config_dir(argv)
+    except ConfigError as e:
+        return _print_error(e)
+    if any(a.split("=")[0] in HYDRA_FLAGS for a in rest):
+        overrides = [a for a in rest if "=" in a and not a.startswith("-")]
         if {"--help", "-h"} & set(argv):
             if not any(o.startswith("recipe=") for o in overrides):
                 argv.insert(0, "recipe=quickstart")  # help composes a config; any recipe lists the same groups
         else:
             try:
-                compose_config(overrides)  # our messages for bad keys, before Hydra prints anything
+                compose_config(overrides, config_dir)  # our messages for bad keys, before Hydra prints anything
             except ConfigError as e:
                 return _print_error(e)
         return _hydra_app(argv)
     from launcher.launch import launch_run, write_dry_run
     from launcher.launch.host import probe_host
-    from launcher.launch.preflight import check_resume, check_script, gather_data_facts
+    from launcher.launch.preflight import check_resume, check_script, gather_facts
     from launcher.plan import plan_launch
     from launcher.plan.script import plan_script
     from launcher.report.plan_view import placement_table, plan_tree
 
     console = Console()
     try:
-        cfg = compose_config(argv)
+        cfg = compose_config(rest, config_dir)
         if cfg.script:
             check_script(cfg)
             plan = plan_script(cfg, probe_host())
             console.print(f"[bold]plan[/bold]: script {plan.script} {' '.join(plan.args)} on {plan.world_size} "
                           f"rank(s), {plan.device_type}, torchrun environment")
         else:
-            facts = gather_data_facts(cfg)
-            for line in facts.lines:
-                console.print(line)
+            facts = gather_facts(cfg, config_dir)
+            for line in (*facts.data.lines, *(facts.model.lines if facts.model else ())):
+                console.print(line, highlight=False)
             plan = plan_launch(cfg, probe_host(), facts)
             check_resume(plan)
             console.print(plan_tree(plan))
@@ -78,6 +82,20 @@ def main(argv: list[str] | None = None) -> int:
         return launch_run(cfg, plan, console)
     except ConfigError as e:
         return _print_error(e)
+
+
+def _split_config_dir(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Hydra's ``--config-dir DIR`` / ``--config-dir=DIR`` / ``-cd DIR`` (the user's config tree beside the
+    package's) and the other arguments."""
+    for i, a in enumerate(argv):
+        for flag in ("--config-dir", "-cd"):
+            if a == flag:
+                if i + 1 >= len(argv):
+                    raise ConfigError(f"{flag} needs a folder: {flag} conf (the folder holding recipe/<name>.yaml).")
+                return argv[i + 1], argv[:i] + argv[i + 2 :]
+            if a.startswith(flag + "="):
+                return a.split("=", 1)[1], argv[:i] + argv[i + 1 :]
+    return None, argv
 
 
 def _print_error(e: ConfigError) -> int:

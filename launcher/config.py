@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
@@ -24,28 +25,40 @@ CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "config"
 
 
-def compose_config(overrides: Sequence[str]) -> DictConfig:
-    """The resolved config for these overrides, or ConfigError listing every problem."""
+def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> DictConfig:
+    """The resolved config for these overrides, or ConfigError listing every problem. ``config_dir`` (Hydra's
+    ``--config-dir``) adds the user's config tree to the package's: their ``recipe/<name>.yaml`` is a recipe."""
     from launcher.recipes import RECIPES
 
+    overrides = [table_path_override(o) for o in overrides]
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
         raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value.") from None
     chosen = [o.value() for o in parsed if o.key_or_group == "recipe"]
-    register_schemas(chosen if chosen and all(c in RECIPES for c in chosen) else None)
+    register_schemas([c for c in chosen if c in RECIPES])
+    user_recipes = _user_recipes(config_dir)
+    clash = sorted(set(user_recipes) & set(RECIPES))
+    if clash:
+        raise ConfigError(f"--config-dir {config_dir}: recipe/{clash[0]}.yaml has the name of a built-in recipe. "
+                          f"Rename your file (and its recipe.name), e.g. recipe/my_{clash[0]}.yaml.")
+    search = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir is not None else []
     script_mode = any(o.key_or_group == "script" for o in parsed)  # a user's own script: no recipe
     GlobalHydra.instance().clear()
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         if not (script_mode or chosen):
-            raise ConfigError(_diagnose(parsed, script_mode))
+            raise ConfigError(_diagnose(parsed, script_mode, user_recipes, search))
         if script_mode and chosen:
             raise ConfigError(f"script= and recipe={chosen[0]} were both given: a run is either your own script or a "
                               f"recipe. Drop one of them.")
         try:
-            cfg = compose(config_name=CONFIG_NAME, overrides=list(overrides))  # the usual case: all is well
+            cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])  # the usual case: all is well
         except (HydraException, OmegaConfBaseException) as first_error:
-            raise ConfigError(_diagnose(parsed, script_mode) or _first_line(first_error)) from None
+            raise ConfigError(_diagnose(parsed, script_mode, user_recipes, search) or _first_line(first_error)) from None
+    named = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
+    if chosen and named is not None and named != chosen[0]:
+        raise ConfigError(f"recipe={chosen[0]}: its file sets recipe.name={named}. Set recipe.name to the "
+                          f"file's name, {chosen[0]}.")
     missing = sorted(OmegaConf.missing_keys(cfg))
     if script_mode:  # the recipe sections stay unset: a script brings its own model, data and loss
         missing = [k for k in missing if k.split(".")[0] not in ("recipe", "model", "data", "loss")]
@@ -58,7 +71,34 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
     return cfg
 
 
-def _diagnose(parsed, script_mode: bool) -> list[str]:
+def table_path_override(line: str) -> str:
+    """A table's key is its module path, which may hold dots (``towers.0.item_emb``). Hydra would read
+    ``placement.tables.towers.0.item_emb=host`` as nested keys; it becomes ``+placement.tables={towers.0.item_emb:
+    host}`` (and ``tables.<path>.<field>=v`` becomes ``+tables={<path>: {<field>: v}}``), which Hydra merges."""
+    key, eq, value = line.partition("=")
+    bare = key.lstrip("+~")
+    if not eq or key.startswith("~"):
+        return line
+    if bare.startswith("placement.tables.") and "." in bare[len("placement.tables."):]:
+        return f"+placement.tables={{{bare[len('placement.tables.'):]}: {value}}}"
+    if bare.startswith("tables.") and bare.count(".") >= 3:
+        path, _, leaf = bare[len("tables."):].rpartition(".")
+        return f"+tables={{{path}: {{{leaf}: {value}}}}}"
+    return line
+
+
+def _user_recipes(config_dir: str | None) -> list[str]:
+    """The recipe names in the user's config dir (``<config_dir>/recipe/*.yaml``)."""
+    if config_dir is None:
+        return []
+    root = Path(config_dir)
+    if not root.is_dir():
+        raise ConfigError(f"--config-dir {config_dir}: no such directory (relative paths start at {Path.cwd()}). "
+                          f"Give the folder that holds recipe/<name>.yaml, e.g. --config-dir conf.")
+    return sorted(p.stem for p in (root / "recipe").glob("*.yaml"))
+
+
+def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), search: Sequence[str] = ()) -> list[str]:
     """Every problem of the overrides, once composing failed: unknown group options, a missing recipe, then each
     value override checked against the defaults of the valid groups."""
     loader = GlobalHydra.instance().config_loader()
@@ -68,20 +108,22 @@ def _diagnose(parsed, script_mode: bool) -> list[str]:
     for o in parsed:
         if o.key_or_group in groups:
             options = loader.get_group_options(o.key_or_group)
+            if o.key_or_group == "recipe":
+                options = sorted({*options, *user_recipes})
             value = o.value()
             if isinstance(value, str) and value not in options:
                 problems.append(_unknown(o.key_or_group, value, options, "option of"))
             else:
                 group_lines.append(o.input_line)
     if not script_mode and not any(o.key_or_group == "recipe" for o in parsed):
-        options = loader.get_group_options("recipe")
+        options = sorted({*loader.get_group_options("recipe"), *user_recipes})
         problems.append(
             f"recipe is not set. Pick one: {' | '.join(f'recipe={r}' for r in options)}, "
             f"or run your own script: script=path/to/train.py."
         )
     if problems:
         return problems
-    base = _compose(group_lines)
+    base = _compose([*search, *group_lines])
     for o in parsed:
         if o.key_or_group in groups or o.key_or_group.startswith("hydra"):
             continue

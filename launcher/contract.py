@@ -36,6 +36,25 @@ class DataFacts:
     """Numbers a trained model is measured against, e.g. {entropy_floor, uniform_loss} (nats per token)."""
     lines: tuple[str, ...] = ()
     """What to tell the user about the data before the plan."""
+    binary_labels: bool = False
+    """The labels seen are all 0 or 1: eval.metrics=auto becomes binary (AUC, accuracy)."""
+    eval_samples: int | None = None
+    """Held-out samples; None = the data source decides (endless data: eval.batches), 0 = none (no evaluation)."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the launcher learned about the model before planning: torch-free sizes from a built-in recipe's hooks,
+    or, for a recipe in the user's folder, from the model itself built on the ``meta`` device (no memory)."""
+
+    tables: dict[str, tuple[int, int]]
+    """Embedding tables by module path (``user_emb``, ``towers.0.item_emb``) -> (rows, dim)."""
+    dense_params: int
+    """Parameters outside the tables."""
+    layers: tuple[str, ...] = ()
+    """Names of the model's top-level children (what pipeline stages and recompute refer to)."""
+    lines: tuple[str, ...] = ()
+    """What to tell the user about the model before the plan."""
 
 
 @runtime_checkable
@@ -54,7 +73,8 @@ class Recipe(Protocol):
         """The resolved model config, facts applied: the kwargs (with ``_target_``) every rank builds."""
 
     def tables(self, model: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
-        """Embedding tables of the model spec: name -> (rows, dim). Empty when the model has none."""
+        """Embedding tables of the model spec by module path (the ``nn.Embedding``'s attribute path in the model):
+        path -> (rows, dim). Empty when the model has none."""
 
     def dense_param_count(self, model: Mapping[str, Any]) -> int:
         """Parameters outside the tables, from the model spec, without building the model."""
@@ -65,6 +85,22 @@ class Recipe(Protocol):
     def layers(self, model: Any) -> list[tuple[str, Any]]:
         """The built model's ordered, named top-level blocks (embedding, block.0, ..., head): what pipeline stages
         and recompute refer to. Running them in order is the model's forward."""
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything gathered before planning besides the host (launcher/launch/preflight.py): the plan's input."""
+
+    data: DataFacts = field(default_factory=DataFacts)
+    model: ModelFacts | None = None
+    """None: from the built-in recipe's torch-free hooks, in the plan."""
+    code_paths: tuple[str, ...] = ()
+    """Folders that hold the user's code (their recipe's _target_s): importable in the launcher and every rank."""
+
+
+def model_facts(recipe: Recipe, model: Mapping[str, Any]) -> ModelFacts:
+    """A built-in recipe's model facts, from its torch-free hooks."""
+    return ModelFacts(tables=recipe.tables(model), dense_params=recipe.dense_param_count(model))
 
 
 def dp_share(batch: Batch, dp_rank: int, micro_size: int) -> Batch:

@@ -98,8 +98,9 @@ class EvalConfig:
     batches: int = 4
     """Held-out global micro-batches per evaluation for endless (synthetic) data; a data set with a test split
     evaluates all of it. 0 = no evaluation."""
-    metrics: str = "loss"
-    """loss (mean loss), or binary: loss + AUC, log loss, accuracy (and bayes_auc when the data knows the truth)."""
+    metrics: str = "auto"
+    """loss (mean loss); binary: loss + AUC, log loss, accuracy (and bayes_auc when the data knows the truth);
+    auto: binary when the labels seen before the run are all 0/1, else loss."""
 
 
 @dataclass
@@ -187,7 +188,11 @@ class HeteroConfig:
     model: Any = MISSING
     """Recipe-specific; typed by the recipe's model_config."""
     data: Any = MISSING
-    """Recipe-specific; typed by one of the recipe's data_configs."""
+    """Recipe-specific; typed by one of the recipe's data_configs. A recipe in your folder: any map-style Dataset
+    by _target_, items (input_1, ..., input_k, label)."""
+    eval_data: Any = None
+    """A recipe in your folder: a held-out Dataset like data, evaluated at the end (and every eval.every steps);
+    null = no evaluation. Built-in recipes bring their own held-out data."""
     loss: TargetConfig = field(default_factory=TargetConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     tables: dict[str, TableConfig] = field(default_factory=dict)

@@ -24,12 +24,12 @@ def cpu_host() -> HostFacts:
     return HostFacts(hostname="ci", cpu_count=2, accelerators=0, extensions_dir=str(extensions_dir()))
 
 
-def plan_of(overrides: list[str], host: HostFacts):
-    """Compose and plan as the CLI does (the recipe's data facts gathered first)."""
-    from launcher.launch.preflight import gather_data_facts
+def plan_of(overrides: list[str], host: HostFacts, config_dir: str | None = None):
+    """Compose and plan as the CLI does (the recipe's facts gathered first)."""
+    from launcher.launch.preflight import gather_facts
 
-    cfg = compose_config(overrides)
-    return plan_launch(cfg, host, gather_data_facts(cfg))
+    cfg = compose_config(overrides, config_dir)
+    return plan_launch(cfg, host, gather_facts(cfg, config_dir))
 
 
 def init_one_process_group():

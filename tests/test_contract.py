@@ -50,7 +50,7 @@ def test_layers_name_the_blocks_in_order():
 
 def test_data_facts_go_into_the_plan_and_leave_the_config_alone(tmp_path, cpu_host):
     from launcher.config import compose_config
-    from launcher.launch.preflight import gather_data_facts
+    from launcher.launch.preflight import gather_facts
     from launcher.plan import plan_launch
     from tests.data.make_ctr_csv import write_ctr_csv
 
@@ -58,8 +58,8 @@ def test_data_facts_go_into_the_plan_and_leave_the_config_alone(tmp_path, cpu_ho
     cfg = compose_config(["recipe=wide_deep", "data=tabular", f"data.path={tmp_path / 'ctr.csv'}",
                           "data.label=clicked", "data.positive=yes", "data.drop=[user_id]", "batch.global_size=64"])
     before = str(cfg)
-    facts = gather_data_facts(cfg)
-    plan = plan_launch(cfg, cpu_host, facts)
+    facts = gather_facts(cfg).data
+    plan = plan_launch(cfg, cpu_host, gather_facts(cfg))
     assert str(cfg) == before  # the composed config is never mutated
     assert plan.model["field_sizes"] == facts.model_sizes["field_sizes"] and cfg.model.field_sizes == []
     assert plan.model["num_sparse"] == len(facts.model_sizes["field_sizes"])
@@ -78,7 +78,7 @@ def test_gpt_reference_numbers():
 def test_a_data_file_smaller_than_a_global_micro_batch_is_refused(tmp_path, cpu_host):
     from launcher.config import compose_config
     from launcher.errors import ConfigError
-    from launcher.launch.preflight import gather_data_facts
+    from launcher.launch.preflight import gather_facts
     from launcher.plan import plan_launch
     from tests.data.make_ctr_csv import write_ctr_csv
 
@@ -87,4 +87,4 @@ def test_a_data_file_smaller_than_a_global_micro_batch_is_refused(tmp_path, cpu_
                           "data.label=clicked", "data.positive=yes", "trainer.epochs=0", "trainer.steps=5"])
     with pytest.raises(ConfigError, match=r"the data has 80 training samples, fewer than one global micro-batch "
                                           r"\(batch.micro_size 256 × dp 2 = 512\)\. Lower batch.global_size"):
-        plan_launch(cfg, cpu_host, gather_data_facts(cfg))
+        plan_launch(cfg, cpu_host, gather_facts(cfg))

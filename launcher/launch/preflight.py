@@ -1,18 +1,20 @@
 """Before planning and before any process starts: the user's inputs on disk, and the facts of the recipe's data.
 
-A missing script or an unreadable data file is reported like a config error (exit 2). The data facts (sizes the
-model needs, samples per epoch, reference numbers) come from the recipe's own ``data_facts`` hook and go into the
-plan as an input, as HostFacts do; the composed config is never changed.
+A missing script or an unreadable data file is reported like a config error (exit 2). The facts (sizes the model
+needs, samples per epoch, reference numbers; for a recipe in the user's folder also the model's tables and size,
+found on the meta device) come from the recipe's hooks and go into the plan as an input, as HostFacts do; the
+composed config is never changed.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.contract import DataFacts
+from launcher.contract import Facts
 from launcher.errors import ConfigError
 from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.rundir import CheckpointDir
@@ -49,8 +51,27 @@ def check_resume(plan: LaunchPlan) -> None:
         raise ConfigError(f"{key}: saved with {', '.join(diff)}. Resume with the settings it was saved with.")
 
 
-def gather_data_facts(cfg: DictConfig) -> DataFacts:
-    """The recipe's facts of cfg.data (its hook may read the user's files and raise ConfigError)."""
-    from launcher.recipes import RECIPES
+def gather_facts(cfg: DictConfig, config_dir: str | None = None) -> Facts:
+    """The facts of cfg's recipe before planning. A built-in recipe: its data_facts hook (which may read the user's
+    files and raise ConfigError). A recipe in the user's folder: its folder made importable, then every check of
+    ``launcher.usercode.check`` (imports, arguments, dataset items, the model on the meta device, the loss)."""
+    from launcher.usercode import UserRecipe, recipe_for
 
-    return RECIPES[cfg.recipe.name].data_facts(OmegaConf.to_object(cfg.data))
+    recipe = recipe_for(cfg.recipe.name)
+    if not isinstance(recipe, UserRecipe):
+        if cfg.eval_data is not None:
+            raise ConfigError(f"eval_data is for recipes in your own folder; recipe {recipe.name} brings its own "
+                              f"held-out data. Remove eval_data (see eval.batches).")
+        return Facts(data=recipe.data_facts(OmegaConf.to_object(cfg.data)))
+    from launcher.usercode.check import inspect_user_recipe
+
+    paths = [str(Path.cwd())]
+    if config_dir is not None:
+        paths.insert(0, str(Path(config_dir).resolve().parent))
+    code_paths = tuple(dict.fromkeys(paths))
+    for p in reversed(code_paths):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    source = f"{config_dir or 'conf'}/recipe/{recipe.name}.yaml"
+    data, model = inspect_user_recipe(cfg, source)
+    return Facts(data=data, model=model, code_paths=code_paths)

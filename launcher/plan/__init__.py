@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.contract import DataFacts
+from launcher.contract import Facts, model_facts
 from launcher.errors import ConfigError
 from launcher.plan.batch import BatchPlan, plan_batch
 from launcher.plan.deepspeed import DeepSpeedInputs, deepspeed_config
@@ -26,10 +26,11 @@ __all__ = [
 ]
 
 
-def plan_launch(cfg: DictConfig, host: HostFacts, facts: DataFacts) -> LaunchPlan:
-    """Plan a run of ``cfg`` on ``host`` with the recipe's ``facts`` of its data; raise ConfigError listing every
-    problem."""
-    from launcher.recipes import RECIPES
+def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
+    """Plan a run of ``cfg`` on ``host`` with the ``facts`` gathered about its data and model; raise ConfigError
+    listing every problem."""
+    from launcher.schema import TableConfig
+    from launcher.usercode import UserRecipe, recipe_for
 
     problems = check_config(cfg, host)
     notes: list[str] = []
@@ -48,10 +49,12 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: DataFacts) -> LaunchPla
                      f"each tp group hold the same replica and see the same data")
     batch, batch_problems = plan_batch(cfg.batch.global_size, cfg.batch.micro_size, cfg.batch.grad_accum, dp)
     problems += batch_problems
-    recipe = RECIPES[cfg.recipe.name]
+    recipe = recipe_for(cfg.recipe.name)
+    user = isinstance(recipe, UserRecipe)
+    data_facts = facts.data
     steps = cfg.trainer.steps
     if cfg.trainer.epochs > 0 and batch is not None:
-        per_epoch = facts.train_samples
+        per_epoch = data_facts.train_samples
         if per_epoch is None:
             problems.append(
                 f"trainer.epochs={cfg.trainer.epochs} needs a data set of known size; this data is an endless "
@@ -67,19 +70,26 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: DataFacts) -> LaunchPla
             steps = max(1, int(cfg.trainer.epochs * steps_per_epoch))
             notes.append(f"trainer.epochs={cfg.trainer.epochs} -> {steps} steps ({steps_per_epoch} per epoch of "
                          f"{per_epoch:,} samples)")
-    if facts.train_samples is not None and batch is not None and facts.train_samples < batch.micro_size * dp:
+    if data_facts.train_samples is not None and batch is not None and data_facts.train_samples < batch.micro_size * dp:
         problems.append(
-            f"the data has {facts.train_samples} training samples, fewer than one global micro-batch "
+            f"the data has {data_facts.train_samples} training samples, fewer than one global micro-batch "
             f"(batch.micro_size {batch.micro_size} × dp {dp} = {batch.micro_size * dp}). Lower batch.global_size "
             f"(or batch.micro_size), or give more data."
         )
     data_cfg = OmegaConf.to_object(cfg.data)
-    model = recipe.model_spec(OmegaConf.to_object(cfg.model), facts)
+    model = recipe.model_spec(OmegaConf.to_object(cfg.model), data_facts)
+    sizes = facts.model or model_facts(recipe, model)
     if batch is not None:
         problems += recipe.problems(model, data_cfg, batch.micro_size * dp)
     device_type, backend = device_and_backend(cfg.cluster.backend, host)
+    table_default = TableConfig()
+    if user:  # as written (inside the engine, with optimizer) unless a placement intent takes tables out of it
+        intent = cfg.placement.host_device_mix == 1 or len(cfg.placement.tables) > 0 or len(cfg.tables) > 0
+        o = cfg.optimizer
+        table_default = TableConfig(optimizer="lazy_adam", lr=o.lr, betas=list(o.betas), eps=o.eps) if intent \
+            else TableConfig(optimizer="dense")
     placement, zero, placement_problems, placement_notes = plan_placement(
-        cfg, recipe.tables(model), recipe.dense_param_count(model), device_type)
+        cfg, sizes.tables, sizes.dense_params, device_type, table_default)
     problems += placement_problems
     notes += placement_notes
     offload = placement.optimizer_location == "host" or placement.param_location == "host"
@@ -89,6 +99,11 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: DataFacts) -> LaunchPla
     if problems:
         raise ConfigError(problems)
 
+    eval_metrics = cfg.eval.metrics
+    if eval_metrics == "auto":
+        eval_metrics = "binary" if data_facts.binary_labels else "loss"
+    if data_facts.eval_samples == 0 and cfg.eval.batches > 0:
+        notes.append("no eval_data: no evaluation (give eval_data: {_target_: ...} for a held-out set)")
     o = cfg.optimizer
     optimizer = OptimizerPlan(
         name=o.name,
@@ -145,22 +160,25 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: DataFacts) -> LaunchPla
         log_every=cfg.trainer.log_every,
         checkpoint_every=cfg.trainer.checkpoint_every,
         eval_every=cfg.eval.every,
-        eval_batches=cfg.eval.batches,
-        eval_metrics=cfg.eval.metrics,
+        eval_batches=0 if data_facts.eval_samples == 0 else cfg.eval.batches,
+        eval_metrics=eval_metrics,
         seed=cfg.trainer.seed,
         batch=batch,
         optimizer=optimizer,
         placement=placement,
         memory=estimate_memory(placement, cfg.precision, o.name, zero, dp),
         model=model,
-        data=OmegaConf.to_container(cfg.data, resolve=True),
+        data=(UserRecipe.data_spec(OmegaConf.to_container(cfg.data, resolve=True),
+                                   OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data else None)
+              if user else OmegaConf.to_container(cfg.data, resolve=True)),
         loss=OmegaConf.to_container(cfg.loss, resolve=True),
-        reference=dict(facts.reference),
+        reference=dict(data_facts.reference),
         deepspeed=ds,
         ranks=ranks,
         rank_table=rank_table(ranks, hosts),
         ds_ops=ds_ops,
         notes=tuple(notes),
         resume_from=cfg.trainer.resume_from,
+        code_paths=facts.code_paths,
         debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step),
     )

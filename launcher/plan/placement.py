@@ -51,10 +51,12 @@ class PlacementPlan:
     pin_memory: bool
 
 
-def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]], dense_count: int,
-                   device_type: str) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
-    """(placement, effective ZeRO stage, problems, notes) for the recipe's tables (name -> (rows, dim)) and its
-    dense_count parameters outside them."""
+def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]], dense_count: int, device_type: str,
+                   default: TableConfig | None = None) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
+    """(placement, effective ZeRO stage, problems, notes) for the recipe's tables (module path -> (rows, dim)) and
+    its dense_count parameters outside them. ``default`` is how a table without a ``tables.<path>`` entry trains
+    (TableConfig's defaults: lazy_adam)."""
+    default = default or TableConfig()
     problems: list[str] = []
     notes: list[str] = []
     pl, o = cfg.placement, cfg.optimizer
@@ -76,7 +78,7 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]], dense_co
     tables = []
     for name, (rows, dim) in shapes.items():
         t = table_cfgs.get(name)
-        opt = t.optimizer if t is not None else "lazy_adam"
+        opt = t.optimizer if t is not None else default.optimizer
         if opt not in TABLE_OPTIMIZERS:
             problems.append(unknown(f"tables.{name}.optimizer", opt, TABLE_OPTIMIZERS))
         want = wanted.get(name, "host" if pl.host_device_mix == 1 else "device")
@@ -89,7 +91,7 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]], dense_co
                     f"DeepSpeed engine on the device. Set tables.{name}.optimizer=lazy_adam (or ftrl) to keep it on the host."
                 )
             want = "engine"
-        d = t if t is not None else TableConfig()
+        d = t if t is not None else default
         tables.append(
             TablePlan(
                 name=name, rows=rows, dim=dim, location=want, optimizer=opt, lr=d.lr, betas=(d.betas[0], d.betas[1]),

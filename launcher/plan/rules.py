@@ -66,8 +66,8 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
         p.append(f"eval.batches={e.batches} must be >= 0 (0 = no evaluation).")
     if e.every < 0:
         p.append(f"eval.every={e.every} must be >= 0 (0 = only at the end).")
-    if e.metrics not in ("loss", "binary"):
-        p.append(f"eval.metrics={e.metrics} is not one of loss, binary.")
+    if e.metrics not in ("auto", "loss", "binary"):
+        p.append(f"eval.metrics={e.metrics} is not one of auto, loss, binary.")
 
     p += check_cluster(c, host)
 

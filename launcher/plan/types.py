@@ -111,6 +111,8 @@ class LaunchPlan:
     """Decisions the planner made for the user, in words (e.g. how nproc_per_node=auto resolved)."""
     resume_from: str = ""
     """A checkpoint dir (<run>/checkpoints/step<N>) every rank loads before training; empty = start fresh."""
+    code_paths: tuple[str, ...] = ()
+    """Folders of the user's code (a recipe in their folder): put on sys.path in every rank before building."""
     debug_fail: tuple[int, int] = (-1, -1)
     """(rank, step) where a rank raises on purpose, for testing supervision; (-1, -1) = off."""
     kind: str = "recipe"
@@ -140,7 +142,7 @@ class LaunchPlan:
         tables = tuple(TablePlan(**{**t, "betas": tuple(t["betas"])}) for t in pl["tables"])
         d["placement"] = PlacementPlan(**{**pl, "tables": tables})
         d["ranks"] = tuple(RankPlan(**r) for r in d["ranks"])
-        for key in ("ds_ops", "notes", "debug_fail"):
+        for key in ("ds_ops", "notes", "debug_fail", "code_paths"):
             d[key] = tuple(d[key])
         return cls(**d)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -27,6 +28,7 @@ def run_rank(path: str | Path) -> None:
     rank_dir = run_dir.rank(rank)
     rank_dir.path.mkdir(exist_ok=True)
     rank_dir.pid.write_text(str(os.getpid()))
+    sys.path[:0] = [p for p in plan.code_paths if p not in sys.path]  # the user's recipe code, by _target_
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13 + DeepSpeed: all_gather_into_tensor ...
 
     device = torch.device(plan.ranks[rank].device)

@@ -112,10 +112,10 @@ def test_planning_imports_neither_torch_nor_deepspeed():
     code = (
         "import sys\n"
         "from launcher.config import compose_config\n"
-        "from launcher.contract import DataFacts\n"
+        "from launcher.contract import Facts\n"
         "from launcher.plan import plan_launch, HostFacts\n"
         "for r in ('gpt', 'quickstart', 'wide_deep'):\n"
-        "    plan_launch(compose_config([f'recipe={r}', 'zero.stage=2']), HostFacts('h', 2, 0, '/x'), DataFacts())\n"
+        "    plan_launch(compose_config([f'recipe={r}', 'zero.stage=2']), HostFacts('h', 2, 0, '/x'), Facts())\n"
         "bad = [m for m in ('torch', 'deepspeed') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

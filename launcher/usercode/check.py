@@ -1,0 +1,225 @@
+"""Preflight of a user recipe, in the launcher before any rank starts: import the named classes, check their
+arguments against their signatures, read a few dataset items, build the model on the ``meta`` device (no memory)
+to find its tables, size and layers, and run one tiny meta batch through the model and the loss. Every problem is
+reported at once (ConfigError: exit 2), naming the YAML file and the key."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from launcher.contract import DataFacts, ModelFacts
+from launcher.errors import ConfigError
+
+LABEL_SCAN = 256
+"""Dataset items read to decide whether the labels are binary."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def locate(path: str) -> Any:
+    """The object at a dotted path (``pkg.module.Class``); raises ImportError/AttributeError as Python would."""
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as e:
+            if e.name and ".".join(parts[:cut]).startswith(e.name):
+                continue  # a shorter prefix may be the module
+            raise
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    return importlib.import_module(path)
+
+
+def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple[Any, list[str]]:
+    """(the class, problems) for ``spec``'s ``_target_``: it imports, and its constructor takes the spec's keys."""
+    where = f"{key} in {source}"
+    if not isinstance(spec, Mapping) or "_target_" not in spec:
+        return None, [f"{key} ({source}) needs a _target_: the dotted path of a class, e.g. "
+                      f"{key}: {{_target_: my_project.model.Net, ...}}."]
+    target = spec["_target_"]
+    try:
+        cls = locate(target)
+    except Exception as e:  # noqa: BLE001 (the user's module may raise anything on import)
+        return None, [f"{key}._target_={target} ({where}) does not import: {_first_line(e)}. Check the dotted path "
+                      f"and that its package is in the folder you run from (or next to --config-dir)."]
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return cls, []
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return cls, []
+    given = [k for k in spec if k != "_target_" and not k.startswith("_")]
+    problems = []
+    for k in given:
+        if k not in params:
+            close = difflib.get_close_matches(k, list(params), n=1)
+            hint = f" Did you mean {key}.{close[0]}?" if close else ""
+            problems.append(f"{key}.{k}={spec[k]!r} ({where}): {target}() has no argument {k}.{hint} "
+                            f"Its arguments: {', '.join(params) or 'none'}.")
+    for name, p in params.items():
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in given:
+            problems.append(f"{key}.{name} ({where}) is required by {target}() and not set. Set {key}.{name}=<value>.")
+    return cls, problems
+
+
+def _is_item(item: Any) -> bool:
+    return isinstance(item, (tuple, list)) and len(item) >= 2 and all(torch.is_tensor(t) for t in item)
+
+
+def dataset_facts(key: str, spec: Mapping[str, Any], source: str) -> tuple[Any, list[str]]:
+    """(the built dataset, problems): it builds, has a length, and its items are tuples of tensors."""
+    try:
+        ds = instantiate(spec, _convert_="all")
+    except Exception as e:  # noqa: BLE001
+        return None, [f"{key} ({source}): building {spec['_target_']} failed: {_first_line(e.__cause__ or e)}."]
+    try:
+        n = len(ds)
+        item = ds[0] if n else None
+    except Exception as e:  # noqa: BLE001
+        return None, [f"{key} ({source}): {spec['_target_']} is not a map-style Dataset (len() and [i]): "
+                      f"{_first_line(e)}. Give a torch.utils.data.Dataset with __len__ and __getitem__."]
+    if n == 0:
+        return None, [f"{key} ({source}): {spec['_target_']} has no items. Give a non-empty dataset."]
+    if not _is_item(item):
+        got = type(item).__name__ if not isinstance(item, (tuple, list)) else \
+            f"({', '.join(type(t).__name__ for t in item)})"
+        return None, [f"{key} ({source}): item 0 of {spec['_target_']} is {got}; each item must be a tuple of "
+                      f"tensors (input_1, ..., input_k, label). Return e.g. (torch.tensor(x), torch.tensor(y))."]
+    return ds, []
+
+
+def model_facts_on_meta(model: nn.Module) -> ModelFacts:
+    """Tables (every nn.Embedding / nn.EmbeddingBag that can train outside the engine), dense parameters, top-level
+    children, of a model built on the meta device."""
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    tables, kept_inside = {}, []
+    for path, m in model.named_modules():
+        if not isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+            continue
+        why = ""
+        if len(names_of.get(id(m.weight), [])) > 1:
+            why = f"its weight is shared with {', '.join(n for n in names_of[id(m.weight)] if n != path + '.weight')}"
+        elif m.max_norm is not None:
+            why = "it renormalises rows (max_norm)"
+        elif isinstance(m, nn.EmbeddingBag) and m.padding_idx is not None:
+            why = "an EmbeddingBag with padding_idx"
+        if why:
+            kept_inside.append(f"{path} ({why})")
+        else:
+            tables[path] = (m.num_embeddings, m.embedding_dim)
+    table_ids = {id(model.get_submodule(p).weight) for p in tables}
+    dense = sum(p.numel() for p in model.parameters() if id(p) not in table_ids)
+    layers = tuple(n for n, _ in model.named_children())
+    lines = [f"model: {type(model).__module__}.{type(model).__name__}, {dense + sum(r * d for r, d in tables.values()):,} "
+             f"parameters: tables {', '.join(f'{p} {r:,}×{d}' for p, (r, d) in tables.items()) or 'none'}; "
+             f"dense {dense:,}; layers {', '.join(layers) or '-'}"]
+    if kept_inside:
+        lines.append(f"model: embeddings that always train inside the engine: {'; '.join(kept_inside)}")
+    return ModelFacts(tables=tables, dense_params=dense, layers=layers, lines=tuple(lines))
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return t.to("meta")
+
+
+def check_model_and_loss(model: nn.Module, loss_fn: Any, dataset: Any, source: str) -> list[str]:
+    """One micro-batch of two items, on the meta device: the model takes the inputs, the loss takes its output
+    and the label. A model that cannot run on meta is not checked here (its first step will tell)."""
+    from torch.utils.data import default_collate
+
+    items = default_collate([dataset[i] for i in range(min(2, len(dataset)))])
+    inputs, label = [_meta(t) for t in items[:-1]], _meta(items[-1])
+    try:
+        with torch.no_grad():
+            out = model(*inputs)
+    except NotImplementedError:
+        return []
+    except Exception as e:  # noqa: BLE001
+        if "meta" in str(e).lower():
+            return []
+        shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
+        return [f"model ({source}): its forward fails on a batch of 2 dataset items (inputs {shapes}): "
+                f"{_first_line(e)}. The model is called as model(input_1, ..., input_k) with every item's tensors but "
+                f"the last, batched."]
+    if not torch.is_tensor(out):
+        return [f"model ({source}): forward returned {type(out).__name__}; it must return one tensor for the loss."]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # e.g. MSELoss broadcasting a target of another size
+            loss_fn(out, label)
+    except Exception as e:  # noqa: BLE001
+        if "meta" in str(e).lower() and "size" not in str(e).lower():
+            return []
+        return [f"loss ({source}): {type(loss_fn).__name__} rejects the model's output {tuple(out.shape)} "
+                f"{str(out.dtype).removeprefix('torch.')} against the label {tuple(label.shape)} "
+                f"{str(label.dtype).removeprefix('torch.')}: {_first_line(e)}. Make the model's output and the "
+                f"dataset's label the shapes and dtypes the loss expects."]
+    return []
+
+
+def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelFacts]:
+    """Every check of a user recipe, then its facts; ConfigError listing all problems."""
+    model_spec = OmegaConf.to_container(cfg.model, resolve=True)
+    data_spec = OmegaConf.to_container(cfg.data, resolve=True)
+    eval_spec = OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data is not None else None
+    loss_spec = OmegaConf.to_container(cfg.loss, resolve=True)
+    problems: list[str] = []
+    checked = {}
+    for key, spec in (("model", model_spec), ("data", data_spec), ("eval_data", eval_spec), ("loss", loss_spec)):
+        if spec is None:
+            continue
+        cls, found = check_target(key, spec, source)
+        problems += found
+        checked[key] = cls is not None and not found
+    train = evaluation = model = loss_fn = None
+    if checked.get("data"):
+        train, found = dataset_facts("data", data_spec, source)
+        problems += found
+    if checked.get("eval_data"):
+        evaluation, found = dataset_facts("eval_data", eval_spec, source)
+        problems += found
+    if checked.get("model"):
+        try:
+            with torch.device("meta"):
+                model = instantiate(model_spec, _convert_="all")
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"model ({source}): building {model_spec['_target_']} on the meta device failed: "
+                            f"{_first_line(e.__cause__ or e)}.")
+        if model is not None and not isinstance(model, nn.Module):
+            problems.append(f"model._target_={model_spec['_target_']} ({source}) built a {type(model).__name__}, "
+                            f"not a torch.nn.Module.")
+            model = None
+    if checked.get("loss"):
+        try:
+            loss_fn = instantiate(loss_spec, _convert_="all")
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"loss ({source}): building {loss_spec['_target_']} failed: {_first_line(e.__cause__ or e)}.")
+    if model is not None and loss_fn is not None and train is not None:
+        problems += check_model_and_loss(model, loss_fn, train, source)
+    if problems:
+        raise ConfigError(problems)
+    facts = model_facts_on_meta(model)
+    labels = [train[i][-1] for i in range(min(LABEL_SCAN, len(train)))]
+    binary = all(bool(((y == 0) | (y == 1)).all()) for y in labels)
+    n_eval = len(evaluation) if evaluation is not None else 0
+    line = (f"data: {data_spec['_target_']}: {len(train):,} items of {len(train[0]) - 1} input(s) + label"
+            f"{', binary labels' if binary else ''}; eval_data: "
+            f"{f'{n_eval:,} items' if evaluation is not None else 'none (no evaluation)'}")
+    return DataFacts(train_samples=len(train), lines=(line,), binary_labels=binary, eval_samples=n_eval), facts

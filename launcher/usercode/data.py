@@ -1,0 +1,48 @@
+"""The data source around a user's map-style ``torch.utils.data.Dataset``: each item is a tuple of tensors
+``(input_1, ..., input_k, label)``; ranks batch it with ``DataLoader`` and shard it by dp rank with
+``DistributedSampler`` (seeded, reshuffled every epoch, the last partial batch dropped), as PyTorch users expect.
+
+Global micro-batch k is the same samples however it is split over ranks: rank r of dp takes every dp-th index of
+the epoch's permutation, so ranks 0..dp-1's k-th micro-batches together are positions [k·m·dp, (k+1)·m·dp) of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from hydra.utils import instantiate
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+from launcher.contract import Batch
+
+
+def _split(items: list[Any]) -> Batch:
+    return tuple(items[:-1]), items[-1]
+
+
+class MapData:
+    def __init__(self, train: dict[str, Any], eval: dict[str, Any] | None = None) -> None:  # noqa: A002 (YAML key)
+        self.train = instantiate(train, _convert_="all")
+        self.eval = instantiate(eval, _convert_="all") if eval else None
+
+    def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[Batch]:
+        sampler = DistributedSampler(self.train, num_replicas=dp_size, rank=dp_rank, shuffle=True, seed=seed,
+                                     drop_last=True)
+        per_epoch = len(sampler) // micro_size
+        epoch, skip = divmod(start, per_epoch)
+        while True:
+            sampler.set_epoch(epoch)
+            order = list(sampler)[skip * micro_size : per_epoch * micro_size]
+            loader = DataLoader(self.train, batch_sampler=BatchSampler(order, micro_size, drop_last=True))
+            for items in loader:
+                yield _split(items)
+            epoch, skip = epoch + 1, 0
+
+    def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
+        """All of eval_data, every dp-th item from dp_rank on (``count`` is for endless data; unused here)."""
+        if self.eval is None:
+            return
+        mine = list(range(dp_rank, len(self.eval), dp_size))
+        for items in DataLoader(self.eval, batch_sampler=BatchSampler(mine, micro_size, drop_last=False)):
+            yield _split(items)

@@ -1,0 +1,55 @@
+"""The recipe contract for a recipe that is only YAML: ``model``, ``data`` (and ``eval_data``) name the user's own
+classes by ``_target_``; sizes come from the model itself (``ModelFacts``, gathered before planning)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from launcher.contract import DataFacts, Recipe
+
+DATA_TARGET = "launcher.usercode.data.MapData"
+"""The data source every rank builds around the user's Dataset(s)."""
+
+
+class UserRecipe:
+    """A recipe named by ``conf/recipe/<name>.yaml`` in the user's folder. Its model and data keys are the user's
+    constructors' arguments (checked against their signatures in preflight, not by a schema)."""
+
+    model_config = dict
+    data_configs: Mapping[str, type] = {}
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def data_facts(self, data: Any) -> DataFacts:
+        """Gathered by ``launcher.usercode.check.inspect_user_recipe`` (it needs the model and the loss too)."""
+        raise RuntimeError("a user recipe's facts come from launcher.usercode.check.inspect_user_recipe")
+
+    def model_spec(self, model: Any, facts: DataFacts) -> dict[str, Any]:
+        return dict(model)
+
+    def tables(self, model: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+        raise RuntimeError("a user recipe's tables come from its ModelFacts (the model built on the meta device)")
+
+    def dense_param_count(self, model: Mapping[str, Any]) -> int:
+        raise RuntimeError("a user recipe's sizes come from its ModelFacts (the model built on the meta device)")
+
+    def problems(self, model: Mapping[str, Any], data: Any, micro_group: int) -> list[str]:
+        return []
+
+    def layers(self, model: Any) -> list[tuple[str, Any]]:
+        return list(model.named_children())
+
+    @staticmethod
+    def data_spec(data: Mapping[str, Any], eval_data: Mapping[str, Any] | None) -> dict[str, Any]:
+        """What every rank instantiates: the user's Dataset(s) inside a MapData source."""
+        return {"_target_": DATA_TARGET, "_recursive_": False, "train": dict(data),
+                "eval": dict(eval_data) if eval_data else None}
+
+
+def recipe_for(name: str) -> Recipe:
+    """The built-in recipe called ``name``, or a UserRecipe (its YAML was found on the config search path)."""
+    from launcher.recipes import RECIPES
+
+    return RECIPES[name] if name in RECIPES else UserRecipe(name)
