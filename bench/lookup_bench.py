@@ -4,18 +4,19 @@
                                            [--old 622cee9] [--new HEAD]   (--new . : this checkout as it is)
 
 "old" is commit 622cee9: the model splits itself (model.tables + table_rows() + body) and the Trainer calls
-TableSet.lookup(rows_by_table). "new" is HEAD (bb44bc5 when written): build_tables swaps each nn.Embedding of a
-plain model for a TableLookup. Both run hetero-launch recipe=wide_deep placement.host_device_mix=1 with 1 rank (all cores), at the
-sizes of bench/placement_bench.py (26 fields x 153,846 rows = 4 M rows per table, dim 16 and 1, batch 4096), with
-the recipe's table optimizers (lazy Adam + FTRL) and with lazy Adam on both tables.
+TableSet.lookup(rows_by_table). "new" is HEAD (the generic lookup came in bb44bc5): build_tables swaps each
+nn.Embedding of a plain model for a TableLookup. Both run recipe=wide_deep placement.host_device_mix=1 with 1 rank
+(all cores), at the sizes of bench/placement_bench.py (26 fields x 153,846 rows = 4 M rows per table, dim 16 and 1,
+batch 4096), with the recipe's table optimizers (lazy Adam + FTRL) and with lazy Adam on both tables.
 
 Each measurement is a fresh subprocess (this script with --measure) that imports `launcher` from one tree: each
 revision is a detached git worktree at /tmp/hl-<old|new>-<sha> (created here when missing, e.g.
-/tmp/hl-old-622cee9), so uncommitted edits in this checkout do not leak in; it is mapped the way the editable install maps
-this tree (launcher -> launcher/, launcher.recipes -> recipes/, launcher.conf -> conf/). It builds the Trainer as
+/tmp/hl-old-622cee9), so uncommitted edits in this checkout do not leak in, mapped as the editable install maps this
+tree (launcher -> launcher/, launcher.recipes -> recipes/, launcher.conf -> conf/). It builds the Trainer as
 a rank does (plan_launch, 1-rank gloo group, build_trainer), runs --warmup steps, then times --steps train_step()s.
 Rounds alternate the order (old, new), (new, old), ... Reported: per variant the median over rounds of each run's
-median ms/step, the min-max of those run medians, new/old, and whether the per-step losses agree (same seed).
+median wall ms/step, the min-max of those run medians, new/old (of the medians, and per round), and whether the
+per-step losses agree (same seed). On a shared machine, other work shows as a wide spread and a load note.
 Writes bench/results/lookup.json. Not a test: numbers depend on the machine.
 """
 
@@ -42,7 +43,8 @@ class _TreeFinder:
     install's finder does for /work/main), ahead of that finder and of sys.path."""
 
     def __init__(self, tree: Path) -> None:
-        self.packages = {"launcher": tree / "launcher", "launcher.recipes": tree / "recipes", "launcher.conf": tree / "conf"}
+        self.packages = {"launcher": tree / "launcher", "launcher.recipes": tree / "recipes",
+                         "launcher.conf": tree / "conf"}
 
     def find_spec(self, fullname, path=None, target=None):
         from importlib.util import spec_from_file_location
@@ -104,17 +106,20 @@ def measure(a: argparse.Namespace) -> dict:
         times.append((time.perf_counter() - t0) * 1000)
     dist.destroy_process_group()
     return {"code": code, "engine": plan.engine, "threads": torch.get_num_threads(), "build_s": build_s,
-            "ms": times[a.warmup:], "ms_median": statistics.median(times[a.warmup:]), "losses": losses}
+            "ms": times[a.warmup:], "ms_median": statistics.median(times[a.warmup:]),
+            "losses": losses, "loadavg_1min": os.getloadavg()[0]}
 
 
 def run_variant(variant: str, tree: Path, config: str, a: argparse.Namespace) -> dict:
-    args = [sys.executable, str(Path(__file__).resolve()), "--measure", variant, "--tree", str(tree), "--config", config,
-            f"--rows-per-table={a.rows_per_table}", f"--batch={a.batch}", f"--steps={a.steps}", f"--warmup={a.warmup}"]
+    args = [sys.executable, str(Path(__file__).resolve()), "--measure", variant, "--tree", str(tree),
+            "--config", config, f"--rows-per-table={a.rows_per_table}", f"--batch={a.batch}", f"--steps={a.steps}",
+            f"--warmup={a.warmup}"]
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}
     res = subprocess.run(args, cwd="/tmp", env=env, capture_output=True, text=True)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
     if res.returncode != 0 or not lines:
-        raise RuntimeError(f"{variant} / {config} failed (exit {res.returncode}):\n{res.stdout[-2000:]}{res.stderr[-3000:]}")
+        raise RuntimeError(f"{variant} / {config} failed (exit {res.returncode}):\n"
+                           f"{res.stdout[-2000:]}{res.stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT "):])
 
 
@@ -157,24 +162,27 @@ def main() -> None:
         for config in CONFIGS:
             for variant in order:
                 runs[config][variant].append(run_variant(variant, trees[variant][0], config, a))
-                print(f"round {r + 1}/{a.rounds}: {variant} {config}: "
-                      f"{runs[config][variant][-1]['ms_median']:.1f} ms/step", file=sys.stderr)
+                x = runs[config][variant][-1]
+                print(f"round {r + 1}/{a.rounds}: {variant} {config}: {x['ms_median']:.1f} ms/step, 1-min load "
+                      f"average {x['loadavg_1min']:.1f}", file=sys.stderr)
 
-    print(f"\nold = {trees['old'][1]}, new = {trees['new'][1]}; wide_deep host tables, {a.rows_per_table * 26:,} rows per table (26 x {a.rows_per_table:,}; d=16 and d=1), "
-          f"batch {a.batch}, 1 rank, {len(os.sched_getaffinity(0))} cores; each run the median of {a.steps} steps "
-          f"after {a.warmup} warm-up; median (min-max) over {a.rounds} interleaved rounds\n")
-    print("| tables' optimizers | old ms/step | new ms/step | new/old | new/old per round | build s old / new |")
-    print("|---|---:|---:|---:|---:|---:|")
+    cores = len(os.sched_getaffinity(0))
+    print(f"\nold = {trees['old'][1]}, new = {trees['new'][1]}; wide_deep host tables, {a.rows_per_table * 26:,} rows "
+          f"per table (26 x {a.rows_per_table:,}; d=16 and d=1), batch {a.batch}, 1 rank, {cores} cores; each run the "
+          f"median of {a.steps} steps after {a.warmup} warm-up; median (min-max) over {a.rounds} interleaved rounds\n")
+    print("| tables' optimizers | old ms/step | new ms/step | new/old | new/old per round |")
+    print("|---|---:|---:|---:|---:|")
     summary = {}
     for config, by in runs.items():
         med = {v: [x["ms_median"] for x in by[v]] for v in by}
         ratios = [n / o for n, o in zip(med["new"], med["old"])]
-        summary[config] = {v: {"ms_median": statistics.median(m), "min": min(m), "max": max(m)} for v, m in med.items()}
+        summary[config] = {v: {"ms_median": statistics.median(m), "min": min(m), "max": max(m)}
+                           for v, m in med.items()}
         summary[config]["ratio"] = summary[config]["new"]["ms_median"] / summary[config]["old"]["ms_median"]
-        build = {v: statistics.median(x["build_s"] for x in by[v]) for v in by}
+        summary[config]["build_s_median"] = {v: statistics.median(x["build_s"] for x in by[v]) for v in by}
         cell = {v: f"{statistics.median(m):.1f} ({min(m):.1f}-{max(m):.1f})" for v, m in med.items()}
         print(f"| {config} | {cell['old']} | {cell['new']} | {summary[config]['ratio']:.3f} | "
-              f"{min(ratios):.3f}-{max(ratios):.3f} | {build['old']:.2f} / {build['new']:.2f} |")
+              f"{min(ratios):.3f}-{max(ratios):.3f} |")
 
     print(f"\nlosses, same seed, all {a.warmup + a.steps} steps of each run vs the first old run:")
     for config, by in runs.items():
@@ -185,12 +193,19 @@ def main() -> None:
         firsts = {v: ", ".join(f"{x:.7f}" for x in by[v][0]["losses"][:3]) for v in by}
         print(f"  {config}: max |new - old| {diff['new']:.1e} ({verdict}), old run to run {diff['old']:.1e}; "
               f"first 3 steps old [{firsts['old']}] new [{firsts['new']}]")
-    engines = {x["engine"] for by in runs.values() for v in by.values() for x in v}
-    print(f"engine: {', '.join(sorted(engines))}; torch threads per run: {runs[config]['new'][0]['threads']}")
+    every = [x for by in runs.values() for v in by.values() for x in v]
+    print(f"engine: {', '.join(sorted({x['engine'] for x in every}))}; torch threads per run: {every[0]['threads']}; "
+          f"Trainer build s (median) " + ", ".join(f"{c}: old {s['build_s_median']['old']:.2f} new "
+                                                   f"{s['build_s_median']['new']:.2f}" for c, s in summary.items()))
+    load = max(x["loadavg_1min"] for x in every)
+    if load > 1.5 * cores:
+        print(f"note: 1-min load average reached {load:.1f} on {cores} cores: other work shared "
+              f"the machine; the min of each spread is the better figure, or run again on a quiet machine")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
+    revisions = {v: t[1] for v, t in trees.items()}
     (out / "lookup.json").write_text(json.dumps(
-        {"args": vars(a), "revisions": {v: t[1] for v, t in trees.items()}, "summary": summary, "runs": runs}, indent=2))
+        {"args": vars(a), "revisions": revisions, "summary": summary, "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Launch, worker and report ask this module for paths, so the layout can change he
                                           tables.pt, trainer.<rank>.pt
         rank.<N>/                         RankDir
             stdout stderr error.json pid last_step metrics.jsonl memory.json tables.json mesh.json
+                                          prepared.json (a script's runtime.prepare())
     <log_dir>/latest -> <run>
 
 Torch-free and Hydra-free: the report imports it without the training stack.
@@ -25,6 +26,10 @@ from typing import Any
 from launcher.errors import ConfigError
 
 __all__ = ["CheckpointDir", "MetricsWriter", "RankDir", "RunDir", "create_run_dir", "point_latest"]
+
+
+RUN_DIR_ENV = "HL_RUN_DIR"
+"""The variable that tells every rank its run dir (plan.json, rank.N/): ``launcher.runtime`` reads it in a script."""
 
 
 class CheckpointDir:
@@ -64,6 +69,8 @@ class RankDir:
         self.memory = path / "memory.json"
         self.tables = path / "tables.json"
         self.mesh = path / "mesh.json"
+        self.prepared = path / "prepared.json"
+        """What a script's runtime.prepare() built: engine, offload, each table's place."""
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """metrics.jsonl's records; a torn last line (the rank died mid-write) is skipped."""

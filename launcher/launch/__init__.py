@@ -53,7 +53,7 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
         run_dir.write_summary(build_summary(run_dir, plan_dict, exits, "failed", time.monotonic() - t0))
         return 1
     store = host_store(plan)  # held open for the whole run: the ranks rendezvous on it
-    envs = rank_envs(plan, run_dir.name, store.port)
+    envs = rank_envs(plan, run_dir, store.port)
     write_rank_env(run_dir, envs)
     pc = spawn_ranks(plan, run_dir, envs)
     with ProgressView(console, run_dir.rank(0), plan.steps) as view:

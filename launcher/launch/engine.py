@@ -14,7 +14,7 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs, PContext, Std, start_processes
 
 from launcher.plan import RunPlan
-from launcher.rundir import RunDir
+from launcher.rundir import RUN_DIR_ENV, RunDir
 
 
 class RankLogsSpecs(LogsSpecs):
@@ -50,13 +50,14 @@ def host_store(plan: RunPlan) -> TCPStore:
     )
 
 
-def rank_envs(plan: RunPlan, run_id: str, port: int) -> dict[int, dict[str, str]]:
-    """Each rank's variables as it is started: the plan's, the store's real port, torch elastic's own."""
+def rank_envs(plan: RunPlan, run_dir: RunDir, port: int) -> dict[int, dict[str, str]]:
+    """Each rank's variables as it is started: the plan's, the store's real port, the run dir, torch elastic's own."""
     return {
         r.rank: {
             **r.env,
             "MASTER_PORT": str(port),
-            "TORCHELASTIC_RUN_ID": run_id,
+            RUN_DIR_ENV: str(run_dir.path.resolve()),
+            "TORCHELASTIC_RUN_ID": run_dir.name,
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "TORCHELASTIC_RESTART_COUNT": "0",
             "TORCHELASTIC_MAX_RESTARTS": "0",

@@ -30,7 +30,7 @@ class ProgressView:
             console=console,
             disable=not self._live,
         )
-        self._task = self._progress.add_task("train", total=total_steps, loss="-", rate="-")
+        self._task = self._progress.add_task("train", total=total_steps or None, loss="-", rate="-")  # a script: 0
 
     def __enter__(self) -> ProgressView:
         self._progress.start()
@@ -48,11 +48,13 @@ class ProgressView:
                     self._console.print(f"{record['event']} at step {record['step']}: " + ", ".join(
                         f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k in shown))
                 continue
-            self._progress.update(self._task, loss=f"{record['loss']:.4f}", rate=f"{record['samples_per_s']:.0f}")
+            loss, rate = record.get("loss"), record.get("samples_per_s")  # a script's runtime.log may give neither
+            self._progress.update(self._task, loss="-" if loss is None else f"{loss:.4f}",
+                                  rate="-" if rate is None else f"{rate:.0f}")
             if not self._live:
-                self._console.print(
-                    f"step {record['step']}/{self._total}  loss {record['loss']:.5f}  {record['samples_per_s']:.0f} samples/s"
-                )
+                total = f"/{self._total}" if self._total else ""
+                self._console.print(f"step {record['step']}{total}" + ("" if loss is None else f"  loss {loss:.5f}")
+                                    + ("" if rate is None else f"  {rate:.0f} samples/s"))
         try:
             self._progress.update(self._task, completed=int(self._heartbeat.read_text()))
         except (OSError, ValueError):

@@ -51,29 +51,25 @@ class PlacementPlan:
     pin_memory: bool
 
 
-def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]], dense_count: int, device_type: str,
-                   default: TableConfig | None = None) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
-    """(placement, effective ZeRO stage, problems, notes) for the recipe's tables (module path -> (rows, dim)) and
-    its dense_count parameters outside them. ``default`` is how a table without a ``tables.<path>`` entry trains
-    (TableConfig's defaults: lazy_adam)."""
-    default = default or TableConfig()
+def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableConfig], wanted: dict[str, str],
+                host_device_mix: int, default: TableConfig, owner: str) -> tuple[list[TablePlan], list[str], list[str]]:
+    """(tables, problems, notes): where each table (module path -> (rows, dim)) lives and how it trains, from the
+    ``tables`` section (table_cfgs), ``placement.tables`` (wanted) and ``placement.host_device_mix``. ``default``:
+    how a table without a ``tables.<path>`` entry trains. ``owner`` names the model in messages. Also what a
+    script's ``runtime.prepare()`` calls, with its live model's tables."""
     problems: list[str] = []
     notes: list[str] = []
-    pl, o = cfg.placement, cfg.optimizer
-    # Plain containers: OmegaConf node access costs ~50 us a key, and a recipe may have thousands of tables.
-    table_cfgs = {name: TableConfig(**t) for name, t in OmegaConf.to_container(cfg.tables).items()}
-    wanted = OmegaConf.to_container(pl.tables)
     for section, keys in (("tables", table_cfgs.keys()), ("placement.tables", wanted.keys())):
         for name in keys:
             if name not in shapes:
                 close = difflib.get_close_matches(name, list(shapes), n=1)
                 hint = f" Did you mean {section}.{close[0]}?" if close else ""
                 known = ", ".join(shapes) or "none"
-                problems.append(f"{section}.{name}: recipe {cfg.recipe.name} has no table {name}.{hint} Its tables: {known}.")
-    if pl.host_device_mix not in (0, 1):
-        problems.append(f"placement.host_device_mix={pl.host_device_mix} must be 0 (tables on the device) or 1 (tables on the host).")
-    if pl.host_device_mix == 1 and not shapes:
-        notes.append(f"placement.host_device_mix=1: recipe {cfg.recipe.name} has no embedding tables; nothing moves to the host")
+                problems.append(f"{section}.{name}: {owner} has no table {name}.{hint} Its tables: {known}.")
+    if host_device_mix not in (0, 1):
+        problems.append(f"placement.host_device_mix={host_device_mix} must be 0 (tables on the device) or 1 (tables on the host).")
+    if host_device_mix == 1 and not shapes:
+        notes.append(f"placement.host_device_mix=1: {owner} has no embedding tables; nothing moves to the host")
 
     tables = []
     for name, (rows, dim) in shapes.items():
@@ -81,14 +77,14 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]], dense_co
         opt = t.optimizer if t is not None else default.optimizer
         if opt not in TABLE_OPTIMIZERS:
             problems.append(unknown(f"tables.{name}.optimizer", opt, TABLE_OPTIMIZERS))
-        want = wanted.get(name, "host" if pl.host_device_mix == 1 else "device")
+        want = wanted.get(name, "host" if host_device_mix == 1 else "device")
         if want not in ("host", "device"):
             problems.append(f"placement.tables.{name}={want} must be host or device.")
         if opt == "dense":
             if name in wanted and want == "host":
                 problems.append(
                     f"placement.tables.{name}=host with tables.{name}.optimizer=dense: a dense table trains inside the "
-                    f"DeepSpeed engine on the device. Set tables.{name}.optimizer=lazy_adam (or ftrl) to keep it on the host."
+                    f"engine on the device. Set tables.{name}.optimizer=lazy_adam (or ftrl) to keep it on the host."
                 )
             want = "engine"
         d = t if t is not None else default
@@ -110,11 +106,26 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]], dense_co
             f"sparse: all tables of a run train either inside the engine or outside it. Set every tables.<name>.optimizer "
             f"to dense, or none."
         )
-    if dense and pl.host_device_mix == 1:
+    if dense and host_device_mix == 1:
         problems.append(
             "placement.host_device_mix=1 needs sparse tables (lazy_adam or ftrl); the tables are dense. "
             "Set tables.<name>.optimizer=lazy_adam, or placement.host_device_mix=0."
         )
+    return tables, problems, notes
+
+
+def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]], dense_count: int, device_type: str,
+                   default: TableConfig | None = None) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
+    """(placement, effective ZeRO stage, problems, notes) for the recipe's tables (module path -> (rows, dim)) and
+    its dense_count parameters outside them. ``default`` is how a table without a ``tables.<path>`` entry trains
+    (TableConfig's defaults: lazy_adam)."""
+    pl, o = cfg.placement, cfg.optimizer
+    # Plain containers: OmegaConf node access costs ~50 us a key, and a recipe may have thousands of tables.
+    table_cfgs = {name: TableConfig(**t) for name, t in OmegaConf.to_container(cfg.tables).items()}
+    owner = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
+    tables, problems, notes = plan_tables(shapes, table_cfgs, OmegaConf.to_container(pl.tables), pl.host_device_mix,
+                                          default or TableConfig(), f"recipe {owner}" if owner else "the model")
+    dense = [t.name for t in tables if t.optimizer == "dense"]
     sparse = bool(tables) and not dense
 
     stage = cfg.zero.stage

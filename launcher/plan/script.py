@@ -1,13 +1,78 @@
-"""PURE planning of a user's own script: ranks, environment and rank table, nothing else."""
+"""PURE planning of a user's own script: ranks, environment and rank table, and the ``RuntimePlan`` that the
+script's ``runtime.prepare(model, optimizer)`` builds (engine, its DeepSpeed config, placement intents).
+
+What depends on the script's model (which tables it has) is decided inside the rank, by the same pure
+``plan_tables`` a recipe's plan uses, from the intents recorded here.
+"""
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import ConfigError
+from launcher.plan.deepspeed import DeepSpeedInputs, deepspeed_config
+from launcher.plan.engine import plan_engine
+from launcher.plan.parallel import ParallelDims
+from launcher.plan.placement import PlacementPlan, plan_placement
 from launcher.plan.ranks import plan_ranks, rank_table
 from launcher.plan.rules import check_cluster, device_and_backend, resolve_nproc
 from launcher.plan.types import HostFacts, ScriptPlan
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """What ``runtime.prepare()`` compiles the script's model and optimizer into."""
+
+    engine: str
+    """ddp or deepspeed."""
+    zero_stage: int
+    precision: str
+    grad_accum: int
+    """Micro-batches (runtime.backward calls) per optimizer step."""
+    placement: PlacementPlan
+    """Where the dense optimizer and parameters live; its ``tables`` are empty (prepare() finds the model's)."""
+    deepspeed: dict[str, Any] | None
+    """The DeepSpeed config (train_batch_size = micro × accum × dp with batch.micro_size, 1 when unset)."""
+    host_device_mix: int
+    table_locations: dict[str, str]
+    """placement.tables: module path -> host|device."""
+    table_configs: dict[str, dict[str, Any]]
+    """The tables section: module path -> TableConfig's fields."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RuntimePlan:
+        return cls(**{**d, "placement": PlacementPlan(**{**d["placement"], "tables": ()})})
+
+
+def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str) -> tuple[RuntimePlan | None, list[str], list[str]]:
+    """(runtime plan, problems, notes) of a script run's intents: precision, zero, optimizer.target, placement."""
+    placement, zero, problems, notes = plan_placement(cfg, {}, 0, device_type)
+    notes = [n for n in notes if "no embedding tables" not in n]  # the script's tables are found in prepare()
+    offload = placement.optimizer_location == "host" or placement.param_location == "host"
+    engine, engine_problems, engine_notes = plan_engine(cfg.parallel.engine, zero, offload, cfg.precision, dims)
+    problems += engine_problems
+    b = cfg.batch
+    micro, accum = (b.micro_size if b.micro_size > 0 else 1), (b.grad_accum if b.grad_accum > 0 else 1)
+    if problems:
+        return None, problems, notes
+    ds = None
+    if engine == "deepspeed":
+        ds = deepspeed_config(DeepSpeedInputs(
+            global_size=micro * accum * dims.dp, micro_size=micro, grad_accum=accum, zero_stage=zero,
+            precision=cfg.precision, optimizer=cfg.optimizer.name, log_every=cfg.trainer.log_every,
+            offload_optimizer=placement.optimizer_location == "host", offload_params=placement.param_location == "host",
+            pin_memory=placement.pin_memory, cpu_impl=placement.cpu_impl,
+        ))
+    runtime = RuntimePlan(
+        engine=engine, zero_stage=zero, precision=cfg.precision, grad_accum=accum, placement=placement, deepspeed=ds,
+        host_device_mix=cfg.placement.host_device_mix, table_locations=OmegaConf.to_container(cfg.placement.tables),
+        table_configs=OmegaConf.to_container(cfg.tables),
+    )
+    return runtime, problems, notes + engine_notes
 
 
 def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
@@ -17,12 +82,17 @@ def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
         raise ConfigError(problems)
     nproc, note = resolve_nproc(c.nproc_per_node, host)
     device_type, backend = device_and_backend(c.backend, host)
+    dims = ParallelDims(dp=nproc, pp=1, tp=1, world_size=nproc)
+    runtime, problems, notes = plan_runtime(cfg, dims, device_type)
+    if problems:
+        raise ConfigError(problems)
     ranks = plan_ranks(
         nnodes=1, nproc_per_node=nproc, device_type=device_type, master_addr=c.master_addr,
         master_port=c.master_port, cpu_count=host.cpu_count, extensions_dir=host.extensions_dir,
     )
+    ds_ops = ("deepspeed_shm_comm",) if runtime.engine == "deepspeed" and device_type == "cpu" else ()
     return ScriptPlan(
         script=cfg.script, args=tuple(cfg.script_args), world_size=nproc, nnodes=1, nproc_per_node=nproc,
         backend=backend, device_type=device_type, ranks=ranks, rank_table=rank_table(ranks, [c.master_addr]),
-        notes=(note,) if note else (),
+        notes=((note,) if note else ()) + tuple(notes), runtime=dataclasses.asdict(runtime), ds_ops=ds_ops,
     )

@@ -162,6 +162,8 @@ class ScriptPlan:
     ranks: tuple[RankPlan, ...]
     rank_table: dict[str, Any]
     notes: tuple[str, ...]
+    runtime: dict[str, Any] | None = None
+    """What the script's ``runtime.prepare()`` builds (launcher.plan.script.RuntimePlan as a dict)."""
     kind: str = "script"
     name: str = "script"
     steps: int = 0
@@ -171,7 +173,7 @@ class ScriptPlan:
         return (self.script, *self.args)
 
     def engine_config(self) -> dict[str, Any] | None:
-        return None
+        return (self.runtime or {}).get("deepspeed")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -57,6 +57,7 @@ def write_plots(run_dir: RunDir, summary: dict) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r, recs in steps.items():
+        recs = [m for m in recs if "samples_per_s" in m]  # a script's runtime.log may not give it
         if recs:
             ax.plot([m["step"] for m in recs], [m["samples_per_s"] for m in recs], marker=".", lw=1, label=f"rank {r}")
     ax.set(xlabel="step", ylabel="samples/s (all ranks together)", title=f"throughput — {title}", ylim=(0, None))

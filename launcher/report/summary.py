@@ -34,14 +34,14 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
                 "signal": signal_name(e["exit_code"]),
                 "stopped_by_launcher": e.get("stopped_by_launcher", False),
                 "last_step": rank_dir.last_step(),
-                "final_loss": steps[-1]["loss"] if steps else None,
-                "samples_per_s": steps[-1]["samples_per_s"] if steps else None,
+                "final_loss": steps[-1].get("loss") if steps else None,
+                "samples_per_s": steps[-1].get("samples_per_s") if steps else None,
             }
         )
     rank0 = run_dir.rank(0).read_metrics()
     steps0 = [m for m in rank0 if "event" not in m]
     evals = [m for m in rank0 if m.get("event") == "eval"]
-    final_loss = steps0[-1]["loss"] if steps0 else None
+    final_loss = steps0[-1].get("loss") if steps0 else None
     reference = dict(plan.get("reference") or {})
     floor, uniform = reference.get("entropy_floor"), reference.get("uniform_loss")
     # Measured on the held-out evaluation when there is one (the last training loss is one noisy batch).
@@ -56,9 +56,9 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
         "world_size": plan.get("world_size"),
         "steps": plan.get("steps"),
         "completed_steps": min((r["last_step"] for r in ranks), default=0),
-        "first_loss": steps0[0]["loss"] if steps0 else None,
+        "first_loss": steps0[0].get("loss") if steps0 else None,
         "final_loss": final_loss,
-        "samples_per_s": steps0[-1]["samples_per_s"] if steps0 else None,
+        "samples_per_s": steps0[-1].get("samples_per_s") if steps0 else None,
         "wall_s": round(wall_s, 2),
         "ranks": ranks,
         "eval": {k: v for k, v in evals[-1].items() if k not in ("event", "time", "wall_s")} if evals else {},

@@ -74,22 +74,34 @@ def build_optimizer(plan: LaunchPlan, params) -> torch.optim.Optimizer:
 
 
 def build_engine(plan: LaunchPlan, net: nn.Module, device: torch.device, dp_group) -> Engine:
-    return get_class(ENGINES[plan.engine].impl)(plan, net, device, dp_group)
+    """The planned engine around ``net``, with the planned dense optimizer."""
+    optimizer = build_optimizer(plan, net.parameters())
+    return make_engine(plan.engine, net, optimizer, device=device, dp_group=dp_group, grad_accum=plan.batch.grad_accum,
+                       config=plan.deepspeed, backend=plan.backend)
+
+
+def make_engine(name: str, net: nn.Module, optimizer: torch.optim.Optimizer, *, device: torch.device, dp_group,
+                grad_accum: int, config: dict[str, Any] | None, backend: str) -> Engine:
+    """Engine ``name`` (launcher.plan.registry.ENGINES) around ``net`` and a torch ``optimizer`` of its parameters:
+    what a recipe run and a script's ``runtime.prepare()`` both build."""
+    return get_class(ENGINES[name].impl)(net, optimizer, device=device, dp_group=dp_group, grad_accum=grad_accum,
+                                         config=config, backend=backend)
 
 
 class DDPEngine:
     """torch DistributedDataParallel over the dp group, with DeepSpeed's micro-batch protocol: the gradient
     all-reduce runs only in the boundary micro-batch's backward, the loss is divided by grad_accum."""
 
-    def __init__(self, plan: LaunchPlan, net: nn.Module, device: torch.device, dp_group) -> None:
+    def __init__(self, net: nn.Module, optimizer: torch.optim.Optimizer, *, device: torch.device, dp_group,
+                 grad_accum: int, **_: Any) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
         self.module = net.to(device)
-        self.optimizer = build_optimizer(plan, net.parameters())
+        self.optimizer = optimizer
         self._ddp = DistributedDataParallel(
             self.module, process_group=dp_group, device_ids=[device] if device.type == "cuda" else None
         )
-        self._accum = plan.batch.grad_accum
+        self._accum = grad_accum
         self._micro = 0
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
@@ -141,12 +153,12 @@ class DDPEngine:
 class DeepSpeedEngine:
     """deepspeed.initialize with the planned config and a client torch optimizer; DeepSpeed's own checkpoints."""
 
-    def __init__(self, plan: LaunchPlan, net: nn.Module, device: torch.device, dp_group) -> None:
+    def __init__(self, net: nn.Module, optimizer: torch.optim.Optimizer, *, config: dict[str, Any], backend: str,
+                 **_: Any) -> None:
         import deepspeed  # after the env is in place: DS_ACCELERATOR, TORCH_EXTENSIONS_DIR
 
-        deepspeed.init_distributed(dist_backend=plan.backend)  # the process group exists: DeepSpeed adopts it
-        self._ds, _, _, _ = deepspeed.initialize(model=net, optimizer=build_optimizer(plan, net.parameters()),
-                                                 config=plan.deepspeed)
+        deepspeed.init_distributed(dist_backend=backend)  # the process group exists: DeepSpeed adopts it
+        self._ds, _, _, _ = deepspeed.initialize(model=net, optimizer=optimizer, config=config)
         self.module = self._ds.module
         self.optimizer = self._ds.optimizer
         self._boundary = False

@@ -1,0 +1,229 @@
+"""``prepare()`` for your own training loop: the plan hetero-launch compiled, applied to your model and optimizer.
+
+    from launcher import runtime
+
+    model, optimizer = runtime.prepare(model, optimizer)   # engine, placement, ZeRO/offload as planned
+    for step, (x, y) in enumerate(loader, 1):
+        loss = loss_fn(model(*runtime.move(x)), runtime.move(y)[0])
+        runtime.backward(loss)
+        runtime.step()
+        runtime.log(step=step, loss=loss)                  # progress, metrics.jsonl, summary.json
+
+Under ``hetero-launch script=train.py`` the run dir's plan says what to build (``RuntimePlan``: torch DDP or
+DeepSpeed with its config; tables to the host with ``placement.host_device_mix=1``; ZeRO-Offload with
+``optimizer.target=CPU``). Under plain ``torchrun`` (or ``python``) the same script gets the defaults: torch DDP,
+fp32, every table inside it, your optimizer as it is. Like ``accelerator.prepare`` and ``deepspeed.initialize``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from launcher.plan.placement import plan_tables
+from launcher.plan.script import RuntimePlan
+from launcher.rundir import RUN_DIR_ENV, MetricsWriter, RankDir, RunDir
+from launcher.schema import TableConfig
+
+__all__ = ["backward", "device", "log", "move", "prepare", "rank", "step", "world_size"]
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class _State:
+    plan: RuntimePlan | None = None
+    engine: Any = None
+    tables: Any = None
+    micro: int = 0
+    metrics: MetricsWriter | None = None
+    device: torch.device = torch.device("cpu")
+    dtype: torch.dtype = torch.float32
+
+
+_S = _State()
+
+
+def _default_plan() -> RuntimePlan:
+    from launcher.plan.placement import PlacementPlan
+
+    placement = PlacementPlan(tables=(), sparse_tables=False, dense_params=0, param_location="device",
+                              optimizer_location="device", cpu_impl="torch", pin_memory=False)
+    return RuntimePlan(engine="ddp", zero_stage=0, precision="fp32", grad_accum=1, placement=placement,
+                       deepspeed=None, host_device_mix=0, table_locations={}, table_configs={})
+
+
+def _init_process_group() -> None:
+    """Join the group torchrun / hetero-launch describe in the environment; a plain ``python`` run is world 1."""
+    if dist.is_initialized():
+        return
+    atexit.register(_finish)
+    if "WORLD_SIZE" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+def _finish() -> None:
+    """At exit of a script whose group prepare() created: records closed, the group torn down."""
+    if _S.metrics is not None:
+        _S.metrics.close()
+        _S.metrics = None
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+
+
+def device() -> torch.device:
+    """Where this rank computes: cuda:<LOCAL_RANK> with CUDA, else the CPU."""
+    return _S.device
+
+
+def move(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Tensors to this rank's device; floating ones in the training precision (bf16 with precision=bf16)."""
+    from launcher.worker.transfer import host_to_device
+
+    return tuple(host_to_device(t, _S.device, _S.dtype) for t in tensors)
+
+
+def _tables_of(model: nn.Module) -> dict[str, tuple[int, int]]:
+    from launcher.usercode.check import model_facts_on_meta
+
+    return model_facts_on_meta(model).tables
+
+
+def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+    """(model, optimizer) as the plan compiles them: call the model as before; use ``runtime.backward(loss)`` and
+    ``runtime.step()`` (or the returned optimizer's ``step()``) instead of ``loss.backward()`` / ``optimizer.step()``."""
+    from launcher.worker.engines import make_engine
+    from launcher.worker.tables import build_tables
+
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    plan = RuntimePlan.from_dict(RunDir(run_dir).read_plan()["runtime"]) if run_dir else _default_plan()
+    _init_process_group()
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    _S.device = torch.device(f"cuda:{local}") if torch.cuda.is_available() and dist.get_backend() == "nccl" \
+        else torch.device("cpu")
+    if _S.device.type == "cuda":
+        torch.cuda.set_device(_S.device)
+    _S.plan, _S.dtype, _S.micro = plan, DTYPES[plan.precision], 0
+    shapes = _tables_of(model)
+    intent = plan.host_device_mix == 1 or plan.table_locations or plan.table_configs
+    defaults = optimizer.defaults
+    default = TableConfig(optimizer="lazy_adam", lr=float(defaults.get("lr", 1e-3)),
+                          betas=list(defaults.get("betas", (0.9, 0.999))), eps=float(defaults.get("eps", 1e-8))) \
+        if intent else TableConfig(optimizer="dense")
+    table_cfgs = {n: TableConfig(**t) for n, t in plan.table_configs.items()}
+    tables, problems, _ = plan_tables(shapes, table_cfgs, plan.table_locations, plan.host_device_mix, default,
+                                      f"the model of {type(model).__name__}")
+    if problems:
+        raise ValueError("runtime.prepare(): " + " ".join(problems))
+    sparse = [t for t in tables if t.location != "engine"]
+    if sparse:
+        table_ids = {id(model.get_submodule(t.name).weight) for t in sparse}
+        _S.tables = build_tables(model, tuple(sparse), _S.device, _S.dtype, dist.group.WORLD)
+        groups = [{**g, "params": [p for p in g["params"] if id(p) not in table_ids]} for g in optimizer.param_groups]
+        optimizer = type(optimizer)([g for g in groups if g["params"]], **defaults)  # the tables left the engine
+    config = dict(plan.deepspeed) if plan.deepspeed else None
+    if config and plan.zero_stage > 0 and type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        config["zero_allow_untested_optimizer"] = True  # the plan could not know the script's optimizer class
+    _S.engine = make_engine(plan.engine, model, optimizer, device=_S.device, dp_group=dist.group.WORLD,
+                            grad_accum=plan.grad_accum, config=config, backend=dist.get_backend())
+    if run_dir:
+        rank_dir = RunDir(run_dir).rank(rank())
+        _S.metrics = MetricsWriter(rank_dir)
+        _write_prepared(rank_dir, tables)
+    return _S.engine, _PreparedOptimizer(_S.engine.optimizer)
+
+
+def _write_prepared(rank_dir: RankDir, tables) -> None:
+    ds = getattr(_S.engine, "_ds", None)
+    opt = _S.engine.optimizer
+    info = {
+        "engine": type(_S.engine).__name__,
+        "zero_stage": ds.zero_optimization_stage() if ds is not None else 0,
+        "offload_optimizer": bool(getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)),
+        "precision": _S.plan.precision,
+        "tables": {t.name: {"location": t.location, "optimizer": t.optimizer,
+                            "torch_device": _S.tables.tables[t.name].weight.device.type if t.location != "engine"
+                            else None} for t in tables},
+        "engine_params": sum(p.numel() for p in _S.engine.module.parameters()),
+    }
+    rank_dir.prepared.write_text(json.dumps(info, indent=2))
+
+
+class _PreparedOptimizer:
+    """The optimizer prepare() returns: ``step()`` is ``runtime.step()`` (tables included), ``zero_grad()`` is done
+    by the engine at each step; everything else is the engine's optimizer's."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def step(self, closure=None) -> None:
+        step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _need_prepare() -> None:
+    if _S.engine is None:
+        raise RuntimeError("call runtime.prepare(model, optimizer) first")
+
+
+def backward(loss: torch.Tensor) -> None:
+    """Backward of one micro-batch's loss (divided by grad_accum, loss-scaled with fp16 by the engine)."""
+    _need_prepare()
+    _S.engine.backward(loss)
+    if _S.tables is not None:
+        _S.tables.collect_grads(_S.engine.loss_scale)
+
+
+def step() -> None:
+    """After every micro-batch: the engine steps at the accumulation boundary, the host tables with it."""
+    _need_prepare()
+    _S.engine.step()
+    _S.micro += 1
+    if _S.tables is not None and _S.micro % _S.plan.grad_accum == 0:
+        if _S.engine.step_skipped:
+            _S.tables.discard()
+        else:
+            _S.tables.step()
+
+
+def log(step: int, loss: float | torch.Tensor | None = None, **values: float) -> None:
+    """Record a step (call it on every rank: the loss is averaged over them). Under hetero-launch it feeds the
+    progress view, rank.N/metrics.jsonl and summary.json; under torchrun rank 0 prints it."""
+    record: dict[str, Any] = {"step": step}
+    if loss is not None:
+        t = loss.detach().float().clone() if torch.is_tensor(loss) else torch.tensor(float(loss))
+        record["local_loss"] = t.item()
+        if dist.is_initialized() and world_size() > 1:
+            t = t.to(_S.device)
+            dist.all_reduce(t)
+            t /= world_size()
+        record["loss"] = t.item()
+    record.update({k: float(v.item() if torch.is_tensor(v) else v) for k, v in values.items()})
+    if _S.metrics is not None:
+        _S.metrics.step_done(step)
+        _S.metrics.write(**record)
+    elif rank() == 0:
+        print(json.dumps(record), flush=True)
