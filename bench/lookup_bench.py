@@ -16,7 +16,8 @@ tree (launcher -> launcher/, launcher.recipes -> recipes/, launcher.conf -> conf
 a rank does (plan_launch, 1-rank gloo group, build_trainer), runs --warmup steps, then times --steps train_step()s.
 Rounds alternate the order (old, new), (new, old), ... Reported: per variant the median over rounds of each run's
 median wall ms/step, the min-max of those run medians, new/old (of the medians, and per round), and whether the
-per-step losses agree (same seed). On a shared machine, other work shows as a wide spread and a load note.
+per-step losses agree (same seed). Shared machine: each run waits for the machine to be quiet, measures the CPU
+other processes used during its timed steps (/proc/stat), and the summary keeps only clean runs where it can.
 Writes bench/results/lookup.json. Not a test: numbers depend on the machine.
 """
 
@@ -32,10 +33,29 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+QUIET = 0.25
+"""A run is clean when other processes used less than this many cores, on average, during its timed steps."""
 CONFIGS = {  # name -> overrides on top of recipe=wide_deep placement.host_device_mix=1
     "recipe default (lazy Adam + FTRL)": [],
     "lazy Adam on both tables": ["tables.wide_embedding.optimizer=lazy_adam", "tables.wide_embedding.lr=0.001"],
 }
+
+
+def busy_s() -> float:
+    """CPU seconds this machine has been busy, all cores together (/proc/stat, less idle and iowait)."""
+    with open("/proc/stat") as f:
+        t = [int(x) for x in f.readline().split()[1:9]]  # user .. steal (guest time is inside user)
+    return (sum(t) - t[3] - t[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(limit_s: float) -> float:
+    """Wait (at most limit_s) until other work uses < 0.1 core over 1 s; returns the seconds waited."""
+    t0 = time.perf_counter()
+    while True:
+        b0 = busy_s()
+        time.sleep(1.0)
+        if busy_s() - b0 < 0.1 or time.perf_counter() - t0 > limit_s:
+            return time.perf_counter() - t0
 
 
 class _TreeFinder:
@@ -100,14 +120,17 @@ def measure(a: argparse.Namespace) -> dict:
     if code != a.measure:
         raise RuntimeError(f"asked for {a.measure}, the model looks {code}: {type(trainer.model)}")
     times, losses = [], []
-    for _ in range(a.warmup + a.steps):
+    for step in range(a.warmup + a.steps):
+        if step == a.warmup:  # the machine's busy time, less ours: other work during the timed steps
+            b0, c0, w0 = busy_s(), time.process_time(), time.perf_counter()
         t0 = time.perf_counter()
         losses.append(trainer.train_step().item())
         times.append((time.perf_counter() - t0) * 1000)
+    other = ((busy_s() - b0) - (time.process_time() - c0)) / (time.perf_counter() - w0)
     dist.destroy_process_group()
     return {"code": code, "engine": plan.engine, "threads": torch.get_num_threads(), "build_s": build_s,
             "ms": times[a.warmup:], "ms_median": statistics.median(times[a.warmup:]),
-            "losses": losses, "loadavg_1min": os.getloadavg()[0]}
+            "losses": losses, "other_cores": max(0.0, other)}
 
 
 def run_variant(variant: str, tree: Path, config: str, a: argparse.Namespace) -> dict:
@@ -148,6 +171,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="runs of each variant, interleaved, order alternating")
     ap.add_argument("--old", default="622cee9", help="revision with the hand split")
     ap.add_argument("--new", default="HEAD", help="revision with the generic lookup; '.' = this checkout as it is")
+    ap.add_argument("--wait-quiet", type=float, default=120, help="before each run, wait at most this many seconds "
+                    "for other work on the machine to stop")
     ap.add_argument("--measure", choices=("old", "new"), help=argparse.SUPPRESS)  # subprocess mode
     ap.add_argument("--tree", help=argparse.SUPPRESS)
     ap.add_argument("--config", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
@@ -161,28 +186,33 @@ def main() -> None:
         order = ("old", "new") if r % 2 == 0 else ("new", "old")
         for config in CONFIGS:
             for variant in order:
-                runs[config][variant].append(run_variant(variant, trees[variant][0], config, a))
-                x = runs[config][variant][-1]
-                print(f"round {r + 1}/{a.rounds}: {variant} {config}: {x['ms_median']:.1f} ms/step, 1-min load "
-                      f"average {x['loadavg_1min']:.1f}", file=sys.stderr)
+                waited = wait_quiet(a.wait_quiet)
+                x = run_variant(variant, trees[variant][0], config, a) | {"waited_s": waited}
+                runs[config][variant].append(x)
+                print(f"round {r + 1}/{a.rounds}: {variant} {config}: {x['ms_median']:.1f} ms/step; other work "
+                      f"{x['other_cores']:.2f} cores (waited {waited:.0f} s)", file=sys.stderr)
 
     cores = len(os.sched_getaffinity(0))
     print(f"\nold = {trees['old'][1]}, new = {trees['new'][1]}; wide_deep host tables, {a.rows_per_table * 26:,} rows "
           f"per table (26 x {a.rows_per_table:,}; d=16 and d=1), batch {a.batch}, 1 rank, {cores} cores; each run the "
-          f"median of {a.steps} steps after {a.warmup} warm-up; median (min-max) over {a.rounds} interleaved rounds\n")
-    print("| tables' optimizers | old ms/step | new ms/step | new/old | new/old per round |")
-    print("|---|---:|---:|---:|---:|")
+          f"median of {a.steps} steps after {a.warmup} warm-up; median (min-max) over {a.rounds} interleaved rounds, "
+          f"only over the clean ones (other work < {QUIET} core during the run) where there are any\n")
+    print("| tables' optimizers | old ms/step | new ms/step | new/old | new/old per round | clean runs old, new |")
+    print("|---|---:|---:|---:|---:|---:|")
     summary = {}
     for config, by in runs.items():
-        med = {v: [x["ms_median"] for x in by[v]] for v in by}
-        ratios = [n / o for n, o in zip(med["new"], med["old"])]
+        clean = {v: [x["other_cores"] < QUIET for x in by[v]] for v in by}
+        med = {v: [x["ms_median"] for x, ok in zip(by[v], clean[v]) if ok or not any(clean[v])] for v in by}
+        pairs = [(n["ms_median"], o["ms_median"], cn and co)
+                 for n, o, cn, co in zip(by["new"], by["old"], clean["new"], clean["old"])]
+        ratios = [n / o for n, o, ok in pairs if ok or not any(p[2] for p in pairs)]
         summary[config] = {v: {"ms_median": statistics.median(m), "min": min(m), "max": max(m)}
                            for v, m in med.items()}
         summary[config]["ratio"] = summary[config]["new"]["ms_median"] / summary[config]["old"]["ms_median"]
         summary[config]["build_s_median"] = {v: statistics.median(x["build_s"] for x in by[v]) for v in by}
         cell = {v: f"{statistics.median(m):.1f} ({min(m):.1f}-{max(m):.1f})" for v, m in med.items()}
         print(f"| {config} | {cell['old']} | {cell['new']} | {summary[config]['ratio']:.3f} | "
-              f"{min(ratios):.3f}-{max(ratios):.3f} |")
+              f"{min(ratios):.3f}-{max(ratios):.3f} | {sum(clean['old'])}/{a.rounds}, {sum(clean['new'])}/{a.rounds} |")
 
     print(f"\nlosses, same seed, all {a.warmup + a.steps} steps of each run vs the first old run:")
     for config, by in runs.items():
@@ -197,10 +227,10 @@ def main() -> None:
     print(f"engine: {', '.join(sorted({x['engine'] for x in every}))}; torch threads per run: {every[0]['threads']}; "
           f"Trainer build s (median) " + ", ".join(f"{c}: old {s['build_s_median']['old']:.2f} new "
                                                    f"{s['build_s_median']['new']:.2f}" for c, s in summary.items()))
-    load = max(x["loadavg_1min"] for x in every)
-    if load > 1.5 * cores:
-        print(f"note: 1-min load average reached {load:.1f} on {cores} cores: other work shared "
-              f"the machine; the min of each spread is the better figure, or run again on a quiet machine")
+    if not all(x["other_cores"] < QUIET for x in every):
+        print(f"note: other work shared the machine in {sum(x['other_cores'] >= QUIET for x in every)} of "
+              f"{len(every)} runs (up to {max(x['other_cores'] for x in every):.2f} cores); those are left out "
+              f"where a clean run exists. More --rounds, or a quiet machine, for firmer figures.")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     revisions = {v: t[1] for v, t in trees.items()}

@@ -1,0 +1,89 @@
+"""The README's "Bring your own model" project (written to a folder outside the repository, verbatim) trained on
+real ranks: host tables vs device tables, the optimizer on the CPU vs on the device, 2 ranks vs 1 process; and its
+runtime.prepare() script under hetero-launch and under plain torchrun."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.integration.test_placement_runs import assert_close, assert_where_the_plan_says, losses
+from tests.usercode.readme_project import write_project
+
+pytestmark = pytest.mark.integration
+SHORT = ["trainer.steps=20", "trainer.log_every=1", "trainer.checkpoint_every=-1"]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return write_project(tmp_path_factory.mktemp("my_project"))
+
+
+def train(project: Path, name: str, overrides: list[str]) -> Path:
+    res = run_cli(["--config-dir", "conf", "recipe=my_ctr", *SHORT, f"output.run_name={name}", *overrides], project)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return project / "log_output" / name
+
+
+@pytest.fixture(scope="module")
+def host_tables(project):
+    return train(project, "host", ["placement.host_device_mix=1"])
+
+
+def test_host_tables_match_device_tables(project, host_tables):
+    device = train(project, "device", ["+placement.tables.user_emb=device", "+placement.tables.item_emb=device"])
+    plan = json.loads((host_tables / "plan.json").read_text())
+    assert {t["name"]: t["location"] for t in plan["placement"]["tables"]} == {"user_emb": "host", "item_emb": "host"}
+    assert_where_the_plan_says(host_tables)
+    assert_where_the_plan_says(device)
+    assert_close(losses(device), losses(host_tables), rel=1e-6)
+    summary = json.loads((host_tables / "summary.json").read_text())
+    assert summary["final_loss"] < summary["first_loss"] and 0.5 < summary["eval"]["auc"] <= 1
+
+
+def test_optimizer_on_cpu_matches_the_device_optimizer(project):
+    device = train(project, "as_written", [])
+    cpu = train(project, "cpu", ["optimizer.target=CPU"])
+    assert json.loads((cpu / "rank.0" / "memory.json").read_text())["offload"]["optimizer"]
+    assert json.loads((cpu / "plan.json").read_text())["engine"] == "deepspeed"
+    assert_close(losses(device), losses(cpu), rel=1e-4)
+
+
+def test_two_ranks_match_one_process(project, host_tables):
+    one = train(project, "one", ["placement.host_device_mix=1", "cluster.nproc_per_node=1"])
+    assert_close(losses(one), losses(host_tables), rel=1e-5)
+
+
+def run_script(project: Path, name: str, overrides: list[str]) -> dict:
+    res = run_cli(["script=train_ctr.py", f"output.run_name={name}", *overrides], project)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run = project / "log_output" / name
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["final_loss"] < summary["first_loss"]
+    return json.loads((run / "rank.1" / "prepared.json").read_text())
+
+
+def test_prepare_trains_the_scripts_tables_on_the_host(project):
+    built = run_script(project, "script_host", ["placement.host_device_mix=1"])
+    assert built["engine"] == "DDPEngine" and built["engine_params"] == 36 * 64 + 64 + 64 + 1
+    assert built["tables"] == {n: {"location": "host", "optimizer": "lazy_adam", "torch_device": "cpu"}
+                               for n in ("user_emb", "item_emb")}
+
+
+def test_prepare_gets_zero_offload(project):
+    built = run_script(project, "script_offload", ["optimizer.target=CPU"])
+    assert built["engine"] == "DeepSpeedEngine" and built["zero_stage"] == 2 and built["offload_optimizer"]
+    assert {t["location"] for t in built["tables"].values()} == {"engine"}
+
+
+def test_the_same_script_runs_under_plain_torchrun(project):
+    env = {k: v for k, v in os.environ.items() if k != "HL_RUN_DIR"}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train_ctr.py"],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logged = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert [r["step"] for r in logged][:2] == [20, 40] and logged[-1]["loss"] < logged[0]["loss"]

@@ -1,0 +1,58 @@
+"""The README's "Bring your own model" files, copied verbatim into a folder: what the tests train."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+_FILE = re.compile(r"^`([\w./]+\.(?:py|yaml))`:\n```\w+\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+EXTRA = {
+    # What the error tests need beside the README's files (a user's mistakes), and a nested model.
+    "my_ctr/extra.py": '''
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from my_ctr.data import Clicks
+
+
+class DictItems(Clicks):
+    def __getitem__(self, i):
+        return {"user": self.user[i], "label": self.label[i]}
+
+
+class ColumnLabels(Clicks):
+    def __getitem__(self, i):
+        return self.user[i], self.item[i], self.dense[i], self.label[i].reshape(1)
+
+
+class Towers(nn.Module):
+    def __init__(self, users: int, items: int, dim: int = 8, dense: int = 4):
+        super().__init__()
+        self.user_emb = nn.Embedding(users, dim)
+        self.towers = nn.ModuleList([nn.ModuleDict({"item_emb": nn.Embedding(items, dim)})])
+        self.head = nn.Linear(2 * dim + dense, 1)
+
+    def forward(self, user, item, dense):
+        x = torch.cat([self.user_emb(user), self.towers[0]["item_emb"](item), dense], dim=1)
+        return self.head(x).squeeze(-1)
+''',
+}
+
+
+def readme_files() -> dict[str, str]:
+    section = README.read_text().split("## Bring your own model", 1)[1].split("\n## ", 1)[0]
+    files = dict(_FILE.findall(section))
+    assert {"my_ctr/model.py", "my_ctr/data.py", "conf/recipe/my_ctr.yaml", "train_ctr.py"} <= set(files), files
+    return files
+
+
+def write_project(folder: Path, extra: bool = False) -> Path:
+    """The README's project in ``folder`` (plus EXTRA when asked); returns the folder."""
+    for name, text in {**readme_files(), **(EXTRA if extra else {})}.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return folder

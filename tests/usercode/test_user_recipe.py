@@ -1,0 +1,94 @@
+"""A recipe in the user's own folder (the README's files, verbatim): composed with --config-dir, its model read on
+the meta device, planned by intent; each mistake a user makes reported by name before anything starts."""
+
+import os
+
+import pytest
+
+from launcher.errors import ConfigError
+from tests.conftest import plan_of, run_cli
+from tests.usercode.readme_project import write_project
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """One folder for the module: Python caches the user's package ``my_ctr`` after its first import."""
+    folder = write_project(tmp_path_factory.mktemp("my_project"), extra=True)
+    cwd = os.getcwd()
+    os.chdir(folder)
+    yield folder
+    os.chdir(cwd)
+
+
+def plan(project, *overrides, host):
+    return plan_of(["recipe=my_ctr", *overrides], host, config_dir="conf")
+
+
+def test_the_model_is_read_on_the_meta_device_and_trains_as_written_without_intents(project, cpu_host):
+    p = plan(project, host=cpu_host)
+    assert {t.name: (t.rows, t.dim, t.location) for t in p.placement.tables} == {
+        "user_emb": (100_000, 16, "engine"), "item_emb": (1_000, 16, "engine")}
+    assert p.placement.dense_params == 100_000 * 16 + 1_000 * 16 + (36 * 64 + 64) + (64 + 1)
+    assert p.engine == "ddp" and p.eval_metrics == "binary"  # labels are 0/1
+    assert p.data["_target_"] == "launcher.usercode.data.MapData" and p.data["eval"]["seed"] == 1
+    assert str(project) in p.code_paths
+
+
+def test_host_device_mix_takes_every_table_out_with_the_optimizers_settings(project, cpu_host):
+    p = plan(project, "placement.host_device_mix=1", "optimizer.lr=0.01", host=cpu_host)
+    assert {(t.name, t.location, t.optimizer, t.lr) for t in p.placement.tables} == {
+        ("user_emb", "host", "lazy_adam", 0.01), ("item_emb", "host", "lazy_adam", 0.01)}
+    assert p.placement.dense_params == 36 * 64 + 64 + 64 + 1
+
+
+def test_a_dotted_table_path_is_one_key(project, cpu_host):
+    p = plan(project, "model._target_=my_ctr.extra.Towers", "+placement.tables.towers.0.item_emb=host",
+             "tables.towers.0.item_emb.optimizer=ftrl", host=cpu_host)
+    got = {t.name: (t.location, t.optimizer) for t in p.placement.tables}
+    assert got == {"user_emb": ("device", "lazy_adam"), "towers.0.item_emb": ("host", "ftrl")}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model._target_=my_ctr.model.Nett"],
+     r"model._target_=my_ctr.model.Nett \(model in conf/recipe/my_ctr.yaml\) does not import: AttributeError: "
+     r"module 'my_ctr.model' has no attribute 'Nett'"),
+    (["model._target_=my_ctrl.model.Net"], r"does not import: ModuleNotFoundError: No module named 'my_ctrl'"),
+    (["+model.dimm=8"], r"model.dimm=8 \(model in conf/recipe/my_ctr.yaml\): my_ctr.model.Net\(\) has no argument "
+                        r"dimm. Did you mean model.dim\? Its arguments: users, items, dim, dense, hidden."),
+    (["~model.users"], r"model.users \(model in conf/recipe/my_ctr.yaml\) is required by my_ctr.model.Net\(\)"),
+    (["+placement.tables.user_embb=host"], r"placement.tables.user_embb: recipe my_ctr has no table user_embb. "
+                                           r"Did you mean placement.tables.user_emb\? Its tables: user_emb, item_emb."),
+    (["data._target_=my_ctr.extra.DictItems"], r"data \(conf/recipe/my_ctr.yaml\): item 0 of my_ctr.extra.DictItems "
+                                               r"is dict; each item must be a tuple of tensors"),
+    (["data._target_=my_ctr.extra.ColumnLabels"],
+     r"loss \(conf/recipe/my_ctr.yaml\): BCEWithLogitsLoss rejects the model's output \(2,\) float32 against the "
+     r"label \(2, 1\) float32: ValueError: Target size"),
+])
+def test_each_mistake_is_named(project, cpu_host, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        plan(project, *overrides, host=cpu_host)
+
+
+def test_every_mistake_at_once(project, cpu_host):
+    with pytest.raises(ConfigError) as e:
+        plan(project, "+model.dimm=8", "+data.nn=3", "loss._target_=torch.nn.BCELos", host=cpu_host)
+    text = e.value.render()
+    assert "model.dimm" in text and "data.nn" in text and "torch.nn.BCELos" in text
+
+
+def test_the_cli_exits_2_before_any_rank(project):
+    res = run_cli(["--config-dir", "conf", "recipe=my_ctr", "model._target_=my_ctr.model.Nett"], project)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "does not import" in res.stderr and "Traceback" not in res.stderr + res.stdout
+    assert not (project / "log_output").exists()
+
+
+def test_config_dir_mistakes(project, tmp_path):
+    res = run_cli(["--config-dir", "confs", "recipe=my_ctr"], project)
+    assert res.returncode == 2 and "--config-dir confs: no such directory" in res.stderr
+    res = run_cli(["--config-dir", "conf", "recipe=my_ct"], project)
+    assert res.returncode == 2 and "Did you mean recipe=my_ctr?" in res.stderr, res.stderr
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    (tmp_path / "conf" / "recipe" / "gpt.yaml").write_text("# @package _global_\nrecipe: {name: gpt}\n")
+    res = run_cli(["--config-dir", "conf", "recipe=gpt"], tmp_path)
+    assert res.returncode == 2 and "has the name of a built-in recipe" in res.stderr
