@@ -115,8 +115,10 @@ def _hydra_app(argv: list[str]) -> int:
     def app(_cfg) -> None:  # only reached without an info flag; the flags print and return before it
         pass
 
-    sys.argv = [sys.argv[0], "hydra/help=hetero_launch", "hydra.output_subdir=null", "hydra.run.dir=.",
-                "hydra/job_logging=none", "hydra/hydra_logging=none", *argv]
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    flags = [a for a in argv if a not in overrides]  # before the overrides: argparse wants positionals together
+    sys.argv = [sys.argv[0], *flags, "hydra/help=hetero_launch", "hydra.output_subdir=null", "hydra.run.dir=.",
+                "hydra/job_logging=none", "hydra/hydra_logging=none", *overrides]
     app()
     return 0
 

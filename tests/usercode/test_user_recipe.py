@@ -92,3 +92,9 @@ def test_config_dir_mistakes(project, tmp_path):
     (tmp_path / "conf" / "recipe" / "gpt.yaml").write_text("# @package _global_\nrecipe: {name: gpt}\n")
     res = run_cli(["--config-dir", "conf", "recipe=gpt"], tmp_path)
     assert res.returncode == 2 and "has the name of a built-in recipe" in res.stderr
+
+
+def test_hydra_flags_see_the_users_config_tree(project):
+    res = run_cli(["--config-dir", "conf", "recipe=my_ctr", "--cfg", "job"], project)
+    assert res.returncode == 0, res.stderr
+    assert "_target_: my_ctr.model.Net" in res.stdout and "eval_data:" in res.stdout
