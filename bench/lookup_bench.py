@@ -171,7 +171,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="runs of each variant, interleaved, order alternating")
     ap.add_argument("--old", default="622cee9", help="revision with the hand split")
     ap.add_argument("--new", default="HEAD", help="revision with the generic lookup; '.' = this checkout as it is")
-    ap.add_argument("--wait-quiet", type=float, default=120, help="before each run, wait at most this many seconds "
+    ap.add_argument("--wait-quiet", type=float, default=60, help="before each run, wait at most this many seconds "
                     "for other work on the machine to stop")
     ap.add_argument("--measure", choices=("old", "new"), help=argparse.SUPPRESS)  # subprocess mode
     ap.add_argument("--tree", help=argparse.SUPPRESS)

@@ -44,10 +44,12 @@ def hand_loop(rows_per: int, batch: int, steps: int, warmup: int, sparse: bool, 
     data = SyntheticCTR(13, FIELDS, rows_per, 0)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     if sparse:
-        for emb in model.tables.values():
+        tables = [model.deep_embedding, model.wide_embedding]
+        for emb in tables:
             emb.sparse = True
-        table_opt = torch.optim.SparseAdam(list(model.tables.parameters()), lr=1e-3)
-        dense_opt = torch.optim.Adam(model.body.parameters(), lr=1e-3, fused=True)
+        table_ids = {id(emb.weight) for emb in tables}
+        table_opt = torch.optim.SparseAdam([emb.weight for emb in tables], lr=1e-3)
+        dense_opt = torch.optim.Adam([p for p in model.parameters() if id(p) not in table_ids], lr=1e-3, fused=True)
         opts = [table_opt, dense_opt]
     else:
         opts = [torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused_dense or None)]

@@ -14,26 +14,16 @@ DATA_TARGET = "launcher.usercode.data.MapData"
 
 class UserRecipe:
     """A recipe named by ``conf/recipe/<name>.yaml`` in the user's folder. Its model and data keys are the user's
-    constructors' arguments (checked against their signatures in preflight, not by a schema)."""
-
-    model_config = dict
-    data_configs: Mapping[str, type] = {}
+    constructors' arguments (checked against their signatures in preflight, not by a schema). It has the contract's
+    planning hooks (``model_spec``, ``problems``, ``layers``); its data and model facts (tables, sizes) need torch
+    and the user's code, so ``launcher.usercode.check.inspect_user_recipe`` gathers them in preflight instead of the
+    torch-free ``data_facts`` / ``tables`` / ``dense_param_count`` hooks of a built-in recipe."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def data_facts(self, data: Any) -> DataFacts:
-        """Gathered by ``launcher.usercode.check.inspect_user_recipe`` (it needs the model and the loss too)."""
-        raise RuntimeError("a user recipe's facts come from launcher.usercode.check.inspect_user_recipe")
-
     def model_spec(self, model: Any, facts: DataFacts) -> dict[str, Any]:
         return dict(model)
-
-    def tables(self, model: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
-        raise RuntimeError("a user recipe's tables come from its ModelFacts (the model built on the meta device)")
-
-    def dense_param_count(self, model: Mapping[str, Any]) -> int:
-        raise RuntimeError("a user recipe's sizes come from its ModelFacts (the model built on the meta device)")
 
     def problems(self, model: Mapping[str, Any], data: Any, micro_group: int) -> list[str]:
         return []
@@ -48,7 +38,7 @@ class UserRecipe:
                 "eval": dict(eval_data) if eval_data else None}
 
 
-def recipe_for(name: str) -> Recipe:
+def recipe_for(name: str) -> Recipe | UserRecipe:
     """The built-in recipe called ``name``, or a UserRecipe (its YAML was found on the config search path)."""
     from launcher.recipes import RECIPES
 
