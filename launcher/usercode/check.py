@@ -19,6 +19,7 @@ from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
 from launcher.errors import ConfigError
+from launcher.worker.tables import movable
 
 LABEL_SCAN = 256
 """Dataset items read to decide whether the labels are binary."""
@@ -113,13 +114,9 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
     for path, m in model.named_modules():
         if not isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
             continue
-        why = ""
-        if len(names_of.get(id(m.weight), [])) > 1:
+        why = movable(m)
+        if not why and len(names_of.get(id(m.weight), [])) > 1:
             why = f"its weight is shared with {', '.join(n for n in names_of[id(m.weight)] if n != path + '.weight')}"
-        elif m.max_norm is not None:
-            why = "it renormalises rows (max_norm)"
-        elif isinstance(m, nn.EmbeddingBag) and m.padding_idx is not None:
-            why = "an EmbeddingBag with padding_idx"
         if why:
             kept_inside.append(f"{path} ({why})")
         else:

@@ -24,7 +24,7 @@ from torch import nn
 
 from launcher.plan import TablePlan
 from launcher.plan.registry import TABLE_OPTIMIZERS
-from launcher.worker.sparse_comm import allreduce_sparse_mean
+from launcher.worker.sparse_comm import allreduce_sparse_mean, coalesce
 from launcher.worker.transfer import device_to_host, host_to_device
 
 HOST = torch.device("cpu")
@@ -57,7 +57,7 @@ class TableSet:
             self.tables[p.name] = Table(p, weight, build_table_optimizer(p, weight), (padding or {}).get(p.name))
         # Tables looked up with the same row ids in one forward (Wide&Deep's two tables) share one coalesce and one
         # all-gather: their gradients travel side by side as the columns of one (rows, dim_a + dim_b) tensor.
-        self._pending: dict[int, tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]] = {}
+        self._pending: list[tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]] = []
         self._grads: dict[tuple[str, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.skipped_steps = 0
         """Steps whose table gradients overflowed (nothing was updated)."""
@@ -69,13 +69,17 @@ class TableSet:
         act = host_to_device(t.weight[ids.reshape(-1).to(t.weight.device)], self.compute, self.dtype)
         if torch.is_grad_enabled():
             act.requires_grad_()
-            self._pending.setdefault(id(ids), (ids, []))[1].append((name, act))
+            group = next((g for g in self._pending if g[0] is ids and all(n != name for n, _ in g[1])), None)
+            if group is None:  # a new ids tensor, or this table looked up twice with the same ids
+                group = (ids, [])
+                self._pending.append(group)
+            group[1].append((name, act))
         return act.view(*ids.shape, t.plan.dim)
 
     def collect_grads(self, loss_scale: float = 1.0) -> None:
         """After backward: keep each lookup's gradient as (rows, values / loss_scale) on the compute device.
         Lookups the loss did not reach (no gradient) are dropped."""
-        for ids, looked_up in self._pending.values():
+        for ids, looked_up in self._pending:
             looked_up = [(n, a) for n, a in looked_up if a.grad is not None]
             if not looked_up:
                 continue
@@ -107,13 +111,18 @@ class TableSet:
         if not all(bool(torch.isfinite(v).all()) for _, _, v in reduced):
             self.skipped_steps += 1
             return False
+        per_table: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for names, rows, values in reduced:
             start = 0
             for name in names:
-                t = self.tables[name]
-                grads = values[:, start : start + t.plan.dim]
-                start += t.plan.dim
-                t.optimizer.step(rows.to(t.weight.device), device_to_host(grads, t.weight.device).contiguous())
+                dim = self.tables[name].plan.dim
+                per_table.setdefault(name, []).append((rows, values[:, start : start + dim]))
+                start += dim
+        for name, parts in per_table.items():  # one optimizer step per table, however many lookups it had
+            rows, grads = parts[0] if len(parts) == 1 else coalesce(torch.cat([r for r, _ in parts]),
+                                                                     torch.cat([g for _, g in parts]))
+            t = self.tables[name]
+            t.optimizer.step(rows.to(t.weight.device), device_to_host(grads, t.weight.device).contiguous())
         return True
 
     def discard(self) -> None:
@@ -155,6 +164,8 @@ class TableLookup(nn.Module):
         # "table row" here, so the gradient comes back per lookup, as from nn.Embedding.
         flat = rows.reshape(-1, rows.shape[-1])
         if ids.dim() == 2:
+            if offsets is not None:
+                raise ValueError("if input is 2D, then offsets has to be None (as nn.EmbeddingBag says)")
             offsets = torch.arange(0, ids.numel(), ids.shape[1], device=flat.device)
         index = torch.arange(flat.shape[0], device=flat.device)
         if per_sample_weights is not None:
@@ -167,14 +178,31 @@ class TableLookup(nn.Module):
         return f"{self.name}: {t.plan.rows}x{t.plan.dim} on {t.plan.location}, {t.plan.optimizer}"
 
 
+def movable(m: nn.Module) -> str:
+    """Why module ``m`` cannot be swapped for a TableLookup ('' when it can): the lookup reproduces nn.Embedding's
+    forward and backward and nn.EmbeddingBag's, not their extras."""
+    if not isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+        return f"it is a {type(m).__name__}, not an nn.Embedding or nn.EmbeddingBag"
+    if not m.weight.requires_grad:
+        return "its weight is frozen (requires_grad=False)"
+    if m.max_norm is not None:
+        return "it renormalises rows (max_norm)"
+    if m.scale_grad_by_freq:
+        return "it scales gradients by id frequency (scale_grad_by_freq)"
+    if isinstance(m, nn.EmbeddingBag) and m.padding_idx is not None:
+        return "an EmbeddingBag with padding_idx"
+    return ""
+
+
 def build_tables(model: nn.Module, plans: tuple[TablePlan, ...], compute: torch.device, dtype: torch.dtype,
                  dp_group=None) -> TableSet:
     """Take each planned table (by module path) out of ``model``: its weight moves into a TableSet, where the plan
     puts it, and a TableLookup takes the module's place. The model is changed in place."""
     modules = {p.name: model.get_submodule(p.name) for p in plans}
     for name, m in modules.items():
-        if not isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
-            raise TypeError(f"{name} is a {type(m).__name__}, not an nn.Embedding or nn.EmbeddingBag")
+        why = movable(m)
+        if why:
+            raise TypeError(f"{name} cannot train outside the engine: {why}")
     padding = {n: m.padding_idx for n, m in modules.items()}
     tables = TableSet({n: m.weight for n, m in modules.items()}, plans, compute, dtype, dp_group, padding)
     for name, m in modules.items():

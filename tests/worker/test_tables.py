@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from launcher.plan import TablePlan
-from launcher.worker.tables import TableLookup, build_tables
+from launcher.worker.tables import TableLookup, TableSet, build_tables
 
 
 class Towers(nn.Module):
@@ -71,5 +71,50 @@ def test_lookups_under_no_grad_leave_nothing_to_collect():
 
 
 def test_a_path_that_is_not_a_table_is_refused():
-    with pytest.raises(TypeError, match="head is a Linear, not an nn.Embedding"):
+    with pytest.raises(TypeError, match="head cannot train outside the engine: it is a Linear, not an nn.Embedding"):
         build_tables(Towers(), (_plan("head", 9, 1),), torch.device("cpu"), torch.float32)
+
+
+def test_a_table_looked_up_twice_in_one_forward_steps_once_with_the_summed_gradient():
+    torch.manual_seed(0)
+    emb, other = nn.Embedding(10, 3), nn.Embedding(10, 2)
+    ids = torch.tensor([1, 2, 2, 7])
+    reference = copy.deepcopy(emb)
+    tables = TableSet({"emb": emb.weight.detach().clone(), "other": other.weight.detach().clone()},
+                      (_plan("emb", 10, 3), _plan("other", 10, 2)), torch.device("cpu"))
+    # emb twice with the same ids tensor, once grouped with other: one lazy Adam step for emb, on the summed gradient
+    a, b, c = tables.lookup("emb", ids), tables.lookup("other", ids), tables.lookup("emb", ids)
+    (a.square().sum() + 2 * c.sum() + b.sum()).backward()
+    ref = reference(ids)
+    (ref.square().sum() + 2 * reference(ids).sum()).backward()
+    tables.collect_grads()
+    assert tables.step()
+    assert tables.tables["emb"].optimizer.steps == 1 and tables.tables["other"].optimizer.steps == 1
+    expect = torch.optim.SparseAdam([nn.Parameter(reference.weight.detach().clone())], lr=0.1)
+    p = expect.param_groups[0]["params"][0]
+    p.grad = reference.weight.grad.to_sparse()  # torch's SparseAdam = lazy Adam, on the reference's summed gradient
+    expect.step()
+    assert torch.allclose(tables.tables["emb"].weight, p.detach(), atol=1e-6)
+
+
+@pytest.mark.parametrize("module, why", [
+    (nn.Embedding(5, 2).requires_grad_(False), "frozen"),
+    (nn.Embedding(5, 2, scale_grad_by_freq=True), "scale_grad_by_freq"),
+    (nn.Embedding(5, 2, max_norm=1.0), "max_norm"),
+    (nn.EmbeddingBag(5, 2, padding_idx=0), "padding_idx"),
+])
+def test_embeddings_the_lookup_cannot_reproduce_stay_in_the_engine(module, why):
+    from launcher.usercode.check import model_facts_on_meta
+
+    model = nn.ModuleDict({"t": module, "ok": nn.Embedding(5, 2)})
+    facts = model_facts_on_meta(model)
+    assert list(facts.tables) == ["ok"] and why in facts.lines[-1]
+    with pytest.raises(TypeError, match=f"t cannot train outside the engine: .*{why}"):
+        build_tables(model, (_plan("t", 5, 2),), torch.device("cpu"), torch.float32)
+
+
+def test_a_2d_bag_input_with_offsets_is_refused_as_torch_does():
+    model = nn.ModuleDict({"bag": nn.EmbeddingBag(5, 2)})
+    build_tables(model, (_plan("bag", 5, 2),), torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="offsets has to be None"):
+        model["bag"](torch.tensor([[1, 2]]), torch.tensor([0]))
