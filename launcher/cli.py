@@ -32,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         quoted = ",".join("'" + a.replace("\\", "\\\\").replace("'", "\\'") + "'" for a in argv[cut + 1 :])
         argv = [*argv[:cut], f"script_args=[{quoted}]"]
-    from launcher.config import compose_config
+    from launcher.config import compose_config, table_path_override
 
+    argv = [table_path_override(a) for a in argv]  # dotted table paths, for Hydra's own flags too
     try:
         config_dir, rest = _split_config_dir(argv)
     except ConfigError as e:
@@ -64,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
             plan = plan_script(cfg, probe_host())
             console.print(f"[bold]plan[/bold]: script {plan.script} {' '.join(plan.args)} on {plan.world_size} "
                           f"rank(s), {plan.device_type}, torchrun environment")
+            rt = plan.runtime
+            console.print(f"runtime.prepare() builds: engine {rt['engine']}, ZeRO {rt['zero_stage']}, {rt['precision']}, "
+                          f"optimizer on {rt['placement']['optimizer_location']}; tables: host_device_mix="
+                          f"{rt['host_device_mix']}, placement.tables {rt['table_locations'] or '-'}", highlight=False)
+            for note in plan.notes:
+                console.print(f"note: {note}", highlight=False)
         else:
             facts = gather_facts(cfg, config_dir)
             for line in (*facts.data.lines, *(facts.model.lines if facts.model else ())):

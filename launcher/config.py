@@ -19,7 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.errors import ConfigError
-from launcher.schema import register_schemas
+from launcher.schema import TableConfig, register_schemas
 
 CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "config"
@@ -42,7 +42,11 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     if clash:
         raise ConfigError(f"--config-dir {config_dir}: recipe/{clash[0]}.yaml has the name of a built-in recipe. "
                           f"Rename your file (and its recipe.name), e.g. recipe/my_{clash[0]}.yaml.")
-    search = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir is not None else []
+    for name in chosen:
+        if name in user_recipes and "@package _global_" not in (Path(config_dir) / "recipe" / f"{name}.yaml").read_text():
+            raise ConfigError(f"{config_dir}/recipe/{name}.yaml: its first line must be `# @package _global_` (a recipe "
+                              f"sets sections at the root of the config: model, data, loss, trainer, ...). Add that line.")
+    search = [f"hydra.searchpath=['file://{_quoted(Path(config_dir).resolve())}']"] if config_dir is not None else []
     script_mode = any(o.key_or_group == "script" for o in parsed)  # a user's own script: no recipe
     GlobalHydra.instance().clear()
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
@@ -81,10 +85,17 @@ def table_path_override(line: str) -> str:
         return line
     if bare.startswith("placement.tables.") and "." in bare[len("placement.tables."):]:
         return f"+placement.tables={{{bare[len('placement.tables.'):]}: {value}}}"
-    if bare.startswith("tables.") and bare.count(".") >= 3:
+    if bare.startswith("tables.") and bare.count(".") >= 2:
         path, _, leaf = bare[len("tables."):].rpartition(".")
-        return f"+tables={{{path}: {{{leaf}: {value}}}}}"
+        if leaf in TableConfig.__dataclass_fields__:
+            return f"+tables={{{path}: {{{leaf}: {value}}}}}" if "." in path else line
+        return f"+tables={{{bare[len('tables.'):]}: {value}}}"  # tables.<dotted path>={optimizer: ftrl, ...}
     return line
+
+
+def _quoted(path: Path) -> str:
+    """A path inside a quoted Hydra override value (commas, spaces and brackets are safe there)."""
+    return str(path).replace("\\", "\\\\").replace("'", "\\'")
 
 
 def _user_recipes(config_dir: str | None) -> list[str]:

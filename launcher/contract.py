@@ -84,7 +84,7 @@ class Recipe(Protocol):
 
     def layers(self, model: Any) -> list[tuple[str, Any]]:
         """The built model's ordered, named top-level blocks (embedding, block.0, ..., head): what pipeline stages
-        and recompute refer to. Running them in order is the model's forward."""
+        and recompute refer to. For a sequential model (gpt, quickstart) running them in order is the forward."""
 
 
 @dataclass(frozen=True)

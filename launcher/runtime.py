@@ -18,6 +18,7 @@ fp32, every table inside it, your optimizer as it is. Like ``accelerator.prepare
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import socket
@@ -32,7 +33,7 @@ from launcher.plan.script import RuntimePlan
 from launcher.rundir import RUN_DIR_ENV, MetricsWriter, RankDir, RunDir
 from launcher.schema import TableConfig
 
-__all__ = ["backward", "device", "log", "move", "prepare", "rank", "step", "world_size"]
+__all__ = ["backward", "device", "load_state_dict", "log", "move", "prepare", "rank", "state_dict", "step", "world_size"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -124,21 +125,17 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     _S.plan, _S.dtype, _S.micro = plan, DTYPES[plan.precision], 0
     shapes = _tables_of(model)
     intent = plan.host_device_mix == 1 or plan.table_locations or plan.table_configs
-    defaults = optimizer.defaults
-    default = TableConfig(optimizer="lazy_adam", lr=float(defaults.get("lr", 1e-3)),
-                          betas=list(defaults.get("betas", (0.9, 0.999))), eps=float(defaults.get("eps", 1e-8))) \
-        if intent else TableConfig(optimizer="dense")
     table_cfgs = {n: TableConfig(**t) for n, t in plan.table_configs.items()}
-    tables, problems, _ = plan_tables(shapes, table_cfgs, plan.table_locations, plan.host_device_mix, default,
-                                      f"the model of {type(model).__name__}")
+    tables, problems, _ = plan_tables(shapes, table_cfgs, plan.table_locations, plan.host_device_mix,
+                                      TableConfig(optimizer="lazy_adam" if intent else "dense"),
+                                      f"the model ({type(model).__name__})")
     if problems:
         raise ValueError("runtime.prepare(): " + " ".join(problems))
-    sparse = [t for t in tables if t.location != "engine"]
+    sparse = [_with_group_settings(t, model, optimizer, t.name in table_cfgs) for t in tables if t.location != "engine"]
     if sparse:
-        table_ids = {id(model.get_submodule(t.name).weight) for t in sparse}
+        weights = [model.get_submodule(t.name).weight for t in sparse]  # before the swap takes the modules out
         _S.tables = build_tables(model, tuple(sparse), _S.device, _S.dtype, dist.group.WORLD)
-        groups = [{**g, "params": [p for p in g["params"] if id(p) not in table_ids]} for g in optimizer.param_groups]
-        optimizer = type(optimizer)([g for g in groups if g["params"]], **defaults)  # the tables left the engine
+        _drop_from_optimizer(optimizer, {id(w) for w in weights})
     config = dict(plan.deepspeed) if plan.deepspeed else None
     if config and plan.zero_stage > 0 and type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
         config["zero_allow_untested_optimizer"] = True  # the plan could not know the script's optimizer class
@@ -147,8 +144,36 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     if run_dir:
         rank_dir = RunDir(run_dir).rank(rank())
         _S.metrics = MetricsWriter(rank_dir)
-        _write_prepared(rank_dir, tables)
-    return _S.engine, _PreparedOptimizer(_S.engine.optimizer)
+        _write_prepared(rank_dir, [*sparse, *(t for t in tables if t.location == "engine")])
+    return _PreparedModel(_S.engine), _PreparedOptimizer(_S.engine.optimizer)
+
+
+def _with_group_settings(t, model: nn.Module, optimizer: torch.optim.Optimizer, configured: bool):
+    """A table without a ``tables.<path>`` entry trains with lazy Adam: with lr, betas and eps of the Adam group
+    that held it, or Adam's defaults (lr 1e-3) when your optimizer is not Adam (an SGD lr is no Adam lr)."""
+    if configured:
+        return t
+    weight = model.get_submodule(t.name).weight
+    group = next((g for g in optimizer.param_groups if any(p is weight for p in g["params"])), optimizer.defaults)
+    if "betas" not in group:
+        return t
+    betas = tuple(group["betas"])
+    return dataclasses.replace(t, lr=float(group.get("lr", t.lr)), betas=(float(betas[0]), float(betas[1])),
+                               eps=float(group.get("eps", t.eps)))
+
+
+def _drop_from_optimizer(optimizer: torch.optim.Optimizer, ids: set[int]) -> None:
+    """Take the tables' weights out of the user's optimizer, in place (a scheduler made on it keeps working)."""
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            if id(p) in ids:
+                optimizer.state.pop(p, None)
+        g["params"] = [p for p in g["params"] if id(p) not in ids]
+    optimizer.param_groups[:] = [g for g in optimizer.param_groups if g["params"]]
+    if not optimizer.param_groups:
+        raise ValueError("runtime.prepare(): every parameter of the model is a table that left the engine; the "
+                         "engine has nothing to train. Keep a dense part in the model, or leave the tables inside "
+                         "(placement.host_device_mix=0).")
 
 
 def _write_prepared(rank_dir: RankDir, tables) -> None:
@@ -159,7 +184,7 @@ def _write_prepared(rank_dir: RankDir, tables) -> None:
         "zero_stage": ds.zero_optimization_stage() if ds is not None else 0,
         "offload_optimizer": bool(getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)),
         "precision": _S.plan.precision,
-        "tables": {t.name: {"location": t.location, "optimizer": t.optimizer,
+        "tables": {t.name: {"location": t.location, "optimizer": t.optimizer, "lr": t.lr,
                             "torch_device": _S.tables.tables[t.name].weight.device.type if t.location != "engine"
                             else None} for t in tables},
         "engine_params": sum(p.numel() for p in _S.engine.module.parameters()),
@@ -167,12 +192,52 @@ def _write_prepared(rank_dir: RankDir, tables) -> None:
     rank_dir.prepared.write_text(json.dumps(info, indent=2))
 
 
-class _PreparedOptimizer:
-    """The optimizer prepare() returns: ``step()`` is ``runtime.step()`` (tables included), ``zero_grad()`` is done
-    by the engine at each step; everything else is the engine's optimizer's."""
+class _PreparedModel:
+    """What prepare() returns for the model: call it as before; ``train()``/``eval()`` and every attribute of your
+    module (``parameters()``, ``state_dict()``, your own methods) reach it through the engine."""
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        return self.engine(*inputs, **kwargs)
+
+    def train(self, mode: bool = True) -> _PreparedModel:
+        self.engine.train(mode)
+        return self
+
+    def eval(self) -> _PreparedModel:
+        self.engine.eval()
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine.module, name)
+
+
+class _PreparedOptimizer(torch.optim.Optimizer):
+    """What prepare() returns for the optimizer (an ``Optimizer``, so LR schedulers take it): ``step()`` is
+    ``runtime.step()`` (the engine and the tables), ``zero_grad()`` is the engine's at each step; ``param_groups``,
+    ``state`` and state dicts are the engine's optimizer's (your optimizer, or DeepSpeed's wrapper of it)."""
+
+    def __init__(self, inner: Any) -> None:  # no super().__init__: this shares inner's groups, it has none of its own
+        self.optimizer = inner
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = groups
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return getattr(self.optimizer, "defaults", {})
 
     def step(self, closure=None) -> None:
         step()
@@ -180,8 +245,28 @@ class _PreparedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         pass
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+
+def state_dict() -> dict[str, Any]:
+    """Everything to save: the engine's model and optimizer and the tables outside it with their optimizers'
+    states (``model.state_dict()`` alone would miss the tables). A DeepSpeed engine that shards its state
+    (ZeRO 1-3, bf16) has none in memory: this raises, and DeepSpeed's own ``save_checkpoint`` is the way there."""
+    _need_prepare()
+    return {"engine": _S.engine.state_dict(), "tables": _S.tables.state_dict() if _S.tables is not None else None,
+            "micro_steps": _S.micro}
+
+
+def load_state_dict(state: dict[str, Any]) -> None:
+    _need_prepare()
+    _S.engine.load_state_dict(state["engine"])
+    if _S.tables is not None:
+        _S.tables.load_state_dict(state["tables"])
+    _S.micro = int(state["micro_steps"])
 
 
 def _need_prepare() -> None:

@@ -86,8 +86,14 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     if user:  # as written (inside the engine, with optimizer) unless a placement intent takes tables out of it
         intent = cfg.placement.host_device_mix == 1 or len(cfg.placement.tables) > 0 or len(cfg.tables) > 0
         o = cfg.optimizer
-        table_default = TableConfig(optimizer="lazy_adam", lr=o.lr, betas=list(o.betas), eps=o.eps) if intent \
-            else TableConfig(optimizer="dense")
+        adam = o.name in ("adam", "adamw")  # an SGD lr is no Adam lr: then lazy Adam's own defaults
+        table_default = TableConfig(optimizer="dense")
+        if intent:
+            table_default = TableConfig(optimizer="lazy_adam", lr=o.lr, betas=list(o.betas), eps=o.eps) if adam \
+                else TableConfig(optimizer="lazy_adam")
+            notes.append(f"tables out of the engine train with lazy_adam, lr {table_default.lr} "
+                         f"({'optimizer.lr' if adam else 'its default: optimizer.name=' + o.name + ' is not Adam'}) "
+                         f"unless tables.<path>.optimizer / .lr say otherwise")
     placement, zero, placement_problems, placement_notes = plan_placement(
         cfg, sizes.tables, sizes.dense_params, device_type, table_default)
     problems += placement_problems

@@ -52,23 +52,25 @@ class PlacementPlan:
 
 
 def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableConfig], wanted: dict[str, str],
-                host_device_mix: int, default: TableConfig, owner: str) -> tuple[list[TablePlan], list[str], list[str]]:
+                host_device_mix: int, default: TableConfig, owner: str,
+                known: bool = True) -> tuple[list[TablePlan], list[str], list[str]]:
     """(tables, problems, notes): where each table (module path -> (rows, dim)) lives and how it trains, from the
     ``tables`` section (table_cfgs), ``placement.tables`` (wanted) and ``placement.host_device_mix``. ``default``:
     how a table without a ``tables.<path>`` entry trains. ``owner`` names the model in messages. Also what a
-    script's ``runtime.prepare()`` calls, with its live model's tables."""
+    script's ``runtime.prepare()`` calls, with its live model's tables. ``known=False``: the tables are not known yet
+    (a script's, before it runs): names are not checked."""
     problems: list[str] = []
     notes: list[str] = []
     for section, keys in (("tables", table_cfgs.keys()), ("placement.tables", wanted.keys())):
         for name in keys:
-            if name not in shapes:
+            if known and name not in shapes:
                 close = difflib.get_close_matches(name, list(shapes), n=1)
                 hint = f" Did you mean {section}.{close[0]}?" if close else ""
                 known = ", ".join(shapes) or "none"
                 problems.append(f"{section}.{name}: {owner} has no table {name}.{hint} Its tables: {known}.")
     if host_device_mix not in (0, 1):
         problems.append(f"placement.host_device_mix={host_device_mix} must be 0 (tables on the device) or 1 (tables on the host).")
-    if host_device_mix == 1 and not shapes:
+    if host_device_mix == 1 and not shapes and known:
         notes.append(f"placement.host_device_mix=1: {owner} has no embedding tables; nothing moves to the host")
 
     tables = []
@@ -114,17 +116,19 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
     return tables, problems, notes
 
 
-def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]], dense_count: int, device_type: str,
+def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, dense_count: int, device_type: str,
                    default: TableConfig | None = None) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
     """(placement, effective ZeRO stage, problems, notes) for the recipe's tables (module path -> (rows, dim)) and
     its dense_count parameters outside them. ``default`` is how a table without a ``tables.<path>`` entry trains
-    (TableConfig's defaults: lazy_adam)."""
+    (TableConfig's defaults: lazy_adam). ``shapes=None``: the tables are not known yet (a script run)."""
+    known = shapes is not None
+    shapes = shapes or {}
     pl, o = cfg.placement, cfg.optimizer
     # Plain containers: OmegaConf node access costs ~50 us a key, and a recipe may have thousands of tables.
     table_cfgs = {name: TableConfig(**t) for name, t in OmegaConf.to_container(cfg.tables).items()}
     owner = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
     tables, problems, notes = plan_tables(shapes, table_cfgs, OmegaConf.to_container(pl.tables), pl.host_device_mix,
-                                          default or TableConfig(), f"recipe {owner}" if owner else "the model")
+                                          default or TableConfig(), f"recipe {owner}" if owner else "the model", known)
     dense = [t.name for t in tables if t.optimizer == "dense"]
     sparse = bool(tables) and not dense
 

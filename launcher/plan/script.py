@@ -50,8 +50,11 @@ class RuntimePlan:
 
 def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str) -> tuple[RuntimePlan | None, list[str], list[str]]:
     """(runtime plan, problems, notes) of a script run's intents: precision, zero, optimizer.target, placement."""
-    placement, zero, problems, notes = plan_placement(cfg, {}, 0, device_type)
-    notes = [n for n in notes if "no embedding tables" not in n]  # the script's tables are found in prepare()
+    placement, zero, problems, notes = plan_placement(cfg, None, 0, device_type)  # tables: found by prepare()
+    if placement.optimizer_location == "host" and placement.cpu_impl == "deepspeed":
+        problems.append("optimizer.cpu_impl=deepspeed builds DeepSpeedCPUAdam for a recipe; a script brings its own "
+                        "optimizer, which DeepSpeed steps on the host partitions. Leave optimizer.cpu_impl=torch (or "
+                        "pass deepspeed.ops.adam.DeepSpeedCPUAdam to runtime.prepare() yourself).")
     offload = placement.optimizer_location == "host" or placement.param_location == "host"
     engine, engine_problems, engine_notes = plan_engine(cfg.parallel.engine, zero, offload, cfg.precision, dims)
     problems += engine_problems

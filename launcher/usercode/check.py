@@ -22,7 +22,7 @@ from launcher.errors import ConfigError
 from launcher.worker.tables import movable
 
 LABEL_SCAN = 256
-"""Dataset items read to decide whether the labels are binary."""
+"""Dataset items read to decide whether the labels are binary (eval.metrics=auto)."""
 
 
 def _first_line(e: BaseException) -> str:
@@ -136,27 +136,33 @@ def _meta(t: torch.Tensor) -> torch.Tensor:
     return t.to("meta")
 
 
-def check_model_and_loss(model: nn.Module, loss_fn: Any, dataset: Any, source: str) -> list[str]:
+def check_model_and_loss(model: nn.Module, loss_fn: Any, dataset: Any, source: str) -> tuple[list[str], bool]:
     """One micro-batch of two items, on the meta device: the model takes the inputs, the loss takes its output
-    and the label. A model that cannot run on meta is not checked here (its first step will tell)."""
+    and the label. Returns (problems, whether the output has one score per label element: what binary metrics
+    need). A model that cannot run on meta is not checked here (its first step will tell)."""
     from torch.utils.data import default_collate
 
-    items = default_collate([dataset[i] for i in range(min(2, len(dataset)))])
+    try:
+        items = default_collate([dataset[i] for i in range(min(2, len(dataset)))])
+    except Exception as e:  # noqa: BLE001
+        return [f"data ({source}): items 0 and 1 do not batch together: {_first_line(e)}. Every item needs the "
+                f"same number of tensors, each of the same shape in every item."], False
     inputs, label = [_meta(t) for t in items[:-1]], _meta(items[-1])
     try:
         with torch.no_grad():
             out = model(*inputs)
     except NotImplementedError:
-        return []
+        return [], False
     except Exception as e:  # noqa: BLE001
         if "meta" in str(e).lower():
-            return []
+            return [], False
         shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
         return [f"model ({source}): its forward fails on a batch of 2 dataset items (inputs {shapes}): "
                 f"{_first_line(e)}. The model is called as model(input_1, ..., input_k) with every item's tensors but "
-                f"the last, batched."]
+                f"the last, batched."], False
     if not torch.is_tensor(out):
-        return [f"model ({source}): forward returned {type(out).__name__}; it must return one tensor for the loss."]
+        return [f"model ({source}): forward returned {type(out).__name__}; it must return one tensor for the "
+                f"loss."], False
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)  # e.g. MSELoss broadcasting a target of another size
@@ -167,8 +173,8 @@ def check_model_and_loss(model: nn.Module, loss_fn: Any, dataset: Any, source: s
         return [f"loss ({source}): {type(loss_fn).__name__} rejects the model's output {tuple(out.shape)} "
                 f"{str(out.dtype).removeprefix('torch.')} against the label {tuple(label.shape)} "
                 f"{str(label.dtype).removeprefix('torch.')}: {_first_line(e)}. Make the model's output and the "
-                f"dataset's label the shapes and dtypes the loss expects."]
-    return []
+                f"dataset's label the shapes and dtypes the loss expects."], False
+    return [], out.numel() == label.numel()
 
 
 def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelFacts]:
@@ -208,13 +214,25 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
             loss_fn = instantiate(loss_spec, _convert_="all")
         except Exception as e:  # noqa: BLE001
             problems.append(f"loss ({source}): building {loss_spec['_target_']} failed: {_first_line(e.__cause__ or e)}.")
+    scores = False
     if model is not None and loss_fn is not None and train is not None:
-        problems += check_model_and_loss(model, loss_fn, train, source)
+        found, scores = check_model_and_loss(model, loss_fn, train, source)
+        problems += found
+    labels = []
+    if train is not None:
+        try:
+            labels = [train[i][-1] for i in range(min(LABEL_SCAN, len(train)))]
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"data ({source}): reading its first {LABEL_SCAN} items failed: {_first_line(e)}.")
+        if not all(torch.is_tensor(y) for y in labels):
+            problems.append(f"data ({source}): not every item's last element (the label) is a tensor. Return "
+                            f"(input_1, ..., input_k, label) tensors from every item.")
     if problems:
         raise ConfigError(problems)
     facts = model_facts_on_meta(model)
-    labels = [train[i][-1] for i in range(min(LABEL_SCAN, len(train)))]
-    binary = all(bool(((y == 0) | (y == 1)).all()) for y in labels)
+    # Binary metrics (AUC, accuracy) when each label element is a 0/1 float with one score from the model: a
+    # BCE-style model. Integer class labels (CrossEntropyLoss) keep the loss only.
+    binary = scores and all(y.is_floating_point() and bool(((y == 0) | (y == 1)).all()) for y in labels)
     n_eval = len(evaluation) if evaluation is not None else 0
     line = (f"data: {data_spec['_target_']}: {len(train):,} items of {len(train[0]) - 1} input(s) + label"
             f"{', binary labels' if binary else ''}; eval_data: "

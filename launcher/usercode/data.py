@@ -40,9 +40,14 @@ class MapData:
             epoch, skip = epoch + 1, 0
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
-        """All of eval_data, every dp-th item from dp_rank on (``count`` is for endless data; unused here)."""
+        """All of eval_data, every dp-th item from dp_rank on, as DistributedSampler(shuffle=False) deals it: padded
+        with the first items to a multiple of dp, so every rank runs the same number of equal forwards (DDP and
+        ZeRO-3 forwards are collective). ``count`` is for endless data; unused here."""
         if self.eval is None:
             return
-        mine = list(range(dp_rank, len(self.eval), dp_size))
+        n = len(self.eval)
+        total = -(-n // dp_size) * dp_size
+        order = [i % n for i in range(total)]
+        mine = order[dp_rank:total:dp_size]
         for items in DataLoader(self.eval, batch_sampler=BatchSampler(mine, micro_size, drop_last=False)):
             yield _split(items)

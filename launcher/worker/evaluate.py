@@ -27,26 +27,27 @@ def _gather_cat(t: torch.Tensor, dp: DataParallel) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(trainer) -> dict:
-    """Mean loss; with eval.metrics=binary also AUC, log loss, accuracy, n, and bayes_auc if the data knows the
+    """Mean loss over the held-out samples; with eval.metrics=binary also AUC, log loss, accuracy, n, and bayes_auc if the data knows the
     true click probability of each example (``data.true_logits(*inputs)``)."""
     plan, dp, data = trainer.plan, trainer.dp, trainer.data
     trainer.engine.eval()
-    total, batches = torch.zeros((), device=trainer.device), 0
+    sums = torch.zeros(2, device=trainer.device)  # (loss × samples, samples): batches may differ in size
     outputs, labels, truth = [], [], []
     knows_truth = hasattr(data, "true_logits")
     for batch in data.eval_batches(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches):
         out, y = trainer.forward(batch)
-        total += trainer.loss_fn(out, y).float()
-        batches += 1
+        sums += torch.stack([trainer.loss_fn(out, y).float() * len(y), sums.new_tensor(float(len(y)))])
         if plan.eval_metrics == "binary":
             outputs.append(out.float().cpu().flatten())
             labels.append(y.float().cpu().flatten())
             if knows_truth:
                 truth.append(data.true_logits(*batch[0]).flatten())
     trainer.engine.train()
-    result = {"loss": mean_over(total / max(batches, 1), dp)}
+    if dp.size > 1:
+        dist.all_reduce(sums, group=dp.group)
+    result = {"loss": (sums[0] / sums[1].clamp(min=1)).item()}
     if plan.eval_metrics != "binary":
-        return result | {"n": batches * plan.batch.micro_size * dp.size}
+        return result | {"n": int(sums[1].item())}
     scores, ys = _gather_cat(torch.cat(outputs), dp), _gather_cat(torch.cat(labels), dp)
     result |= binary_metrics(scores, ys)
     if knows_truth:

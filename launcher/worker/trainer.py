@@ -111,10 +111,10 @@ class Trainer:
             if p.checkpoint_every > 0 and step % p.checkpoint_every == 0 and step != p.steps:
                 self.save(run_dir.checkpoint(step))
                 tick = time.perf_counter()
+        if p.checkpoint_every >= 0:  # before the evaluation: a failing evaluation loses no training
+            self.save(run_dir.checkpoint(p.steps))
         if p.eval_batches > 0:
             metrics.write(event="eval", step=p.steps, **self.evaluate())
-        if p.checkpoint_every >= 0:
-            self.save(run_dir.checkpoint(p.steps))
         if self.tables is not None:
             rank_dir.tables.write_text(json.dumps(self.tables.digests(), indent=2))
 

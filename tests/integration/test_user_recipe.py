@@ -15,7 +15,7 @@ from tests.integration.test_placement_runs import assert_close, assert_where_the
 from tests.usercode.readme_project import write_project
 
 pytestmark = pytest.mark.integration
-SHORT = ["trainer.steps=20", "trainer.log_every=1", "trainer.checkpoint_every=-1"]
+SHORT = ["trainer.steps=20", "trainer.log_every=1", "trainer.checkpoint_every=-1", "cluster.nproc_per_node=2"]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,10 @@ def project(tmp_path_factory):
 def train(project: Path, name: str, overrides: list[str]) -> Path:
     res = run_cli(["--config-dir", "conf", "recipe=my_ctr", *SHORT, f"output.run_name={name}", *overrides], project)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return project / "log_output" / name
+    run = project / "log_output" / name
+    want = 1 if "cluster.nproc_per_node=1" in overrides else 2
+    assert json.loads((run / "plan.json").read_text())["world_size"] == want
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +62,7 @@ def test_two_ranks_match_one_process(project, host_tables):
 
 
 def run_script(project: Path, name: str, overrides: list[str]) -> dict:
-    res = run_cli(["script=train_ctr.py", f"output.run_name={name}", *overrides], project)
+    res = run_cli(["script=train_ctr.py", f"output.run_name={name}", "cluster.nproc_per_node=2", *overrides], project)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     run = project / "log_output" / name
     summary = json.loads((run / "summary.json").read_text())
@@ -87,3 +90,39 @@ def test_the_same_script_runs_under_plain_torchrun(project):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logged = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     assert [r["step"] for r in logged][:2] == [20, 40] and logged[-1]["loss"] < logged[0]["loss"]
+
+
+SCHEDULED = """
+import torch
+from launcher import runtime
+from my_ctr.model import Net
+
+torch.manual_seed(0)
+model = Net(users=1000, items=100)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+model, optimizer = runtime.prepare(model, optimizer)
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+batch = (torch.randint(0, 1000, (8,)), torch.randint(0, 100, (8,)), torch.randn(8, 4))
+for _ in range(3):
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(model(*runtime.move(*batch)), torch.ones(8))
+    runtime.backward(loss)
+    optimizer.step()
+    scheduler.step()
+state = runtime.state_dict()
+runtime.load_state_dict(state)
+tables = {k: list(v["weight"].shape) for k, v in (state["tables"] or {}).items()}
+print("RESULT", [g["lr"] for g in optimizer.param_groups], sum(p.numel() for p in model.parameters()), tables)
+"""
+
+
+def test_prepare_keeps_the_users_optimizer_for_schedulers_and_saves_the_tables(project):
+    (project / "scheduled.py").write_text(SCHEDULED)
+    res = run_cli(["script=scheduled.py", "output.run_name=scheduled", "cluster.nproc_per_node=1",
+                   "placement.host_device_mix=1"], project)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run = project / "log_output" / "scheduled"
+    out = (run / "rank.0" / "stdout").read_text()
+    # StepLR halves the SGD lr 3 times; the engine trains 2,433 dense parameters; the tables are in the state
+    assert "RESULT [0.0625] 2433 {'user_emb': [1000, 16], 'item_emb': [100, 16]}" in out, out
+    built = json.loads((run / "rank.0" / "prepared.json").read_text())
+    assert {t["lr"] for t in built["tables"].values()} == {0.001}  # SGD's lr is no Adam lr: lazy Adam's default

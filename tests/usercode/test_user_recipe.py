@@ -98,3 +98,63 @@ def test_hydra_flags_see_the_users_config_tree(project):
     res = run_cli(["--config-dir", "conf", "recipe=my_ctr", "--cfg", "job"], project)
     assert res.returncode == 0, res.stderr
     assert "_target_: my_ctr.model.Net" in res.stdout and "eval_data:" in res.stdout
+
+
+def test_a_recipe_file_without_the_package_header_is_named(project, tmp_path):
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    text = (project / "conf" / "recipe" / "my_ctr.yaml").read_text().replace("# @package _global_\n", "")
+    (tmp_path / "conf" / "recipe" / "my_ctr.yaml").write_text(text)
+    res = run_cli(["--config-dir", "conf", "recipe=my_ctr"], tmp_path)
+    assert res.returncode == 2 and "its first line must be `# @package _global_`" in res.stderr, res.stderr
+
+
+def test_a_config_dir_with_a_comma_in_its_path(project, tmp_path, cpu_host):
+    import shutil
+
+    odd = tmp_path / "a,b [x]"
+    shutil.copytree(project / "conf", odd / "conf")
+    assert plan_of(["recipe=my_ctr"], cpu_host, config_dir=str(odd / "conf")).recipe == "my_ctr"
+
+
+@pytest.mark.parametrize("line, rewritten", [
+    ("placement.tables.towers.0.item_emb=host", "+placement.tables={towers.0.item_emb: host}"),
+    ("+placement.tables.towers.0.item_emb=host", "+placement.tables={towers.0.item_emb: host}"),
+    ("placement.tables.user_emb=host", "placement.tables.user_emb=host"),
+    ("tables.towers.0.item_emb.optimizer=ftrl", "+tables={towers.0.item_emb: {optimizer: ftrl}}"),
+    ("tables.towers.0.item_emb={optimizer: ftrl}", "+tables={towers.0.item_emb: {optimizer: ftrl}}"),
+    ("tables.user_emb.lr=0.1", "tables.user_emb.lr=0.1"),
+])
+def test_dotted_table_paths_become_one_key(line, rewritten):
+    from launcher.config import table_path_override
+
+    assert table_path_override(line) == rewritten
+
+
+def test_a_script_run_takes_table_placement_it_cannot_check_yet(cpu_host, tmp_path):
+    from launcher.config import compose_config
+    from launcher.plan.script import plan_script
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    plan = plan_script(compose_config([f"script={script}", "+placement.tables.towers.0.item_emb=host",
+                                       "optimizer.target=CPU"]), cpu_host)
+    assert plan.runtime["table_locations"] == {"towers.0.item_emb": "host"} and plan.runtime["engine"] == "deepspeed"
+    with pytest.raises(ConfigError, match="optimizer.cpu_impl=deepspeed builds DeepSpeedCPUAdam for a recipe"):
+        plan_script(compose_config([f"script={script}", "optimizer.target=CPU", "optimizer.cpu_impl=deepspeed"]),
+                    cpu_host)
+
+
+def test_class_labels_are_not_binary(project, cpu_host):
+    """Integer 0/1 labels for a 2-class CrossEntropyLoss: eval.metrics=auto stays loss (AUC needs one score)."""
+    extra = project / "my_ctr" / "classes.py"
+    extra.write_text(
+        "import torch\nfrom torch import nn\nfrom my_ctr.data import Clicks\n\n"
+        "class Classes(Clicks):\n    def __getitem__(self, i):\n"
+        "        return self.user[i], self.item[i], self.dense[i], self.label[i].long()\n\n"
+        "class TwoWay(nn.Module):\n    def __init__(self, users: int, items: int):\n        super().__init__()\n"
+        "        self.user_emb = nn.Embedding(users, 4)\n        self.head = nn.Linear(4 + 4, 2)\n\n"
+        "    def forward(self, user, item, dense):\n"
+        "        return self.head(torch.cat([self.user_emb(user), dense], dim=1))\n")
+    p = plan(project, "model._target_=my_ctr.classes.TwoWay", "~model.dim", "data._target_=my_ctr.classes.Classes",
+             "eval_data._target_=my_ctr.classes.Classes", "loss._target_=torch.nn.CrossEntropyLoss", host=cpu_host)
+    assert p.eval_metrics == "loss"
