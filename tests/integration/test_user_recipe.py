@@ -73,7 +73,7 @@ def run_script(project: Path, name: str, overrides: list[str]) -> dict:
 def test_prepare_trains_the_scripts_tables_on_the_host(project):
     built = run_script(project, "script_host", ["placement.host_device_mix=1"])
     assert built["engine"] == "DDPEngine" and built["engine_params"] == 36 * 64 + 64 + 64 + 1
-    assert built["tables"] == {n: {"location": "host", "optimizer": "lazy_adam", "torch_device": "cpu"}
+    assert built["tables"] == {n: {"location": "host", "optimizer": "lazy_adam", "lr": 0.001, "torch_device": "cpu"}
                                for n in ("user_emb", "item_emb")}
 
 
