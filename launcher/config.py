@@ -59,6 +59,8 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
             cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])  # the usual case: all is well
         except (HydraException, OmegaConfBaseException) as first_error:
             raise ConfigError(_diagnose(parsed, script_mode, user_recipes, search) or _first_line(first_error)) from None
+        if cfg.smoke:
+            cfg = _compose_smoke(cfg, overrides, search, script_mode)
     named = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
     if chosen and named is not None and named != chosen[0]:
         raise ConfigError(f"recipe={chosen[0]}: its file sets recipe.name={named}. Set recipe.name to the "
@@ -73,6 +75,23 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {_first_line(e)}. Set it on the command line: {e.full_key}=<value>.") from None
     return cfg
+
+
+def _compose_smoke(cfg: DictConfig, overrides: Sequence[str], search: list[str], script_mode: bool) -> DictConfig:
+    """The smoke run's config: the smoke settings in front of the user's overrides (theirs still win)."""
+    from launcher.smoke import smoke_changes, smoke_overrides, smoke_settings
+
+    if script_mode:
+        raise ConfigError("smoke=true is for recipes: a script's own loop decides its steps and sizes. Run the script "
+                          "with small arguments after --, or use a recipe.")
+    settings = smoke_settings(cfg)
+    try:
+        smoke = compose(config_name=CONFIG_NAME, overrides=[*search, *smoke_overrides(settings), *overrides])
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"smoke=true: the smoke profile of recipe {cfg.recipe.name} does not apply: "
+                          f"{_first_line(e)}. Fix smoke_profile in its recipe file.") from None
+    smoke.smoke_changes = smoke_changes(cfg, smoke, list(settings))
+    return smoke
 
 
 def table_path_override(line: str) -> str:

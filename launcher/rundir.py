@@ -4,7 +4,7 @@ Launch, worker and report ask this module for paths, so the layout can change he
 
     <log_dir>/<run>/                      RunDir
         config.yaml plan.json ds_config.json rank_table.json rank_env.json versions.json
-        ops_build.log summary.json loss.png throughput.png
+        ops_build.log summary.json junit.xml loss.png throughput.png
         checkpoints/step<N>/              CheckpointDir: the engine's files (DeepSpeed's, or engine.pt),
                                           tables.pt, trainer.<rank>.pt
         rank.<N>/                         RankDir
@@ -114,6 +114,8 @@ class RunDir:
         self.versions = self.path / "versions.json"
         self.ops_build_log = self.path / "ops_build.log"
         self.summary = self.path / "summary.json"
+        self.junit = self.path / "junit.xml"
+        """The run's result for CI systems (launcher/report/junit.py)."""
         self.checkpoints = self.path / "checkpoints"
 
     def rank(self, rank: int) -> RankDir:

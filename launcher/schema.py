@@ -98,6 +98,8 @@ class EvalConfig:
     batches: int = 4
     """Held-out global micro-batches per evaluation for endless (synthetic) data; a data set with a test split
     evaluates all of it. 0 = no evaluation."""
+    max_batches: int = 0
+    """Cap on the held-out micro-batches per rank of a finite held-out set (0 = all of it); smoke runs use 2."""
     metrics: str = "auto"
     """loss (mean loss); binary: loss + AUC, log loss, accuracy (and bayes_auc when the data knows the truth);
     auto: binary when the labels seen before the run are all 0/1, else loss."""
@@ -160,6 +162,8 @@ class ClusterConfig:
     """Port of the rendezvous store; 0 = a free port picked at launch."""
     backend: str = "auto"
     """torch.distributed backend: auto (nccl with accelerators, else gloo), gloo or nccl."""
+    device: str = "auto"
+    """Where ranks compute: auto (cuda with visible CUDA devices, else cpu), cpu (also on a GPU host), or cuda."""
 
 
 @dataclass
@@ -208,6 +212,15 @@ class HeteroConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    smoke: bool = False
+    """A smoke run of the recipe: its smoke_profile (tiny shapes), 2 steps, 2 gloo ranks on the CPU, 2 held-out
+    batches, a checkpoint written and read back; the recipe's structure (placement, engine, ZeRO) is kept. Any
+    override on the command line still applies on top."""
+    smoke_profile: dict[str, Any] = field(default_factory=dict)
+    """The recipe's tiny shapes for smoke=true, as nested keys (e.g. {model: {rows_per_table: 100}}). Every
+    built-in recipe sets one; a recipe in your folder may."""
+    smoke_changes: list[str] = field(default_factory=list)
+    """Set by the launcher with smoke=true: each key the profile changed, 'key: before -> after' (shown in the plan)."""
     dry_run: bool = False
     """Plan, write the run dir and print; spawn nothing."""
     script: str = ""

@@ -37,6 +37,7 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     from launcher.launch.ops import build_ops
     from launcher.launch.progress import ProgressView
     from launcher.launch.supervise import supervise
+    from launcher.report.junit import write_junit
     from launcher.report.summary import build_summary, failure_report, summary_table
 
     # torch elastic logs each SIGTERM it sends and each failure; the failure report below says it once, better.
@@ -50,7 +51,9 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     except RuntimeError as e:
         console.print(f"[red]{e}[/red]")
         exits = [{"rank": r.rank, "exit_code": None} for r in plan.ranks]
-        run_dir.write_summary(build_summary(run_dir, plan_dict, exits, "failed", time.monotonic() - t0))
+        summary = build_summary(run_dir, plan_dict, exits, "failed", time.monotonic() - t0)
+        run_dir.write_summary(summary)
+        write_junit(run_dir, summary, cfg.output.stderr_tail)
         return 1
     store = host_store(plan)  # held open for the whole run: the ranks rendezvous on it
     envs = rank_envs(plan, run_dir, store.port)
@@ -67,6 +70,7 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     status = "ok" if ok else ("interrupted" if outcome.interrupted else "failed")
     summary = build_summary(run_dir, plan_dict, exits, status, time.monotonic() - t0)
     run_dir.write_summary(summary)
+    write_junit(run_dir, summary, cfg.output.stderr_tail)
     console.print(summary_table(summary))
     if outcome.first_failed is not None:
         failed_rank = by_local[outcome.first_failed]

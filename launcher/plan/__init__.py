@@ -34,6 +34,10 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
 
     problems = check_config(cfg, host)
     notes: list[str] = []
+    if cfg.smoke:
+        changed = "; ".join(cfg.smoke_changes) or "nothing"
+        notes.append(f"smoke=true: a smoke run of the recipe's structure at a tiny size (a checkpoint is written and "
+                     f"read back); the profile changed {changed}")
     nproc, nproc_note = resolve_nproc(cfg.cluster.nproc_per_node, host)
     if nproc_note:
         notes.append(nproc_note)
@@ -81,7 +85,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     sizes = facts.model or model_facts(recipe, model)
     if batch is not None:
         problems += recipe.problems(model, data_cfg, batch.micro_size * dp)
-    device_type, backend = device_and_backend(cfg.cluster.backend, host)
+    device_type, backend = device_and_backend(cfg.cluster.backend, host, cfg.cluster.device)
     table_default = TableConfig()
     if user:  # as written (inside the engine, with optimizer) unless a placement intent takes tables out of it
         intent = cfg.placement.host_device_mix == 1 or len(cfg.placement.tables) > 0 or len(cfg.tables) > 0
@@ -168,6 +172,8 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
         eval_every=cfg.eval.every,
         eval_batches=0 if data_facts.eval_samples == 0 else cfg.eval.batches,
         eval_metrics=eval_metrics,
+        eval_max_batches=cfg.eval.max_batches,
+        smoke=cfg.smoke,
         seed=cfg.trainer.seed,
         batch=batch,
         optimizer=optimizer,

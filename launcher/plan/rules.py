@@ -24,9 +24,13 @@ def resolve_nproc(value: str, host: HostFacts) -> tuple[int, str]:
         return 1, ""
 
 
-def device_and_backend(backend: str, host: HostFacts) -> tuple[str, str]:
-    """(cuda|cpu, the torch.distributed backend): auto means nccl with CUDA devices, gloo without."""
-    device_type = "cuda" if host.accelerators > 0 else "cpu"
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def device_and_backend(backend: str, host: HostFacts, device: str = "auto") -> tuple[str, str]:
+    """(cuda|cpu, the torch.distributed backend): device auto means cuda with CUDA devices; backend auto means nccl
+    on cuda, gloo on the CPU."""
+    device_type = ("cuda" if host.accelerators > 0 else "cpu") if device == "auto" else device
     if backend == "auto":
         backend = "nccl" if device_type == "cuda" else "gloo"
     return device_type, backend
@@ -46,6 +50,13 @@ def check_cluster(c: DictConfig, host: HostFacts) -> list[str]:
         p.append(f"cluster.backend={c.backend} is not one of {', '.join(BACKENDS)}.")
     elif c.backend == "nccl" and host.accelerators == 0:
         p.append("cluster.backend=nccl needs CUDA devices and this host has none. Set cluster.backend=gloo (or auto).")
+    if c.device not in DEVICES:
+        p.append(f"cluster.device={c.device} is not one of {', '.join(DEVICES)}.")
+    elif c.device == "cuda" and host.accelerators == 0:
+        p.append("cluster.device=cuda needs CUDA devices and this host has none. Set cluster.device=cpu (or auto).")
+    elif c.device == "cpu" and c.backend == "nccl":
+        p.append("cluster.backend=nccl with cluster.device=cpu: nccl runs on CUDA devices only. Set "
+                 "cluster.backend=gloo (or auto).")
     if not 0 <= c.master_port <= 65535:
         p.append(f"cluster.master_port={c.master_port} must be 0 (pick a free port) or a port number <= 65535.")
     return p
@@ -66,6 +77,8 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
         p.append(f"eval.batches={e.batches} must be >= 0 (0 = no evaluation).")
     if e.every < 0:
         p.append(f"eval.every={e.every} must be >= 0 (0 = only at the end).")
+    if e.max_batches < 0:
+        p.append(f"eval.max_batches={e.max_batches} must be >= 0 (0 = all of a held-out set).")
     if e.metrics not in ("auto", "loss", "binary"):
         p.append(f"eval.metrics={e.metrics} is not one of auto, loss, binary.")
 

@@ -84,7 +84,7 @@ def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
     if problems:
         raise ConfigError(problems)
     nproc, note = resolve_nproc(c.nproc_per_node, host)
-    device_type, backend = device_and_backend(c.backend, host)
+    device_type, backend = device_and_backend(c.backend, host, c.device)
     dims = ParallelDims(dp=nproc, pp=1, tp=1, world_size=nproc)
     runtime, problems, notes = plan_runtime(cfg, dims, device_type)
     if problems:

@@ -111,6 +111,10 @@ class LaunchPlan:
     """Decisions the planner made for the user, in words (e.g. how nproc_per_node=auto resolved)."""
     resume_from: str = ""
     """A checkpoint dir (<run>/checkpoints/step<N>) every rank loads before training; empty = start fresh."""
+    eval_max_batches: int = 0
+    """Cap on held-out micro-batches per rank of a finite held-out set; 0 = all."""
+    smoke: bool = False
+    """A smoke run: the final checkpoint is read back and checked against the trainer's state."""
     code_paths: tuple[str, ...] = ()
     """Folders of the user's code (a recipe in their folder): put on sys.path in every rank before building."""
     debug_fail: tuple[int, int] = (-1, -1)

@@ -87,28 +87,32 @@ def summary_table(summary: dict) -> Table:
     return t
 
 
+def rank_failure(run_dir: RunDir, summary: dict, r: dict, tail_lines: int) -> tuple[str, str, str]:
+    """(how it failed, its error message, the tail of its stderr between banners) for rank record ``r``."""
+    how = f"exit code {r['exit_code']}"
+    if r["signal"]:
+        how = f"signal {r['signal']}"
+        if r["signal"] == "SIGKILL":
+            how += " (killed from outside: likely the host ran out of memory; check `dmesg` for oom-kill)"
+    where = f" at step {r['last_step'] + 1} of {summary['steps']}" if summary["steps"] else ""
+    rank_dir = run_dir.rank(r["rank"])
+    lines = rank_dir.stderr.read_text(errors="replace").splitlines() if rank_dir.stderr.exists() else []
+    tail = (f"---- Begin global rank {r['rank']} STDERR (last {tail_lines} lines of {rank_dir.stderr}) ----\n"
+            + "\n".join(lines[-tail_lines:]) + f"\n---- End global rank {r['rank']} STDERR ----")
+    return f"rank {r['rank']} failed with {how}{where}.", rank_dir.error_message(), tail
+
+
 def failure_report(run_dir: RunDir, summary: dict, failed_rank: int | None, tail_lines: int) -> Group:
     """Who failed, how, the rank's error and the tail of its stderr between banners."""
     parts = []
     for r in summary["ranks"]:
         if r["rank"] != failed_rank:
             continue
-        how = f"exit code {r['exit_code']}"
-        if r["signal"]:
-            how = f"signal {r['signal']}"
-            if r["signal"] == "SIGKILL":
-                how += " (killed from outside: likely the host ran out of memory; check `dmesg` for oom-kill)"
-        rank_dir = run_dir.rank(r["rank"])
-        lines = rank_dir.stderr.read_text(errors="replace").splitlines() if rank_dir.stderr.exists() else []
-        body = Text()
-        where = f" at step {r['last_step'] + 1} of {summary['steps']}" if summary["steps"] else ""
-        body.append(f"rank {r['rank']} failed with {how}{where}.\n")
-        message = rank_dir.error_message()
+        headline, message, tail = rank_failure(run_dir, summary, r, tail_lines)
+        body = Text(headline + "\n")
         if message:
             body.append(f"error: {message}\n", style="bold red")
-        body.append(f"---- Begin global rank {r['rank']} STDERR (last {tail_lines} lines of {rank_dir.stderr}) ----\n")
-        body.append("\n".join(lines[-tail_lines:]) + "\n")
-        body.append(f"---- End global rank {r['rank']} STDERR ----")
+        body.append(tail)
         parts.append(Panel(body, title=f"rank {r['rank']} failed", border_style="red"))
     stopped = [str(r["rank"]) for r in summary["ranks"] if r["stopped_by_launcher"]]
     if stopped:

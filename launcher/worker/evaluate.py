@@ -34,7 +34,9 @@ def evaluate(trainer) -> dict:
     sums = torch.zeros(2, device=trainer.device)  # (loss × samples, samples): batches may differ in size
     outputs, labels, truth = [], [], []
     knows_truth = hasattr(data, "true_logits")
-    for batch in data.eval_batches(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches):
+    for k, batch in enumerate(data.eval_batches(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches)):
+        if plan.eval_max_batches and k >= plan.eval_max_batches:
+            break
         out, y = trainer.forward(batch)
         sums += torch.stack([trainer.loss_fn(out, y).float() * len(y), sums.new_tensor(float(len(y)))])
         if plan.eval_metrics == "binary":

@@ -10,6 +10,7 @@ part of ``save``/``load`` is DeepSpeed's own sharded checkpoint (``Engine.save``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -29,6 +30,18 @@ from launcher.worker.tables import TableSet
 from launcher.worker.transfer import host_to_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _flat(node: Any, prefix: str):
+    """(dotted key, leaf) of nested dicts and lists (state dicts)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _flat(v, f"{prefix}.{k}")
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            yield from _flat(v, f"{prefix}.{i}")
+    else:
+        yield prefix, node
 
 
 class Trainer:
@@ -113,6 +126,8 @@ class Trainer:
                 tick = time.perf_counter()
         if p.checkpoint_every >= 0:  # before the evaluation: a failing evaluation loses no training
             self.save(run_dir.checkpoint(p.steps))
+            if p.smoke:
+                self.verify_checkpoint(run_dir.checkpoint(p.steps))
         if p.eval_batches > 0:
             metrics.write(event="eval", step=p.steps, **self.evaluate())
         if self.tables is not None:
@@ -162,6 +177,30 @@ class Trainer:
             tmp.write_text(json.dumps({"step": self.step, **checkpoint_layout(self.plan)}, indent=2))
             os.replace(tmp, ckpt.meta)
         dist.barrier()
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint must bring back: progress, the tables' bytes, the engine's tensors where it keeps them
+        in memory (a sharded DeepSpeed engine: its module's local parameters)."""
+        try:
+            engine = self.engine.state_dict()
+        except RuntimeError:  # ZeRO-sharded: no in-memory state dict
+            engine = {"module": {n: p for n, p in self.engine.module.named_parameters()}}
+        tensors = {}
+        for prefix, part in (("engine", engine), ("tables", self.tables.state_dict() if self.tables else {})):
+            for k, v in _flat(part, prefix):
+                if torch.is_tensor(v):
+                    tensors[k] = hashlib.sha256(v.detach().float().cpu().numpy().tobytes()).hexdigest()
+        return {"step": self.step, "data_position": self.data_position, "tensors": tensors}
+
+    def verify_checkpoint(self, ckpt: CheckpointDir) -> None:
+        """Read a just-written checkpoint back into this trainer and check that nothing changed (smoke runs)."""
+        before = self._fingerprint()
+        self.load(ckpt)
+        after = self._fingerprint()
+        differ = [k for k in before["tensors"] if before["tensors"][k] != after["tensors"].get(k)]
+        if differ or (before["step"], before["data_position"]) != (after["step"], after["data_position"]):
+            raise RuntimeError(f"checkpoint {ckpt.path} read back differs from the state it saved: "
+                               f"{', '.join(differ[:5]) or 'step/data position'}")
 
     def load(self, ckpt: CheckpointDir) -> None:
         self.engine.load(ckpt)

@@ -1,0 +1,57 @@
+"""``junit.xml`` in every run dir: the run's result in the form GitLab, GitHub Actions and Jenkins read.
+
+One ``testsuite`` named after the run: a ``testcase`` for the run itself (failed unless the status is ok, with the
+failure report as its message) and one per rank (failed with its exit code or signal, its error and the tail of its
+stderr; ``skipped`` when the launcher stopped it after another rank failed). The exit code stays the contract.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from launcher.report.summary import rank_failure
+from launcher.rundir import RunDir
+
+
+def junit_xml(run_dir: RunDir, summary: dict, tail_lines: int = 20) -> ET.ElementTree:
+    ranks = summary.get("ranks", [])
+    suite = ET.Element("testsuite", name=f"hetero-launch.{summary.get('recipe')}", timestamp=run_dir.name)
+    failures = skipped = 0
+    run_case = ET.SubElement(suite, "testcase", classname=f"hetero-launch.{summary.get('recipe')}",
+                             name=f"run {run_dir.name}", time=f"{summary.get('wall_s') or 0:.3f}")
+    ET.SubElement(run_case, "system-out").text = (
+        f"status {summary['status']}, engine {summary.get('engine')}, world_size {summary.get('world_size')}, "
+        f"steps {summary.get('completed_steps')}/{summary.get('steps')}, final loss {summary.get('final_loss')}, "
+        f"eval {summary.get('eval') or {}}")
+    reports = []
+    for r in ranks:
+        case = ET.SubElement(suite, "testcase", classname=f"hetero-launch.{summary.get('recipe')}.ranks",
+                             name=f"rank {r['rank']}", time=f"{summary.get('wall_s') or 0:.3f}")
+        if r["exit_code"] == 0:
+            continue
+        if r.get("stopped_by_launcher"):
+            skipped += 1
+            ET.SubElement(case, "skipped", message=f"stopped by the launcher at step {r['last_step']} after another "
+                                                   f"rank failed")
+            continue
+        failures += 1
+        headline, message, tail = rank_failure(run_dir, summary, r, tail_lines)
+        text = "\n".join(x for x in (headline, f"error: {message}" if message else "", tail) if x)
+        ET.SubElement(case, "failure", message=headline, type=r["signal"] or f"exit {r['exit_code']}").text = text
+        reports.append(text)
+    if summary["status"] != "ok":
+        failures += 1
+        headline = f"run {summary['status']}" + (f": {reports[0].splitlines()[0]}" if reports else "")
+        ET.SubElement(run_case, "failure", message=headline, type=summary["status"]).text = "\n\n".join(reports) or headline
+    suite.set("tests", str(len(ranks) + 1))
+    suite.set("failures", str(failures))
+    suite.set("errors", "0")
+    suite.set("skipped", str(skipped))
+    suite.set("time", f"{summary.get('wall_s') or 0:.3f}")
+    return ET.ElementTree(suite)
+
+
+def write_junit(run_dir: RunDir, summary: dict, tail_lines: int = 20) -> None:
+    tree = junit_xml(run_dir, summary, tail_lines)
+    ET.indent(tree)
+    tree.write(run_dir.junit, encoding="utf-8", xml_declaration=True)
