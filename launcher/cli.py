@@ -39,6 +39,16 @@ def main(argv: list[str] | None = None) -> int:
         config_dir, rest = _split_config_dir(argv)
     except ConfigError as e:
         return _print_error(e)
+    check = rest[:1] == ["check"]  # hetero-launch check [-m] [overrides]: plan every job, start nothing
+    multirun = any(a in ("-m", "--multirun") for a in rest)
+    if check or multirun:
+        from launcher.launch.sweep import check_jobs, run_sweep
+
+        jobs = [a for a in rest[check:] if a not in ("-m", "--multirun")]
+        try:
+            return (check_jobs if check else run_sweep)(jobs, config_dir, Console())
+        except ConfigError as e:
+            return _print_error(e)
     if any(a.split("=")[0] in HYDRA_FLAGS for a in rest):
         overrides = [a for a in rest if "=" in a and not a.startswith("-")]
         if {"--help", "-h"} & set(argv):
@@ -52,17 +62,16 @@ def main(argv: list[str] | None = None) -> int:
         return _hydra_app(argv)
     from launcher.launch import launch_run, write_dry_run
     from launcher.launch.host import probe_host
-    from launcher.launch.preflight import check_resume, check_script, gather_facts
-    from launcher.plan import plan_launch
-    from launcher.plan.script import plan_script
+    from launcher.launch.planning import plan_run
     from launcher.report.plan_view import placement_table, plan_tree
 
     console = Console()
     try:
         cfg = compose_config(rest, config_dir)
-        if cfg.script:
-            check_script(cfg)
-            plan = plan_script(cfg, probe_host())
+        plan, lines = plan_run(cfg, probe_host(), config_dir)
+        for line in lines:
+            console.print(line, highlight=False)
+        if plan.kind == "script":
             console.print(f"[bold]plan[/bold]: script {plan.script} {' '.join(plan.args)} on {plan.world_size} "
                           f"rank(s), {plan.device_type}, torchrun environment")
             rt = plan.runtime
@@ -72,11 +81,6 @@ def main(argv: list[str] | None = None) -> int:
             for note in plan.notes:
                 console.print(f"note: {note}", highlight=False)
         else:
-            facts = gather_facts(cfg, config_dir)
-            for line in (*facts.data.lines, *(facts.model.lines if facts.model else ())):
-                console.print(line, highlight=False)
-            plan = plan_launch(cfg, probe_host(), facts)
-            check_resume(plan)
             console.print(plan_tree(plan))
             console.print(placement_table(plan))
         if cfg.dry_run:

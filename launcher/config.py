@@ -37,13 +37,13 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value.") from None
     chosen = [o.value() for o in parsed if o.key_or_group == "recipe"]
     register_schemas([c for c in chosen if c in RECIPES])
-    user_recipes = _user_recipes(config_dir)
-    clash = sorted(set(user_recipes) & set(RECIPES))
+    users = user_recipes(config_dir)
+    clash = sorted(set(users) & set(RECIPES))
     if clash:
         raise ConfigError(f"--config-dir {config_dir}: recipe/{clash[0]}.yaml has the name of a built-in recipe. "
                           f"Rename your file (and its recipe.name), e.g. recipe/my_{clash[0]}.yaml.")
     for name in chosen:
-        if name in user_recipes and "@package _global_" not in (Path(config_dir) / "recipe" / f"{name}.yaml").read_text():
+        if name in users and "@package _global_" not in (Path(config_dir) / "recipe" / f"{name}.yaml").read_text():
             raise ConfigError(f"{config_dir}/recipe/{name}.yaml: its first line must be `# @package _global_` (a recipe "
                               f"sets sections at the root of the config: model, data, loss, trainer, ...). Add that line.")
     search = [f"hydra.searchpath=['file://{_quoted(Path(config_dir).resolve())}']"] if config_dir is not None else []
@@ -51,14 +51,14 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     GlobalHydra.instance().clear()
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         if not (script_mode or chosen):
-            raise ConfigError(_diagnose(parsed, script_mode, user_recipes, search))
+            raise ConfigError(_diagnose(parsed, script_mode, users, search))
         if script_mode and chosen:
             raise ConfigError(f"script= and recipe={chosen[0]} were both given: a run is either your own script or a "
                               f"recipe. Drop one of them.")
         try:
             cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])  # the usual case: all is well
         except (HydraException, OmegaConfBaseException) as first_error:
-            raise ConfigError(_diagnose(parsed, script_mode, user_recipes, search) or _first_line(first_error)) from None
+            raise ConfigError(_diagnose(parsed, script_mode, users, search) or _first_line(first_error)) from None
         if cfg.smoke:
             cfg = _compose_smoke(cfg, overrides, search, script_mode)
     named = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
@@ -117,7 +117,7 @@ def _quoted(path: Path) -> str:
     return str(path).replace("\\", "\\\\").replace("'", "\\'")
 
 
-def _user_recipes(config_dir: str | None) -> list[str]:
+def user_recipes(config_dir: str | None) -> list[str]:
     """The recipe names in the user's config dir (``<config_dir>/recipe/*.yaml``)."""
     if config_dir is None:
         return []

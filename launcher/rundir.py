@@ -10,7 +10,8 @@ Launch, worker and report ask this module for paths, so the layout can change he
         rank.<N>/                         RankDir
             stdout stderr error.json pid last_step metrics.jsonl memory.json tables.json mesh.json
                                           prepared.json (a script's runtime.prepare())
-    <log_dir>/latest -> <run>
+    <log_dir>/latest -> <run> (or a sweep)
+    <log_dir>/<sweep_id>/                 SweepDir: sweep.json, one run dir per job (0/, 1/, ...)
 
 Torch-free and Hydra-free: the report imports it without the training stack.
 """
@@ -25,7 +26,8 @@ from typing import Any
 
 from launcher.errors import ConfigError
 
-__all__ = ["CheckpointDir", "MetricsWriter", "RankDir", "RunDir", "create_run_dir", "point_latest"]
+__all__ = ["CheckpointDir", "MetricsWriter", "RankDir", "RunDir", "SweepDir", "create_run_dir", "create_sweep_dir",
+           "point_latest"]
 
 
 RUN_DIR_ENV = "HL_RUN_DIR"
@@ -181,6 +183,25 @@ def point_latest(log_dir: Path, run_dir: RunDir) -> None:
         tmp.unlink()
     tmp.symlink_to(run_dir.name)
     os.replace(tmp, log_dir / "latest")
+
+
+class SweepDir:
+    """``<log_dir>/<sweep_id>/``: one run dir per job (``0/``, ``1/``, ...), ``latest`` -> the newest job, and
+    ``sweep.json`` (every job's overrides, status, final loss, eval, wall time)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.name = self.path.name
+        self.json = self.path / "sweep.json"
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.json.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def create_sweep_dir(log_dir: Path, name: str) -> SweepDir:
+    """A new sweep dir ``log_dir/name`` (never reused: an existing one is a ConfigError, as is an unwritable
+    log_dir)."""
+    return SweepDir(create_run_dir(log_dir, name, "sweep").path)
 
 
 class MetricsWriter:

@@ -69,6 +69,23 @@ def test_save_and_load_through_a_checkpoint_dir(tmp_path, cpu_host):
     assert [b.train_step().item() for _ in range(3)] == after_a
 
 
+@pytest.mark.parametrize("change", ["none", "engine", "table"])
+def test_verify_checkpoint_finds_a_checkpoint_that_does_not_bring_the_state_back(tmp_path, cpu_host, change):
+    t = _trainer(CASES["wide_deep_host_tables"], cpu_host)
+    t.train_step()
+    ckpt = CheckpointDir(tmp_path / "step1")
+    t.save(ckpt)
+    if change == "engine":  # the live state moves on after the save: the checkpoint no longer matches it
+        next(t.engine.module.parameters()).data.add_(1.0)
+    elif change == "table":
+        t.tables.tables["wide_embedding"].weight[3] += 1.0
+    if change == "none":
+        t.verify_checkpoint(ckpt)
+    else:
+        with pytest.raises(RuntimeError, match="read back differs from the state it saved"):
+            t.verify_checkpoint(ckpt)
+
+
 def _table_set(weight: torch.Tensor, optimizer: str) -> TableSet:
     plan = TablePlan(name="t", rows=weight.shape[0], dim=weight.shape[1], location="host", optimizer=optimizer,
                      lr=0.1, betas=(0.9, 0.999), eps=1e-8, l1=0.0, l2=0.0, lr_power=-0.5, initial_accumulator=0.1)

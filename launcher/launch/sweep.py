@@ -1,0 +1,145 @@
+"""Sweeps (``-m``, Hydra's multirun with its basic sweeper's semantics) and ``check``: many jobs, planned first.
+
+Every job is composed and planned before the first one starts, so a bad value in job 5 fails the sweep in the
+first second. Then the jobs run in turn, each in its own run dir under one sweep dir (``<log_dir>/<sweep_id>/<n>/``,
+``<log_dir>/latest`` -> the sweep); a failed job does not stop the others; the sweep ends with a table and
+``sweep.json`` and exits 1 if any job failed (130 when interrupted: the jobs after it do not start).
+``check`` plans the jobs and starts nothing: with no recipe given, every recipe there is.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from launcher.config import compose_config
+from launcher.errors import ConfigError
+from launcher.launch.host import probe_host
+from launcher.launch.planning import plan_run
+from launcher.plan import RunPlan
+from launcher.rundir import RunDir, SweepDir, create_sweep_dir, point_latest
+
+
+@dataclass
+class Job:
+    number: int
+    overrides: list[str]
+    """The job's own overrides, as the sweep expanded them."""
+    cfg: DictConfig
+    plan: RunPlan
+
+
+def expand_jobs(overrides: list[str]) -> list[list[str]]:
+    """Hydra's basic sweeper: the cartesian product of every swept override (a,b / range(0,3) / choice(...))."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value, a sweep "
+                          f"key=a,b or key=range(0,3).") from None
+    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def every_recipe(config_dir: str | None) -> list[str]:
+    from launcher.config import user_recipes
+    from launcher.recipes import RECIPES
+
+    return [*sorted(RECIPES), *user_recipes(config_dir)]
+
+
+def plan_jobs(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | None = None) -> list[Job]:
+    """Compose and plan every job (in a sweep dir: job n's run dir is <sweep_dir>/<n>); ConfigError naming the job
+    of each problem, before anything starts."""
+    host = probe_host()
+    planned, problems = [], []
+    for n, overrides in enumerate(jobs):
+        where = [f"output.log_dir={sweep_dir}", f"output.run_name={n}"] if sweep_dir is not None else []
+        try:
+            cfg = compose_config([*overrides, *where], config_dir)
+            plan, _ = plan_run(cfg, host, config_dir)
+        except ConfigError as e:
+            problems += [f"job {n} ({' '.join(overrides)}): {p}" for p in e.problems]
+            continue
+        planned.append(Job(n, overrides, cfg, plan))
+    if problems:
+        raise ConfigError(problems)
+    return planned
+
+
+def check_jobs(overrides: list[str], config_dir: str | None, console: Console) -> int:
+    """``hetero-launch check``: plan every job, start nothing; 0 when all plan, else 2 with every problem."""
+    t0 = time.monotonic()
+    if not any(o.split("=")[0].lstrip("+") in ("recipe", "script") for o in overrides):
+        overrides = [f"recipe={','.join(every_recipe(config_dir))}", *overrides]
+    jobs = plan_jobs(expand_jobs(overrides), config_dir)
+    table = Table(title=f"check: {len(jobs)} job(s) plan, nothing started ({time.monotonic() - t0:.2f} s)")
+    for col in ("job", "overrides", "engine", "ranks", "steps"):
+        table.add_column(col)
+    for j in jobs:
+        table.add_row(str(j.number), " ".join(j.overrides), getattr(j.plan, "engine", "script"),
+                      str(j.plan.world_size), str(j.plan.steps or "-"))
+    console.print(table)
+    return 0
+
+
+def run_sweep(overrides: list[str], config_dir: str | None, console: Console) -> int:
+    """``hetero-launch -m ...``: plan every job, then run them in turn (or write their dry runs)."""
+    from launcher.launch import launch_run, write_dry_run
+
+    t0 = time.monotonic()
+    jobs_overrides = expand_jobs(overrides)
+    log_dir = Path(compose_config(jobs_overrides[0], config_dir).output.log_dir)
+    name = time.strftime("sweep-%Y%m%d-%H%M%S")
+    jobs = plan_jobs(jobs_overrides, config_dir, log_dir / name)  # every job checked before anything is made
+    sweep = create_sweep_dir(log_dir, name)
+    console.print(f"sweep {sweep.path}: {len(jobs)} job(s), all planned")
+    point_latest(log_dir, sweep)
+    results = []
+    for j in jobs:
+        console.rule(f"job {j.number}/{len(jobs) - 1}: {' '.join(j.overrides)}")
+        started = time.monotonic()
+        if j.cfg.dry_run:
+            run_dir, code = write_dry_run(j.cfg, j.plan), 0
+        else:
+            code = launch_run(j.cfg, j.plan, console)
+            run_dir = RunDir(sweep.path / str(j.number))
+        results.append(_result(j, run_dir, code, time.monotonic() - started))
+        if code == 130:
+            break
+    for j in jobs[len(results):]:
+        results.append({"job": j.number, "overrides": j.overrides, "status": "not run", "exit_code": None})
+    failed = [r for r in results if r["exit_code"] != 0]
+    code = 130 if any(r["exit_code"] == 130 for r in results) else (1 if failed else 0)
+    sweep.write({"sweep_id": sweep.path.name, "status": "ok" if code == 0 else "failed", "exit_code": code,
+                 "wall_s": round(time.monotonic() - t0, 2), "jobs": results})
+    console.print(_table(sweep, results, time.monotonic() - t0))
+    console.print(f"sweep: {sweep.json}")
+    return code
+
+
+def _result(job: Job, run_dir: RunDir, code: int, wall: float) -> dict:
+    summary = run_dir.read_summary() or {}
+    return {"job": job.number, "overrides": job.overrides, "run_dir": str(run_dir.path), "exit_code": code,
+            "status": summary.get("status", "dry run" if job.cfg.dry_run else "failed"),
+            "final_loss": summary.get("final_loss"), "eval": summary.get("eval") or {}, "wall_s": round(wall, 2)}
+
+
+def _table(sweep: SweepDir, results: list[dict], wall: float) -> Table:
+    t = Table(title=f"sweep {sweep.path.name}: {sum(r['exit_code'] == 0 for r in results)}/{len(results)} ok "
+                    f"in {wall:.1f} s")
+    for col in ("job", "overrides", "status", "final loss", "eval", "wall s"):
+        t.add_column(col)
+    for r in results:
+        ev = r.get("eval") or {}
+        metric = f"auc {ev['auc']:.4f}" if "auc" in ev else (f"loss {ev['loss']:.4f}" if "loss" in ev else "-")
+        loss = r.get("final_loss")
+        t.add_row(str(r["job"]), " ".join(r["overrides"]), r["status"], "-" if loss is None else f"{loss:.4f}",
+                  metric, f"{r.get('wall_s', 0):.1f}" if r.get("wall_s") is not None else "-")
+    return t
