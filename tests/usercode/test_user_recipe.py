@@ -158,3 +158,11 @@ def test_class_labels_are_not_binary(project, cpu_host):
     p = plan(project, "model._target_=my_ctr.classes.TwoWay", "~model.dim", "data._target_=my_ctr.classes.Classes",
              "eval_data._target_=my_ctr.classes.Classes", "loss._target_=torch.nn.CrossEntropyLoss", host=cpu_host)
     assert p.eval_metrics == "loss"
+
+
+def test_smoke_without_a_profile_runs_two_steps_on_two_ranks_over_a_few_batches(project, cpu_host):
+    p = plan(project, "smoke=true", host=cpu_host)
+    assert (p.steps, p.world_size, p.eval_max_batches, p.device_type) == (2, 2, 2, "cpu")
+    p = plan(project, "smoke=true", "+smoke_profile={model: {users: 500}, data: {n: 2000, users: 500}}", host=cpu_host)
+    assert p.model["users"] == 500 and p.data["train"]["n"] == 2000
+    assert any("model.users: 100000 -> 500" in n for n in p.notes)
