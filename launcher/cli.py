@@ -49,8 +49,17 @@ def main(argv: list[str] | None = None) -> int:
             return (check_jobs if check else run_sweep)(jobs, config_dir, Console())
         except ConfigError as e:
             return _print_error(e)
+    overrides = [a for a in rest if "=" in a and not a.startswith("-")]
+    flags = [a for a in rest if a not in overrides]
+    if flags in (["--cfg", "job"], ["-c", "job"], ["--cfg", "job", "--resolve"], ["-c", "job", "--resolve"]):
+        from omegaconf import OmegaConf
+
+        try:  # the config a run gets, as this launcher composes it (smoke profile and --config-dir included)
+            print(OmegaConf.to_yaml(compose_config(overrides, config_dir), resolve="--resolve" in flags), end="")
+        except ConfigError as e:
+            return _print_error(e)
+        return 0
     if any(a.split("=")[0] in HYDRA_FLAGS for a in rest):
-        overrides = [a for a in rest if "=" in a and not a.startswith("-")]
         if {"--help", "-h"} & set(argv):
             if not any(o.startswith("recipe=") for o in overrides):
                 argv.insert(0, "recipe=quickstart")  # help composes a config; any recipe lists the same groups

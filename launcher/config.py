@@ -89,7 +89,7 @@ def _compose_smoke(cfg: DictConfig, overrides: Sequence[str], search: list[str],
         smoke = compose(config_name=CONFIG_NAME, overrides=[*search, *smoke_overrides(settings), *overrides])
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(f"smoke=true: the smoke profile of recipe {cfg.recipe.name} does not apply: "
-                          f"{_first_line(e)}. Fix smoke_profile in its recipe file.") from None
+                          f"{_first_line(e)}. Fix smoke_profile (in the recipe's file, or where you set it).") from None
     smoke.smoke_changes = smoke_changes(cfg, smoke, list(settings))
     return smoke
 

@@ -185,6 +185,10 @@ def point_latest(log_dir: Path, run_dir: RunDir) -> None:
     os.replace(tmp, log_dir / "latest")
 
 
+SWEEP_PREFIX = "sweep-"
+"""A sweep dir's name: sweep-<YYYYmmdd-HHMMSS>[-n]."""
+
+
 class SweepDir:
     """``<log_dir>/<sweep_id>/``: one run dir per job (``0/``, ``1/``, ...), ``latest`` -> the newest job, and
     ``sweep.json`` (every job's overrides, status, final loss, eval, wall time)."""
@@ -198,10 +202,9 @@ class SweepDir:
         self.json.write_text(json.dumps(record, indent=2) + "\n")
 
 
-def create_sweep_dir(log_dir: Path, name: str) -> SweepDir:
-    """A new sweep dir ``log_dir/name`` (never reused: an existing one is a ConfigError, as is an unwritable
-    log_dir)."""
-    return SweepDir(create_run_dir(log_dir, name, "sweep").path)
+def create_sweep_dir(log_dir: Path) -> SweepDir:
+    """A new ``sweep-<YYYYmmdd-HHMMSS>[-n]`` dir, never reused; an unwritable log_dir is a ConfigError."""
+    return SweepDir(create_run_dir(log_dir, "", SWEEP_PREFIX.rstrip("-")).path)
 
 
 class MetricsWriter:

@@ -60,8 +60,9 @@ def _default_plan() -> RuntimePlan:
                        deepspeed=None, host_device_mix=0, table_locations={}, table_configs={})
 
 
-def _init_process_group() -> None:
-    """Join the group torchrun / hetero-launch describe in the environment; a plain ``python`` run is world 1."""
+def _init_process_group(backend: str | None = None) -> None:
+    """Join the group torchrun / hetero-launch describe in the environment (with the plan's backend under
+    hetero-launch); a plain ``python`` run is world 1."""
     if dist.is_initialized():
         return
     atexit.register(_finish)
@@ -70,7 +71,7 @@ def _init_process_group() -> None:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"))
 
 
 def _finish() -> None:
@@ -115,11 +116,12 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     from launcher.worker.tables import build_tables
 
     run_dir = os.environ.get(RUN_DIR_ENV)
-    plan = RuntimePlan.from_dict(RunDir(run_dir).read_plan()["runtime"]) if run_dir else _default_plan()
-    _init_process_group()
+    planned = RunDir(run_dir).read_plan() if run_dir else {}
+    plan = RuntimePlan.from_dict(planned["runtime"]) if run_dir else _default_plan()
+    _init_process_group(planned.get("backend"))
     local = int(os.environ.get("LOCAL_RANK", 0))
-    _S.device = torch.device(f"cuda:{local}") if torch.cuda.is_available() and dist.get_backend() == "nccl" \
-        else torch.device("cpu")
+    on_cuda = planned["device_type"] == "cuda" if planned else torch.cuda.is_available()  # the plan decides
+    _S.device = torch.device(f"cuda:{local}") if on_cuda else torch.device("cpu")
     if _S.device.type == "cuda":
         torch.cuda.set_device(_S.device)
     _S.plan, _S.dtype, _S.micro = plan, DTYPES[plan.precision], 0

@@ -99,7 +99,8 @@ class EvalConfig:
     """Held-out global micro-batches per evaluation for endless (synthetic) data; a data set with a test split
     evaluates all of it. 0 = no evaluation."""
     max_batches: int = 0
-    """Cap on the held-out micro-batches per rank of a finite held-out set (0 = all of it); smoke runs use 2."""
+    """Cap on the held-out micro-batches per rank and evaluation, for any held-out data (0 = no cap); smoke runs
+    use 2."""
     metrics: str = "auto"
     """loss (mean loss); binary: loss + AUC, log loss, accuracy (and bayes_auc when the data knows the truth);
     auto: binary when the labels seen before the run are all 0/1, else loss."""

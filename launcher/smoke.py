@@ -46,8 +46,10 @@ def hydra_value(v: Any) -> str:
 
 
 def smoke_settings(cfg: DictConfig) -> dict[str, Any]:
-    """Dotted key -> value of a smoke run of cfg's recipe: SMOKE_BASE, then the recipe's smoke_profile."""
-    return {**SMOKE_BASE, **dict(flatten(OmegaConf.to_container(cfg.smoke_profile, resolve=True)))}
+    """Dotted key -> value of a smoke run of cfg's recipe: SMOKE_BASE, then the recipe's smoke_profile. fp16 needs
+    a GPU: a smoke run on the CPU takes bf16, the other half-precision path (listed with the changes)."""
+    fp16 = {"precision": "bf16"} if cfg.precision == "fp16" else {}
+    return {**SMOKE_BASE, **fp16, **dict(flatten(OmegaConf.to_container(cfg.smoke_profile, resolve=True)))}
 
 
 def smoke_overrides(settings: Mapping[str, Any]) -> list[str]:

@@ -48,13 +48,16 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     plan_dict = plan.to_dict()
     try:
         build_ops(plan, run_dir, console)
-    except RuntimeError as e:
-        console.print(f"[red]{e}[/red]")
+    except (RuntimeError, KeyboardInterrupt) as e:
+        interrupted = isinstance(e, KeyboardInterrupt)
+        console.print("[yellow]interrupted while building DeepSpeed's ops; no rank started[/yellow]" if interrupted
+                      else f"[red]{e}[/red]")
         exits = [{"rank": r.rank, "exit_code": None} for r in plan.ranks]
-        summary = build_summary(run_dir, plan_dict, exits, "failed", time.monotonic() - t0)
+        summary = build_summary(run_dir, plan_dict, exits, "interrupted" if interrupted else "failed",
+                                time.monotonic() - t0)
         run_dir.write_summary(summary)
         write_junit(run_dir, summary, cfg.output.stderr_tail)
-        return 1
+        return 130 if interrupted else 1
     store = host_store(plan)  # held open for the whole run: the ranks rendezvous on it
     envs = rank_envs(plan, run_dir, store.port)
     write_rank_env(run_dir, envs)

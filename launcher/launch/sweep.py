@@ -41,10 +41,16 @@ def expand_jobs(overrides: list[str]) -> list[list[str]]:
     """Hydra's basic sweeper: the cartesian product of every swept override (a,b / range(0,3) / choice(...))."""
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
+        return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     except HydraException as e:
-        raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value, a sweep "
-                          f"key=a,b or key=range(0,3).") from None
-    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        raise ConfigError(f"could not expand the sweep: {_first_line(e)}. A sweep takes key=a,b, key=range(0,3) or "
+                          f"key=choice(a,b) (interval() and glob() need a sweeper plugin, which a sweep here does "
+                          f"not use).") from None
+
+
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0].rstrip(".") if lines else type(e).__name__
 
 
 def every_recipe(config_dir: str | None) -> list[str]:
@@ -95,29 +101,48 @@ def run_sweep(overrides: list[str], config_dir: str | None, console: Console) ->
 
     t0 = time.monotonic()
     jobs_overrides = expand_jobs(overrides)
-    log_dir = Path(compose_config(jobs_overrides[0], config_dir).output.log_dir)
-    name = time.strftime("sweep-%Y%m%d-%H%M%S")
-    jobs = plan_jobs(jobs_overrides, config_dir, log_dir / name)  # every job checked before anything is made
-    sweep = create_sweep_dir(log_dir, name)
+    for key in ("output.run_name", "output.log_dir"):
+        values = {o.split("=", 1)[1] for job in jobs_overrides for o in job if o.lstrip("+").startswith(key + "=")}
+        if key == "output.run_name" and values:
+            raise ConfigError(f"output.run_name with -m: each job's run dir is <sweep dir>/<job number>. Drop "
+                              f"output.run_name (output.log_dir picks where the sweep dir goes).")
+        if len(values) > 1:
+            raise ConfigError(f"output.log_dir takes one value in a sweep (got {', '.join(sorted(values))}): all "
+                              f"jobs go into one sweep dir. Give one output.log_dir.")
+    try:
+        log_dir = Path(compose_config(jobs_overrides[0], config_dir).output.log_dir)
+    except ConfigError:  # job 0 is bad: plan_jobs below reports it with every other job's problems
+        log_dir = Path("log_output")
+    sweep = create_sweep_dir(log_dir)
+    try:
+        jobs = plan_jobs(jobs_overrides, config_dir, sweep.path)  # every job checked before the first starts
+    except ConfigError:
+        sweep.path.rmdir()  # still empty: a sweep that never started leaves nothing behind
+        raise
     console.print(f"sweep {sweep.path}: {len(jobs)} job(s), all planned")
     point_latest(log_dir, sweep)
     results = []
-    for j in jobs:
-        console.rule(f"job {j.number}/{len(jobs) - 1}: {' '.join(j.overrides)}")
-        started = time.monotonic()
-        if j.cfg.dry_run:
-            run_dir, code = write_dry_run(j.cfg, j.plan), 0
-        else:
-            code = launch_run(j.cfg, j.plan, console)
-            run_dir = RunDir(sweep.path / str(j.number))
-        results.append(_result(j, run_dir, code, time.monotonic() - started))
-        if code == 130:
-            break
+    try:
+        for j in jobs:
+            console.rule(f"job {j.number}/{len(jobs) - 1}: {' '.join(j.overrides)}")
+            started = time.monotonic()
+            if j.cfg.dry_run:
+                run_dir, code = write_dry_run(j.cfg, j.plan), 0
+            else:
+                code = launch_run(j.cfg, j.plan, console)
+                run_dir = RunDir(sweep.path / str(j.number))
+            results.append(_result(j, run_dir, code, time.monotonic() - started))
+            if code == 130:
+                break
+    except KeyboardInterrupt:  # between jobs (a job's own run handles it and returns 130)
+        console.print("[yellow]interrupted: the jobs after this one do not start[/yellow]")
+        results.append({"job": jobs[len(results)].number, "overrides": jobs[len(results)].overrides,
+                        "status": "interrupted", "exit_code": 130})
     for j in jobs[len(results):]:
         results.append({"job": j.number, "overrides": j.overrides, "status": "not run", "exit_code": None})
     failed = [r for r in results if r["exit_code"] != 0]
     code = 130 if any(r["exit_code"] == 130 for r in results) else (1 if failed else 0)
-    sweep.write({"sweep_id": sweep.path.name, "status": "ok" if code == 0 else "failed", "exit_code": code,
+    sweep.write({"sweep_id": sweep.name, "status": "ok" if code == 0 else "failed", "exit_code": code,
                  "wall_s": round(time.monotonic() - t0, 2), "jobs": results})
     console.print(_table(sweep, results, time.monotonic() - t0))
     console.print(f"sweep: {sweep.json}")

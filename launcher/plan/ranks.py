@@ -57,6 +57,7 @@ def plan_ranks(
             }
             if device_type == "cpu":
                 env["DS_ACCELERATOR"] = "cpu"
+                env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks on a GPU host (cluster.device=cpu) see no GPU
             device = "cpu" if device_type == "cpu" else f"cuda:{local}"
             coords = dims.coords(rank) if dims is not None else {}
             ranks.append(RankPlan(rank=rank, local_rank=local, node_rank=node, device=device, coords=coords, env=env))

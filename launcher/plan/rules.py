@@ -98,7 +98,7 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
 
     if cfg.precision not in PRECISIONS:
         p.append(f"precision={cfg.precision} is not one of {', '.join(PRECISIONS)}.")
-    elif cfg.precision == "fp16" and host.accelerators == 0:
+    elif cfg.precision == "fp16" and device_and_backend(c.backend, host, c.device)[0] == "cpu":
         p.append("precision=fp16 is not supported on CPU (DeepSpeed has no fp16 CPU path). Set precision=bf16 or precision=fp32.")
 
     o = cfg.optimizer  # target, cpu_impl and placement.*: plan/placement.py

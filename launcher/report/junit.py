@@ -7,27 +7,55 @@ stderr; ``skipped`` when the launcher stopped it after another rank failed). The
 
 from __future__ import annotations
 
+import re
+import socket
 import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
 
 from launcher.report.summary import rank_failure
-from launcher.rundir import RunDir
+from launcher.rundir import SWEEP_PREFIX, RunDir
+
+
+_NOT_XML = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    """Text XML 1.0 can hold: ANSI colour sequences and control characters (a rank's stderr has them) removed."""
+    return _NOT_XML.sub("", text)
+
+
+def _run_id(run_dir: RunDir) -> str:
+    """The run's id: its dir name, with the sweep's for a sweep job (``sweep-.../3``)."""
+    parent = run_dir.path.resolve().parent
+    return f"{parent.name}/{run_dir.name}" if parent.name.startswith(SWEEP_PREFIX) else run_dir.name
 
 
 def junit_xml(run_dir: RunDir, summary: dict, tail_lines: int = 20) -> ET.ElementTree:
     ranks = summary.get("ranks", [])
-    suite = ET.Element("testsuite", name=f"hetero-launch.{summary.get('recipe')}", timestamp=run_dir.name)
+    run_id = _run_id(run_dir)
+    classname = f"hetero-launch.{summary.get('recipe')}.{run_id.replace('/', '.')}"
+    started = datetime.fromtimestamp(run_dir.path.stat().st_mtime, tz=timezone.utc).replace(microsecond=0)
+    suite = ET.Element("testsuite", name=f"hetero-launch {summary.get('recipe')} {run_id}",
+                       timestamp=started.isoformat(), hostname=socket.gethostname())
     failures = skipped = 0
-    run_case = ET.SubElement(suite, "testcase", classname=f"hetero-launch.{summary.get('recipe')}",
-                             name=f"run {run_dir.name}", time=f"{summary.get('wall_s') or 0:.3f}")
+    run_case = ET.SubElement(suite, "testcase", classname=classname, name=f"run {run_id}",
+                             time=f"{summary.get('wall_s') or 0:.3f}")
     ET.SubElement(run_case, "system-out").text = (
         f"status {summary['status']}, engine {summary.get('engine')}, world_size {summary.get('world_size')}, "
         f"steps {summary.get('completed_steps')}/{summary.get('steps')}, final loss {summary.get('final_loss')}, "
         f"eval {summary.get('eval') or {}}")
     reports = []
     for r in ranks:
-        case = ET.SubElement(suite, "testcase", classname=f"hetero-launch.{summary.get('recipe')}.ranks",
-                             name=f"rank {r['rank']}", time=f"{summary.get('wall_s') or 0:.3f}")
+        case = ET.SubElement(suite, "testcase", classname=f"{classname}.ranks", name=f"rank {r['rank']}",
+                             time=f"{summary.get('wall_s') or 0:.3f}")
         if r["exit_code"] == 0:
+            continue
+        if r["exit_code"] is None:  # never started: the launcher failed first (e.g. building DeepSpeed's ops)
+            failures += 1
+            why = (f"rank {r['rank']} did not start: the launcher failed before spawning the ranks (see its output"
+                   f"{' and ' + run_dir.ops_build_log.name if run_dir.ops_build_log.exists() else ''})")
+            ET.SubElement(case, "failure", message=why, type="not started").text = why
+            reports.append(why)
             continue
         if r.get("stopped_by_launcher"):
             skipped += 1
@@ -36,8 +64,9 @@ def junit_xml(run_dir: RunDir, summary: dict, tail_lines: int = 20) -> ET.Elemen
             continue
         failures += 1
         headline, message, tail = rank_failure(run_dir, summary, r, tail_lines)
-        text = "\n".join(x for x in (headline, f"error: {message}" if message else "", tail) if x)
-        ET.SubElement(case, "failure", message=headline, type=r["signal"] or f"exit {r['exit_code']}").text = text
+        text = _xml_text("\n".join(x for x in (headline, f"error: {message}" if message else "", tail) if x))
+        ET.SubElement(case, "failure", message=_xml_text(headline),
+                      type=r["signal"] or f"exit {r['exit_code']}").text = text
         reports.append(text)
     if summary["status"] != "ok":
         failures += 1

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 
 from launcher.report.summary import build_summary, summary_table
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, SweepDir
 
 
 def load_summary(run_dir: RunDir) -> dict:
@@ -76,6 +76,10 @@ def _save(plt, fig, ax, path: Path) -> Path:
 
 def report(path: Path, console: Console) -> int:
     run_dir = RunDir(path)
+    if not run_dir.plan.exists() and SweepDir(path).json.exists():
+        console.print(f"[red]hetero-launch report: {path} is a sweep; its table is in {SweepDir(path).json}. Report "
+                      f"one of its jobs, e.g. {path}/0.[/red]")
+        return 2
     if not run_dir.plan.exists():
         console.print(f"[red]hetero-launch report: {path} is not a run dir (no plan.json). "
                       f"Give one under log_output/, e.g. log_output/latest.[/red]")

@@ -3,6 +3,8 @@ over the dp group."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.distributed as dist
 
@@ -34,9 +36,8 @@ def evaluate(trainer) -> dict:
     sums = torch.zeros(2, device=trainer.device)  # (loss × samples, samples): batches may differ in size
     outputs, labels, truth = [], [], []
     knows_truth = hasattr(data, "true_logits")
-    for k, batch in enumerate(data.eval_batches(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches)):
-        if plan.eval_max_batches and k >= plan.eval_max_batches:
-            break
+    batches = data.eval_batches(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches)
+    for batch in itertools.islice(batches, plan.eval_max_batches or None):
         out, y = trainer.forward(batch)
         sums += torch.stack([trainer.loss_fn(out, y).float() * len(y), sums.new_tensor(float(len(y)))])
         if plan.eval_metrics == "binary":

@@ -128,6 +128,7 @@ class Trainer:
             self.save(run_dir.checkpoint(p.steps))
             if p.smoke:
                 self.verify_checkpoint(run_dir.checkpoint(p.steps))
+                metrics.write(event="checkpoint_verified", step=p.steps)
         if p.eval_batches > 0:
             metrics.write(event="eval", step=p.steps, **self.evaluate())
         if self.tables is not None:
@@ -178,29 +179,48 @@ class Trainer:
             os.replace(tmp, ckpt.meta)
         dist.barrier()
 
-    def _fingerprint(self) -> dict[str, Any]:
-        """What a checkpoint must bring back: progress, the tables' bytes, the engine's tensors where it keeps them
-        in memory (a sharded DeepSpeed engine: its module's local parameters)."""
+    def _fingerprint(self) -> dict[str, str]:
+        """sha256 of every tensor and number a checkpoint must bring back: progress, the engine's model and optimizer
+        state (a sharded DeepSpeed engine: its local parameter partitions and its ZeRO optimizer's state dict, fp32
+        master weights and moments included), the tables and their optimizers' states."""
         try:
             engine = self.engine.state_dict()
-        except RuntimeError:  # ZeRO-sharded: no in-memory state dict
-            engine = {"module": {n: p for n, p in self.engine.module.named_parameters()}}
-        tensors = {}
-        for prefix, part in (("engine", engine), ("tables", self.tables.state_dict() if self.tables else {})):
-            for k, v in _flat(part, prefix):
-                if torch.is_tensor(v):
-                    tensors[k] = hashlib.sha256(v.detach().float().cpu().numpy().tobytes()).hexdigest()
-        return {"step": self.step, "data_position": self.data_position, "tensors": tensors}
+        except RuntimeError:  # ZeRO-sharded or wrapped: no in-memory state dict of the whole
+            params = {n: getattr(p, "ds_tensor", None) if getattr(p, "ds_tensor", None) is not None else p
+                      for n, p in self.engine.module.named_parameters()}
+            engine = {"module": params, "optimizer": self.engine.optimizer.state_dict()}
+        state = {"step": self.step, "data_position": self.data_position, "engine": engine,
+                 "tables": self.tables.state_dict() if self.tables is not None else {}}
+        out = {}
+        for k, v in _flat(state, "state"):
+            if torch.is_tensor(v):
+                out[k] = hashlib.sha256(v.detach().float().cpu().numpy().tobytes()).hexdigest()
+            elif isinstance(v, (int, float, bool)):
+                out[k] = repr(v)
+        return out
+
+    def _perturb(self) -> None:
+        """Move the live state away from the checkpoint's, so that a load that restores nothing is seen."""
+        with torch.no_grad():
+            for p in self.engine.module.parameters():
+                t = getattr(p, "ds_tensor", None)
+                (t if t is not None else p).add_(1.0)
+            if self.tables is not None:
+                for t in self.tables.tables.values():
+                    t.weight.add_(1.0)
+        self.step, self.data_position = self.step + 1000, self.data_position + 1000
 
     def verify_checkpoint(self, ckpt: CheckpointDir) -> None:
-        """Read a just-written checkpoint back into this trainer and check that nothing changed (smoke runs)."""
+        """Read a just-written checkpoint back and check that it restores exactly the state it saved (smoke runs):
+        the live state is moved away first, so a load that restores nothing fails too."""
         before = self._fingerprint()
+        self._perturb()
         self.load(ckpt)
         after = self._fingerprint()
-        differ = [k for k in before["tensors"] if before["tensors"][k] != after["tensors"].get(k)]
-        if differ or (before["step"], before["data_position"]) != (after["step"], after["data_position"]):
+        differ = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        if differ:
             raise RuntimeError(f"checkpoint {ckpt.path} read back differs from the state it saved: "
-                               f"{', '.join(differ[:5]) or 'step/data position'}")
+                               f"{', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''}")
 
     def load(self, ckpt: CheckpointDir) -> None:
         self.engine.load(ckpt)

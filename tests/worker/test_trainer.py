@@ -69,7 +69,7 @@ def test_save_and_load_through_a_checkpoint_dir(tmp_path, cpu_host):
     assert [b.train_step().item() for _ in range(3)] == after_a
 
 
-@pytest.mark.parametrize("change", ["none", "engine", "table"])
+@pytest.mark.parametrize("change", ["none", "engine", "table", "optimizer", "load_nothing"])
 def test_verify_checkpoint_finds_a_checkpoint_that_does_not_bring_the_state_back(tmp_path, cpu_host, change):
     t = _trainer(CASES["wide_deep_host_tables"], cpu_host)
     t.train_step()
@@ -79,6 +79,10 @@ def test_verify_checkpoint_finds_a_checkpoint_that_does_not_bring_the_state_back
         next(t.engine.module.parameters()).data.add_(1.0)
     elif change == "table":
         t.tables.tables["wide_embedding"].weight[3] += 1.0
+    elif change == "optimizer":
+        next(iter(t.engine.optimizer.state.values()))["exp_avg"].add_(1.0)
+    elif change == "load_nothing":  # a load that restores nothing must not pass
+        t.load = lambda ckpt: None
     if change == "none":
         t.verify_checkpoint(ckpt)
     else:
