@@ -79,3 +79,10 @@ def test_a_bad_value_in_a_later_job_fails_the_sweep_before_anything_starts(tmp_p
     assert res.returncode == 2
     assert "job 2 (recipe=quickstart smoke=True zero.stage=7): zero.stage=7 must be 0, 1, 2 or 3." in res.stderr
     assert not (tmp_path / "log_output").exists()
+
+
+def test_cfg_job_shows_the_smoke_config_a_run_gets(tmp_path):
+    res = run_cli(["recipe=wide_deep", "smoke=true", "--cfg", "job"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "  steps: 2\n" in res.stdout and "rows_per_table: 100\n" in res.stdout
+    assert "- 'model.rows_per_table: 10000 -> 100'" in res.stdout

@@ -113,11 +113,14 @@ def run_sweep(overrides: list[str], config_dir: str | None, console: Console) ->
         log_dir = Path(compose_config(jobs_overrides[0], config_dir).output.log_dir)
     except ConfigError:  # job 0 is bad: plan_jobs below reports it with every other job's problems
         log_dir = Path("log_output")
+    made_log_dir = not log_dir.exists()
     sweep = create_sweep_dir(log_dir)
     try:
         jobs = plan_jobs(jobs_overrides, config_dir, sweep.path)  # every job checked before the first starts
     except ConfigError:
         sweep.path.rmdir()  # still empty: a sweep that never started leaves nothing behind
+        if made_log_dir:
+            log_dir.rmdir()
         raise
     console.print(f"sweep {sweep.path}: {len(jobs)} job(s), all planned")
     point_latest(log_dir, sweep)

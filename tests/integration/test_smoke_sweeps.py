@@ -37,7 +37,10 @@ def test_every_shipped_recipe_passes_its_smoke_run(tmp_path, recipe):
     s = read_summary(tmp_path)
     assert s["status"] == "ok" and s["completed_steps"] == 2 and s["world_size"] == 2 and s["eval"]
     run = (tmp_path / "log_output" / "latest").resolve()
-    assert (run / "checkpoints" / "step2" / "checkpoint.json").exists()  # written, and read back in the rank
+    assert (run / "checkpoints" / "step2" / "checkpoint.json").exists()
+    for rank in (0, 1):  # and read back by every rank, against the state it saved
+        events = [json.loads(line).get("event") for line in (run / f"rank.{rank}" / "metrics.jsonl").read_text().splitlines()]
+        assert "checkpoint_verified" in events
     suite = parse_junit(run / "junit.xml")
     assert suite.get("failures") == "0" and len(suite.findall("testcase")) == 3  # the run and 2 ranks
 
