@@ -120,7 +120,11 @@ def _split_config_dir(argv: list[str]) -> tuple[str | None, list[str]]:
 
 def _print_error(e: ConfigError) -> int:
     """Every problem, one paragraph each, on stderr; exit code 2 (nothing was started)."""
-    Console(stderr=True).print(f"[bold red]hetero-launch:[/bold red] {e.render()}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    # escape: messages quote values such as recompute=[all] or [[2, 4], [4, 1]], which rich would take for markup
+    Console(stderr=True).print(f"[bold red]hetero-launch:[/bold red] {escape(e.render())}", highlight=False,
+                               soft_wrap=True)
     return 2
 
 

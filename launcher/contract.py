@@ -96,6 +96,8 @@ class Facts:
     """None: from the built-in recipe's torch-free hooks, in the plan."""
     code_paths: tuple[str, ...] = ()
     """Folders that hold the user's code (their recipe's _target_s): importable in the launcher and every rank."""
+    layers: tuple[str, ...] | None = None
+    """The names of the built model's layers() (what recompute refers to); None when nothing asked for them."""
 
 
 def model_facts(recipe: Recipe, model: Mapping[str, Any]) -> ModelFacts:

@@ -213,6 +213,10 @@ class HeteroConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    recompute: list[str] = field(default_factory=list)
+    """Activation checkpointing (MindSpore's cell.recompute()): layers, by the names of the recipe's layers() (gpt:
+    embedding, block.0, ...; your model: its top-level children), whose activations are recomputed in the backward
+    instead of kept; [all] = every layer. A launcher key, not model.recompute: model keys are the model's arguments."""
     smoke: bool = False
     """A smoke run of the recipe: its smoke_profile (tiny shapes), 2 steps, 2 gloo ranks on the CPU, 2 held-out
     batches, a checkpoint written and read back; the recipe's structure (placement, engine, ZeRO) is kept. Any

@@ -43,6 +43,8 @@ def init_one_process_group():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):  # DeepSpeed's engine reads them
+        os.environ.setdefault(key, value)
     os.environ["TORCH_EXTENSIONS_DIR"] = str(extensions_dir())
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 

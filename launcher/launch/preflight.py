@@ -62,7 +62,8 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None) -> Facts:
         if cfg.eval_data is not None:
             raise ConfigError(f"eval_data is for recipes in your own folder; recipe {recipe.name} brings its own "
                               f"held-out data. Remove eval_data (see eval.batches).")
-        return Facts(data=recipe.data_facts(OmegaConf.to_object(cfg.data)))
+        data = recipe.data_facts(OmegaConf.to_object(cfg.data))
+        return Facts(data=data, layers=_layer_names(recipe, cfg, data) if cfg.recompute else None)
     from launcher.usercode.check import inspect_user_recipe
 
     paths = [str(Path.cwd())]
@@ -74,4 +75,14 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None) -> Facts:
             sys.path.insert(0, p)
     source = f"{config_dir or 'conf'}/recipe/{recipe.name}.yaml"
     data, model = inspect_user_recipe(cfg, source)
-    return Facts(data=data, model=model, code_paths=code_paths)
+    return Facts(data=data, model=model, code_paths=code_paths, layers=model.layers)
+
+
+def _layer_names(recipe, cfg: DictConfig, data) -> tuple[str, ...]:
+    """The names of a built-in recipe's layers(), from its model built on the meta device (no memory)."""
+    import torch
+    from hydra.utils import instantiate
+
+    with torch.device("meta"):
+        model = instantiate(recipe.model_spec(OmegaConf.to_object(cfg.model), data))
+    return tuple(name for name, _ in recipe.layers(model))

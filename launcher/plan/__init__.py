@@ -6,6 +6,8 @@ dry run shows exactly what a real run would do. Every problem found is reported 
 
 from __future__ import annotations
 
+import difflib
+
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.contract import Facts, model_facts
@@ -24,6 +26,24 @@ __all__ = [
     "BatchPlan", "Bytes", "HostFacts", "LaunchPlan", "MemoryEstimate", "OptimizerPlan", "ParallelDims",
     "PlacementPlan", "RankPlan", "RunPlan", "ScriptPlan", "TablePlan", "checkpoint_layout", "plan_launch",
 ]
+
+
+def plan_recompute(wanted: list[str], layers: tuple[str, ...] | None) -> tuple[tuple[str, ...], list[str]]:
+    """(the layers to recompute, problems): ``recompute`` names checked against the model's layers() ([all] = every
+    layer)."""
+    if not wanted:
+        return (), []
+    layers = layers or ()
+    if wanted == ["all"]:
+        return layers, []
+    problems = []
+    for name in wanted:
+        if name not in layers:
+            close = difflib.get_close_matches(name, layers, n=1)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            problems.append(f"recompute: the model has no layer {name}.{hint} Its layers: {', '.join(layers) or 'none'}"
+                            f" (or recompute=[all]).")
+    return tuple(n for n in layers if n in wanted), problems
 
 
 def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
@@ -106,6 +126,8 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     engine, engine_problems, engine_notes = plan_engine(par.engine, zero, offload, cfg.precision, dims)
     problems += engine_problems
     notes += engine_notes
+    recompute, recompute_problems = plan_recompute(list(cfg.recompute), facts.layers)
+    problems += recompute_problems
     if problems:
         raise ConfigError(problems)
 
@@ -174,6 +196,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
         eval_metrics=eval_metrics,
         eval_max_batches=cfg.eval.max_batches,
         smoke=cfg.smoke,
+        recompute=recompute,
         seed=cfg.trainer.seed,
         batch=batch,
         optimizer=optimizer,

@@ -115,6 +115,8 @@ class LaunchPlan:
     """Cap on held-out micro-batches per rank of a finite held-out set; 0 = all."""
     smoke: bool = False
     """A smoke run: the final checkpoint is read back and checked against the trainer's state."""
+    recompute: tuple[str, ...] = ()
+    """Layers (names of the recipe's layers()) run under activation checkpointing."""
     code_paths: tuple[str, ...] = ()
     """Folders of the user's code (a recipe in their folder): put on sys.path in every rank before building."""
     debug_fail: tuple[int, int] = (-1, -1)
@@ -146,7 +148,7 @@ class LaunchPlan:
         tables = tuple(TablePlan(**{**t, "betas": tuple(t["betas"])}) for t in pl["tables"])
         d["placement"] = PlacementPlan(**{**pl, "tables": tables})
         d["ranks"] = tuple(RankPlan(**r) for r in d["ranks"])
-        for key in ("ds_ops", "notes", "debug_fail", "code_paths"):
+        for key in ("ds_ops", "notes", "debug_fail", "code_paths", "recompute"):
             d[key] = tuple(d[key])
         return cls(**d)
 

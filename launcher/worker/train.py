@@ -17,6 +17,8 @@ from launcher.plan import LaunchPlan
 from launcher.rundir import CheckpointDir, MetricsWriter, RunDir
 from launcher.worker.engines import build_engine
 from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh
+from launcher.usercode import recipe_for
+from launcher.worker.recompute import apply_recompute
 from launcher.worker.tables import build_tables
 from launcher.worker.trainer import DTYPES, Trainer
 
@@ -56,6 +58,8 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
     model = instantiate(plan.model)
     loss_fn = instantiate(plan.loss)
     data = instantiate(plan.data)
+    if plan.recompute:
+        apply_recompute(recipe_for(plan.recipe).layers(model), plan.recompute)
     tables = None
     if plan.placement.sparse_tables:  # tables train outside the engine; the engine gets the rest of the model
         tables = build_tables(model, plan.placement.tables, device, DTYPES[plan.precision], dp.group)

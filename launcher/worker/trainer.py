@@ -26,6 +26,7 @@ from launcher.worker.accounting import measure_memory
 from launcher.worker.engines import Engine
 from launcher.worker.evaluate import evaluate, mean_over
 from launcher.worker.mesh import DataParallel
+from launcher.worker.recompute import SavedActivations
 from launcher.worker.tables import TableSet
 from launcher.worker.transfer import host_to_device
 
@@ -55,6 +56,8 @@ class Trainer:
         self.data_position = 0
         """Global micro-batches consumed (the data source restarts there after a load)."""
         self._batches = None
+        self.saved_activation_bytes: int | None = None
+        """Bytes autograd saved for backward in the run's first micro-batch (parameters excluded)."""
 
     # -- one step ---------------------------------------------------------------------------------------------------
     def forward(self, batch):
@@ -78,8 +81,14 @@ class Trainer:
         accum = self.plan.batch.grad_accum
         total = None
         for _ in range(accum):
-            out, labels = self.forward(self._next_batch())
-            loss = self.loss_fn(out, labels)
+            if self.saved_activation_bytes is None:  # measured once, on the first micro-batch of the run
+                with SavedActivations(self.engine.module) as saved:
+                    out, labels = self.forward(self._next_batch())
+                    loss = self.loss_fn(out, labels)
+                self.saved_activation_bytes = saved.bytes
+            else:
+                out, labels = self.forward(self._next_batch())
+                loss = self.loss_fn(out, labels)
             self.engine.backward(loss)
             if self.tables is not None:
                 self.tables.collect_grads(self.engine.loss_scale)  # read before step() may change the scale
@@ -108,7 +117,10 @@ class Trainer:
             loss = self.train_step()
             step = self.step
             if step == first:  # optimizer states exist from the first step on
-                rank_dir.memory.write_text(json.dumps(measure_memory(self.engine, self.tables, p.placement), indent=2))
+                memory = measure_memory(self.engine, self.tables, p.placement)
+                memory["activations"] = {"saved_bytes_per_micro_batch": self.saved_activation_bytes,
+                                         "recompute": list(p.recompute)}
+                rank_dir.memory.write_text(json.dumps(memory, indent=2))
             if self.rank == fail_rank and step == fail_step:
                 raise RuntimeError(f"debug.fail_rank={fail_rank} debug.fail_step={fail_step}: injected failure")
             metrics.step_done(step)
