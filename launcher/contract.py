@@ -98,6 +98,9 @@ class Facts:
     """Folders that hold the user's code (their recipe's _target_s): importable in the launcher and every rank."""
     layers: tuple[str, ...] | None = None
     """The names of the built model's layers() (what recompute refers to); None when nothing asked for them."""
+    activations: dict[str, dict[str, float]] | None = None
+    """Per layer of layers(): bytes kept for the backward ("saved") and input bytes ("inputs"), per sample,
+    estimated on the meta device (launcher/launch/activations.py); None when not asked for (no recompute)."""
 
 
 def model_facts(recipe: Recipe, model: Mapping[str, Any]) -> ModelFacts:

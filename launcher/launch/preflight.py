@@ -63,7 +63,10 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None) -> Facts:
             raise ConfigError(f"eval_data is for recipes in your own folder; recipe {recipe.name} brings its own "
                               f"held-out data. Remove eval_data (see eval.batches).")
         data = recipe.data_facts(OmegaConf.to_object(cfg.data))
-        return Facts(data=data, layers=_layer_names(recipe, cfg, data) if cfg.recompute else None)
+        if not cfg.recompute:
+            return Facts(data=data)
+        layers, activations = _layer_facts(recipe, cfg, data)
+        return Facts(data=data, layers=layers, activations=activations)
     from launcher.usercode.check import inspect_user_recipe
 
     paths = [str(Path.cwd())]
@@ -74,15 +77,21 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None) -> Facts:
         if p not in sys.path:
             sys.path.insert(0, p)
     source = f"{config_dir or 'conf'}/recipe/{recipe.name}.yaml"
-    data, model = inspect_user_recipe(cfg, source)
-    return Facts(data=data, model=model, code_paths=code_paths, layers=model.layers)
+    data, model, activations = inspect_user_recipe(cfg, source)
+    return Facts(data=data, model=model, code_paths=code_paths, layers=model.layers, activations=activations)
 
 
-def _layer_names(recipe, cfg: DictConfig, data) -> tuple[str, ...]:
-    """The names of a built-in recipe's layers(), from its model built on the meta device (no memory)."""
+def _layer_facts(recipe, cfg: DictConfig, data):
+    """The names of a built-in recipe's layers() and their activation bytes, from its model on the meta device and
+    one 2-sample batch of its data."""
     import torch
     from hydra.utils import instantiate
 
+    from launcher.launch.activations import activation_facts
+
+    spec = recipe.model_spec(OmegaConf.to_object(cfg.model), data)
     with torch.device("meta"):
-        model = instantiate(recipe.model_spec(OmegaConf.to_object(cfg.model), data))
-    return tuple(name for name, _ in recipe.layers(model))
+        model = instantiate(spec)
+    source = instantiate(OmegaConf.to_container(cfg.data, resolve=True))
+    batch = next(iter(source.train_batches(0, 1, 2, cfg.trainer.seed)))
+    return tuple(name for name, _ in recipe.layers(model)), activation_facts(recipe, spec, batch)

@@ -46,6 +46,17 @@ def plan_recompute(wanted: list[str], layers: tuple[str, ...] | None) -> tuple[t
     return tuple(n for n in layers if n in wanted), problems
 
 
+def _activations(per_sample: dict | None, recompute: tuple[str, ...], micro: int) -> dict:
+    """Bytes kept for the backward per micro-batch, per layer and in all, without and with the planned recompute
+    (a recomputed layer keeps only its inputs); {} when not estimated."""
+    if not per_sample:
+        return {}
+    per_layer = {n: round(v["saved"] * micro) for n, v in per_sample.items()}
+    kept = sum(per_layer.values())
+    with_recompute = sum(round(v["inputs"] * micro) if n in recompute else per_layer[n] for n, v in per_sample.items())
+    return {"per_layer": per_layer, "kept_bytes": kept, "kept_bytes_with_recompute": with_recompute}
+
+
 def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     """Plan a run of ``cfg`` on ``host`` with the ``facts`` gathered about its data and model; raise ConfigError
     listing every problem."""
@@ -197,6 +208,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
         eval_max_batches=cfg.eval.max_batches,
         smoke=cfg.smoke,
         recompute=recompute,
+        activations=_activations(facts.activations, recompute, batch.micro_size),
         seed=cfg.trainer.seed,
         batch=batch,
         optimizer=optimizer,

@@ -117,6 +117,9 @@ class LaunchPlan:
     """A smoke run: the final checkpoint is read back and checked against the trainer's state."""
     recompute: tuple[str, ...] = ()
     """Layers (names of the recipe's layers()) run under activation checkpointing."""
+    activations: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Estimated bytes kept for the backward per micro-batch: per_layer, kept_bytes (no recompute),
+    kept_bytes_with_recompute; {} when not estimated (only runs that recompute are)."""
     code_paths: tuple[str, ...] = ()
     """Folders of the user's code (a recipe in their folder): put on sys.path in every rank before building."""
     debug_fail: tuple[int, int] = (-1, -1)

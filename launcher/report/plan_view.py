@@ -50,6 +50,11 @@ def plan_tree(plan: LaunchPlan) -> Tree:
     mem = root.add(f"memory (estimate; {m.params:,} parameters, {m.dense_params:,} in the engine)")
     mem.add(_bytes_line("host", m.host, plan.nproc_per_node))
     mem.add(_bytes_line("device", m.device, plan.nproc_per_node))
+    if plan.activations:
+        a = plan.activations
+        act = mem.add(f"activations kept for the backward, per micro-batch: {_mib(a['kept_bytes'])}; with recompute of "
+                      f"{', '.join(plan.recompute)}: {_mib(a['kept_bytes_with_recompute'])}")
+        act.add(", ".join(f"{n} {_mib(v)}" for n, v in a["per_layer"].items()))
     ranks = root.add("ranks")
     for r in plan.ranks:
         coords = " ".join(f"{k} {v}" for k, v in r.coords.items())

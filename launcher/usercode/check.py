@@ -177,7 +177,7 @@ def check_model_and_loss(model: nn.Module, loss_fn: Any, dataset: Any, source: s
     return [], out.numel() == label.numel()
 
 
-def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelFacts]:
+def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelFacts, dict | None]:
     """Every check of a user recipe, then its facts; ConfigError listing all problems."""
     model_spec = OmegaConf.to_container(cfg.model, resolve=True)
     data_spec = OmegaConf.to_container(cfg.data, resolve=True)
@@ -237,4 +237,14 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
     line = (f"data: {data_spec['_target_']}: {len(train):,} items of {len(train[0]) - 1} input(s) + label"
             f"{', binary labels' if binary else ''}; eval_data: "
             f"{f'{n_eval:,} items' if evaluation is not None else 'none (no evaluation)'}")
-    return DataFacts(train_samples=len(train), lines=(line,), binary_labels=binary, eval_samples=n_eval), facts
+    activations = None
+    if cfg.recompute:  # the per-layer estimate a recompute plan shows (launcher/launch/activations.py)
+        from torch.utils.data import default_collate
+
+        from launcher.launch.activations import activation_facts
+        from launcher.usercode.recipe import UserRecipe
+
+        items = default_collate([train[i] for i in range(min(2, len(train)))])
+        activations = activation_facts(UserRecipe(cfg.recipe.name), model_spec, (tuple(items[:-1]), items[-1]))
+    data = DataFacts(train_samples=len(train), lines=(line,), binary_labels=binary, eval_samples=n_eval)
+    return data, facts, activations

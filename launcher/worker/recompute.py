@@ -1,7 +1,7 @@
 """Recompute (activation checkpointing, MindSpore's ``cell.recompute()``) and what it saves, measured.
 
 ``apply_recompute`` runs each named layer under ``torch.utils.checkpoint`` (non-reentrant): its forward keeps only
-its inputs, and the backward runs it again. The RNG state is replayed, so dropout gives the same masks and the
+its inputs, and the backward runs it again (ZeRO-3 keeps a little more: its own hooks save tensors too). The RNG state is replayed, so dropout gives the same masks and the
 losses are the same as without. ``SavedActivations`` counts the bytes autograd keeps for the backward during a
 forward (``torch.autograd.graph.saved_tensors_hooks``), parameters left out: what recompute trades for compute.
 """

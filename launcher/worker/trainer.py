@@ -82,13 +82,12 @@ class Trainer:
         total = None
         for _ in range(accum):
             if self.saved_activation_bytes is None:  # measured once, on the first micro-batch of the run
-                with SavedActivations(self.engine.module) as saved:
+                with SavedActivations(self.engine.module) as saved:  # the model's forward (the loss's not counted)
                     out, labels = self.forward(self._next_batch())
-                    loss = self.loss_fn(out, labels)
                 self.saved_activation_bytes = saved.bytes
             else:
                 out, labels = self.forward(self._next_batch())
-                loss = self.loss_fn(out, labels)
+            loss = self.loss_fn(out, labels)
             self.engine.backward(loss)
             if self.tables is not None:
                 self.tables.collect_grads(self.engine.loss_scale)  # read before step() may change the scale

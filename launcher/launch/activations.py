@@ -1,0 +1,69 @@
+"""Before a run that recomputes: how many bytes each layer keeps for the backward, estimated on the ``meta`` device.
+
+One forward of a 2-sample batch of the model built on meta (no memory, no compute) with
+``saved_tensors_hooks`` attributes every saved tensor (parameters left out) to the layer of ``layers()`` running
+it, and records each layer's input bytes. Without recompute a micro-batch keeps the sum; a recomputed layer keeps
+only its inputs. The plan scales the per-sample figures to the micro-batch; each rank measures the real bytes of its
+first micro-batch (``rank.N/memory.json``), so the two can be compared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def _bytes(t: Any) -> int:
+    return t.numel() * t.element_size() if torch.is_tensor(t) else 0
+
+
+def estimate_activations(model: nn.Module, layers: list[tuple[str, nn.Module]], inputs: tuple,
+                         samples: int) -> dict[str, dict[str, float]]:
+    """{layer: {"saved": bytes per sample, "inputs": bytes per sample}} of a forward of ``inputs`` (``samples``
+    samples, on meta) through ``model``."""
+    params = {id(p) for p in model.parameters()}
+    stack: list[str] = []
+    saved = {name: 0 for name, _ in layers}
+    entry = {name: 0 for name, _ in layers}
+    seen: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        base = t if t._base is None else t._base
+        if stack and id(t) not in params and id(base) not in params and id(base) not in seen:
+            seen.add(id(base))
+            saved[stack[-1]] += _bytes(base)
+        return t
+
+    handles = []
+    for name, module in layers:
+        def pre(_m, args, kwargs, _name=name):
+            stack.append(_name)
+            entry[_name] += sum(_bytes(a) for a in (*args, *kwargs.values()))
+
+        def post(_m, _args, _out, _name=name):
+            stack.pop()
+
+        handles += [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.enable_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return {name: {"saved": saved[name] / samples, "inputs": entry[name] / samples} for name, _ in layers}
+
+
+def activation_facts(recipe, model_spec: dict, batch: tuple) -> dict[str, dict[str, float]] | None:
+    """The per-layer estimate for a recipe's model (``model_spec``) and one batch of its data (tensors, any device);
+    None when the model cannot run on meta (then only the ranks' measurement is there)."""
+    from hydra.utils import instantiate
+
+    with torch.device("meta"):
+        model = instantiate(model_spec)
+    inputs = tuple(t.to("meta") for t in batch[0])
+    try:
+        return estimate_activations(model, recipe.layers(model), inputs, len(batch[1]))
+    except (NotImplementedError, RuntimeError):
+        return None
