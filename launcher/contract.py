@@ -82,6 +82,10 @@ class Recipe(Protocol):
     def problems(self, model: Mapping[str, Any], data: Any, micro_group: int) -> list[str]:
         """Recipe-specific config problems (one sentence each: key, value, fix); micro_group = micro_size × dp."""
 
+    def layer_names(self, model: Mapping[str, Any]) -> list[str]:
+        """The names layers() gives for the model spec, without building the model (the plan checks recompute and
+        stage names against them)."""
+
     def layers(self, model: Any) -> list[tuple[str, Any]]:
         """The built model's ordered, named top-level blocks (embedding, block.0, ..., head): what pipeline stages
         and recompute refer to. For a sequential model (gpt, quickstart) running them in order is the forward."""
@@ -127,7 +131,7 @@ class DataSource(Protocol):
         """Held-out micro-batches (``count`` global ones for endless data; a finite test split may ignore it)."""
 
 
-_HOOKS = ("data_facts", "model_spec", "tables", "dense_param_count", "problems", "layers")
+_HOOKS = ("data_facts", "model_spec", "tables", "dense_param_count", "problems", "layer_names", "layers")
 _ATTRS = ("name", "model_config", "data_configs")
 
 

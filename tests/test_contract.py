@@ -88,3 +88,17 @@ def test_a_data_file_smaller_than_a_global_micro_batch_is_refused(tmp_path, cpu_
     with pytest.raises(ConfigError, match=r"the data has 80 training samples, fewer than one global micro-batch "
                                           r"\(batch.micro_size 256 × dp 2 = 512\)\. Lower batch.global_size"):
         plan_launch(cfg, cpu_host, gather_facts(cfg))
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_layer_names_are_the_names_of_layers(name):
+    """The torch-free names the plan checks recompute against are those of the built model's layers()."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from launcher.config import compose_config
+
+    recipe = RECIPES[name]
+    cfg = compose_config([f"recipe={name}", "smoke=true"])
+    spec = recipe.model_spec(OmegaConf.to_object(cfg.model), DataFacts())
+    assert recipe.layer_names(spec) == [n for n, _ in recipe.layers(instantiate(spec))]

@@ -10,12 +10,14 @@ from launcher.plan import HostFacts, RunPlan, plan_launch
 from launcher.plan.script import plan_script
 
 
-def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None) -> tuple[RunPlan, list[str]]:
-    """(the plan, lines about the data and model to show before it); ConfigError for bad input."""
+def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
+             estimate: bool = True) -> tuple[RunPlan, list[str]]:
+    """(the plan, lines about the data and model to show before it); ConfigError for bad input. ``estimate=False``
+    (``check``) leaves out the activation estimate, which needs torch."""
     if cfg.script:
         check_script(cfg)
         return plan_script(cfg, host), []
-    facts = gather_facts(cfg, config_dir)
+    facts = gather_facts(cfg, config_dir, estimate)
     plan = plan_launch(cfg, host, facts)
     check_resume(plan)
     return plan, [*facts.data.lines, *(facts.model.lines if facts.model else ())]

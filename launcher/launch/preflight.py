@@ -51,7 +51,7 @@ def check_resume(plan: LaunchPlan) -> None:
         raise ConfigError(f"{key}: saved with {', '.join(diff)}. Resume with the settings it was saved with.")
 
 
-def gather_facts(cfg: DictConfig, config_dir: str | None = None) -> Facts:
+def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool = True) -> Facts:
     """The facts of cfg's recipe before planning. A built-in recipe: its data_facts hook (which may read the user's
     files and raise ConfigError). A recipe in the user's folder: its folder made importable, then every check of
     ``launcher.usercode.check`` (imports, arguments, dataset items, the model on the meta device, the loss)."""
@@ -65,8 +65,8 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None) -> Facts:
         data = recipe.data_facts(OmegaConf.to_object(cfg.data))
         if not cfg.recompute:
             return Facts(data=data)
-        layers, activations = _layer_facts(recipe, cfg, data)
-        return Facts(data=data, layers=layers, activations=activations)
+        layers = tuple(recipe.layer_names(recipe.model_spec(OmegaConf.to_object(cfg.model), data)))
+        return Facts(data=data, layers=layers, activations=_activations(recipe, cfg, data) if estimate else None)
     from launcher.usercode.check import inspect_user_recipe
 
     paths = [str(Path.cwd())]
@@ -81,17 +81,15 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None) -> Facts:
     return Facts(data=data, model=model, code_paths=code_paths, layers=model.layers, activations=activations)
 
 
-def _layer_facts(recipe, cfg: DictConfig, data):
-    """The names of a built-in recipe's layers() and their activation bytes, from its model on the meta device and
-    one 2-sample batch of its data."""
+def _activations(recipe, cfg: DictConfig, data):
+    """The activation bytes of a built-in recipe's layers(), from its model on the meta device and one 2-sample
+    batch of its data (imports torch: only for runs that recompute, and not for ``check``)."""
     import torch
     from hydra.utils import instantiate
 
     from launcher.launch.activations import activation_facts
 
     spec = recipe.model_spec(OmegaConf.to_object(cfg.model), data)
-    with torch.device("meta"):
-        model = instantiate(spec)
     source = instantiate(OmegaConf.to_container(cfg.data, resolve=True))
     batch = next(iter(source.train_batches(0, 1, 2, cfg.trainer.seed)))
-    return tuple(name for name, _ in recipe.layers(model)), activation_facts(recipe, spec, batch)
+    return activation_facts(recipe, spec, batch)

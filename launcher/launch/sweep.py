@@ -60,7 +60,8 @@ def every_recipe(config_dir: str | None) -> list[str]:
     return [*sorted(RECIPES), *user_recipes(config_dir)]
 
 
-def plan_jobs(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | None = None) -> list[Job]:
+def plan_jobs(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | None = None,
+              estimate: bool = True) -> list[Job]:
     """Compose and plan every job (in a sweep dir: job n's run dir is <sweep_dir>/<n>); ConfigError naming the job
     of each problem, before anything starts."""
     host = probe_host()
@@ -69,7 +70,7 @@ def plan_jobs(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | N
         where = [f"output.log_dir={sweep_dir}", f"output.run_name={n}"] if sweep_dir is not None else []
         try:
             cfg = compose_config([*overrides, *where], config_dir)
-            plan, _ = plan_run(cfg, host, config_dir)
+            plan, _ = plan_run(cfg, host, config_dir, estimate)
         except ConfigError as e:
             problems += [f"job {n} ({' '.join(overrides)}): {p}" for p in e.problems]
             continue
@@ -84,7 +85,7 @@ def check_jobs(overrides: list[str], config_dir: str | None, console: Console) -
     t0 = time.monotonic()
     if not any(o.split("=")[0].lstrip("+") in ("recipe", "script") for o in overrides):
         overrides = [f"recipe={','.join(every_recipe(config_dir))}", *overrides]
-    jobs = plan_jobs(expand_jobs(overrides), config_dir)
+    jobs = plan_jobs(expand_jobs(overrides), config_dir, estimate=False)
     table = Table(title=f"check: {len(jobs)} job(s) plan, nothing started ({time.monotonic() - t0:.2f} s)")
     for col in ("job", "overrides", "engine", "ranks", "steps"):
         table.add_column(col)

@@ -28,6 +28,9 @@ class UserRecipe:
     def problems(self, model: Mapping[str, Any], data: Any, micro_group: int) -> list[str]:
         return []
 
+    def layer_names(self, model: Mapping[str, Any]) -> list[str]:
+        raise RuntimeError("a user recipe's layer names come from its ModelFacts (the model built on the meta device)")
+
     def layers(self, model: Any) -> list[tuple[str, Any]]:
         return list(model.named_children())
 

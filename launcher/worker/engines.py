@@ -103,6 +103,7 @@ class DDPEngine:
         )
         self._accum = grad_accum
         self._micro = 0
+        self._group = dp_group
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
         if self._accum > 1:  # DDP.no_sync() sets this flag: all-reduce only in the boundary micro-batch's backward
@@ -140,6 +141,11 @@ class DDPEngine:
         self.optimizer.load_state_dict(state["optimizer"])
 
     def save(self, ckpt: CheckpointDir) -> None:
+        # Buffers (BatchNorm's running stats) follow each rank's last batch until DDP's next forward broadcasts
+        # rank 0's; broadcast them now, so every rank holds what the checkpoint holds.
+        src = dist.get_global_rank(self._group, 0) if self._group is not None else 0
+        for b in self.module.buffers():
+            dist.broadcast(b, src=src, group=self._group)
         if dist.get_rank() == 0:  # replicas are identical: one copy
             ckpt.path.mkdir(parents=True, exist_ok=True)
             torch.save(self.state_dict(), ckpt.engine)

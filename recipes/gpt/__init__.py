@@ -96,6 +96,9 @@ class GPTRecipe:
             out.append(f"data.skew={data.skew} must be >= 0 (0 = uniform over the candidates).")
         return out
 
+    def layer_names(self, model: dict) -> list[str]:
+        return ["embedding", *(f"block.{i}" for i in range(model["layers"])), "head"]
+
     def layers(self, model) -> list:
         """embedding, block.0 ... block.{n-1}, head: running them in order is the model's forward."""
         return model.named_layers()

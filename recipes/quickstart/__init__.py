@@ -62,6 +62,9 @@ class Quickstart:
             )
         return out
 
+    def layer_names(self, model: dict) -> list[str]:
+        return ["fc1", "relu", "fc2"]
+
     def layers(self, model) -> list:
         return [("fc1", model.fc1), ("relu", model.relu), ("fc2", model.fc2)]
 

@@ -139,6 +139,9 @@ class WideDeepRecipe:
                     )
         return out
 
+    def layer_names(self, model: dict) -> list[str]:
+        return ["deep_embedding", "wide_embedding", "wide_dense", "mlp"]
+
     def layers(self, model) -> list:
         """The model's top-level modules: the two tables, the wide part's linear, the MLP."""
         return list(model.named_children())

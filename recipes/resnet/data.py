@@ -1,0 +1,40 @@
+"""Synthetic images with a learnable signal: each class has a fixed smooth random pattern; a sample is its class's
+pattern times a random contrast, plus noise. Every global micro-batch is drawn from a generator seeded by
+(seed, index), so the stream does not depend on how it is split over data-parallel ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from launcher.contract import dp_share
+
+_EVAL_STREAM = 1_000_003  # offset of the held-out stream's batch indices
+
+
+class SyntheticImages:
+    def __init__(self, classes: int, image_size: int, channels: int, noise: float, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        coarse = torch.randn(classes, channels, 4, 4, generator=g)  # smooth patterns: upsampled 4x4 noise
+        self.patterns = F.interpolate(coarse, size=(image_size, image_size), mode="bilinear", align_corners=False)
+        self.classes, self.noise, self.seed = classes, noise, seed
+
+    def global_micro_batch(self, index: int, rows: int, seed: int) -> tuple[tuple[torch.Tensor], torch.Tensor]:
+        g = torch.Generator().manual_seed(seed * 1_000_000_007 + index)
+        labels = torch.randint(0, self.classes, (rows,), generator=g)
+        contrast = 0.5 + torch.rand(rows, 1, 1, 1, generator=g)
+        images = self.patterns[labels] * contrast + self.noise * torch.randn(rows, *self.patterns.shape[1:], generator=g)
+        return (images,), labels
+
+    def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[tuple]:
+        index = start
+        while True:
+            yield dp_share(self.global_micro_batch(index, micro_size * dp_size, seed), dp_rank, micro_size)
+            index += 1
+
+    def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[tuple]:
+        for k in range(count):
+            yield dp_share(self.global_micro_batch(_EVAL_STREAM + k, micro_size * dp_size, self.seed), dp_rank,
+                           micro_size)
