@@ -15,7 +15,7 @@ DATA_TARGET = "launcher.usercode.data.MapData"
 class UserRecipe:
     """A recipe named by ``conf/recipe/<name>.yaml`` in the user's folder. Its model and data keys are the user's
     constructors' arguments (checked against their signatures in preflight, not by a schema). It has the contract's
-    planning hooks (``model_spec``, ``problems``, ``layers``); its data and model facts (tables, sizes) need torch
+    planning hooks (``model_spec``, ``problems``, ``layers``); its data and model facts (tables, sizes, layer names) need torch
     and the user's code, so ``launcher.usercode.check.inspect_user_recipe`` gathers them in preflight instead of the
     torch-free ``data_facts`` / ``tables`` / ``dense_param_count`` hooks of a built-in recipe."""
 
@@ -27,9 +27,6 @@ class UserRecipe:
 
     def problems(self, model: Mapping[str, Any], data: Any, micro_group: int) -> list[str]:
         return []
-
-    def layer_names(self, model: Mapping[str, Any]) -> list[str]:
-        raise RuntimeError("a user recipe's layer names come from its ModelFacts (the model built on the meta device)")
 
     def layers(self, model: Any) -> list[tuple[str, Any]]:
         return list(model.named_children())
