@@ -12,7 +12,7 @@ the data source follows ``DataSource``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -118,6 +118,17 @@ def dp_share(batch: Batch, dp_rank: int, micro_size: int) -> Batch:
     inputs, labels = batch
     part = slice(dp_rank * micro_size, (dp_rank + 1) * micro_size)
     return tuple(t[part] for t in inputs), labels[part]
+
+
+def endless_shares(global_micro_batch: Callable[[int, int], Batch], dp_rank: int, dp_size: int, micro_size: int,
+                   start: int = 0) -> Iterator[Batch]:
+    """Rank ``dp_rank``'s shares of global micro-batches start, start+1, ... of an endless stream, where
+    ``global_micro_batch(index, rows)`` draws global micro-batch ``index`` (seeded by it: the same samples however
+    the batch is split over ranks)."""
+    index = start
+    while True:
+        yield dp_share(global_micro_batch(index, micro_size * dp_size), dp_rank, micro_size)
+        index += 1
 
 
 class DataSource(Protocol):

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from launcher.contract import dp_share
+from launcher.contract import dp_share, endless_shares
 from launcher.recipes.gpt.markov import profile, uniform_loss
 
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
@@ -76,10 +76,8 @@ class MarkovTokens:
     def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[Batch]:
         """Endless micro-batches of rank dp_rank: rows [dp_rank*micro_size, +micro_size) of global micro-batches
         start, start+1, ... Each item is ((tokens,), labels), both int64 (micro_size, seq_len-1)."""
-        index = start
-        while True:
-            yield dp_share(self.global_micro_batch("train", seed, index, micro_size * dp_size), dp_rank, micro_size)
-            index += 1
+        return endless_shares(lambda i, rows: self.global_micro_batch("train", seed, i, rows), dp_rank, dp_size,
+                              micro_size, start)
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
         """``count`` held-out micro-batches of rank dp_rank, from a stream seeded by the source's own seed."""

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from launcher.contract import dp_share
+from launcher.contract import dp_share, endless_shares
 
 _EVAL_STREAM = 1_000_003  # offset of the held-out stream's batch indices
 
@@ -29,10 +29,7 @@ class SyntheticImages:
         return (images,), labels
 
     def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[tuple]:
-        index = start
-        while True:
-            yield dp_share(self.global_micro_batch(index, micro_size * dp_size, seed), dp_rank, micro_size)
-            index += 1
+        return endless_shares(lambda i, rows: self.global_micro_batch(i, rows, seed), dp_rank, dp_size, micro_size, start)
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[tuple]:
         for k in range(count):
