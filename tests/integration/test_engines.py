@@ -44,8 +44,8 @@ def plan_of_run(run_dir: Path) -> dict:
     "base, variants",
     [
         (QUICKSTART, {"ddp": [], "deepspeed_zero0": ["parallel.engine=deepspeed"]}),
+        # (DDP with host tables vs one process: tests/integration/test_user_recipe.py::test_two_ranks_match_one_process)
         (WIDE_DEEP, {"ddp": [], "deepspeed_zero0": ["parallel.engine=deepspeed"],
-                     "ddp_host_tables": ["placement.host_device_mix=1"],
                      "deepspeed_zero0_host_tables": ["parallel.engine=deepspeed", "placement.host_device_mix=1"]}),
     ],
     ids=["quickstart", "wide_deep"],
