@@ -132,22 +132,20 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
     return ModelFacts(tables=tables, dense_params=dense, layers=layers, lines=tuple(lines))
 
 
-def _meta(t: torch.Tensor) -> torch.Tensor:
-    return t.to("meta")
+def _two_items(dataset: Any) -> tuple[tuple, Any]:
+    """The dataset's first two items batched as the ranks' DataLoader does: (inputs, label)."""
+    from torch.utils.data import default_collate
+
+    items = default_collate([dataset[i] for i in range(min(2, len(dataset)))])
+    return tuple(items[:-1]), items[-1]
 
 
-def check_model_and_loss(model: nn.Module, loss_fn: Any, dataset: Any, source: str) -> tuple[list[str], bool]:
+def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[tuple, Any],
+                         source: str) -> tuple[list[str], bool]:
     """One micro-batch of two items, on the meta device: the model takes the inputs, the loss takes its output
     and the label. Returns (problems, whether the output has one score per label element: what binary metrics
     need). A model that cannot run on meta is not checked here (its first step will tell)."""
-    from torch.utils.data import default_collate
-
-    try:
-        items = default_collate([dataset[i] for i in range(min(2, len(dataset)))])
-    except Exception as e:  # noqa: BLE001
-        return [f"data ({source}): items 0 and 1 do not batch together: {_first_line(e)}. Every item needs the "
-                f"same number of tensors, each of the same shape in every item."], False
-    inputs, label = [_meta(t) for t in items[:-1]], _meta(items[-1])
+    inputs, label = [t.to("meta") for t in batch[0]], batch[1].to("meta")
     try:
         with torch.no_grad():
             out = model(*inputs)
@@ -169,7 +167,7 @@ def check_model_and_loss(model: nn.Module, loss_fn: Any, dataset: Any, source: s
             loss_fn(out, label)
     except Exception as e:  # noqa: BLE001
         if "meta" in str(e).lower() and "size" not in str(e).lower():
-            return []
+            return [], False
         return [f"loss ({source}): {type(loss_fn).__name__} rejects the model's output {tuple(out.shape)} "
                 f"{str(out.dtype).removeprefix('torch.')} against the label {tuple(label.shape)} "
                 f"{str(label.dtype).removeprefix('torch.')}: {_first_line(e)}. Make the model's output and the "
@@ -214,9 +212,15 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
             loss_fn = instantiate(loss_spec, _convert_="all")
         except Exception as e:  # noqa: BLE001
             problems.append(f"loss ({source}): building {loss_spec['_target_']} failed: {_first_line(e.__cause__ or e)}.")
-    scores = False
-    if model is not None and loss_fn is not None and train is not None:
-        found, scores = check_model_and_loss(model, loss_fn, train, source)
+    scores, batch = False, None
+    if train is not None:
+        try:
+            batch = _two_items(train)
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"data ({source}): items 0 and 1 do not batch together: {_first_line(e)}. Every item "
+                            f"needs the same number of tensors, each of the same shape in every item.")
+    if model is not None and loss_fn is not None and batch is not None:
+        found, scores = check_model_and_loss(model, loss_fn, batch, source)
         problems += found
     labels = []
     if train is not None:
@@ -239,12 +243,9 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
             f"{f'{n_eval:,} items' if evaluation is not None else 'none (no evaluation)'}")
     activations = None
     if cfg.recompute:  # the per-layer estimate a recompute plan shows (launcher/launch/activations.py)
-        from torch.utils.data import default_collate
-
         from launcher.launch.activations import activation_facts
         from launcher.usercode.recipe import UserRecipe
 
-        items = default_collate([train[i] for i in range(min(2, len(train)))])
-        activations = activation_facts(UserRecipe(cfg.recipe.name), model_spec, (tuple(items[:-1]), items[-1]))
+        activations = activation_facts(UserRecipe(cfg.recipe.name), model_spec, batch)
     data = DataFacts(train_samples=len(train), lines=(line,), binary_labels=binary, eval_samples=n_eval)
     return data, facts, activations
