@@ -154,7 +154,7 @@ def p5(runs: int) -> list[tuple]:
     for n in (10, 100, 1_000, 10_000):
         RECIPES["bench_tables"] = types.SimpleNamespace(
             tables=lambda m, n=n: {f"t{i}": (1000, 16) for i in range(n)}, model_spec=lambda m, f: {},
-            dense_param_count=lambda m: 100_000, problems=lambda *a: [])
+            dense_param_count=lambda m: 100_000, problems=lambda *a: [], layer_names=lambda m: [])
         cfg = base_cfg.copy()
         with open_dict(cfg):
             cfg.recipe.name = "bench_tables"

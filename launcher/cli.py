@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             return (check_jobs if check else run_sweep)(jobs, config_dir, Console())
         except ConfigError as e:
             return _print_error(e)
-    overrides = [a for a in rest if "=" in a and not a.startswith("-")]
-    flags = [a for a in rest if a not in overrides]
+    overrides, flags = _overrides_and_flags(rest)
     if flags in (["--cfg", "job"], ["-c", "job"], ["--cfg", "job", "--resolve"], ["-c", "job", "--resolve"]):
         from omegaconf import OmegaConf
 
@@ -104,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         return _print_error(e)
 
 
+def _overrides_and_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """(key=value overrides, everything else: flags and their values)."""
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    return overrides, [a for a in args if a not in overrides]
+
+
 def _split_config_dir(argv: list[str]) -> tuple[str | None, list[str]]:
     """Hydra's ``--config-dir DIR`` / ``--config-dir=DIR`` / ``-cd DIR`` (the user's config tree beside the
     package's) and the other arguments."""
@@ -139,8 +144,7 @@ def _hydra_app(argv: list[str]) -> int:
     def app(_cfg) -> None:  # only reached without an info flag; the flags print and return before it
         pass
 
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    flags = [a for a in argv if a not in overrides]  # before the overrides: argparse wants positionals together
+    overrides, flags = _overrides_and_flags(argv)  # flags first: argparse wants the positionals together
     sys.argv = [sys.argv[0], *flags, "hydra/help=hetero_launch", "hydra.output_subdir=null", "hydra.run.dir=.",
                 "hydra/job_logging=none", "hydra/hydra_logging=none", *overrides]
     app()

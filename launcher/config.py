@@ -18,7 +18,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, first_line
 from launcher.schema import TableConfig, register_schemas
 
 CONFIG_MODULE = "launcher.conf"
@@ -58,7 +58,7 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         try:
             cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])  # the usual case: all is well
         except (HydraException, OmegaConfBaseException) as first_error:
-            raise ConfigError(_diagnose(parsed, script_mode, users, search) or _first_line(first_error)) from None
+            raise ConfigError(_diagnose(parsed, script_mode, users, search) or first_line(first_error)) from None
         if cfg.smoke:
             cfg = _compose_smoke(cfg, overrides, search, script_mode)
     named = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
@@ -73,7 +73,7 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     try:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=not script_mode)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"{e.full_key}: {_first_line(e)}. Set it on the command line: {e.full_key}=<value>.") from None
+        raise ConfigError(f"{e.full_key}: {first_line(e)}. Set it on the command line: {e.full_key}=<value>.") from None
     return cfg
 
 
@@ -89,7 +89,7 @@ def _compose_smoke(cfg: DictConfig, overrides: Sequence[str], search: list[str],
         smoke = compose(config_name=CONFIG_NAME, overrides=[*search, *smoke_overrides(settings), *overrides])
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(f"smoke=true: the smoke profile of recipe {cfg.recipe.name} does not apply: "
-                          f"{_first_line(e)}. Fix smoke_profile (in the recipe's file, or where you set it).") from None
+                          f"{first_line(e)}. Fix smoke_profile (in the recipe's file, or where you set it).") from None
     smoke.smoke_changes = smoke_changes(cfg, smoke, list(settings))
     return smoke
 
@@ -165,7 +165,7 @@ def _compose(lines: list[str]) -> DictConfig:
     try:
         return compose(config_name=CONFIG_NAME, overrides=lines)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_first_line(e)) from None
+        raise ConfigError(first_line(e)) from None
 
 
 def _check_value_override(base: DictConfig, key: str, value, line: str, delete: bool) -> list[str]:
@@ -179,7 +179,7 @@ def _check_value_override(base: DictConfig, key: str, value, line: str, delete: 
     try:
         OmegaConf.update(trial, key, value, merge=True)
     except OmegaConfBaseException as e:
-        return [f"{line}: {_first_line(e)}. Current value: {key}={OmegaConf.select(base, key)!r}; give one of that type."]
+        return [f"{line}: {first_line(e)}. Current value: {key}={OmegaConf.select(base, key)!r}; give one of that type."]
     return []
 
 
@@ -218,9 +218,3 @@ def _dotted_keys(node, prefix: str = "") -> Iterator[str]:
                 yield from _dotted_keys(child, full + ".")
     elif isinstance(node, ListConfig):
         return
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0].rstrip(".") if text else type(e).__name__
-

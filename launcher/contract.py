@@ -100,8 +100,6 @@ class Facts:
     """None: from the built-in recipe's torch-free hooks, in the plan."""
     code_paths: tuple[str, ...] = ()
     """Folders that hold the user's code (their recipe's _target_s): importable in the launcher and every rank."""
-    layers: tuple[str, ...] | None = None
-    """The names of the built model's layers() (what recompute refers to); None when nothing asked for them."""
     activations: dict[str, dict[str, float]] | None = None
     """Per layer of layers(): bytes kept for the backward ("saved") and input bytes ("inputs"), per sample,
     estimated on the meta device (launcher/launch/activations.py); None when not asked for (no recompute)."""
@@ -109,7 +107,8 @@ class Facts:
 
 def model_facts(recipe: Recipe, model: Mapping[str, Any]) -> ModelFacts:
     """A built-in recipe's model facts, from its torch-free hooks."""
-    return ModelFacts(tables=recipe.tables(model), dense_params=recipe.dense_param_count(model))
+    return ModelFacts(tables=recipe.tables(model), dense_params=recipe.dense_param_count(model),
+                      layers=tuple(recipe.layer_names(model)))
 
 
 def dp_share(batch: Batch, dp_rank: int, micro_size: int) -> Batch:

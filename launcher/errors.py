@@ -14,3 +14,9 @@ class ConfigError(Exception):
         n = len(self.problems)
         head = f"{n} problem{'s' if n != 1 else ''} in the config; nothing was started."
         return head + "".join(f"\n  - {p}" for p in self.problems)
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, without its final period (to quote inside a problem sentence)."""
+    text = str(e).strip().splitlines()
+    return text[0].rstrip(".") if text else type(e).__name__

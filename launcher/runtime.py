@@ -28,15 +28,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.plan.placement import plan_tables
+from launcher.plan.placement import plan_tables, takes_tables_out
 from launcher.plan.script import RuntimePlan
 from launcher.rundir import RUN_DIR_ENV, MetricsWriter, RankDir, RunDir
 from launcher.schema import TableConfig
 
 __all__ = ["backward", "device", "load_state_dict", "log", "move", "prepare", "rank", "state_dict", "step", "world_size"]
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 class _State:
     plan: RuntimePlan | None = None
@@ -114,6 +111,7 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     ``runtime.step()`` (or the returned optimizer's ``step()``) instead of ``loss.backward()`` / ``optimizer.step()``."""
     from launcher.worker.engines import make_engine
     from launcher.worker.tables import build_tables
+    from launcher.worker.trainer import DTYPES
 
     run_dir = os.environ.get(RUN_DIR_ENV)
     planned = RunDir(run_dir).read_plan() if run_dir else {}
@@ -124,9 +122,9 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     _S.device = torch.device(f"cuda:{local}") if on_cuda else torch.device("cpu")
     if _S.device.type == "cuda":
         torch.cuda.set_device(_S.device)
-    _S.plan, _S.dtype, _S.micro = plan, DTYPES[plan.precision], 0
+    _S.plan, _S.dtype, _S.micro = plan, DTYPES[plan.precision], 0  # the precision's dtype, as the Trainer's
     shapes = _tables_of(model)
-    intent = plan.host_device_mix == 1 or plan.table_locations or plan.table_configs
+    intent = takes_tables_out(plan.host_device_mix, plan.table_locations, plan.table_configs)
     table_cfgs = {n: TableConfig(**t) for n, t in plan.table_configs.items()}
     tables, problems, _ = plan_tables(shapes, table_cfgs, plan.table_locations, plan.host_device_mix,
                                       TableConfig(optimizer="lazy_adam" if intent else "dense"),

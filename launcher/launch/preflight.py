@@ -63,10 +63,9 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
             raise ConfigError(f"eval_data is for recipes in your own folder; recipe {recipe.name} brings its own "
                               f"held-out data. Remove eval_data (see eval.batches).")
         data = recipe.data_facts(OmegaConf.to_object(cfg.data))
-        if not cfg.recompute:
+        if not (cfg.recompute and estimate):
             return Facts(data=data)
-        layers = tuple(recipe.layer_names(recipe.model_spec(OmegaConf.to_object(cfg.model), data)))
-        return Facts(data=data, layers=layers, activations=_activations(recipe, cfg, data) if estimate else None)
+        return Facts(data=data, activations=_activations(recipe, cfg, data))
     from launcher.usercode.check import inspect_user_recipe
 
     paths = [str(Path.cwd())]
@@ -78,7 +77,7 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
             sys.path.insert(0, p)
     source = f"{config_dir or 'conf'}/recipe/{recipe.name}.yaml"
     data, model, activations = inspect_user_recipe(cfg, source)
-    return Facts(data=data, model=model, code_paths=code_paths, layers=model.layers, activations=activations)
+    return Facts(data=data, model=model, code_paths=code_paths, activations=activations)
 
 
 def _activations(recipe, cfg: DictConfig, data):

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.config import compose_config
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, first_line
 from launcher.launch.host import probe_host
 from launcher.launch.planning import plan_run
 from launcher.plan import RunPlan
@@ -43,14 +43,10 @@ def expand_jobs(overrides: list[str]) -> list[list[str]]:
         parsed = OverridesParser.create().parse_overrides(overrides)
         return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     except HydraException as e:
-        raise ConfigError(f"could not expand the sweep: {_first_line(e)}. A sweep takes key=a,b, key=range(0,3) or "
+        raise ConfigError(f"could not expand the sweep: {first_line(e)}. A sweep takes key=a,b, key=range(0,3) or "
                           f"key=choice(a,b) (interval() and glob() need a sweeper plugin, which a sweep here does "
                           f"not use).") from None
 
-
-def _first_line(e: Exception) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0].rstrip(".") if lines else type(e).__name__
 
 
 def every_recipe(config_dir: str | None) -> list[str]:

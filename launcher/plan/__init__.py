@@ -13,11 +13,11 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.contract import Facts, model_facts
 from launcher.errors import ConfigError
 from launcher.plan.batch import BatchPlan, plan_batch
-from launcher.plan.deepspeed import DeepSpeedInputs, deepspeed_config
+from launcher.plan.deepspeed import plan_deepspeed
 from launcher.plan.engine import plan_engine
 from launcher.plan.memory import Bytes, MemoryEstimate, estimate_memory
 from launcher.plan.parallel import ParallelDims, plan_parallel
-from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement
+from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement, takes_tables_out
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
 from launcher.plan.rules import check_config, device_and_backend, resolve_nproc
 from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan, RunPlan, ScriptPlan, checkpoint_layout
@@ -28,12 +28,11 @@ __all__ = [
 ]
 
 
-def plan_recompute(wanted: list[str], layers: tuple[str, ...] | None) -> tuple[tuple[str, ...], list[str]]:
+def plan_recompute(wanted: list[str], layers: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
     """(the layers to recompute, problems): ``recompute`` names checked against the model's layers() ([all] = every
     layer)."""
     if not wanted:
         return (), []
-    layers = layers or ()
     if wanted == ["all"]:
         return layers, []
     problems = []
@@ -119,7 +118,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     device_type, backend = device_and_backend(cfg.cluster.backend, host, cfg.cluster.device)
     table_default = TableConfig()
     if user:  # as written (inside the engine, with optimizer) unless a placement intent takes tables out of it
-        intent = cfg.placement.host_device_mix == 1 or len(cfg.placement.tables) > 0 or len(cfg.tables) > 0
+        intent = takes_tables_out(cfg.placement.host_device_mix, cfg.placement.tables, cfg.tables)
         o = cfg.optimizer
         adam = o.name in ("adam", "adamw")  # an SGD lr is no Adam lr: then lazy Adam's own defaults
         table_default = TableConfig(optimizer="dense")
@@ -133,11 +132,10 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
         cfg, sizes.tables, sizes.dense_params, device_type, table_default)
     problems += placement_problems
     notes += placement_notes
-    offload = placement.optimizer_location == "host" or placement.param_location == "host"
-    engine, engine_problems, engine_notes = plan_engine(par.engine, zero, offload, cfg.precision, dims)
+    engine, engine_problems, engine_notes = plan_engine(par.engine, zero, placement.offload, cfg.precision, dims)
     problems += engine_problems
     notes += engine_notes
-    recompute, recompute_problems = plan_recompute(list(cfg.recompute), facts.layers)
+    recompute, recompute_problems = plan_recompute(list(cfg.recompute), sizes.layers)
     problems += recompute_problems
     if problems:
         raise ConfigError(problems)
@@ -159,24 +157,8 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     )
     ds, ds_ops = None, ()
     if engine == "deepspeed":
-        ds = deepspeed_config(
-            DeepSpeedInputs(
-                global_size=batch.global_size,
-                micro_size=batch.micro_size,
-                grad_accum=batch.grad_accum,
-                zero_stage=zero,
-                precision=cfg.precision,
-                optimizer=o.name,
-                log_every=cfg.trainer.log_every,
-                offload_optimizer=placement.optimizer_location == "host",
-                offload_params=placement.param_location == "host",
-                pin_memory=placement.pin_memory,
-                cpu_impl=placement.cpu_impl,
-            )
-        )
-        ds_ops = ("deepspeed_shm_comm",) if device_type == "cpu" else ()  # DeepSpeed's CPU accelerator loads it
-        if placement.optimizer_location == "host" and placement.cpu_impl == "deepspeed":
-            ds_ops += ("cpu_adam",)
+        ds, ds_ops = plan_deepspeed((batch.global_size, batch.micro_size, batch.grad_accum), placement, zero,
+                                    cfg.precision, o.name, cfg.trainer.log_every, device_type)
     ranks = plan_ranks(
         nnodes=nnodes,
         nproc_per_node=nproc,

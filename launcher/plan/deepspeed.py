@@ -68,3 +68,19 @@ def deepspeed_config(p: DeepSpeedInputs) -> dict[str, Any]:
             node = node.setdefault(key, {})
         node[leaf] = value
     return out
+
+
+def plan_deepspeed(batch: tuple[int, int, int], placement, zero_stage: int, precision: str, optimizer: str,
+                   log_every: int, device_type: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """(the DeepSpeed config, the C++ ops its ranks load) for a DeepSpeed run: ``batch`` is (global, micro, accum),
+    ``placement`` a PlacementPlan (offload of optimizer and parameters, pinned memory, CPU optimizer)."""
+    config = deepspeed_config(DeepSpeedInputs(
+        global_size=batch[0], micro_size=batch[1], grad_accum=batch[2], zero_stage=zero_stage, precision=precision,
+        optimizer=optimizer, log_every=log_every, offload_optimizer=placement.optimizer_location == "host",
+        offload_params=placement.param_location == "host", pin_memory=placement.pin_memory,
+        cpu_impl=placement.cpu_impl,
+    ))
+    ops = ("deepspeed_shm_comm",) if device_type == "cpu" else ()  # DeepSpeed's CPU accelerator loads it
+    if placement.optimizer_location == "host" and placement.cpu_impl == "deepspeed":
+        ops += ("cpu_adam",)
+    return config, ops

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -49,6 +50,18 @@ class PlacementPlan:
     cpu_impl: str
     """With the optimizer on the host: torch or deepspeed (DeepSpeedCPUAdam)."""
     pin_memory: bool
+
+    @property
+    def offload(self) -> bool:
+        """The optimizer or the parameters live on the host (ZeRO-Offload): only DeepSpeed does that."""
+        return self.optimizer_location == "host" or self.param_location == "host"
+
+
+def takes_tables_out(host_device_mix: int, locations: Any, table_configs: Any) -> bool:
+    """Whether a placement intent takes a model's tables out of the engine: host_device_mix=1, or any
+    placement.tables or tables.<path> entry (a recipe in the user's folder and a script's runtime.prepare() train
+    their model as written otherwise)."""
+    return host_device_mix == 1 or len(locations) > 0 or len(table_configs) > 0
 
 
 def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableConfig], wanted: dict[str, str],

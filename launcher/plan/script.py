@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import ConfigError
-from launcher.plan.deepspeed import DeepSpeedInputs, deepspeed_config
+from launcher.plan.deepspeed import plan_deepspeed
 from launcher.plan.engine import plan_engine
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, plan_placement
@@ -48,34 +48,32 @@ class RuntimePlan:
         return cls(**{**d, "placement": PlacementPlan(**{**d["placement"], "tables": ()})})
 
 
-def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str) -> tuple[RuntimePlan | None, list[str], list[str]]:
-    """(runtime plan, problems, notes) of a script run's intents: precision, zero, optimizer.target, placement."""
+def plan_runtime(cfg: DictConfig, dims: ParallelDims,
+                 device_type: str) -> tuple[RuntimePlan | None, tuple[str, ...], list[str], list[str]]:
+    """(runtime plan, the DeepSpeed ops its ranks load, problems, notes) of a script run's intents: precision, zero,
+    optimizer.target, placement."""
     placement, zero, problems, notes = plan_placement(cfg, None, 0, device_type)  # tables: found by prepare()
     if placement.optimizer_location == "host" and placement.cpu_impl == "deepspeed":
         problems.append("optimizer.cpu_impl=deepspeed builds DeepSpeedCPUAdam for a recipe; a script brings its own "
                         "optimizer, which DeepSpeed steps on the host partitions. Leave optimizer.cpu_impl=torch (or "
                         "pass deepspeed.ops.adam.DeepSpeedCPUAdam to runtime.prepare() yourself).")
-    offload = placement.optimizer_location == "host" or placement.param_location == "host"
-    engine, engine_problems, engine_notes = plan_engine(cfg.parallel.engine, zero, offload, cfg.precision, dims)
+    engine, engine_problems, engine_notes = plan_engine(cfg.parallel.engine, zero, placement.offload, cfg.precision,
+                                                        dims)
     problems += engine_problems
     b = cfg.batch
     micro, accum = (b.micro_size if b.micro_size > 0 else 1), (b.grad_accum if b.grad_accum > 0 else 1)
     if problems:
-        return None, problems, notes
-    ds = None
+        return None, (), problems, notes
+    ds, ds_ops = None, ()
     if engine == "deepspeed":
-        ds = deepspeed_config(DeepSpeedInputs(
-            global_size=micro * accum * dims.dp, micro_size=micro, grad_accum=accum, zero_stage=zero,
-            precision=cfg.precision, optimizer=cfg.optimizer.name, log_every=cfg.trainer.log_every,
-            offload_optimizer=placement.optimizer_location == "host", offload_params=placement.param_location == "host",
-            pin_memory=placement.pin_memory, cpu_impl=placement.cpu_impl,
-        ))
+        ds, ds_ops = plan_deepspeed((micro * accum * dims.dp, micro, accum), placement, zero, cfg.precision,
+                                    cfg.optimizer.name, cfg.trainer.log_every, device_type)
     runtime = RuntimePlan(
         engine=engine, zero_stage=zero, precision=cfg.precision, grad_accum=accum, placement=placement, deepspeed=ds,
         host_device_mix=cfg.placement.host_device_mix, table_locations=OmegaConf.to_container(cfg.placement.tables),
         table_configs=OmegaConf.to_container(cfg.tables),
     )
-    return runtime, problems, notes + engine_notes
+    return runtime, ds_ops, problems, notes + engine_notes
 
 
 def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
@@ -86,14 +84,13 @@ def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
     nproc, note = resolve_nproc(c.nproc_per_node, host)
     device_type, backend = device_and_backend(c.backend, host, c.device)
     dims = ParallelDims(dp=nproc, pp=1, tp=1, world_size=nproc)
-    runtime, problems, notes = plan_runtime(cfg, dims, device_type)
+    runtime, ds_ops, problems, notes = plan_runtime(cfg, dims, device_type)
     if problems:
         raise ConfigError(problems)
     ranks = plan_ranks(
         nnodes=1, nproc_per_node=nproc, device_type=device_type, master_addr=c.master_addr,
         master_port=c.master_port, cpu_count=host.cpu_count, extensions_dir=host.extensions_dir,
     )
-    ds_ops = ("deepspeed_shm_comm",) if runtime.engine == "deepspeed" and device_type == "cpu" else ()
     return ScriptPlan(
         script=cfg.script, args=tuple(cfg.script_args), world_size=nproc, nnodes=1, nproc_per_node=nproc,
         backend=backend, device_type=device_type, ranks=ranks, rank_table=rank_table(ranks, [c.master_addr]),
