@@ -53,6 +53,11 @@ class ModelFacts:
     """Parameters outside the tables."""
     layers: tuple[str, ...] = ()
     """Names of the model's top-level children (what pipeline stages and recompute refer to)."""
+    layer_params: dict[str, int] | None = None
+    """Parameters of each layer (a shared weight counts in every layer using it); None when not gathered (only
+    runs with pipeline stages need them: ``launcher.launch.layer_sizes``)."""
+    tied: tuple[tuple[tuple[str, ...], int], ...] = ()
+    """Weights layers share: (``<layer>.<attribute path>`` of each use, elements) for each."""
     lines: tuple[str, ...] = ()
     """What to tell the user about the model before the plan."""
 

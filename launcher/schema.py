@@ -114,6 +114,9 @@ class BatchConfig:
     """Samples per forward/backward on one rank; -1 = infer."""
     grad_accum: int = -1
     """Micro-batches accumulated per step; -1 = infer (1 when only one size is given)."""
+    micro_batches: int = -1
+    """A pipeline's micro-batches per optimizer step (M of the 1F1B schedule): grad_accum by the name pipelines use;
+    when set (not -1) it sets grad_accum."""
 
 
 @dataclass
@@ -121,7 +124,13 @@ class ParallelConfig:
     dp: int = -1
     """Data-parallel degree; -1 = world_size / (pipeline_stages x tp). dp x pipeline_stages x tp = world_size."""
     pipeline_stages: int = 1
-    """Pipeline stages (only 1 supported for now)."""
+    """Pipeline stages P (DeepSpeed's PipelineModule, 1F1B schedule); 1 = no pipeline."""
+    stages: dict[str, int] = field(default_factory=dict)
+    """MindSpore's cell.pipeline_stage in YAML: each of the recipe's layers() -> its stage (0 .. P-1, in forward
+    order), e.g. {head: 0, layer1: 0, layer2: 0, layer3: 1, layer4: 1, fc: 1}; empty = parallel.partition decides."""
+    partition: str = "parameters"
+    """With parallel.stages empty: parameters (contiguous stages balancing their parameter counts) or uniform (the
+    same number of layers per stage)."""
     tp: int = 1
     """Tensor (op-level) parallel degree. Its sharding engine comes next; with tp > 1 the ranks of a tp group hold
     the same replica and see the same data (the mesh and its groups are built)."""

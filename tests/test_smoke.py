@@ -61,7 +61,9 @@ def test_check_plans_every_shipped_recipe_fast(tmp_path):
     t0 = time.monotonic()
     res = run_cli(["check"], tmp_path)
     assert res.returncode == 0, res.stderr
-    assert time.monotonic() - t0 < 4  # the whole command, Python start included: about 1 s here
+    # The whole command, Python start included: about 2 s here (resnet's pipeline imports torch to count its layers'
+    # parameters on the meta device).
+    assert time.monotonic() - t0 < 8
     for recipe in ALL_RECIPES:
         assert f"recipe={recipe}" in res.stdout
     assert not (tmp_path / "log_output").exists()

@@ -8,13 +8,14 @@ composed config is never changed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.contract import Facts
+from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError
 from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.rundir import CheckpointDir
@@ -63,9 +64,10 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
             raise ConfigError(f"eval_data is for recipes in your own folder; recipe {recipe.name} brings its own "
                               f"held-out data. Remove eval_data (see eval.batches).")
         data = recipe.data_facts(OmegaConf.to_object(cfg.data))
-        if not (cfg.recompute and estimate):
-            return Facts(data=data)
-        return Facts(data=data, activations=_activations(recipe, cfg, data))
+        model = _layers(recipe, cfg, data) if cfg.parallel.pipeline_stages > 1 else None
+        if not ((cfg.recompute or cfg.parallel.pipeline_stages > 1) and estimate):
+            return Facts(data=data, model=model)
+        return Facts(data=data, model=model, activations=_activations(recipe, cfg, data))
     from launcher.usercode.check import inspect_user_recipe
 
     paths = [str(Path.cwd())]
@@ -78,6 +80,16 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
     source = f"{config_dir or 'conf'}/recipe/{recipe.name}.yaml"
     data, model, activations = inspect_user_recipe(cfg, source)
     return Facts(data=data, model=model, code_paths=code_paths, activations=activations)
+
+
+def _layers(recipe, cfg: DictConfig, data) -> ModelFacts:
+    """A built-in recipe's model facts with each layer's parameters and the weights layers share, counted on the
+    meta device (a pipeline is planned from them; imports torch, also for ``check``)."""
+    from launcher.launch.layer_sizes import layer_facts
+
+    spec = recipe.model_spec(OmegaConf.to_object(cfg.model), data)
+    layer_params, tied = layer_facts(recipe, spec)
+    return dataclasses.replace(model_facts(recipe, spec), layer_params=layer_params, tied=tied)
 
 
 def _activations(recipe, cfg: DictConfig, data):

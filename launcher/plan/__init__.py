@@ -6,6 +6,7 @@ dry run shows exactly what a real run would do. Every problem found is reported 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
 from omegaconf import DictConfig, OmegaConf
@@ -17,6 +18,7 @@ from launcher.plan.deepspeed import plan_deepspeed
 from launcher.plan.engine import plan_engine
 from launcher.plan.memory import Bytes, MemoryEstimate, estimate_memory
 from launcher.plan.parallel import ParallelDims, plan_parallel
+from launcher.plan.pipeline import PipelinePlan, plan_pipeline
 from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement, takes_tables_out
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
 from launcher.plan.rules import check_config, device_and_backend, resolve_nproc
@@ -24,7 +26,7 @@ from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan, RunPlan, S
 
 __all__ = [
     "BatchPlan", "Bytes", "HostFacts", "LaunchPlan", "MemoryEstimate", "OptimizerPlan", "ParallelDims",
-    "PlacementPlan", "RankPlan", "RunPlan", "ScriptPlan", "TablePlan", "checkpoint_layout", "plan_launch",
+    "PipelinePlan", "PlacementPlan", "RankPlan", "RunPlan", "ScriptPlan", "TablePlan", "checkpoint_layout", "plan_launch",
 ]
 
 
@@ -56,6 +58,60 @@ def _activations(per_sample: dict | None, recompute: tuple[str, ...], micro: int
     return {"per_layer": per_layer, "kept_bytes": kept, "kept_bytes_with_recompute": with_recompute}
 
 
+def _grad_accum(grad_accum: int, micro_batches: int) -> tuple[int, list[str], list[str]]:
+    """(grad_accum, problems, notes): batch.micro_batches, a pipeline's name for the micro-batches per step, is
+    grad_accum, and wins when set."""
+    if micro_batches == -1:
+        return grad_accum, [], []
+    if micro_batches < 1:
+        return grad_accum, [f"batch.micro_batches={micro_batches} must be a positive integer, or -1 (= grad_accum)."], []
+    notes = [f"batch.micro_batches={micro_batches} sets batch.grad_accum (was {grad_accum})"] \
+        if grad_accum not in (-1, micro_batches) else []
+    return micro_batches, [], notes
+
+
+def _pipeline_conflicts(pp: int, placement: PlacementPlan, zero: int, pipeline: PipelinePlan | None) -> list[str]:
+    """What the placement and ZeRO cannot do with a pipeline."""
+    p = []
+    host = [t.name for t in placement.tables if t.location == "host"]
+    if host:
+        p.append(f"parallel.pipeline_stages={pp} with tables on the host ({', '.join(host)}): host tables live "
+                 f"outside the engine, which a pipeline's schedule cannot reach. Set placement.host_device_mix=0 "
+                 f"(and no placement.tables host entries), or parallel.pipeline_stages=1.")
+    elif placement.sparse_tables:
+        names = ", ".join(t.name for t in placement.tables if t.location != "engine")
+        p.append(f"parallel.pipeline_stages={pp} with tables trained by a row-sparse optimizer ({names}): they train "
+                 f"outside the engine. Set tables.<name>.optimizer=dense, or parallel.pipeline_stages=1.")
+    if pipeline is not None and pipeline.tied and zero >= 1:
+        ties = "; ".join(" = ".join(t.paths) for t in pipeline.tied)
+        p.append(f"parallel.pipeline_stages={pp} with zero.stage={zero}: weights shared across stages ({ties}) are "
+                 f"summed over the stages before each step, which ZeRO's partitioned optimizer does not allow. Set "
+                 f"zero.stage=0, or give the sharing layers one stage in parallel.stages.")
+    return p
+
+
+def _stage_memory(pipeline: PipelinePlan, placement: PlacementPlan, precision: str, optimizer: str, zero: int,
+                  dp: int, per_sample: dict | None, recompute: tuple[str, ...], micro: int
+                  ) -> tuple[PipelinePlan, MemoryEstimate]:
+    """Each stage's estimate (its parameters, gradients and optimizer states; its activations for the micro-batches
+    it keeps in flight), and the MemoryEstimate of the whole model whose per-rank bytes are the largest stage's:
+    what one rank of the pipeline holds at most."""
+    stages, biggest = [], None
+    for s in pipeline.stages:
+        est = estimate_memory(dataclasses.replace(placement, dense_params=s.params), precision, optimizer, zero, dp)
+        act = None
+        if per_sample:
+            act = s.in_flight * sum(round((per_sample[n]["inputs"] if n in recompute else per_sample[n]["saved"])
+                                          * micro) for n in s.layers)
+        stages.append(dataclasses.replace(s, state_bytes=est.device.total, activation_bytes=act))
+        if biggest is None or s.params > biggest[0]:
+            biggest = (s.params, est)
+    whole = estimate_memory(placement, precision, optimizer, zero, dp)
+    per_rank = biggest[1]
+    return dataclasses.replace(pipeline, stages=tuple(stages)), dataclasses.replace(whole, host=per_rank.host,
+                                                                                   device=per_rank.device)
+
+
 def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     """Plan a run of ``cfg`` on ``host`` with the ``facts`` gathered about its data and model; raise ConfigError
     listing every problem."""
@@ -81,7 +137,10 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     if dims is not None and dims.tp > 1:
         notes.append(f"parallel.tp={dims.tp}: no op-level sharding strategy is chosen yet, so the {dims.tp} ranks of "
                      f"each tp group hold the same replica and see the same data")
-    batch, batch_problems = plan_batch(cfg.batch.global_size, cfg.batch.micro_size, cfg.batch.grad_accum, dp)
+    accum, accum_problems, accum_notes = _grad_accum(cfg.batch.grad_accum, cfg.batch.micro_batches)
+    problems += accum_problems
+    notes += accum_notes
+    batch, batch_problems = plan_batch(cfg.batch.global_size, cfg.batch.micro_size, accum, dp)
     problems += batch_problems
     recipe = recipe_for(cfg.recipe.name)
     user = isinstance(recipe, UserRecipe)
@@ -137,8 +196,23 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     notes += engine_notes
     recompute, recompute_problems = plan_recompute(list(cfg.recompute), sizes.layers)
     problems += recompute_problems
+    pipeline = None
+    if par.stages and par.pipeline_stages == 1:
+        notes.append("parallel.stages is not used: parallel.pipeline_stages=1 (no pipeline)")
+    if dims is not None and dims.pp > 1 and batch is not None:
+        if sizes.layer_params is None:
+            raise ValueError("a pipeline is planned from each layer's parameters: gather_facts gives them")
+        pipeline, pipeline_problems = plan_pipeline(dims.pp, batch.grad_accum, dict(par.stages), par.partition,
+                                                    sizes.layers, sizes.layer_params, sizes.tied)
+        problems += pipeline_problems
+        problems += _pipeline_conflicts(dims.pp, placement, zero, pipeline)
     if problems:
         raise ConfigError(problems)
+    activations = _activations(facts.activations, recompute, batch.micro_size)
+    memory = estimate_memory(placement, cfg.precision, cfg.optimizer.name, zero, dp)
+    if pipeline is not None:
+        pipeline, memory = _stage_memory(pipeline, placement, cfg.precision, cfg.optimizer.name, zero, dp,
+                                         facts.activations, recompute, batch.micro_size)
 
     eval_metrics = cfg.eval.metrics
     if eval_metrics == "auto":
@@ -156,7 +230,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
         target=o.target.lower(),
     )
     ds, ds_ops = None, ()
-    if engine == "deepspeed":
+    if engine in ("deepspeed", "pipeline"):
         ds, ds_ops = plan_deepspeed((batch.global_size, batch.micro_size, batch.grad_accum), placement, zero,
                                     cfg.precision, o.name, cfg.trainer.log_every, device_type)
     ranks = plan_ranks(
@@ -190,12 +264,13 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
         eval_max_batches=cfg.eval.max_batches,
         smoke=cfg.smoke,
         recompute=recompute,
-        activations=_activations(facts.activations, recompute, batch.micro_size),
+        activations=activations,
+        pipeline=pipeline,
         seed=cfg.trainer.seed,
         batch=batch,
         optimizer=optimizer,
         placement=placement,
-        memory=estimate_memory(placement, cfg.precision, o.name, zero, dp),
+        memory=memory,
         model=model,
         data=(UserRecipe.data_spec(OmegaConf.to_container(cfg.data, resolve=True),
                                    OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data else None)

@@ -13,8 +13,11 @@ from launcher.plan.registry import ENGINES, unknown
 def plan_engine(requested: str, zero_stage: int, offload: bool, precision: str,
                 dims: ParallelDims | None) -> tuple[str, list[str], list[str]]:
     """(engine name, problems, notes)."""
-    if requested != "auto" and requested not in ENGINES:
-        return "deepspeed", [unknown("parallel.engine", requested, ("auto", *ENGINES))], []
+    choices = ("auto", *(n for n in ENGINES if n != "pipeline"))  # a pipeline follows from pipeline_stages
+    if requested not in choices:
+        return "deepspeed", [unknown("parallel.engine", requested, choices)], []
+    if dims is not None and dims.pp > 1:  # rules.check_pipeline refused what a pipeline cannot take
+        return "pipeline", [], [f"parallel.pipeline_stages={dims.pp} -> DeepSpeed's PipelineModule, 1F1B schedule"]
     needs = []  # what only DeepSpeed does, in the user's keys
     if zero_stage > 0:
         needs.append(f"zero.stage={zero_stage}")

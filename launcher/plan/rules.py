@@ -62,6 +62,31 @@ def check_cluster(c: DictConfig, host: HostFacts) -> list[str]:
     return p
 
 
+def check_pipeline(cfg: DictConfig) -> list[str]:
+    """What a pipeline (parallel.pipeline_stages > 1) cannot be combined with, and why."""
+    pp, p = cfg.parallel.pipeline_stages, []
+    key = f"parallel.pipeline_stages={pp}"
+    if cfg.zero.stage >= 2:
+        p.append(f"{key} needs zero.stage<=1; got zero.stage={cfg.zero.stage}. Set zero.stage=1 or "
+                 f"parallel.pipeline_stages=1 (DeepSpeed: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism).")
+    if str(cfg.optimizer.target).lower() == "cpu":
+        p.append(f"{key} with optimizer.target=CPU: ZeRO-Offload is not supported with a pipeline yet (it has never "
+                 f"been run here). Set optimizer.target=device, or parallel.pipeline_stages=1.")
+    if cfg.precision != "fp32":
+        p.append(f"{key} with precision={cfg.precision}: a pipeline trains in fp32 for now. Set precision=fp32, or "
+                 f"parallel.pipeline_stages=1.")
+    if cfg.parallel.tp > 1:
+        p.append(f"{key} with parallel.tp={cfg.parallel.tp}: a pipeline with tensor parallel stages is not supported "
+                 f"yet. Set parallel.tp=1 or parallel.pipeline_stages=1.")
+    if cfg.parallel.engine == "ddp":
+        p.append(f"{key} with parallel.engine=ddp: pipelines run on DeepSpeed's pipeline engine. Set "
+                 f"parallel.engine=auto.")
+    if cfg.eval.metrics == "binary":
+        p.append(f"{key} with eval.metrics=binary: the pipeline's last stage reports the held-out loss only. Set "
+                 f"eval.metrics=loss.")
+    return p
+
+
 def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     """Every problem in cfg that does not depend on the batch split."""
     p: list[str] = []
@@ -88,13 +113,7 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
         p.append(f"zero.stage={cfg.zero.stage} must be 0, 1, 2 or 3.")
     pp = cfg.parallel.pipeline_stages
     if pp > 1:
-        if cfg.zero.stage >= 2:
-            p.append(
-                f"parallel.pipeline_stages={pp} needs zero.stage<=1; got zero.stage={cfg.zero.stage}. "
-                f"Set zero.stage=1 or parallel.pipeline_stages=1 "
-                f"(DeepSpeed: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism)."
-            )
-        p.append(f"parallel.pipeline_stages={pp}: pipeline parallelism " + _LATER.format(what="DeepSpeed PipelineModule") + " Set parallel.pipeline_stages=1.")
+        p += check_pipeline(cfg)
 
     if cfg.precision not in PRECISIONS:
         p.append(f"precision={cfg.precision} is not one of {', '.join(PRECISIONS)}.")

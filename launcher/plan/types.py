@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from launcher.plan.batch import BatchPlan
 from launcher.plan.memory import Bytes, MemoryEstimate
 from launcher.plan.parallel import ParallelDims
+from launcher.plan.pipeline import PipelinePlan
 from launcher.plan.placement import PlacementPlan, TablePlan
 from launcher.plan.ranks import RankPlan
 
@@ -119,7 +120,9 @@ class LaunchPlan:
     """Layers (names of the recipe's layers()) run under activation checkpointing."""
     activations: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Estimated bytes kept for the backward per micro-batch: per_layer, kept_bytes (no recompute),
-    kept_bytes_with_recompute; {} when not estimated (only runs that recompute are)."""
+    kept_bytes_with_recompute; {} when not estimated (only runs that recompute or pipeline are)."""
+    pipeline: PipelinePlan | None = None
+    """The stages of a pipeline (engine ``pipeline``); None without one."""
     code_paths: tuple[str, ...] = ()
     """Folders of the user's code (a recipe in their folder): put on sys.path in every rank before building."""
     debug_fail: tuple[int, int] = (-1, -1)
@@ -151,6 +154,8 @@ class LaunchPlan:
         tables = tuple(TablePlan(**{**t, "betas": tuple(t["betas"])}) for t in pl["tables"])
         d["placement"] = PlacementPlan(**{**pl, "tables": tables})
         d["ranks"] = tuple(RankPlan(**r) for r in d["ranks"])
+        if d.get("pipeline") is not None:
+            d["pipeline"] = PipelinePlan.from_dict(d["pipeline"])
         for key in ("ds_ops", "notes", "debug_fail", "code_paths", "recompute"):
             d[key] = tuple(d[key])
         return cls(**d)

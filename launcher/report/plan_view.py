@@ -36,24 +36,47 @@ def _bytes_line(where: str, b: Bytes, ranks: int) -> str:
             f"{_mib(b.table_states)}")
 
 
+def pipeline_tree(plan: LaunchPlan) -> Tree:
+    """Each stage: its layers, parameters and estimated memory; the schedule's bubble."""
+    p = plan.pipeline
+    stages = len(p.stages)
+    t = Tree(f"pipeline: {stages} stages ({p.partition}), {p.micro_batches} micro-batches per step, 1F1B; bubble "
+             f"(P-1)/(M+P-1) = {stages - 1}/{p.micro_batches + stages - 1} = {p.bubble:.1%}; losses from stage "
+             f"{stages - 1}")
+    for s in p.stages:
+        act = f" + activations {_mib(s.activation_bytes)} ({s.in_flight} in flight)" if s.activation_bytes is not None \
+            else ""
+        ranks = [r.rank for r in plan.ranks if r.coords["pp"] == s.index]
+        t.add(f"stage {s.index} (rank {', '.join(map(str, ranks))}): {', '.join(s.layers)}; {s.params:,} parameters; "
+              f"{_mib(s.state_bytes)} params+grads+optimizer{act}")
+    for tie in p.tied:
+        t.add(f"shared weight {' = '.join(tie.paths)} ({tie.numel:,}) on stages {', '.join(map(str, tie.stages))}: "
+              f"gradients summed over them before each step")
+    return t
+
+
 def plan_tree(plan: LaunchPlan) -> Tree:
     b, o, m, d = plan.batch, plan.optimizer, plan.memory, plan.dims
     root = Tree(f"[bold]plan[/bold]: recipe {plan.recipe}, {plan.world_size} rank(s) on {plan.device_type}")
     par = root.add("parallel")
     par.add(f"nnodes {plan.nnodes} × nproc_per_node {plan.nproc_per_node} = world {plan.world_size}")
     par.add(f"mesh {' × '.join(f'{n} {getattr(d, n)}' for n in d.names)}, backend {plan.backend}")
-    zero = f", ZeRO stage {plan.zero_stage}" if plan.engine == "deepspeed" else ""
+    zero = f", ZeRO stage {plan.zero_stage}" if plan.engine in ("deepspeed", "pipeline") else ""
     par.add(f"engine {plan.engine}{zero}")
     root.add(f"batch: global {b.global_size} = micro {b.micro_size} × accum {b.grad_accum} × dp {d.dp}")
+    if plan.pipeline is not None:
+        root.add(pipeline_tree(plan))
     root.add(f"trainer: {plan.steps} steps, log every {plan.log_every}, seed {plan.seed}, precision {plan.precision}")
     root.add(f"optimizer: {o.name} lr {o.lr} on {plan.placement.optimizer_location}")
-    mem = root.add(f"memory (estimate; {m.params:,} parameters, {m.dense_params:,} in the engine)")
+    per_rank = "; per rank: the largest stage's" if plan.pipeline is not None else ""
+    mem = root.add(f"memory (estimate; {m.params:,} parameters, {m.dense_params:,} in the engine{per_rank})")
     mem.add(_bytes_line("host", m.host, plan.nproc_per_node))
     mem.add(_bytes_line("device", m.device, plan.nproc_per_node))
     if plan.activations:
         a = plan.activations
-        act = mem.add(f"activations kept for the backward, per micro-batch: {_mib(a['kept_bytes'])}; with recompute of "
-                      f"{', '.join(plan.recompute)}: {_mib(a['kept_bytes_with_recompute'])}")
+        recomputed = (f"; with recompute of {', '.join(plan.recompute)}: {_mib(a['kept_bytes_with_recompute'])}"
+                      if plan.recompute else "")
+        act = mem.add(f"activations kept for the backward, per micro-batch: {_mib(a['kept_bytes'])}{recomputed}")
         act.add(", ".join(f"{n} {_mib(v)}" for n, v in a["per_layer"].items()))
     ranks = root.add("ranks")
     for r in plan.ranks:

@@ -19,6 +19,7 @@ from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
 from launcher.errors import ConfigError
+from launcher.launch.layer_sizes import layer_sizes
 from launcher.worker.tables import movable
 
 LABEL_SCAN = 256
@@ -124,12 +125,14 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
     table_ids = {id(model.get_submodule(p).weight) for p in tables}
     dense = sum(p.numel() for p in model.parameters() if id(p) not in table_ids)
     layers = tuple(n for n, _ in model.named_children())
+    layer_params, tied = layer_sizes(list(model.named_children()))
     lines = [f"model: {type(model).__module__}.{type(model).__name__}, {dense + sum(r * d for r, d in tables.values()):,} "
              f"parameters: tables {', '.join(f'{p} {r:,}×{d}' for p, (r, d) in tables.items()) or 'none'}; "
              f"dense {dense:,}; layers {', '.join(layers) or '-'}"]
     if kept_inside:
         lines.append(f"model: embeddings that always train inside the engine: {'; '.join(kept_inside)}")
-    return ModelFacts(tables=tables, dense_params=dense, layers=layers, lines=tuple(lines))
+    return ModelFacts(tables=tables, dense_params=dense, layers=layers, layer_params=layer_params, tied=tied,
+                      lines=tuple(lines))
 
 
 def _two_items(dataset: Any) -> tuple[tuple, Any]:
@@ -242,7 +245,7 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
             f"{', binary labels' if binary else ''}; eval_data: "
             f"{f'{n_eval:,} items' if evaluation is not None else 'none (no evaluation)'}")
     activations = None
-    if cfg.recompute:  # the per-layer estimate a recompute plan shows (launcher/launch/activations.py)
+    if cfg.recompute or cfg.parallel.pipeline_stages > 1:  # the per-layer estimate a recompute or pipeline plan shows (launcher/launch/activations.py)
         from launcher.launch.activations import activation_facts
         from launcher.usercode.recipe import UserRecipe
 

@@ -37,7 +37,12 @@ def evaluate(trainer) -> dict:
     outputs, labels, truth = [], [], []
     knows_truth = hasattr(data, "true_logits")
     batches = data.eval_batches(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches)
+    pipelined = getattr(trainer.engine, "drives_schedule", False)  # only the loss: the last stage computes it
     for batch in itertools.islice(batches, plan.eval_max_batches or None):
+        if pipelined:
+            loss, n = trainer.engine.eval_loss(trainer._to_device(batch)), len(batch[1])
+            sums += torch.stack([loss.float() * n, sums.new_tensor(float(n))])
+            continue
         out, y = trainer.forward(batch)
         sums += torch.stack([trainer.loss_fn(out, y).float() * len(y), sums.new_tensor(float(len(y)))])
         if plan.eval_metrics == "binary":

@@ -35,6 +35,7 @@ class SavedActivations:
     def __init__(self, model: nn.Module) -> None:
         self._params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self._seen: set[tuple[int, int]] = set()
+        self._kept: list[torch.Tensor] = []  # alive until exit: a freed storage's address is not reused meanwhile
         self.bytes = 0
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -42,6 +43,7 @@ class SavedActivations:
         key = (storage.data_ptr(), storage.nbytes())
         if storage.data_ptr() not in self._params and key not in self._seen:  # a storage saved twice counts once
             self._seen.add(key)
+            self._kept.append(t)
             self.bytes += storage.nbytes()
         return t
 
@@ -52,3 +54,4 @@ class SavedActivations:
 
     def __exit__(self, *exc: Any) -> None:
         self._hooks.__exit__(*exc)
+        self._kept.clear()

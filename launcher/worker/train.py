@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 
 from launcher.plan import LaunchPlan
 from launcher.rundir import CheckpointDir, MetricsWriter, RunDir
-from launcher.worker.engines import build_engine
+from launcher.worker.engines import build_engine, build_optimizer
 from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh
 from launcher.usercode import recipe_for
 from launcher.worker.recompute import apply_recompute
@@ -58,8 +58,15 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
     model = instantiate(plan.model)
     loss_fn = instantiate(plan.loss)
     data = instantiate(plan.data)
+    layers = recipe_for(plan.recipe).layers(model)
     if plan.recompute:
-        apply_recompute(recipe_for(plan.recipe).layers(model), plan.recompute)
+        apply_recompute(layers, plan.recompute)
+    if plan.pipeline is not None:  # the stages take the layers; DeepSpeed's schedule drives them
+        from launcher.worker.pipeline import PipelineEngine
+
+        engine = PipelineEngine(layers, plan.pipeline, loss_fn, optimizer_factory=lambda ps: build_optimizer(plan, ps),
+                                dims=plan.dims, config=plan.deepspeed, backend=plan.backend, device=device)
+        return Trainer(plan, engine, engine.module, None, loss_fn, data, dp, device, rank)
     tables = None
     if plan.placement.sparse_tables:  # tables train outside the engine; the engine gets the rest of the model
         tables = build_tables(model, plan.placement.tables, device, DTYPES[plan.precision], dp.group)

@@ -79,6 +79,8 @@ class Trainer:
     def train_step(self) -> torch.Tensor:
         """grad_accum micro-batches and one optimizer step; returns this rank's mean loss (a tensor, not synced)."""
         accum = self.plan.batch.grad_accum
+        if getattr(self.engine, "drives_schedule", False):  # a pipeline: DeepSpeed runs the step's micro-batches
+            return self._pipeline_step(accum)
         total = None
         for _ in range(accum):
             if self.saved_activation_bytes is None:  # measured once, on the first micro-batch of the run
@@ -101,6 +103,26 @@ class Trainer:
                 self.tables.step()  # skips by itself when the tables' own gradients overflowed
         self.step += 1
         return total / accum if accum > 1 else total
+
+    def _pipeline_step(self, accum: int) -> torch.Tensor:
+        """One optimizer step of a pipeline: every rank draws the step's micro-batches (so every stage's data
+        position moves alike; DeepSpeed reads the inputs on the first stage and the labels on the last)."""
+        batches = [self._to_device(self._next_batch()) for _ in range(accum)]
+        if self.saved_activation_bytes is None:  # this stage's forwards of the first step, per micro-batch
+            with SavedActivations(self.engine.module) as saved:
+                loss = self.engine.train_batch(batches)
+            self.saved_activation_bytes = saved.bytes // accum
+        else:
+            loss = self.engine.train_batch(batches)
+        self.step += 1
+        return loss.detach().float()
+
+    def _to_device(self, batch):
+        """(inputs, labels) on the device in the run's dtype; a single input as itself, not a 1-tuple (what
+        DeepSpeed's pipeline hands its first stage)."""
+        inputs, labels = batch
+        moved = tuple(host_to_device(t, self.device, self.dtype) for t in inputs)
+        return (moved[0] if len(moved) == 1 else moved), host_to_device(labels, self.device, self.dtype)
 
     def evaluate(self) -> dict[str, Any]:
         return evaluate(self)

@@ -35,8 +35,8 @@ def one_process_group():
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_deepspeed_parses_our_config(recipe, stage, precision, cpu_host):
-    plan = plan_of([f"recipe={recipe}", f"zero.stage={stage}", f"precision={precision}", "parallel.engine=deepspeed"],
-                   cpu_host)
+    plan = plan_of([f"recipe={recipe}", f"zero.stage={stage}", f"precision={precision}", "parallel.engine=deepspeed",
+                    "parallel.pipeline_stages=1"], cpu_host)
     ds = DeepSpeedConfig(dict(plan.deepspeed), mpu=_DataParallelTopology(plan.dims.dp))
     assert ds.train_batch_size == plan.batch.global_size
     assert ds.train_micro_batch_size_per_gpu == plan.batch.micro_size
@@ -44,6 +44,17 @@ def test_deepspeed_parses_our_config(recipe, stage, precision, cpu_host):
     assert ds.zero_optimization_stage == stage
     assert ds.bfloat16_config.enabled == (precision == "bf16")
     assert not ds.float16_config.enabled
+
+
+@pytest.mark.parametrize("recipe, stage", [("resnet", 0), ("resnet", 1), ("gpt", 0)])
+def test_deepspeed_parses_our_pipeline_config(recipe, stage, cpu_host):
+    plan = plan_of([f"recipe={recipe}", f"zero.stage={stage}", "parallel.pipeline_stages=2", "batch.micro_batches=4",
+                    "cluster.nproc_per_node=4"], cpu_host)
+    assert plan.engine == "pipeline" and plan.dims.dp == 2
+    ds = DeepSpeedConfig(dict(plan.deepspeed), mpu=_DataParallelTopology(plan.dims.dp))
+    assert ds.gradient_accumulation_steps == plan.pipeline.micro_batches == 4
+    assert ds.train_batch_size == plan.batch.global_size == plan.batch.micro_size * 4 * 2
+    assert ds.zero_optimization_stage == stage
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,15 @@ from tests.conftest import ALL_RECIPES, plan_of
 @pytest.mark.parametrize("recipe", ALL_RECIPES)
 def test_every_recipe_plans_on_cpu(recipe, cpu_host):
     plan = plan_of([f"recipe={recipe}"], cpu_host)
-    assert plan.world_size == 2 and plan.dims.dp == 2 and plan.backend == "gloo" and plan.device_type == "cpu"
+    pipeline = recipe == "resnet"  # the seeds' pipeline example: 2 stages by default
+    assert plan.world_size == 2 and plan.backend == "gloo" and plan.device_type == "cpu"
+    assert (plan.dims.dp, plan.dims.pp) == ((1, 2) if pipeline else (2, 1))
     b = plan.batch
     assert b.global_size == b.micro_size * b.grad_accum * plan.dims.dp
-    assert plan.engine == "ddp" and plan.deepspeed is None and plan.ds_ops == ()  # plain data parallel: torch DDP
+    if pipeline:
+        assert plan.engine == "pipeline" and plan.deepspeed["gradient_accumulation_steps"] == 4
+    else:
+        assert plan.engine == "ddp" and plan.deepspeed is None and plan.ds_ops == ()  # plain data parallel: torch DDP
     assert plan.memory.params > 0
     # Round trip through JSON is exact: the worker rebuilds the same plan from plan.json.
     assert LaunchPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
