@@ -216,7 +216,9 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
 
     eval_metrics = cfg.eval.metrics
     if eval_metrics == "auto":
-        eval_metrics = "binary" if data_facts.binary_labels else "loss"
+        eval_metrics = "binary" if data_facts.binary_labels and pipeline is None else "loss"
+        if data_facts.binary_labels and pipeline is not None:
+            notes.append("eval.metrics=auto -> loss: a pipeline's last stage reports the held-out loss only")
     if data_facts.eval_samples == 0 and cfg.eval.batches > 0:
         notes.append("no eval_data: no evaluation (give eval_data: {_target_: ...} for a held-out set)")
     o = cfg.optimizer

@@ -178,6 +178,35 @@ def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[tuple, Any
     return [], out.numel() == label.numel()
 
 
+def check_sequential(model: nn.Module, batch: tuple[tuple, Any], source: str, stages: int) -> list[str]:
+    """A pipeline runs the model's top-level children one after the other: on the meta device, that chain must run
+    on a batch and give the output the model's own forward gives (shape and dtype; values are not compared, so a
+    functional op between children that keeps the shape is not caught)."""
+    inputs = [t.to("meta") for t in batch[0]]
+    children = list(model.named_children())
+    key = f"parallel.pipeline_stages={stages}"
+    try:
+        with torch.no_grad():
+            want = model(*inputs)
+            x = children[0][1](*inputs)
+            for _, child in children[1:]:
+                x = child(x)
+    except NotImplementedError:
+        return []
+    except Exception as e:  # noqa: BLE001
+        if "meta" in str(e).lower():
+            return []
+        return [f"{key}: model ({source}) is staged over its top-level children ({', '.join(n for n, _ in children)})"
+                f" run in order, and that chain fails: {_first_line(e)}. Write the model so that its forward is its "
+                f"children called one after the other (e.g. an nn.Sequential), or set parallel.pipeline_stages=1."]
+    if not (torch.is_tensor(x) and torch.is_tensor(want) and x.shape == want.shape and x.dtype == want.dtype):
+        got = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+        return [f"{key}: model ({source}) run as its top-level children in order gives {got}, its forward gives "
+                f"{tuple(want.shape)}: its forward is not its children in order. Make it so (e.g. an nn.Sequential), "
+                f"or set parallel.pipeline_stages=1."]
+    return []
+
+
 def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelFacts, dict | None]:
     """Every check of a user recipe, then its facts; ConfigError listing all problems."""
     model_spec = OmegaConf.to_container(cfg.model, resolve=True)
@@ -225,6 +254,8 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
     if model is not None and loss_fn is not None and batch is not None:
         found, scores = check_model_and_loss(model, loss_fn, batch, source)
         problems += found
+        if cfg.parallel.pipeline_stages > 1 and not found:
+            problems += check_sequential(model, batch, source, cfg.parallel.pipeline_stages)
     labels = []
     if train is not None:
         try:

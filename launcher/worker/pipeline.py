@@ -71,7 +71,10 @@ class PipelineEngine:
         deepspeed.init_distributed(dist_backend=backend)  # the process group exists: DeepSpeed adopts it
         stages = build_stages(layers, plan)
         topology = PipeDataParallelTopology(num_pp=dims.pp, num_dp=dims.dp)  # rank = stage × dp + dp rank: our mesh
-        pipe = PipelineModule(layers=stages, topology=topology, loss_fn=loss_fn, partition_method="uniform")
+        # dynamic_shape: a held-out set's last micro-batch may be smaller; DeepSpeed then sends each activation's
+        # shape along with it instead of reusing the first one's.
+        pipe = PipelineModule(layers=stages, topology=topology, loss_fn=loss_fn, partition_method="uniform",
+                              dynamic_shape=True)
         pipe.to(device)
         optimizer = optimizer_factory(pipe.parameters())
         self._stage = dims.coords(dist.get_rank())["pp"]

@@ -126,3 +126,14 @@ def test_prepare_keeps_the_users_optimizer_for_schedulers_and_saves_the_tables(p
     assert "RESULT [0.0625] 2433 {'user_emb': [1000, 16], 'item_emb': [100, 16]}" in out, out
     built = json.loads((run / "rank.0" / "prepared.json").read_text())
     assert {t["lr"] for t in built["tables"].values()} == {0.001}  # SGD's lr is no Adam lr: lazy Adam's default
+
+
+def test_a_pipeline_of_the_users_model_matches_one_process(project):
+    """Two stages of a model of the user's whose first child takes three inputs: the same losses as one process."""
+    write_project(project, extra=True)
+    staged = ["model._target_=my_ctr.extra.Staged", "trainer.steps=8", "batch.micro_batches=2"]
+    one = train(project, "staged_one", [*staged, "cluster.nproc_per_node=1"])
+    pipe = train(project, "staged_pipe", [*staged, "parallel.pipeline_stages=2"])
+    plan = json.loads((pipe / "plan.json").read_text())
+    assert plan["engine"] == "pipeline" and plan["eval_metrics"] == "loss"
+    assert_close(losses(one), losses(pipe), rel=1e-6)

@@ -38,6 +38,29 @@ class Towers(nn.Module):
     def forward(self, user, item, dense):
         x = torch.cat([self.user_emb(user), self.towers[0]["item_emb"](item), dense], dim=1)
         return self.head(x).squeeze(-1)
+
+
+class Features(nn.Module):
+    def __init__(self, users: int, items: int, dim: int):
+        super().__init__()
+        self.user_emb = nn.Embedding(users, dim)
+        self.item_emb = nn.Embedding(items, dim)
+
+    def forward(self, user, item, dense):
+        return torch.cat([self.user_emb(user), self.item_emb(item), dense], dim=1)
+
+
+class Staged(nn.Module):
+    """A model a pipeline can cut: its forward is its children in order, the first taking every input."""
+
+    def __init__(self, users: int, items: int, dim: int = 8, dense: int = 4):
+        super().__init__()
+        self.features = Features(users, items, dim)
+        self.hidden = nn.Sequential(nn.Linear(2 * dim + dense, 16), nn.ReLU())
+        self.out = nn.Sequential(nn.Linear(16, 1), nn.Flatten(0))
+
+    def forward(self, user, item, dense):
+        return self.out(self.hidden(self.features(user, item, dense)))
 ''',
 }
 

@@ -166,3 +166,13 @@ def test_smoke_without_a_profile_runs_two_steps_on_two_ranks_over_a_few_batches(
     p = plan(project, "smoke=true", "+smoke_profile={model: {users: 500}, data: {n: 2000, users: 500}}", host=cpu_host)
     assert p.model["users"] == 500 and p.data["train"]["n"] == 2000
     assert any("model.users: 100000 -> 500" in n for n in p.notes)
+
+
+def test_a_pipeline_stages_the_models_children_when_its_forward_is_them_in_order(project, cpu_host):
+    p = plan(project, "model._target_=my_ctr.extra.Staged", "parallel.pipeline_stages=2", "batch.micro_batches=2",
+             host=cpu_host)
+    assert p.engine == "pipeline" and [s.layers for s in p.pipeline.stages] == [("features",), ("hidden", "out")]
+    with pytest.raises(ConfigError, match=r"parallel.pipeline_stages=2: model \(conf/recipe/my_ctr.yaml\) is staged "
+                                          r"over its top-level children \(user_emb, item_emb, mlp\) run in order, "
+                                          r"and that chain fails"):
+        plan(project, "parallel.pipeline_stages=2", host=cpu_host)

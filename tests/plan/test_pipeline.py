@@ -1,0 +1,109 @@
+"""Pipeline stages are planned from intent before launch: MindSpore-style stages per layer, or a partition by
+parameters or layer count; every stage shows its layers, parameters and memory, and the bubble (P-1)/(M+P-1); what a
+pipeline cannot be combined with is refused with the key, the value and a fix."""
+
+import json
+import re
+
+import pytest
+
+from launcher.errors import ConfigError
+from launcher.plan import HostFacts, LaunchPlan
+from launcher.plan.pipeline import plan_pipeline
+from launcher.report.plan_view import pipeline_tree
+from tests.conftest import plan_of
+
+FOUR = HostFacts(hostname="h", cpu_count=4, accelerators=0, extensions_dir="/x")
+LAYERS = ("embedding", "block.0", "block.1", "head")
+PARAMS = {"embedding": 100, "block.0": 50, "block.1": 50, "head": 90}
+
+
+def test_partition_by_parameters_and_uniform_and_the_bubble():
+    plan, problems = plan_pipeline(2, 4, {}, "parameters", LAYERS, PARAMS, ())
+    assert not problems and [s.layers for s in plan.stages] == [("embedding", "block.0"), ("block.1", "head")]
+    assert plan.bubble == pytest.approx(1 / 5) and [s.in_flight for s in plan.stages] == [2, 1]
+    lopsided = {**PARAMS, "head": 1000}  # the largest stage as small as it can be: head alone
+    plan, _ = plan_pipeline(2, 8, {}, "parameters", LAYERS, lopsided, ())
+    assert plan.stages[1].layers == ("head",) and plan.bubble == pytest.approx(1 / 9)
+    plan, _ = plan_pipeline(3, 1, {}, "uniform", (*LAYERS, "x"), {**PARAMS, "x": 1}, ())
+    assert [len(s.layers) for s in plan.stages] == [1, 2, 2] and plan.bubble == pytest.approx(2 / 3)
+
+
+def test_a_weight_shared_across_stages_is_held_by_each_and_once_within_one():
+    tie = ((("embedding.token.weight", "head.proj.weight"), 80),)
+    plan, _ = plan_pipeline(2, 4, {}, "parameters", LAYERS, PARAMS, tie)
+    assert plan.tied[0].stages == (0, 1) and [s.params for s in plan.stages] == [150, 140]
+    stages = {"embedding": 0, "block.0": 0, "block.1": 0, "head": 0}
+    plan, problems = plan_pipeline(2, 4, {**stages, "head": 1}, "parameters", LAYERS, PARAMS, tie)
+    assert plan.tied and not problems
+    plan, problems = plan_pipeline(2, 4, {**stages, "embedding": 0}, "parameters", LAYERS, PARAMS, tie)
+    assert "no layer on stage 1" in problems[0]
+
+
+@pytest.mark.parametrize(
+    "stages, message",
+    [
+        ({"embedding": 0, "block.0": 0, "blok.1": 1, "head": 1},
+         r"parallel.stages: the model has no layer blok.1\. Did you mean block.1\?"),
+        ({"embedding": 0, "block.0": 1, "block.1": 0, "head": 1},
+         r"layer block.1 is on stage 0 after block.0 on stage 1; stages must follow the forward order"),
+        ({"embedding": 0, "block.0": 0, "block.1": 2, "head": 1},
+         r"parallel.stages.block.1=2 must be a stage number from 0 to 1"),
+        ({"embedding": 0, "block.0": 0}, r"parallel.stages names no stage for block.1, head"),
+    ],
+)
+def test_bad_stages(stages, message):
+    plan, problems = plan_pipeline(2, 4, stages, "parameters", LAYERS, PARAMS, ())
+    assert plan is None and any(re.search(message, p) for p in problems), problems
+
+
+def test_resnet_default_is_the_seeds_two_stages_and_round_trips(cpu_host):
+    plan = plan_of(["recipe=resnet"], cpu_host)
+    p = plan.pipeline
+    assert p.partition == "parallel.stages" and p.micro_batches == 4
+    assert [s.layers for s in p.stages] == [("head", "layer1", "layer2"), ("layer3", "layer4", "fc")]
+    assert sum(s.params for s in p.stages) == plan.memory.dense_params  # no weight is shared
+    assert all(s.activation_bytes and s.state_bytes for s in p.stages)
+    assert plan.memory.device.total == max(s.state_bytes for s in p.stages)
+    assert LaunchPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    text = str(pipeline_tree(plan).label)
+    assert "bubble (P-1)/(M+P-1) = 1/5 = 20.0%" in text and "losses from stage 1" in text
+
+
+def test_gpt_tie_and_micro_batches(cpu_host):
+    plan = plan_of(["recipe=gpt", "parallel.pipeline_stages=2", "batch.micro_batches=4"], cpu_host)
+    assert plan.batch.grad_accum == 4 and plan.dims.dp == 1 and plan.engine == "pipeline"
+    assert plan.pipeline.tied[0].paths == ("embedding.token.weight", "head.proj.weight")
+    assert any("batch.micro_batches=4 sets batch.grad_accum (was 1)" in n for n in plan.notes)
+    plan = plan_of(["recipe=resnet", "parallel.pipeline_stages=1"], cpu_host)  # the recipe's stages are unused
+    assert plan.pipeline is None and plan.engine == "ddp" and any("parallel.stages is not used" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["recipe=gpt", "zero.stage=2"], r"parallel.pipeline_stages=2 needs zero.stage<=1; got zero.stage=2\. "
+                                         r"Set zero.stage=1 or parallel.pipeline_stages=1"),
+        (["recipe=gpt", "zero.stage=1"], r"with zero.stage=1: weights shared across stages \(embedding.token.weight "
+                                         r"= head.proj.weight\)"),
+        (["recipe=gpt", "optimizer.target=CPU"], r"with optimizer.target=CPU: ZeRO-Offload is not supported with a "
+                                                 r"pipeline yet"),
+        (["recipe=gpt", "precision=bf16"], r"with precision=bf16: a pipeline trains in fp32 for now"),
+        (["recipe=gpt", "parallel.tp=2", "cluster.nproc_per_node=4"], r"with parallel.tp=2: a pipeline with tensor "
+                                                                       r"parallel stages is not supported yet"),
+        (["recipe=wide_deep", "placement.host_device_mix=1"], r"with tables on the host \(deep_embedding, "
+                                                              r"wide_embedding\)"),
+        (["recipe=gpt", "parallel.partition=params"], r"parallel.partition=params is not one of parameters, "
+                                                      r"uniform\. Did you mean parallel.partition=parameters\?"),
+        (["recipe=quickstart", "parallel.pipeline_stages=4", "cluster.nproc_per_node=4"],
+         r"parallel.pipeline_stages=4 needs at least 4 layers; the model has 3 \(fc1, relu, fc2\)"),
+        (["recipe=resnet", "parallel.stages.layr3=1"], r"parallel.stages.layr3: no such key \(value 1\)\. Did you "
+                                                       r"mean parallel.stages.layer3\?"),
+        (["recipe=resnet", "+parallel.stages.layr3=1"], r"the model has no layer layr3\. Did you mean layer3\?"),
+    ],
+)
+def test_pipeline_refusals(overrides, message):
+    overrides = [*overrides, "parallel.pipeline_stages=2"] if "parallel.pipeline_stages=4" not in overrides \
+        else overrides
+    with pytest.raises(ConfigError, match=message):
+        plan_of(overrides, FOUR)
