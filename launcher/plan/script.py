@@ -79,6 +79,10 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims,
 def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
     c = cfg.cluster
     problems = check_cluster(c, host)
+    if cfg.parallel.pipeline_stages > 1:
+        problems.append(f"parallel.pipeline_stages={cfg.parallel.pipeline_stages} with script=: runtime.prepare() "
+                        f"trains your loop data-parallel; pipelines run recipes (your model in a recipe YAML, see "
+                        f"'Bring your own model'). Set parallel.pipeline_stages=1.")
     if problems:
         raise ConfigError(problems)
     nproc, note = resolve_nproc(c.nproc_per_node, host)

@@ -1,7 +1,7 @@
 """Pipeline parallelism in real runs: DeepSpeed's PipelineModule over 2 stages, and 2 stages × dp 2, computes the
 same per-step losses as one process with the same micro-batches as gradient accumulation (GPT with its head tied to
 the token embedding, so the shared weight's gradient sum across stages is exercised); resnet's default run (the
-seeds' two stages, recompute on layer1-4) trains and its checkpoint reads back."""
+seeds' two stages, recompute on layer1-4) trains with ZeRO-1 and its checkpoint reads back."""
 
 import json
 
@@ -35,10 +35,12 @@ def test_two_stages_and_two_by_dp2_match_one_process(tmp_path):
     assert losses(pipe_dp, rank=0) == losses(pipe_dp, rank=3)
 
 
-def test_resnet_default_two_stages_with_recompute_smoke(tmp_path):
-    run_dir = run(tmp_path, "resnet", ["recipe=resnet", "smoke=true"])
+def test_resnet_two_stages_with_recompute_and_zero1_smoke(tmp_path):
+    # (resnet's default smoke run, ZeRO-0, is in tests/integration/test_smoke_sweeps.py)
+    run_dir = run(tmp_path, "resnet", ["recipe=resnet", "smoke=true", "zero.stage=1"])
     plan = plan_of_run(run_dir)
     assert plan["engine"] == "pipeline" and plan["recompute"] == ["layer1", "layer2", "layer3", "layer4"]
+    assert plan["deepspeed"]["zero_optimization"]["stage"] == 1
     assert [s["layers"] for s in plan["pipeline"]["stages"]] == [["head", "layer1", "layer2"],
                                                                 ["layer3", "layer4", "fc"]]
     events = [json.loads(line) for line in (run_dir / "rank.0" / "metrics.jsonl").read_text().splitlines()]

@@ -176,3 +176,14 @@ def test_a_pipeline_stages_the_models_children_when_its_forward_is_them_in_order
                                           r"over its top-level children \(user_emb, item_emb, mlp\) run in order, "
                                           r"and that chain fails"):
         plan(project, "parallel.pipeline_stages=2", host=cpu_host)
+
+
+def test_a_script_is_not_pipelined(tmp_path, cpu_host):
+    from launcher.config import compose_config
+    from launcher.plan.script import plan_script
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(ConfigError, match=r"parallel.pipeline_stages=2 with script=: runtime.prepare\(\) trains your "
+                                          r"loop data-parallel"):
+        plan_script(compose_config([f"script={script}", "parallel.pipeline_stages=2"]), cpu_host)
