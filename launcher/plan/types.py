@@ -12,6 +12,7 @@ from launcher.plan.memory import Bytes, MemoryEstimate
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, TablePlan
 from launcher.plan.ranks import RankPlan
+from launcher.plan.sharding import ShardingPlan
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,8 @@ class LaunchPlan:
     """Folders of the user's code (a recipe in their folder): put on sys.path in every rank before building."""
     debug_fail: tuple[int, int] = (-1, -1)
     """(rank, step) where a rank raises on purpose, for testing supervision; (-1, -1) = off."""
+    sharding: ShardingPlan | None = None
+    """Op-level sharding / tensor parallel: per operator its strategy, shapes and collectives; None = none."""
     kind: str = "recipe"
 
     @property
@@ -151,6 +154,8 @@ class LaunchPlan:
         tables = tuple(TablePlan(**{**t, "betas": tuple(t["betas"])}) for t in pl["tables"])
         d["placement"] = PlacementPlan(**{**pl, "tables": tables})
         d["ranks"] = tuple(RankPlan(**r) for r in d["ranks"])
+        if d.get("sharding") is not None:
+            d["sharding"] = ShardingPlan.from_dict(d["sharding"])
         for key in ("ds_ops", "notes", "debug_fail", "code_paths", "recompute"):
             d[key] = tuple(d[key])
         return cls(**d)
