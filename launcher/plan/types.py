@@ -74,7 +74,7 @@ class LaunchPlan:
     dims: ParallelDims
     """dp × pp × tp = world_size."""
     engine: str
-    """ddp or deepspeed (launcher.plan.registry.ENGINES)."""
+    """ddp, deepspeed or tensor_parallel (launcher.plan.registry.ENGINES)."""
     world_size: int
     nnodes: int
     nproc_per_node: int
