@@ -117,7 +117,8 @@ def sharding_degrees(sharding: dict[str, Any], world: int, world_words: str, dp:
         n = _devices(s)
         if n != world:
             factors = " × ".join(str(f) for f in (s[0][0], s[0][1], *(s[1][1:] if len(s) == 2 else ())))
-            example = [[s[0][0], world // s[0][0]], [world // s[0][0], 1]] if world % s[0][0] == 0 else [[world, 1], [1, 1]]
+            a = s[0][0] if world % s[0][0] == 0 else world
+            example = [[a, world // a], [world // a, 1]] if len(s) == 2 else [[a, world // a]]
             problems.append(f"{key}={_text(s)}: its factors multiply to {n} ({factors}), not the {world} devices "
                             f"(world_size: {world_words}). Make the product {world}, e.g. {key}={_text(example)}.")
             continue

@@ -42,6 +42,15 @@ def test_quickstart_semi_auto_on_8_ranks_matches_one_process(tmp_path):
     d = worst(losses(one), losses(eight))
     print(f"quickstart semi_auto 8 ranks vs 1 process: max |Δloss| {d:.3g}")
     assert d <= 1e-5
+    # Column splits on 2 ranks: relu keeps fc1's split, fc2 wants its input whole (all-gather), and its split output
+    # is gathered for the loss.
+    cols = run(tmp_path, "cols", ["recipe=quickstart", *SMOKE, "batch.global_size=16", "batch.micro_size=-1",
+                                  "cluster.nproc_per_node=2", "parallel.sharding={fc1:[[1,1],[1,2]],fc2:[[1,1],[1,2]]}"])
+    plan = check_run(cols)
+    assert [len(op["collectives"]) for op in plan["sharding"]["ops"]] == [0, 0, 2]
+    d = worst(losses(one), losses(cols))
+    print(f"quickstart column splits 2 ranks vs 1 process: max |Δloss| {d:.3g}")
+    assert d <= 1e-5
 
 
 def test_gpt_tp2_dp2_matches_one_process(tmp_path):

@@ -83,6 +83,9 @@ W8 = "world_size: cluster.nnodes 1 × nproc_per_node 8"
         (["parallel.sharding={matmul: [[2,4],[4,2]]}"],
          rf"parallel.sharding.matmul=\[\[2,4\],\[4,2\]\]: its factors multiply to 16 \(2 × 4 × 2\), not the 8 devices "
          rf"\({W8}\)\. Make the product 8, e.g. parallel.sharding.matmul=\[\[2,4\],\[4,1\]\]\."),
+        (["parallel.sharding={relu: [[1,1]]}"],
+         r"parallel.sharding.relu=\[\[1,1\]\]: its factors multiply to 1 \(1 × 1\), not the 8 devices .* e.g. "
+         r"parallel.sharding.relu=\[\[1,8\]\]\."),
         (["model.in_features=30"],
          r"parallel.sharding.matmul=\[\[2,4\],\[4,1\]\]: dim 1 of x \(in\) of fc1 is 30, not divisible by its factor "
          r"4\. Set model.in_features to a multiple of 4, or give a factor that divides 30\."),
@@ -106,7 +109,7 @@ W8 = "world_size: cluster.nnodes 1 × nproc_per_node 8"
         (["parallel.engine=ddp"], r"parallel.engine=ddp with parallel.sharding: op-level sharding runs on the "
                                   r"tensor_parallel engine \(DTensor\)\. Set parallel.engine=auto\."),
     ],
-    ids=["product", "divisible", "unknown_op", "x_w_mismatch", "two_d_tp", "batch_factors", "tp_contradicts",
+    ids=["product", "product_elementwise", "divisible", "unknown_op", "x_w_mismatch", "two_d_tp", "batch_factors", "tp_contradicts",
          "form", "search_mode", "zero", "bf16", "engine"],
 )
 def test_bad_strategies_are_refused_before_launch(overrides, message):
