@@ -128,6 +128,9 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
         sharding, sharding_problems = _plan_sharding(recipe, model, sharding_cfg, par.search_mode, dims,
                                                      batch.micro_size)
         problems += sharding_problems
+        if sharding is not None:
+            notes.append("the memory estimate counts parameters and optimizer states whole on every rank; tensor-"
+                         "parallel shards hold less (rank.N/memory.json measures what they hold)")
     device_type, backend = device_and_backend(cfg.cluster.backend, host, cfg.cluster.device)
     table_default = TableConfig()
     if user:  # as written (inside the engine, with optimizer) unless a placement intent takes tables out of it

@@ -172,7 +172,8 @@ def plan_sharding(sharding: dict[str, Any], search_mode: str, ops: list[Operator
                       f"parallel.search_mode=sharding_propagation."]
     if not ops:
         return None, [f"parallel.sharding: recipe {recipe} does not list its operators for op-level sharding "
-                      f"(quickstart does). Use parallel.tp=N for its tensor-parallel plan, or remove parallel.sharding."]
+                      f"(quickstart does; parallel=semi_auto is its strategy). Use parallel.tp=N for {recipe}'s "
+                      f"tensor-parallel plan, or remove parallel.sharding."]
     aliases = _aliases(ops)
     alias_of = {n: a for a, n in aliases.items()}
     by_name = {op.name: op for op in ops}

@@ -141,3 +141,11 @@ def test_a_bad_strategy_exits_2_before_any_process(tmp_path):
     assert res.returncode == 2, res.stderr
     assert "its factors multiply to 8 (2 × 4 × 1), not the 4 devices" in res.stderr
     assert not (tmp_path / "log_output").exists()
+
+
+def test_smoke_keeps_the_ranks_a_strategy_spans_and_dotted_overrides_add_strategies():
+    plan = plan_of([*SEMI_AUTO, "smoke=true"], HOST8)
+    assert (plan.world_size, plan.steps, plan.smoke) == (8, 2, True)
+    assert plan_of(["recipe=gpt", "parallel.tp=2", "smoke=true"], HOST8).world_size == 2  # smoke's 2 ranks: tp 2
+    plan = plan_of(["recipe=quickstart", "cluster.nproc_per_node=2", "parallel.sharding.fc2=[[1,2],[2,1]]"], HOST8)
+    assert [(o.name, o.given) for o in plan.sharding.ops] == [("fc1", False), ("relu", False), ("fc2", True)]
