@@ -30,7 +30,7 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     ``--config-dir``) adds the user's config tree to the package's: their ``recipe/<name>.yaml`` is a recipe."""
     from launcher.recipes import RECIPES
 
-    overrides = [table_path_override(o) for o in overrides]
+    overrides = [sharding_override(table_path_override(o)) for o in overrides]
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
@@ -109,6 +109,15 @@ def table_path_override(line: str) -> str:
         if leaf in TableConfig.__dataclass_fields__:
             return f"+tables={{{path}: {{{leaf}: {value}}}}}" if "." in path else line
         return f"+tables={{{bare[len('tables.'):]}: {value}}}"  # tables.<dotted path>={optimizer: ftrl, ...}
+    return line
+
+
+def sharding_override(line: str) -> str:
+    """Operators are keys the schema cannot list: ``parallel.sharding={fc1: [[2,4],[4,1]]}`` and
+    ``parallel.sharding.fc1=[[2,4],[4,1]]`` become Hydra's appends (``+...``), merged into the strategies a config
+    file gave (parallel=semi_auto's)."""
+    if line.startswith("parallel.sharding=") or line.startswith("parallel.sharding."):
+        return "+" + line
     return line
 
 

@@ -62,6 +62,27 @@ class ModelFacts:
     """What to tell the user about the model before the plan."""
 
 
+@dataclass(frozen=True)
+class Operator:
+    """One operator of a recipe's forward, torch-free, for op-level sharding (``parallel.sharding``) and tensor
+    parallel (``parallel.tp``). A recipe may bring two optional hooks: ``operators(model)``, its forward as a chain of
+    these (kind matmul or elementwise; quickstart), and ``tp_plan(model, tp)`` -> (operators whose kind is a tensor-
+    parallel style: colwise, rowwise or colwise_qkv; problems), what ``parallel.tp`` alone does (gpt)."""
+
+    name: str
+    """Module path in the model (``fc1``, ``blocks.0.attn.qkv``)."""
+    kind: str
+    """matmul | elementwise (operators), or colwise | rowwise | colwise_qkv (tp_plan)."""
+    primitive: str
+    """MindSpore's name of its kind (matmul, relu): the k-th such operator is also called <primitive>_<k-1>."""
+    width_in: int
+    width_out: int
+    keys: tuple[str, str] = ("", "")
+    """The config keys that set width_in and width_out (named in a refusal's fix)."""
+    tokens: int = 0
+    """Tokens per sample of its activations (gpt: the sequence length it sees); 0 = (batch, width) activations."""
+
+
 @runtime_checkable
 class Recipe(Protocol):
     name: str

@@ -50,6 +50,10 @@ class CheckpointDir:
         self.meta = self.path / "checkpoint.json"
         """What the checkpoint was saved from (recipe, step, engine, layout): checked before a resume starts."""
 
+    def shard(self, rank: int) -> Path:
+        """A tensor-parallel engine's part: this rank's local model and optimizer tensors."""
+        return self.path / f"engine.rank{rank}.pt"
+
     def trainer(self, rank: int) -> Path:
         """One rank's step, data position and RNG states."""
         return self.path / f"trainer.{rank}.pt"
@@ -71,6 +75,8 @@ class RankDir:
         self.memory = path / "memory.json"
         self.tables = path / "tables.json"
         self.mesh = path / "mesh.json"
+        self.sharding = path / "sharding.json"
+        """Op-level sharding / tensor parallel: the local shapes each sharded operator computed on, per operator."""
         self.prepared = path / "prepared.json"
         """What a script's runtime.prepare() built: engine, offload, each table's place."""
 

@@ -132,11 +132,19 @@ class ParallelConfig:
     """With parallel.stages empty: parameters (contiguous stages balancing their parameter counts) or uniform (the
     same number of layers per stage)."""
     tp: int = 1
-    """Tensor (op-level) parallel degree. Its sharding engine comes next; with tp > 1 the ranks of a tp group hold
-    the same replica and see the same data (the mesh and its groups are built)."""
+    """Tensor-parallel degree: with tp > 1 and no sharding, the recipe's tensor-parallel plan (gpt: Megatron-style
+    column/row-split attention and MLP) runs on the mesh's tp dim; its ranks share one replica and see the same data."""
+    sharding: dict[str, Any] = field(default_factory=dict)
+    """Op-level sharding in MindSpore's notation, operator -> strategy: {fc1: [[2, 4], [4, 1]]} splits fc1's x
+    (batch, in) 2 × 4 and its w (in, out) 4 × 1. The batch factor is dp, the rest tp; every strategy's factors multiply
+    to the world size. Operators are named by module path (fc1) or MindSpore-style by kind and order (matmul,
+    matmul_1). Empty = none."""
+    search_mode: str = "sharding_propagation"
+    """How operators without a strategy get one: sharding_propagation (each takes its input's layout)."""
     engine: str = "auto"
-    """ddp (torch DistributedDataParallel), deepspeed, or auto: ddp for plain data parallelism (ZeRO 0, no offload,
-    fp32), DeepSpeed otherwise."""
+    """ddp (torch DistributedDataParallel), deepspeed, tensor_parallel (DTensor: parallel.tp > 1 or
+    parallel.sharding), or auto: tensor_parallel when sharding, else ddp for plain data parallelism (ZeRO 0, no
+    offload, fp32), DeepSpeed otherwise."""
 
 
 @dataclass

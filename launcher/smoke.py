@@ -1,7 +1,7 @@
 """``smoke=true``: the recipe at a size CI can afford, with its structure kept.
 
 A smoke run is composed as the real run is, with more overrides in front of the user's: SMOKE_BASE (2 steps, 2 gloo
-ranks on the CPU, 2 held-out batches, a checkpoint at the end) and the recipe's own ``smoke_profile`` (tiny shapes),
+ranks on the CPU (with parallel.sharding: the ranks its strategies span, e.g. 8 for parallel=semi_auto), 2 held-out batches, a checkpoint at the end) and the recipe's own ``smoke_profile`` (tiny shapes),
 so placement, engine choice, ZeRO stage and offload stay the recipe's and any key the user gives still wins. The
 keys the profile changed are listed in ``smoke_changes`` and shown in the plan.
 """
@@ -49,7 +49,10 @@ def smoke_settings(cfg: DictConfig) -> dict[str, Any]:
     """Dotted key -> value of a smoke run of cfg's recipe: SMOKE_BASE, then the recipe's smoke_profile. fp16 needs
     a GPU: a smoke run on the CPU takes bf16, the other half-precision path (listed with the changes)."""
     fp16 = {"precision": "bf16"} if cfg.precision == "fp16" else {}
-    return {**SMOKE_BASE, **fp16, **dict(flatten(OmegaConf.to_container(cfg.smoke_profile, resolve=True)))}
+    base = dict(SMOKE_BASE)
+    if cfg.parallel.sharding:  # the strategies' factors multiply to the world size: keep the ranks they need
+        del base["cluster.nproc_per_node"]
+    return {**base, **fp16, **dict(flatten(OmegaConf.to_container(cfg.smoke_profile, resolve=True)))}
 
 
 def smoke_overrides(settings: Mapping[str, Any]) -> list[str]:

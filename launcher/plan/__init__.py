@@ -21,12 +21,14 @@ from launcher.plan.parallel import ParallelDims, plan_parallel
 from launcher.plan.pipeline import PipelinePlan, plan_pipeline
 from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement, takes_tables_out
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
+from launcher.plan.sharding import ShardingPlan, plan_sharding, plan_tensor_parallel, sharding_degrees
 from launcher.plan.rules import check_config, device_and_backend, resolve_nproc
 from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan, RunPlan, ScriptPlan, checkpoint_layout
 
 __all__ = [
     "BatchPlan", "Bytes", "HostFacts", "LaunchPlan", "MemoryEstimate", "OptimizerPlan", "ParallelDims",
-    "PipelinePlan", "PlacementPlan", "RankPlan", "RunPlan", "ScriptPlan", "TablePlan", "checkpoint_layout", "plan_launch",
+    "PipelinePlan", "PlacementPlan", "RankPlan", "RunPlan", "ScriptPlan", "ShardingPlan", "TablePlan",
+    "checkpoint_layout", "plan_launch",
 ]
 
 
@@ -130,13 +132,20 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     nnodes = cfg.cluster.nnodes
     world = nnodes * nproc
     par = cfg.parallel
-    dims, dims_problems = plan_parallel(par.dp, par.pipeline_stages, par.tp, world,
-                                        f"cluster.nnodes {nnodes} × nproc_per_node {nproc}")
+    world_words = f"cluster.nnodes {nnodes} × nproc_per_node {nproc}"
+    sharding_cfg = OmegaConf.to_container(par.sharding, resolve=True)
+    want_dp, want_tp = par.dp, par.tp
+    degrees_ok = True
+    if sharding_cfg:
+        sdp, stp, sharding_problems = sharding_degrees(sharding_cfg, world, world_words, par.dp, par.tp)
+        problems += sharding_problems
+        degrees_ok = sdp is not None
+        if sdp is not None:
+            want_dp, want_tp = sdp, stp
+            notes.append(f"parallel.sharding -> dp {sdp} × tp {stp} (the strategies' batch factor and the rest)")
+    dims, dims_problems = plan_parallel(want_dp, par.pipeline_stages, want_tp, world, world_words)
     problems += dims_problems
     dp = dims.dp if dims is not None else 1
-    if dims is not None and dims.tp > 1:
-        notes.append(f"parallel.tp={dims.tp}: no op-level sharding strategy is chosen yet, so the {dims.tp} ranks of "
-                     f"each tp group hold the same replica and see the same data")
     accum, accum_problems, accum_notes = _grad_accum(cfg.batch.grad_accum, cfg.batch.micro_batches)
     problems += accum_problems
     notes += accum_notes
@@ -174,6 +183,14 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     sizes = facts.model or model_facts(recipe, model)
     if batch is not None:
         problems += recipe.problems(model, data_cfg, batch.micro_size * dp)
+    sharding = None
+    if dims is not None and batch is not None and degrees_ok and (sharding_cfg or dims.tp > 1):
+        sharding, sharding_problems = _plan_sharding(recipe, model, sharding_cfg, par.search_mode, dims,
+                                                     batch.micro_size)
+        problems += sharding_problems
+        if sharding is not None:
+            notes.append("the memory estimate counts parameters and optimizer states whole on every rank; tensor-"
+                         "parallel shards hold less (rank.N/memory.json measures what they hold)")
     device_type, backend = device_and_backend(cfg.cluster.backend, host, cfg.cluster.device)
     table_default = TableConfig()
     if user:  # as written (inside the engine, with optimizer) unless a placement intent takes tables out of it
@@ -191,7 +208,10 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
         cfg, sizes.tables, sizes.dense_params, device_type, table_default)
     problems += placement_problems
     notes += placement_notes
-    engine, engine_problems, engine_notes = plan_engine(par.engine, zero, placement.offload, cfg.precision, dims)
+    engine, engine_problems, engine_notes = plan_engine(par.engine, zero, placement.offload, cfg.precision, dims,
+                                                        sharded=bool(sharding_cfg),
+                                                        host_tables=bool(placement.sparse_tables),
+                                                        recompute=bool(cfg.recompute))
     problems += engine_problems
     notes += engine_notes
     recompute, recompute_problems = plan_recompute(list(cfg.recompute), sizes.layers)
@@ -287,4 +307,15 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
         resume_from=cfg.trainer.resume_from,
         code_paths=facts.code_paths,
         debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step),
+        sharding=sharding,
     )
+
+
+def _plan_sharding(recipe, model: dict, sharding_cfg: dict, search_mode: str, dims: ParallelDims,
+                   micro: int) -> tuple[ShardingPlan | None, list[str]]:
+    """parallel.sharding over the recipe's operators(), or parallel.tp alone with its tp_plan()."""
+    if sharding_cfg:
+        ops = recipe.operators(model) if hasattr(recipe, "operators") else None
+        return plan_sharding(sharding_cfg, search_mode, ops, recipe.name, dims.dp, dims.tp, micro)
+    ops, recipe_problems = recipe.tp_plan(model, dims.tp) if hasattr(recipe, "tp_plan") else (None, [])
+    return plan_tensor_parallel(ops, recipe_problems, recipe.name, dims.dp, dims.tp, micro)

@@ -82,6 +82,7 @@ ENGINES: dict[str, Engine] = {
     "ddp": Engine("launcher.worker.engines.DDPEngine", (0,), ("fp32",), False, False),
     "deepspeed": Engine("launcher.worker.engines.DeepSpeedEngine", (0, 1, 2, 3), ("fp32", "bf16", "fp16"), True, True),
     "pipeline": Engine("launcher.worker.pipeline.PipelineEngine", (0, 1), ("fp32",), False, True),
+    "tensor_parallel": Engine("launcher.worker.tensor_parallel.TensorParallelEngine", (0,), ("fp32",), False, False),
 }
 
 

@@ -78,9 +78,9 @@ def check_pipeline(cfg: DictConfig) -> list[str]:
     if cfg.parallel.tp > 1:
         p.append(f"{key} with parallel.tp={cfg.parallel.tp}: a pipeline with tensor parallel stages is not supported "
                  f"yet. Set parallel.tp=1 or parallel.pipeline_stages=1.")
-    if cfg.parallel.engine == "ddp":
-        p.append(f"{key} with parallel.engine=ddp: pipelines run on DeepSpeed's pipeline engine. Set "
-                 f"parallel.engine=auto.")
+    if cfg.parallel.engine not in ("auto", "deepspeed"):
+        p.append(f"{key} with parallel.engine={cfg.parallel.engine}: pipelines run on DeepSpeed's pipeline engine. "
+                 f"Set parallel.engine=auto.")
     if cfg.eval.metrics == "binary":
         p.append(f"{key} with eval.metrics=binary: the pipeline's last stage reports the held-out loss only. Set "
                  f"eval.metrics=loss.")

@@ -60,6 +60,9 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims,
     engine, engine_problems, engine_notes = plan_engine(cfg.parallel.engine, zero, placement.offload, cfg.precision,
                                                         dims)
     problems += engine_problems
+    if cfg.parallel.sharding or cfg.parallel.tp != 1:
+        problems.append(f"parallel.sharding / parallel.tp={cfg.parallel.tp} shard a recipe's operators, which a "
+                        f"script's runtime.prepare() does not know (it runs data parallel). Remove them, or run a recipe.")
     b = cfg.batch
     micro, accum = (b.micro_size if b.micro_size > 0 else 1), (b.grad_accum if b.grad_accum > 0 else 1)
     if problems:

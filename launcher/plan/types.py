@@ -13,6 +13,7 @@ from launcher.plan.parallel import ParallelDims
 from launcher.plan.pipeline import PipelinePlan
 from launcher.plan.placement import PlacementPlan, TablePlan
 from launcher.plan.ranks import RankPlan
+from launcher.plan.sharding import ShardingPlan
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class LaunchPlan:
     dims: ParallelDims
     """dp × pp × tp = world_size."""
     engine: str
-    """ddp or deepspeed (launcher.plan.registry.ENGINES)."""
+    """ddp, deepspeed or tensor_parallel (launcher.plan.registry.ENGINES)."""
     world_size: int
     nnodes: int
     nproc_per_node: int
@@ -127,6 +128,8 @@ class LaunchPlan:
     """Folders of the user's code (a recipe in their folder): put on sys.path in every rank before building."""
     debug_fail: tuple[int, int] = (-1, -1)
     """(rank, step) where a rank raises on purpose, for testing supervision; (-1, -1) = off."""
+    sharding: ShardingPlan | None = None
+    """Op-level sharding / tensor parallel: per operator its strategy, shapes and collectives; None = none."""
     kind: str = "recipe"
 
     @property
@@ -156,6 +159,8 @@ class LaunchPlan:
         d["ranks"] = tuple(RankPlan(**r) for r in d["ranks"])
         if d.get("pipeline") is not None:
             d["pipeline"] = PipelinePlan.from_dict(d["pipeline"])
+        if d.get("sharding") is not None:
+            d["sharding"] = ShardingPlan.from_dict(d["sharding"])
         for key in ("ds_ops", "notes", "debug_fail", "code_paths", "recompute"):
             d[key] = tuple(d[key])
         return cls(**d)

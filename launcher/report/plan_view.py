@@ -6,6 +6,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from launcher.plan import Bytes, LaunchPlan
+from launcher.plan.sharding import ShardingPlan, shapes_words, strategy_words
 
 
 def _mib(n: int) -> str:
@@ -27,6 +28,18 @@ def placement_table(plan: LaunchPlan) -> Table:
     engine = f"ZeRO-{plan.zero_stage}" if plan.engine == "deepspeed" else plan.engine.upper()
     t.add_row("dense network", f"{pl.dense_params:,}", f"{pl.param_location}, {engine}",
               f"{o.name}{impl}", pl.optimizer_location)
+    return t
+
+
+def sharding_table(sh: ShardingPlan) -> Table:
+    """One row per operator: strategy (MindSpore's notation), global shapes, one rank's local shapes, collectives."""
+    how = f"{sh.source}, {sh.search_mode}" if sh.search_mode else sh.source
+    t = Table(title=f"sharding ({how}; dp {sh.dp} × tp {sh.tp}; w as (in, out))", title_justify="left")
+    for col in ("operator", "strategy", "global shapes", "local shapes (per rank)", "collectives inserted"):
+        t.add_column(col)
+    for op in sh.ops:
+        t.add_row(f"{op.name} ({op.alias})", strategy_words(op), shapes_words(op.global_shapes),
+                  shapes_words(op.local_shapes, op.partial), "; ".join(op.collectives) or "none")
     return t
 
 
@@ -83,6 +96,9 @@ def plan_tree(plan: LaunchPlan) -> Tree:
         coords = " ".join(f"{k} {v}" for k, v in r.coords.items())
         ranks.add(f"rank {r.rank}: ({coords}), node {r.node_rank}, local rank {r.local_rank}, device {r.device}, "
                   f"OMP_NUM_THREADS {r.env['OMP_NUM_THREADS']}")
+    if plan.sharding is not None:
+        sh = root.add(sharding_table(plan.sharding))
+        sh.add(plan.sharding.gradients)
     if plan.reference:
         root.add("data reference: " + ", ".join(f"{k} {v:.4f}" for k, v in plan.reference.items()))
     if plan.ds_ops:

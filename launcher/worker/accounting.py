@@ -15,6 +15,7 @@ KINDS = ("params", "optimizer", "tables", "table_states")
 
 
 def _nbytes(t: torch.Tensor) -> int:
+    t = getattr(t, "_local_tensor", t)  # a DTensor: this rank's shard
     return t.numel() * t.element_size()
 
 

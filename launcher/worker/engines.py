@@ -68,7 +68,9 @@ def build_optimizer(plan: LaunchPlan, params) -> torch.optim.Optimizer:
                                 adamw_mode=o.name == "adamw")
     spec = DENSE_OPTIMIZERS[o.name]
     kwargs = {k: getattr(o, k) for k in spec.kwargs}
-    if spec.fused:
+    if plan.engine == "tensor_parallel":  # DTensor and plain parameters mixed: torch's fused and foreach kernels
+        kwargs["foreach"] = False        # refuse them (aten._fused_adamw_ got mixed torch.Tensor and DTensor)
+    elif spec.fused:
         kwargs["fused"] = True  # one kernel per step, on CPU and CUDA (bench/placement_bench.py, "hand dense")
     return get_class(spec.impl)(params, **kwargs)
 

@@ -29,17 +29,22 @@ def apply_recompute(layers: list[tuple[str, nn.Module]], names: tuple[str, ...])
         module.forward = run
 
 
+def _storage(t: torch.Tensor):
+    """The storage of a tensor, or of this rank's shard of a DTensor (which has none of its own)."""
+    return getattr(t, "_local_tensor", t).untyped_storage()
+
+
 class SavedActivations:
     """Within ``with``: the bytes of the tensors autograd saves for backward, parameters excluded."""
 
     def __init__(self, model: nn.Module) -> None:
-        self._params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self._params = {_storage(p).data_ptr() for p in model.parameters()}
         self._seen: set[tuple[int, int]] = set()
         self._kept: list[torch.Tensor] = []  # alive until exit: a freed storage's address is not reused meanwhile
         self.bytes = 0
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
+        storage = _storage(t)
         key = (storage.data_ptr(), storage.nbytes())
         if storage.data_ptr() not in self._params and key not in self._seen:  # a storage saved twice counts once
             self._seen.add(key)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
+from torch.distributed.device_mesh import DeviceMesh
 
 from launcher.plan import LaunchPlan
 from launcher.rundir import CheckpointDir, MetricsWriter, RunDir
@@ -19,6 +20,7 @@ from launcher.worker.engines import build_engine, build_optimizer
 from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh
 from launcher.usercode import recipe_for
 from launcher.worker.recompute import apply_recompute
+from launcher.worker.sharding import observed_shapes, shard_model
 from launcher.worker.tables import build_tables
 from launcher.worker.trainer import DTYPES, Trainer
 
@@ -39,21 +41,25 @@ def run_rank(path: str | Path) -> None:
     dist.init_process_group(backend=plan.backend)  # env:// rendezvous on the launcher's TCPStore
     mesh, dp = build_mesh(plan.dims, device.type)
     rank_dir.mesh.write_text(json.dumps(describe_mesh(mesh, plan.dims), indent=2))
-    trainer = build_trainer(plan, dp, device, rank)
+    trainer = build_trainer(plan, dp, device, rank, mesh)
     if plan.resume_from:
         trainer.load(CheckpointDir(plan.resume_from))
     metrics = MetricsWriter(rank_dir)
     try:
         trainer.fit(run_dir, rank_dir, metrics)
+        if plan.sharding is not None:
+            rank_dir.sharding.write_text(json.dumps(observed_shapes(trainer.model), indent=2))
         dist.barrier()
     finally:
         metrics.close()
     dist.destroy_process_group()
 
 
-def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank: int) -> Trainer:
+def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank: int,
+                  mesh: DeviceMesh | None = None) -> Trainer:
     """The recipe's model, loss and data from the plan's specs; the tables the plan keeps outside the engine are
-    swapped for lookups (``build_tables``), and the engine wraps the model. Needs the process group (and the dp group) to exist."""
+    swapped for lookups (``build_tables``), a sharding plan is applied on the mesh's tp dim (``shard_model``), and
+    the engine wraps the model. Needs the process group (and the dp group, and the mesh with sharding) to exist."""
     torch.manual_seed(plan.seed)
     model = instantiate(plan.model)
     loss_fn = instantiate(plan.loss)
@@ -70,5 +76,7 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
     tables = None
     if plan.placement.sparse_tables:  # tables train outside the engine; the engine gets the rest of the model
         tables = build_tables(model, plan.placement.tables, device, DTYPES[plan.precision], dp.group)
+    if plan.sharding is not None:
+        shard_model(model, plan.sharding, mesh["tp"])
     engine = build_engine(plan, model, device, dp.group)
     return Trainer(plan, engine, model, tables, loss_fn, data, dp, device, rank)

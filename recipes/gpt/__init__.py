@@ -9,7 +9,7 @@ of model ZeRO-Offload is made for: ``optimizer.target=CPU precision=bf16`` train
 
 from dataclasses import asdict, dataclass
 
-from launcher.contract import DataFacts
+from launcher.contract import DataFacts, Operator
 from launcher.recipes.gpt import markov, sizes
 
 
@@ -102,6 +102,26 @@ class GPTRecipe:
     def layers(self, model) -> list:
         """embedding, block.0 ... block.{n-1}, head: running them in order is the model's forward."""
         return model.named_layers()
+
+
+    def tp_plan(self, model: dict, tp: int) -> tuple[list[Operator], list[str]]:
+        """parallel.tp: Megatron-style tensor parallel in every block. Attention's fused qkv is column-split by heads
+        (each rank keeps the q, k and v of its heads together), its out row-split; the MLP's first Linear
+        column-split, its second row-split. Embeddings, norms and the head stay replicated."""
+        w, r, t = model["width"], model["mlp_ratio"], model["seq_len"] - 1
+        problems = []
+        if model["heads"] % tp:
+            problems.append(f"parallel.tp={tp} splits attention by heads, and model.heads={model['heads']} is not "
+                            f"divisible by {tp}. Set model.heads to a multiple of {tp} that divides model.width "
+                            f"({w}), or parallel.tp to a divisor of {model['heads']}.")
+        ops = []
+        for i in range(model["layers"]):
+            p = f"blocks.{i}"
+            ops += [Operator(f"{p}.attn.qkv", "colwise_qkv", "matmul", w, 3 * w, ("model.width", "model.width"), t),
+                    Operator(f"{p}.attn.out", "rowwise", "matmul", w, w, ("model.width", "model.width"), t),
+                    Operator(f"{p}.mlp.0", "colwise", "matmul", w, r * w, ("model.width", "model.mlp_ratio"), t),
+                    Operator(f"{p}.mlp.2", "rowwise", "matmul", r * w, w, ("model.mlp_ratio", "model.width"), t)]
+        return ops, problems
 
 
 def _divisor(width: int, heads: int) -> int:

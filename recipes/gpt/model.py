@@ -32,15 +32,17 @@ class Attention(nn.Module):
         super().__init__()
         if width % heads:
             raise ValueError(f"width={width} is not a multiple of heads={heads}.")
-        self.heads, self.dropout = heads, dropout
+        self.heads, self.head_dim, self.dropout = heads, width // heads, dropout
         self.qkv = nn.Linear(width, 3 * width)
         self.out = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, w = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
+        """Heads are counted from qkv's output: under tensor parallel a rank computes only its heads, their q, k and
+        v together (launcher/worker/sharding.py orders qkv's rows so)."""
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(b, t, w))
+        return self.out(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class Block(nn.Module):

@@ -3,7 +3,7 @@ on a fixed set of random inputs and labels. The smallest real job: it proves the
 
 from dataclasses import asdict, dataclass
 
-from launcher.contract import DataFacts
+from launcher.contract import DataFacts, Operator
 
 
 @dataclass
@@ -67,6 +67,18 @@ class Quickstart:
 
     def layers(self, model) -> list:
         return [("fc1", model.fc1), ("relu", model.relu), ("fc2", model.fc2)]
+
+    def operators(self, model: dict) -> list[Operator]:
+        """The forward as a chain for parallel.sharding: fc1 (matmul), relu, fc2 (matmul_1)."""
+        i, h, o = model["in_features"], model["hidden"], model["out_features"]
+        return [Operator("fc1", "matmul", "matmul", i, h, ("model.in_features", "model.hidden")),
+                Operator("relu", "elementwise", "relu", h, h, ("model.hidden", "model.hidden")),
+                Operator("fc2", "matmul", "matmul", h, o, ("model.hidden", "model.out_features"))]
+
+    def tp_plan(self, model: dict, tp: int) -> tuple[list[Operator], list[str]]:
+        """parallel.tp alone: Megatron's MLP, fc1 column-split, fc2 row-split (one all-reduce per forward)."""
+        fc1, _, fc2 = self.operators(model)
+        return [Operator(**{**fc1.__dict__, "kind": "colwise"}), Operator(**{**fc2.__dict__, "kind": "rowwise"})], []
 
 
 RECIPE = Quickstart()

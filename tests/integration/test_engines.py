@@ -90,7 +90,8 @@ def test_dp2_tp2_mesh_groups_match_the_plan(tmp_path):
         assert mesh["groups"] == {"pp": [r["rank"]], "dp": dp_group, "tp": tp_group}
     assert [m["groups"]["dp"] for m in (json.loads((four / f"rank.{k}/mesh.json").read_text()) for k in range(4))] == [
         [0, 2], [1, 3], [0, 2], [1, 3]]
-    # tp partners hold the same replica and see the same batch: the run is the dp=2 run, step for step.
+    # tp partners share one replica (quickstart's tp plan: fc1 column-split, fc2 row-split) and see the same batch:
+    # the run is the dp=2 run, step for step.
     two = run(tmp_path, "two", [*QUICKSTART, "cluster.nproc_per_node=2"])
     assert_close(losses(two), losses(four), rel=1e-5)
     assert_close(losses(four, 0), losses(four, 1), rel=0)  # tp partners, in different dp groups

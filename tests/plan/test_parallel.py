@@ -41,7 +41,8 @@ def test_four_ranks_as_dp2_tp2(cpu_host):
     assert (plan.dims.dp, plan.dims.pp, plan.dims.tp) == (2, 1, 2)
     assert [r.coords for r in plan.ranks] == [{"pp": 0, "dp": d, "tp": t} for d in (0, 1) for t in (0, 1)]
     assert plan.batch.global_size == 8 * 2  # data parallel over dp only: tp partners see the same batch
-    assert plan.engine == "ddp" and any("parallel.tp=2" in n for n in plan.notes)
+    assert plan.engine == "tensor_parallel" and plan.sharding.source == "parallel.tp"
+    assert any(n.startswith("parallel.engine=auto -> tensor_parallel") for n in plan.notes), plan.notes
 
 
 @pytest.mark.parametrize(
@@ -66,10 +67,10 @@ def test_auto_engine_says_why(overrides, engine, why, cpu_host):
         (["parallel.engine=ddp", "zero.stage=2"],
          r"parallel.engine=ddp runs plain data parallelism in fp32; this run asks for zero.stage=2\. "
          r"Set parallel.engine=deepspeed"),
-        (["parallel.engine=dpp"], r"parallel.engine=dpp is not one of auto, ddp, deepspeed\. Did you mean "
-                                  r"parallel.engine=ddp\?"),
+        (["parallel.engine=dpp"], r"parallel.engine=dpp is not one of auto, ddp, deepspeed, tensor_parallel\. Did you "
+                                  r"mean parallel.engine=ddp\?"),
         (["parallel.engine=deepspeed", "cluster.nproc_per_node=4", "parallel.tp=2", "batch.micro_size=8"],
-         r"parallel.engine=deepspeed with dp\(2\) < world_size 4"),
+         r"parallel.engine=deepspeed with parallel.tp=2: op-level sharding runs on the tensor_parallel engine"),
         (["tables.deep_embedding.optimizer=lazyadam"],
          r"tables.deep_embedding.optimizer=lazyadam is not one of lazy_adam, sparse_adam, ftrl, dense\. "
          r"Did you mean tables.deep_embedding.optimizer=lazy_adam\?"),
