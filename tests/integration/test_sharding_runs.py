@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_engines import losses, plan_of_run, run
+from tests.integration.test_engines import assert_mesh_groups_match_the_plan, losses, plan_of_run, run
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +58,7 @@ def test_gpt_tp2_dp2_matches_one_process(tmp_path):
     one = run(tmp_path, "one", ["recipe=gpt", *SMOKE, "cluster.nproc_per_node=1"])
     plan = check_run(four)
     assert (plan["dims"]["dp"], plan["dims"]["tp"], plan["engine"]) == (2, 2, "tensor_parallel")
+    assert_mesh_groups_match_the_plan(four)
     a = losses(one)
     assert a[6] < a[1]
     d = worst(a, losses(four))

@@ -125,7 +125,7 @@ def test_bad_strategies_are_refused_before_launch(overrides, message):
          r"parallel.tp=2 splits attention by heads, and model.heads=3 is not divisible by 2\."),
         (["recipe=gpt", "parallel.sharding={fc1: [[1,2],[2,1]]}"],
          r"parallel.sharding: recipe gpt does not list its operators for op-level sharding"),
-        (["recipe=resnet", "parallel.tp=2"], r"parallel.tp=2: recipe resnet has no tensor-parallel plan"),
+        (["recipe=resnet", "parallel.tp=2", "parallel.pipeline_stages=1"], r"parallel.tp=2: recipe resnet has no tensor-parallel plan"),
         (["recipe=gpt", "parallel.tp=2", "recompute=[all]"], r"recompute with parallel.tp=2 is not supported with "
                                                               r"tensor parallel yet"),
     ],
