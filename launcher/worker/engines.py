@@ -3,7 +3,10 @@
 Every engine follows ``Engine``: call it for a micro-batch's forward, ``backward(loss)``, then ``step()`` after every
 micro-batch (it steps the optimizer at the accumulation boundary and zeroes the gradients), ``state_dict`` /
 ``save`` / ``load``. DeepSpeed's engine already has this shape (``deepspeed.initialize``); torch DDP gets it from
-``DDPEngine``. The plan chose the engine (``launcher.plan.registry.ENGINES``).
+``DDPEngine``, DTensor tensor parallelism from ``launcher.worker.tensor_parallel``. A pipeline
+(``launcher.worker.pipeline``) runs a whole step's micro-batches through its schedule: it says
+``drives_schedule = True`` and the Trainer calls its ``train_batch`` instead. The plan chose the engine
+(``launcher.plan.registry.ENGINES``).
 """
 
 from __future__ import annotations
@@ -90,7 +93,19 @@ def make_engine(name: str, net: nn.Module, optimizer: torch.optim.Optimizer, *, 
                                          config=config, backend=backend)
 
 
-class DDPEngine:
+class Unscaled:
+    """For engines without loss scaling: gradients carry no scale, and no step is ever skipped."""
+
+    @property
+    def loss_scale(self) -> float:
+        return 1.0
+
+    @property
+    def step_skipped(self) -> bool:
+        return False
+
+
+class DDPEngine(Unscaled):
     """torch DistributedDataParallel over the dp group, with DeepSpeed's micro-batch protocol: the gradient
     all-reduce runs only in the boundary micro-batch's backward, the loss is divided by grad_accum."""
 
@@ -120,14 +135,6 @@ class DDPEngine:
         if self._micro % self._accum == 0:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-
-    @property
-    def loss_scale(self) -> float:
-        return 1.0
-
-    @property
-    def step_skipped(self) -> bool:
-        return False
 
     def train(self, mode: bool = True) -> Any:
         return self._ddp.train(mode)

@@ -22,6 +22,7 @@ from torch import nn
 
 from launcher.plan.pipeline import PipelinePlan
 from launcher.rundir import CheckpointDir
+from launcher.worker.engines import Unscaled
 
 
 class Stage(nn.Module):
@@ -56,7 +57,7 @@ def _tied_parameter(stage: Stage, paths: tuple[str, ...]) -> nn.Parameter | None
     return None
 
 
-class PipelineEngine:
+class PipelineEngine(Unscaled):
     """The Engine seam for a pipeline: DeepSpeed drives the micro-batches itself, so the Trainer calls
     ``train_batch`` with a step's micro-batches instead of forward/backward/step per micro-batch."""
 
@@ -115,14 +116,6 @@ class PipelineEngine:
     def eval_loss(self, batch: tuple[Any, Any]) -> torch.Tensor:
         """The loss of one held-out micro-batch (the last stage computes it; every stage gets it)."""
         return self._ds.eval_batch(iter([batch]), num_micro_batches=1).reshape(())
-
-    @property
-    def loss_scale(self) -> float:
-        return 1.0
-
-    @property
-    def step_skipped(self) -> bool:
-        return False
 
     def train(self, mode: bool = True) -> Any:
         return self._ds.train(mode)

@@ -18,6 +18,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from launcher.rundir import CheckpointDir
+from launcher.worker.engines import Unscaled
 
 
 def _local(t: Any) -> Any:
@@ -32,7 +33,7 @@ def _like(saved: torch.Tensor, live: Any) -> Any:
     return saved
 
 
-class TensorParallelEngine:
+class TensorParallelEngine(Unscaled):
     def __init__(self, net: nn.Module, optimizer: torch.optim.Optimizer, *, device: torch.device, dp_group,
                  grad_accum: int, **_: Any) -> None:
         self.module = net.to(device)
@@ -67,14 +68,6 @@ class TensorParallelEngine:
             self._average_gradients()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-
-    @property
-    def loss_scale(self) -> float:
-        return 1.0
-
-    @property
-    def step_skipped(self) -> bool:
-        return False
 
     def train(self, mode: bool = True) -> Any:
         return self.module.train(mode)
