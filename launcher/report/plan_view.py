@@ -36,7 +36,7 @@ def sharding_table(sh: ShardingPlan) -> Table:
     how = f"{sh.source}, {sh.search_mode}" if sh.search_mode else sh.source
     t = Table(title=f"sharding ({how}; dp {sh.dp} × tp {sh.tp}; w as (in, out))", title_justify="left")
     for col in ("operator", "strategy", "global shapes", "local shapes (per rank)", "collectives inserted"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a narrow terminal or a CI log wraps cells, never cuts them
     for op in sh.ops:
         t.add_row(f"{op.name} ({op.alias})", strategy_words(op), shapes_words(op.global_shapes),
                   shapes_words(op.local_shapes, op.partial), "; ".join(op.collectives) or "none")
