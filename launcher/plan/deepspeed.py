@@ -41,6 +41,9 @@ _ROWS: list[tuple[str, Callable[[DeepSpeedInputs], Any]]] = [
     ("gradient_accumulation_steps", lambda p: p.grad_accum),
     ("steps_per_print", lambda p: p.log_every),
     ("wall_clock_breakdown", lambda p: False),
+    # DeepSpeed clips the global gradient norm at 1.0 unless told otherwise; torch DDP and the DTensor engine do not
+    # clip, and the same run must take the same steps on every engine (a pipeline of resnet took 1/5 of DDP's step).
+    ("gradient_clipping", lambda p: 0.0),
     ("zero_optimization.stage", lambda p: p.zero_stage),
     ("zero_optimization.offload_optimizer",
      lambda p: {"device": "cpu", "pin_memory": p.pin_memory} if p.offload_optimizer else _SKIP),

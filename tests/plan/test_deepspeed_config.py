@@ -42,6 +42,7 @@ def test_deepspeed_parses_our_config(recipe, stage, precision, cpu_host):
     assert ds.train_micro_batch_size_per_gpu == plan.batch.micro_size
     assert ds.gradient_accumulation_steps == plan.batch.grad_accum
     assert ds.zero_optimization_stage == stage
+    assert ds.gradient_clipping == 0.0  # DeepSpeed's default clips at 1.0; DDP does not clip
     assert ds.bfloat16_config.enabled == (precision == "bf16")
     assert not ds.float16_config.enabled
 
