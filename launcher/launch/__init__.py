@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -31,25 +33,34 @@ def _start_run_dir(cfg: DictConfig, plan: RunPlan) -> RunDir:
     return run_dir
 
 
+def _raise_signal(signum: int, _frame) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+
 def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     """Run the plan on this host; returns the launcher's exit code (0 = every rank finished)."""
     from launcher.launch.engine import host_store, rank_envs, spawn_ranks
     from launcher.launch.ops import build_ops
     from launcher.launch.progress import ProgressView
-    from launcher.launch.supervise import supervise
+    from launcher.launch.supervise import SignalException, supervise
     from launcher.report.junit import write_junit
     from launcher.report.summary import build_summary, failure_report, summary_table
 
     # torch elastic logs each SIGTERM it sends and each failure; the failure report below says it once, better.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # as torch elastic does once the ranks start: an exception, not death
+        signal.signal(sig, _raise_signal)
     run_dir = _start_run_dir(cfg, plan)
     console.print(f"run dir: {run_dir.path}")
     t0 = time.monotonic()
     plan_dict = plan.to_dict()
     try:
         build_ops(plan, run_dir, console)
-    except (RuntimeError, KeyboardInterrupt) as e:
-        interrupted = isinstance(e, KeyboardInterrupt)
+    except (RuntimeError, KeyboardInterrupt, SignalException) as e:
+        interrupted = not isinstance(e, RuntimeError)
+        signum = e.sigval if isinstance(e, SignalException) else signal.SIGINT
         console.print("[yellow]interrupted while building DeepSpeed's ops; no rank started[/yellow]" if interrupted
                       else f"[red]{e}[/red]")
         exits = [{"rank": r.rank, "exit_code": None} for r in plan.ranks]
@@ -57,7 +68,7 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
                                 time.monotonic() - t0)
         run_dir.write_summary(summary)
         write_junit(run_dir, summary, cfg.output.stderr_tail)
-        return 130 if interrupted else 1
+        return 128 + signum if interrupted else 1
     store = host_store(plan)  # held open for the whole run: the ranks rendezvous on it
     envs = rank_envs(plan, run_dir, store.port)
     write_rank_env(run_dir, envs)
@@ -72,11 +83,16 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     ok = not outcome.interrupted and all(e["exit_code"] == 0 for e in exits)
     status = "ok" if ok else ("interrupted" if outcome.interrupted else "failed")
     summary = build_summary(run_dir, plan_dict, exits, status, time.monotonic() - t0)
+    if outcome.signal is not None:
+        summary["interrupted_by"] = signal.Signals(outcome.signal).name
     run_dir.write_summary(summary)
     write_junit(run_dir, summary, cfg.output.stderr_tail)
     console.print(summary_table(summary))
+    if outcome.signal is not None:
+        console.print(f"[yellow]interrupted by {signal.Signals(outcome.signal).name}: every rank was stopped; logs, "
+                      f"metrics and checkpoints so far are in {run_dir.path}[/yellow]")
     if outcome.first_failed is not None:
         failed_rank = by_local[outcome.first_failed]
         console.print(failure_report(run_dir, summary, failed_rank, cfg.output.stderr_tail))
     console.print(f"summary: {run_dir.summary}")
-    return 0 if ok else (130 if outcome.interrupted else 1)
+    return 0 if ok else (128 + outcome.signal if outcome.signal is not None else 1)

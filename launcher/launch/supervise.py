@@ -1,4 +1,8 @@
-"""Watch the ranks until all finish or one fails; then stop the rest (SIGTERM, then SIGKILL) and say who did what."""
+"""Watch the ranks until all finish or one fails; then stop the rest (SIGTERM, then SIGKILL) and say who did what.
+
+A signal to the launcher (Ctrl-C, ``kill``) stops every rank the same way: torch elastic turns SIGINT, SIGTERM, SIGHUP
+and SIGQUIT into ``SignalException`` once the ranks are started (``launch_run`` does the same before), and a second
+signal while the ranks are being stopped escalates to SIGKILL."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch.distributed.elastic.multiprocessing import PContext
+from torch.distributed.elastic.multiprocessing.api import SignalException
 
 STOP_TIMEOUT_S = 10  # between SIGTERM and SIGKILL
 
@@ -27,11 +32,21 @@ class Outcome:
     first_failed: int | None
     """Local rank whose failure ended the run, if any."""
     interrupted: bool
+    signal: int | None = None
+    """The signal that interrupted the launcher (SIGINT for Ctrl-C); the exit code is 128 + it."""
+
+
+def _stop(pc: PContext) -> None:
+    """SIGTERM to every rank's process group, SIGKILL after STOP_TIMEOUT_S; a second signal meanwhile: SIGKILL now."""
+    try:
+        pc.close(death_sig=signal.SIGTERM, timeout=STOP_TIMEOUT_S)
+    except (KeyboardInterrupt, SignalException):
+        pc.close(death_sig=signal.SIGKILL, timeout=1)
 
 
 def supervise(pc: PContext, nprocs: int, on_tick: Callable[[], None], period_s: float = 0.1) -> Outcome:
     """Poll the ranks every period_s, calling on_tick (progress) each time, until the run is over."""
-    interrupted = False
+    signum = None
     result = None
     try:
         while result is None:
@@ -40,10 +55,13 @@ def supervise(pc: PContext, nprocs: int, on_tick: Callable[[], None], period_s: 
             if result is None:
                 time.sleep(period_s)
     except KeyboardInterrupt:
-        interrupted = True
+        signum = signal.SIGINT
+    except SignalException as e:
+        signum = e.sigval
     finally:
         if result is None:
-            pc.close(death_sig=signal.SIGTERM, timeout=STOP_TIMEOUT_S)
+            _stop(pc)
+    interrupted = signum is not None
     failures = result.failures if result is not None else {}
     first = None
     if failures:
@@ -60,7 +78,8 @@ def supervise(pc: PContext, nprocs: int, on_tick: Callable[[], None], period_s: 
             code = _returncode(pc, local_rank)
         stopped = (first is not None and local_rank != first and local_rank in failures) or interrupted
         exits.append(RankExit(local_rank=local_rank, exit_code=code, stopped_by_launcher=stopped))
-    return Outcome(exits=tuple(exits), first_failed=first, interrupted=interrupted)
+    return Outcome(exits=tuple(exits), first_failed=first, interrupted=interrupted,
+                   signal=int(signum) if signum is not None else None)
 
 
 def _returncode(pc: PContext, local_rank: int) -> int | None:

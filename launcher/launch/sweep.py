@@ -3,12 +3,13 @@
 Every job is composed and planned before the first one starts, so a bad value in job 5 fails the sweep in the
 first second. Then the jobs run in turn, each in its own run dir under one sweep dir (``<log_dir>/<sweep_id>/<n>/``,
 ``<log_dir>/latest`` -> the sweep); a failed job does not stop the others; the sweep ends with a table and
-``sweep.json`` and exits 1 if any job failed (130 when interrupted: the jobs after it do not start).
+``sweep.json`` and exits 1 if any job failed (128 + the signal when interrupted: the jobs after it do not start).
 ``check`` plans the jobs and starts nothing: with no recipe given, every recipe there is.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,8 @@ def check_jobs(overrides: list[str], config_dir: str | None, console: Console) -
 
 def run_sweep(overrides: list[str], config_dir: str | None, console: Console) -> int:
     """``hetero-launch -m ...``: plan every job, then run them in turn (or write their dry runs)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # what SIGTERM raises (launch_run)
+
     from launcher.launch import launch_run, write_dry_run
 
     t0 = time.monotonic()
@@ -132,16 +135,18 @@ def run_sweep(overrides: list[str], config_dir: str | None, console: Console) ->
                 code = launch_run(j.cfg, j.plan, console)
                 run_dir = RunDir(sweep.path / str(j.number))
             results.append(_result(j, run_dir, code, time.monotonic() - started))
-            if code == 130:
+            if code > 128:  # interrupted by a signal (130 Ctrl-C, 143 SIGTERM)
                 break
-    except KeyboardInterrupt:  # between jobs (a job's own run handles it and returns 130)
+    except (KeyboardInterrupt, SignalException) as e:  # between jobs (a job's own run handles it: 128 + signal)
+        code = 128 + (e.sigval if isinstance(e, SignalException) else signal.SIGINT)
         console.print("[yellow]interrupted: the jobs after this one do not start[/yellow]")
         results.append({"job": jobs[len(results)].number, "overrides": jobs[len(results)].overrides,
-                        "status": "interrupted", "exit_code": 130})
+                        "status": "interrupted", "exit_code": code})
     for j in jobs[len(results):]:
         results.append({"job": j.number, "overrides": j.overrides, "status": "not run", "exit_code": None})
     failed = [r for r in results if r["exit_code"] != 0]
-    code = 130 if any(r["exit_code"] == 130 for r in results) else (1 if failed else 0)
+    signalled = [r["exit_code"] for r in results if (r["exit_code"] or 0) > 128]
+    code = signalled[0] if signalled else (1 if failed else 0)
     sweep.write({"sweep_id": sweep.name, "status": "ok" if code == 0 else "failed", "exit_code": code,
                  "wall_s": round(time.monotonic() - t0, 2), "jobs": results})
     console.print(_table(sweep, results, time.monotonic() - t0))

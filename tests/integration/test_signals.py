@@ -1,0 +1,48 @@
+"""A signal to the launcher (Ctrl-C = SIGINT, `kill` = SIGTERM) while ranks train: every rank is stopped, the summary
+says `interrupted` and by what, the exit code is 128 + the signal, and no traceback is printed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_every_rank_and_writes_the_summary(tmp_path, sig, code):
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "recipe=quickstart", "trainer.steps=1000000", "trainer.log_every=1",
+         "trainer.checkpoint_every=-1", "eval.batches=0"],
+        cwd=tmp_path, env={**os.environ, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "log_output" / "latest" / "rank.1" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 3):  # both ranks are training
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.2)
+    run_dir = (tmp_path / "log_output" / "latest").resolve()
+    pids = [int((run_dir / f"rank.{r}" / "pid").read_text()) for r in (0, 1)]
+    t0 = time.monotonic()
+    launcher.send_signal(sig)
+    out, err = launcher.communicate(timeout=60)
+    stop_s = time.monotonic() - t0
+    print(f"{sig.name}: launcher exited {launcher.returncode} after {stop_s:.1f} s")
+    assert launcher.returncode == code, out[-2000:] + err[-2000:]
+    assert "Traceback" not in out + err and f"interrupted by {sig.name}" in out
+    assert not any(_alive(p) for p in pids)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == sig.name
+    assert (run_dir / "junit.xml").exists()
+    assert stop_s < 15
