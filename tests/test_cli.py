@@ -80,3 +80,17 @@ def test_resume_from_a_folder_that_is_no_checkpoint(tmp_path):
     res = run_cli(["recipe=quickstart", f"trainer.resume_from={tmp_path}"], tmp_path)
     assert res.returncode == 2 and "cannot be read" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "log_output").exists()
+
+
+def test_a_busy_master_port_exits_2_before_any_run_dir(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = run_cli(["recipe=quickstart", f"cluster.master_port={port}"], tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"cluster.master_port={port} on cluster.master_addr=127.0.0.1: the launcher cannot listen there" in res.stderr
+    assert "set cluster.master_port=0 (a free port, the default)" in res.stderr
+    assert not (tmp_path / "log_output").exists()

@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
+from launcher.errors import ConfigError, first_line
 from launcher.launch.record import write_rank_env, write_run_files
 from launcher.plan import RunPlan
 from launcher.rundir import RunDir, create_run_dir, point_latest
@@ -39,9 +40,26 @@ def _raise_signal(signum: int, _frame) -> None:
     raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
 
+def _bind_store(plan: RunPlan):
+    """The launcher's rendezvous store on the planned address and port; a port in use or an address this host cannot
+    bind is bad input (exit 2), found before the run dir or any rank exists."""
+    from torch.distributed import DistNetworkError
+
+    from launcher.launch.engine import host_store
+
+    env = plan.ranks[0].env
+    try:
+        return host_store(plan)
+    except DistNetworkError as e:
+        port = f"cluster.master_port={env['MASTER_PORT']}"
+        raise ConfigError(f"{port} on cluster.master_addr={env['MASTER_ADDR']}: the launcher cannot listen there "
+                          f"({first_line(e)}). The port is in use or the address is not this host's: set "
+                          f"cluster.master_port=0 (a free port, the default) or another port.") from None
+
+
 def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     """Run the plan on this host; returns the launcher's exit code (0 = every rank finished)."""
-    from launcher.launch.engine import host_store, rank_envs, spawn_ranks
+    from launcher.launch.engine import rank_envs, spawn_ranks
     from launcher.launch.ops import build_ops
     from launcher.launch.progress import ProgressView
     from launcher.launch.supervise import SignalException, supervise
@@ -52,6 +70,7 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     for sig in (signal.SIGTERM, signal.SIGHUP):  # as torch elastic does once the ranks start: an exception, not death
         signal.signal(sig, _raise_signal)
+    store = _bind_store(plan)  # held open for the whole run: the ranks rendezvous on it; a busy port stops us here
     run_dir = _start_run_dir(cfg, plan)
     console.print(f"run dir: {run_dir.path}")
     t0 = time.monotonic()
@@ -69,7 +88,6 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
         run_dir.write_summary(summary)
         write_junit(run_dir, summary, cfg.output.stderr_tail)
         return 128 + signum if interrupted else 1
-    store = host_store(plan)  # held open for the whole run: the ranks rendezvous on it
     envs = rank_envs(plan, run_dir, store.port)
     write_rank_env(run_dir, envs)
     pc = spawn_ranks(plan, run_dir, envs)
