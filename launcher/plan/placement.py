@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, unknown
+from launcher.plan.values import number_problems
 from launcher.schema import TableConfig
 
 CPU_IMPLS = ("torch", "deepspeed")
@@ -109,11 +110,11 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
                 eps=d.eps, l1=d.l1, l2=d.l2, lr_power=d.lr_power, initial_accumulator=d.initial_accumulator,
             )
         )
-        if opt != "dense" and (d.lr <= 0 or d.l1 < 0 or d.l2 < 0 or d.lr_power > 0 or d.initial_accumulator <= 0):
-            problems.append(
-                f"tables.{name}: needs lr > 0, l1 >= 0, l2 >= 0, lr_power <= 0, initial_accumulator > 0; got lr={d.lr}, "
-                f"l1={d.l1}, l2={d.l2}, lr_power={d.lr_power}, initial_accumulator={d.initial_accumulator}."
-            )
+        if opt != "dense":
+            problems += number_problems(f"tables.{name}", {
+                "lr": (d.lr, "positive"), "l1": (d.l1, "non_negative"), "l2": (d.l2, "non_negative"),
+                "lr_power": (d.lr_power, "non_positive"), "initial_accumulator": (d.initial_accumulator, "positive"),
+                "eps": (d.eps, "positive"), "betas[0]": (d.betas[0], "unit"), "betas[1]": (d.betas[1], "unit")})
     dense = [t.name for t in tables if t.optimizer == "dense"]
     if dense and len(dense) != len(tables):
         problems.append(

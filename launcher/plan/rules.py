@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import re
+
 from omegaconf import DictConfig
 
 from launcher.plan.registry import DENSE_OPTIMIZERS, unknown
+from launcher.plan.values import number_problems
 from launcher.plan.types import HostFacts
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 BACKENDS = ("auto", "gloo", "nccl")
 _LATER = "is not supported yet (planned: {what})."  # for features of later milestones
+
+
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_output(o: DictConfig) -> list[str]:
+    """output.run_name is one folder name inside output.log_dir: no separators, no '..', not 'latest'."""
+    name = str(o.run_name)
+    if name and (not RUN_NAME.fullmatch(name) or name == "latest" or ".." in name):
+        return [f"output.run_name={name} must be one folder name inside output.log_dir: letters, digits, '.', '_' "
+                f"and '-', starting with a letter or digit, no '..', not 'latest'. E.g. output.run_name=exp1."]
+    return []
 
 
 def resolve_nproc(value: str, host: HostFacts) -> tuple[int, str]:
@@ -123,8 +138,11 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     o = cfg.optimizer  # target, cpu_impl and placement.*: plan/placement.py
     if o.name not in DENSE_OPTIMIZERS:
         p.append(unknown("optimizer.name", o.name, DENSE_OPTIMIZERS))
-    if o.lr <= 0:
-        p.append(f"optimizer.lr={o.lr} must be > 0.")
+    p += number_problems("optimizer", {"lr": (o.lr, "positive"), "momentum": (o.momentum, "non_negative"),
+                                       "eps": (o.eps, "positive"), "weight_decay": (o.weight_decay, "non_negative")})
     if len(o.betas) != 2:
         p.append(f"optimizer.betas={list(o.betas)} must be two numbers, e.g. optimizer.betas=[0.9,0.999].")
+    else:
+        p += number_problems("optimizer", {"betas[0]": (o.betas[0], "unit"), "betas[1]": (o.betas[1], "unit")})
+    p += check_output(cfg.output)
     return p

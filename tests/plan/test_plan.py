@@ -125,3 +125,23 @@ def test_planning_imports_neither_torch_nor_deepspeed():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optimizer.lr=nan", r"optimizer.lr=nan must be a finite number > 0\."),
+        ("optimizer.lr=inf", r"optimizer.lr=inf must be a finite number > 0\."),
+        ("optimizer.momentum=-0.5", r"optimizer.momentum=-0.5 must be a finite number >= 0\."),
+        ("optimizer.eps=0", r"optimizer.eps=0.0 must be a finite number > 0\."),
+        ("optimizer.betas=[0.9,1.0]", r"optimizer.betas\[1\]=1.0 must be a finite number in \[0, 1\)\."),
+        ("tables.deep_embedding.lr=-1", r"tables.deep_embedding.lr=-1.0 must be a finite number > 0\."),
+        ("tables.wide_embedding.lr_power=0.5", r"tables.wide_embedding.lr_power=0.5 must be a finite number <= 0\."),
+        ("output.run_name=../elsewhere", r"output.run_name=../elsewhere must be one folder name inside output.log_dir"),
+        ("output.run_name=a/b", r"output.run_name=a/b must be one folder name"),
+        ("output.run_name=latest", r"output.run_name=latest must be one folder name"),
+    ],
+)
+def test_hostile_numbers_and_names_are_refused(override, message, cpu_host):
+    with pytest.raises(ConfigError, match=message):
+        plan_of(["recipe=wide_deep", override], cpu_host)
