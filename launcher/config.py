@@ -7,6 +7,7 @@ checked against the composed defaults first, so a user gets every problem at onc
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -59,18 +60,22 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
             cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])  # the usual case: all is well
         except (HydraException, OmegaConfBaseException) as first_error:
             raise ConfigError(_diagnose(parsed, script_mode, users, search) or first_line(first_error)) from None
+        added = _added_unknown_keys(cfg, parsed)
+        if added:
+            raise ConfigError(added)
         if cfg.smoke:
             cfg = _compose_smoke(cfg, overrides, search, script_mode)
-    named = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
-    if chosen and named is not None and named != chosen[0]:
-        raise ConfigError(f"recipe={chosen[0]}: its file sets recipe.name={named}. Set recipe.name to the "
-                          f"file's name, {chosen[0]}.")
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if script_mode:  # the recipe sections stay unset: a script brings its own model, data and loss
-        missing = [k for k in missing if k.split(".")[0] not in ("recipe", "model", "data", "loss")]
-    if missing:
-        raise ConfigError([f"{k} is required and not set. Set it on the command line: {k}=<value>." for k in missing])
-    try:
+    try:  # an interpolation that does not resolve (${nope}) fails in any of these
+        named = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
+        if chosen and named is not None and named != chosen[0]:
+            raise ConfigError(f"recipe={chosen[0]}: its file sets recipe.name={named}. Set recipe.name to the "
+                              f"file's name, {chosen[0]}.")
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if script_mode:  # the recipe sections stay unset: a script brings its own model, data and loss
+            missing = [k for k in missing if k.split(".")[0] not in ("recipe", "model", "data", "loss")]
+        if missing:
+            raise ConfigError([f"{k} is required and not set. Set it on the command line: {k}=<value>."
+                               for k in missing])
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=not script_mode)
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {first_line(e)}. Set it on the command line: {e.full_key}=<value>.") from None
@@ -167,6 +172,35 @@ def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), searc
         if o.key_or_group in groups or o.key_or_group.startswith("hydra"):
             continue
         problems += _check_value_override(base, o.key_or_group, o.value(), o.input_line, o.is_delete())
+    return problems
+
+
+def _added_unknown_keys(cfg: DictConfig, parsed) -> list[str]:
+    """``+key=value`` / ``++key=value`` that Hydra accepted into a typed section (a dataclass of the schema), where no
+    such field exists: a typo would otherwise be silently ignored. Open sections (dicts: tables, placement.tables,
+    parallel.stages, smoke_profile, a recipe of yours' model and data) take new keys."""
+    groups = set(GlobalHydra.instance().config_loader().list_groups(""))
+    problems = []
+    for o in parsed:
+        key = o.key_or_group
+        if not (o.is_add() or o.is_force_add()) or key in groups or key.startswith("hydra"):
+            continue
+        parts = key.split(".")
+        node = cfg
+        for i, part in enumerate(parts):
+            kind = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+            if kind is None or not dataclasses.is_dataclass(kind):
+                break  # an open dict (or a list): anything goes beneath
+            fields = [f.name for f in dataclasses.fields(kind)]
+            if part not in fields:
+                where = ".".join(parts[:i]) or "the root"
+                close = difflib.get_close_matches(part, fields, n=1, cutoff=0.6)
+                hint = f" Did you mean {'.'.join([*parts[:i], close[0]])}?" if close else ""
+                problems.append(f"{o.input_line}: {where} has no key {part}, so the value would be ignored.{hint} "
+                                f"Keys there: {', '.join(fields)}.")
+                break
+            node = node._get_node(part)
+            node = node if isinstance(node, DictConfig) else None
     return problems
 
 

@@ -174,7 +174,7 @@ def create_run_dir(log_dir: Path, run_name: str, prefix: str) -> RunDir:
                 return RunDir(path)
             except FileExistsError:
                 continue
-    except PermissionError as e:
+    except OSError as e:  # not writable, a file in the way, a path under /proc, a read-only file system, ...
         raise ConfigError(
             f"output.log_dir={log_dir}: cannot create the run dir there ({e.strerror}). "
             f"Set output.log_dir to a directory you can write."

@@ -53,3 +53,23 @@ def test_missing_recipe_says_how_to_pick_one():
 def test_unparsable_override():
     with pytest.raises(ConfigError, match="could not parse the command line"):
         compose_config(["recipe=wide_deep", "trainer.steps=[1,"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("++some.new_key=1", r"\+\+some.new_key=1: the root has no key some, so the value would be ignored"),
+        ("+trainer.stepz=3", r"\+trainer.stepz=3: trainer has no key stepz, so the value would be ignored\. Did you "
+                             r"mean trainer.steps\?"),
+        ("+model.widht=3", r"\+model.widht=3: model has no key widht.*Did you mean model.width\?"),
+        ("trainer.steps=${nope}", r"trainer.steps: Interpolation key 'nope' not found"),
+    ],
+)
+def test_added_keys_and_broken_interpolations_are_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        compose_config(["recipe=gpt", override])
+
+
+def test_added_keys_in_open_sections_still_work():
+    cfg = compose_config(["recipe=gpt", "++trainer.steps=3", "+parallel.stages.embedding=0"])
+    assert cfg.trainer.steps == 3 and cfg.parallel.stages.embedding == 0
