@@ -219,9 +219,10 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     pipeline = None
     if par.stages and par.pipeline_stages == 1:
         notes.append("parallel.stages is not used: parallel.pipeline_stages=1 (no pipeline)")
-    if dims is not None and dims.pp > 1 and batch is not None:
-        if sizes.layer_params is None:
-            raise ValueError("a pipeline is planned from each layer's parameters: gather_facts gives them")
+    if dims is not None and dims.pp > 1 and batch is not None and sizes.layer_params is None and not problems:
+        problems.append(f"parallel.pipeline_stages={dims.pp}: the model could not be built on the meta device to "
+                        f"count its layers' parameters. Check the model's settings, or set parallel.pipeline_stages=1.")
+    if dims is not None and dims.pp > 1 and batch is not None and sizes.layer_params is not None:
         pipeline, pipeline_problems = plan_pipeline(dims.pp, batch.grad_accum, dict(par.stages), par.partition,
                                                     sizes.layers, sizes.layer_params, sizes.tied)
         problems += pipeline_problems

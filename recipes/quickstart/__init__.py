@@ -49,7 +49,8 @@ class Quickstart:
         return i * h + h + h * o + o
 
     def problems(self, model: dict, data: DataConfig, micro_group: int) -> list[str]:
-        out = []
+        out = [f"model.{k}={model[k]} must be >= 1 (a layer of width 0 trains nothing)."
+               for k in ("in_features", "hidden", "out_features") if model[k] < 1]
         for key in ("in_features", "out_features"):
             if model[key] != getattr(data, key):
                 out.append(

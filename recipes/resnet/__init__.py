@@ -68,6 +68,8 @@ class ResNetRecipe:
     def problems(self, model: dict, data: DataConfig, micro_group: int) -> list[str]:
         out = [f"data.{k}={getattr(data, k)} differs from model.{k}={model[k]}. Set both to the same value."
                for k in ("classes", "channels") if model[k] != getattr(data, k)]
+        out += [f"model.{k}={model[k]} must be >= {low}." for k, low in (("width", 1), ("channels", 1), ("classes", 2))
+                if model[k] < low]
         if len(model["blocks"]) != 4 or min(model["blocks"]) < 1:
             out.append(f"model.blocks={model['blocks']} must give 4 stages of at least one block, e.g. [3, 4, 6, 3].")
         return out

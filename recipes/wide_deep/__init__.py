@@ -130,6 +130,12 @@ class WideDeepRecipe:
         if model["rows_per_table"] < 1 or model["embed_dim"] < 1:
             out.append(f"model.rows_per_table={model['rows_per_table']} and model.embed_dim={model['embed_dim']} "
                        f"must be >= 1.")
+        if model["num_dense"] < 0 or model["num_sparse"] < 1:
+            out.append(f"model.num_dense={model['num_dense']} must be >= 0 and model.num_sparse={model['num_sparse']} "
+                       f">= 1 (the deep part needs a categorical field).")
+        if any(h < 1 for h in model["hidden"]) or any(f < 1 for f in model["field_sizes"]):
+            out.append(f"model.hidden={list(model['hidden'])} and model.field_sizes={list(model['field_sizes'])} "
+                       f"must hold widths >= 1 (a layer of width 0 trains nothing). E.g. model.hidden=[256,128].")
         if isinstance(data, SyntheticDataConfig):
             for key in ("num_dense", "num_sparse", "rows_per_table"):
                 if model[key] != getattr(data, key):

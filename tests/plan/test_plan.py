@@ -145,3 +145,17 @@ def test_planning_imports_neither_torch_nor_deepspeed():
 def test_hostile_numbers_and_names_are_refused(override, message, cpu_host):
     with pytest.raises(ConfigError, match=message):
         plan_of(["recipe=wide_deep", override], cpu_host)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["recipe=quickstart", "model.hidden=0"], r"model.hidden=0 must be >= 1 \(a layer of width 0 trains nothing\)"),
+        (["recipe=resnet", "model.width=0"], r"model.width=0 must be >= 1\."),
+        (["recipe=wide_deep", "model.hidden=[256,0]"], r"model.hidden=\[256, 0\] .* must hold widths >= 1"),
+        (["recipe=gpt", "model.width=0"], r"model.width=0 .* must be >= 1"),
+    ],
+)
+def test_zero_width_layers_are_refused(overrides, message, cpu_host):
+    with pytest.raises(ConfigError, match=message):
+        plan_of(overrides, cpu_host)
