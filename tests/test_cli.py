@@ -94,3 +94,21 @@ def test_a_busy_master_port_exits_2_before_any_run_dir(tmp_path):
     assert f"cluster.master_port={port} on cluster.master_addr=127.0.0.1: the launcher cannot listen there" in res.stderr
     assert "set cluster.master_port=0 (a free port, the default)" in res.stderr
     assert not (tmp_path / "log_output").exists()
+
+
+def test_a_master_addr_that_is_not_this_host_exits_2_at_once(tmp_path):
+    res = run_cli(["recipe=quickstart", "cluster.master_addr=not-a-host.invalid"], tmp_path, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "cluster.master_addr=not-a-host.invalid: not a host name this machine can resolve" in res.stderr
+    assert not (tmp_path / "log_output").exists()
+
+
+def test_an_address_of_another_machine_is_refused():
+    import pytest
+
+    from launcher.errors import ConfigError
+    from launcher.launch import _check_local_address
+
+    _check_local_address("127.0.0.1")
+    with pytest.raises(ConfigError, match=r"cluster.master_addr=192.0.2.1: not an address of this host"):
+        _check_local_address("192.0.2.1")  # TEST-NET-1: documentation only, never a local address
