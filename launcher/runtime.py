@@ -77,6 +77,10 @@ def _finish() -> None:
         _S.metrics.close()
         _S.metrics = None
     if dist.is_initialized():
+        # Every rank reaches the end before any tears its connections down: a rank that destroyed its group while a
+        # peer's gloo thread still talked to it aborted ("terminate called without an active exception", SIGABRT) at
+        # exit after a finished run. The recipe worker does the same before destroy_process_group.
+        dist.barrier()
         dist.destroy_process_group()
 
 
