@@ -63,10 +63,14 @@ class Trainer:
     def forward(self, batch):
         """One micro-batch forward: inputs to the device (tables outside the engine look their rows up where they
         live, inside the model's forward). Returns (output, labels on the device)."""
+        inputs, labels = self._move(batch)
+        return self.engine(*inputs), labels
+
+    def _move(self, batch):
+        """(inputs, labels) of a micro-batch on the device, floats in the run's dtype."""
         inputs, labels = batch
-        moved = tuple(host_to_device(t, self.device, self.dtype) for t in inputs)
-        labels = host_to_device(labels, self.device, self.dtype)
-        return self.engine(*moved), labels
+        return (tuple(host_to_device(t, self.device, self.dtype) for t in inputs),
+                host_to_device(labels, self.device, self.dtype))
 
     def _next_batch(self):
         if self._batches is None:
@@ -120,9 +124,8 @@ class Trainer:
     def _to_device(self, batch):
         """(inputs, labels) on the device in the run's dtype; a single input as itself, not a 1-tuple (what
         DeepSpeed's pipeline hands its first stage)."""
-        inputs, labels = batch
-        moved = tuple(host_to_device(t, self.device, self.dtype) for t in inputs)
-        return (moved[0] if len(moved) == 1 else moved), host_to_device(labels, self.device, self.dtype)
+        inputs, labels = self._move(batch)
+        return (inputs[0] if len(inputs) == 1 else inputs), labels
 
     def evaluate(self) -> dict[str, Any]:
         return evaluate(self)
