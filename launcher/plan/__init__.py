@@ -92,11 +92,11 @@ def _pipeline_conflicts(pp: int, placement: PlacementPlan, zero: int, pipeline: 
     return p
 
 
-def _stage_memory(pipeline: PipelinePlan, placement: PlacementPlan, precision: str, optimizer: str, zero: int,
-                  dp: int, per_sample: dict | None, recompute: tuple[str, ...], micro: int
+def _stage_memory(pipeline: PipelinePlan, whole: MemoryEstimate, placement: PlacementPlan, precision: str,
+                  optimizer: str, zero: int, dp: int, per_sample: dict | None, recompute: tuple[str, ...], micro: int
                   ) -> tuple[PipelinePlan, MemoryEstimate]:
     """Each stage's estimate (its parameters, gradients and optimizer states; its activations for the micro-batches
-    it keeps in flight), and the MemoryEstimate of the whole model whose per-rank bytes are the largest stage's:
+    it keeps in flight), and ``whole`` (the whole model's estimate) with the largest stage's per-rank bytes:
     what one rank of the pipeline holds at most."""
     stages, biggest = [], None
     for s in pipeline.stages:
@@ -108,7 +108,6 @@ def _stage_memory(pipeline: PipelinePlan, placement: PlacementPlan, precision: s
         stages.append(dataclasses.replace(s, state_bytes=est.device.total, activation_bytes=act))
         if biggest is None or s.params > biggest[0]:
             biggest = (s.params, est)
-    whole = estimate_memory(placement, precision, optimizer, zero, dp)
     per_rank = biggest[1]
     return dataclasses.replace(pipeline, stages=tuple(stages)), dataclasses.replace(whole, host=per_rank.host,
                                                                                    device=per_rank.device)
@@ -232,7 +231,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
     activations = _activations(facts.activations, recompute, batch.micro_size)
     memory = estimate_memory(placement, cfg.precision, cfg.optimizer.name, zero, dp)
     if pipeline is not None:
-        pipeline, memory = _stage_memory(pipeline, placement, cfg.precision, cfg.optimizer.name, zero, dp,
+        pipeline, memory = _stage_memory(pipeline, memory, placement, cfg.precision, cfg.optimizer.name, zero, dp,
                                          facts.activations, recompute, batch.micro_size)
 
     eval_metrics = cfg.eval.metrics
