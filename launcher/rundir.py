@@ -6,10 +6,11 @@ Launch, worker and report ask this module for paths, so the layout can change he
         config.yaml plan.json ds_config.json rank_table.json rank_env.json versions.json
         ops_build.log summary.json junit.xml loss.png throughput.png
         checkpoints/step<N>/              CheckpointDir: the engine's files (DeepSpeed's, or engine.pt),
-                                          tables.pt, trainer.<rank>.pt
+                                          tables.pt, trainer.<rank>.pt, checkpoint.json (written last)
         rank.<N>/                         RankDir
             stdout stderr error.json pid last_step metrics.jsonl memory.json tables.json mesh.json
                                           prepared.json (a script's runtime.prepare())
+        attempt.<k>/                      an earlier attempt's rank.<N>/ and plan.json (launcher.max_restarts)
     <log_dir>/latest -> <run> (or a sweep)
     <log_dir>/<sweep_id>/                 SweepDir: sweep.json, one run dir per job (0/, 1/, ...)
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,19 @@ __all__ = ["CheckpointDir", "MetricsWriter", "RankDir", "RunDir", "SweepDir", "c
 
 RUN_DIR_ENV = "HL_RUN_DIR"
 """The variable that tells every rank its run dir (plan.json, rank.N/): ``launcher.runtime`` reads it in a script."""
+
+STACKS_SIGNAL = signal.SIGUSR1
+"""The launcher's watchdog sends it to a stalled job's ranks: each writes every thread's Python stack to its stderr
+(``register_stack_dump``) and goes on."""
+
+
+def register_stack_dump() -> None:
+    """In a rank: dump every thread's Python stack to stderr on STACKS_SIGNAL (faulthandler: works while the rank is
+    blocked in C, e.g. inside a collective)."""
+    import faulthandler
+    import sys
+
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
 
 
 class CheckpointDir:
@@ -70,7 +85,8 @@ class RankDir:
         """Written by torch elastic's @record when the rank raises."""
         self.pid = path / "pid"
         self.heartbeat = path / "last_step"
-        """The last finished step, as text (MetricsWriter.step_done)."""
+        """The last finished step, its time, the rank's RSS and the host's available memory then, as one JSON line
+        rewritten in place (MetricsWriter.step_done): the launcher's watchdog and failure report read it."""
         self.metrics = path / "metrics.jsonl"
         self.memory = path / "memory.json"
         self.tables = path / "tables.json"
@@ -92,11 +108,16 @@ class RankDir:
                 continue
         return out
 
-    def last_step(self) -> int:
+    def read_heartbeat(self) -> dict[str, Any]:
+        """{step, time, rss, host_available} (bytes; {} before the first finished step or while being rewritten)."""
         try:
-            return int(self.heartbeat.read_text())
+            beat = json.loads(self.heartbeat.read_text())
         except (OSError, ValueError):
-            return 0
+            return {}
+        return beat if isinstance(beat, dict) else {}
+
+    def last_step(self) -> int:
+        return int(self.read_heartbeat().get("step", 0))
 
     def error_message(self) -> str:
         """The message of error.json, or '' when there is none."""
@@ -131,6 +152,24 @@ class RunDir:
 
     def checkpoint(self, step: int) -> CheckpointDir:
         return CheckpointDir(self.checkpoints / f"step{step}")
+
+    def newest_checkpoint(self) -> tuple[CheckpointDir, int] | None:
+        """The newest complete checkpoint and its step: one whose checkpoint.json (written last, once every rank's
+        part is on disk) reads back; a half-written one is never picked."""
+        best = None
+        for path in self.checkpoints.glob("step*") if self.checkpoints.is_dir() else ():
+            ckpt = CheckpointDir(path)
+            try:
+                step = int(json.loads(ckpt.meta.read_text())["step"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if best is None or step > best[1]:
+                best = (ckpt, step)
+        return best
+
+    def attempt(self, number: int) -> RunDir:
+        """``attempt.<k>/``: an earlier attempt's rank dirs and plan.json (launcher.max_restarts)."""
+        return RunDir(self.path / f"attempt.{number}")
 
     def plot(self, name: str) -> Path:
         return self.path / f"{name}.png"
@@ -213,12 +252,29 @@ def create_sweep_dir(log_dir: Path) -> SweepDir:
     return SweepDir(create_run_dir(log_dir, "", SWEEP_PREFIX.rstrip("-")).path)
 
 
+def _memory() -> tuple[int, int]:
+    """(this process's resident set, the host's available memory) in bytes, from /proc (0 where there is none)."""
+    rss = avail = 0
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss, avail
+
+
 class MetricsWriter:
     """A rank's ``metrics.jsonl`` (one JSON object per logged step or event, flushed line by line so a crash keeps
     every finished line) and its ``last_step`` heartbeat (rewritten in place: both files stay open, since opening a
     file per write costs a tiny model more than its step)."""
 
     HEARTBEAT_S = 0.2  # at most this often
+    HEARTBEAT_WIDTH = 120  # fixed: a reader never sees a shorter record's stale tail
 
     def __init__(self, rank_dir: RankDir) -> None:
         rank_dir.path.mkdir(parents=True, exist_ok=True)
@@ -227,20 +283,34 @@ class MetricsWriter:
         self._t0 = time.time()
         self._beat = 0.0
         self._pending: int | None = None
+        self._last = 0
 
     def step_done(self, step: int) -> None:
-        now = time.monotonic()
+        """A finished step (cheap: the heartbeat is rewritten at most every HEARTBEAT_S)."""
         self._pending = step
+        self.alive()
+
+    def alive(self) -> None:
+        """Progress within a step (an evaluation batch, a checkpoint's part): the heartbeat's time moves on, so the
+        launcher's watchdog does not take a long evaluation for a hang."""
+        now = time.monotonic()
         if now - self._beat >= self.HEARTBEAT_S:
-            self._flush_step()
             self._beat = now
+            self._last = self._pending if self._pending is not None else self._last
+            self._pending = None
+            self._write_beat()
 
     def _flush_step(self) -> None:
         if self._pending is not None:
-            self._heartbeat.seek(0)
-            self._heartbeat.write(f"{self._pending:<12d}")  # fixed width: a reader never sees a shorter stale tail
-            self._heartbeat.flush()
-            self._pending = None
+            self._last, self._pending = self._pending, None
+            self._write_beat()
+
+    def _write_beat(self) -> None:
+        rss, avail = _memory()
+        beat = json.dumps({"step": self._last, "time": round(time.time(), 3), "rss": rss, "host_available": avail})
+        self._heartbeat.seek(0)
+        self._heartbeat.write(beat.ljust(self.HEARTBEAT_WIDTH))
+        self._heartbeat.flush()
 
     def write(self, **record: Any) -> None:
         self._flush_step()  # last_step is exact at every logged step and at the end

@@ -30,7 +30,7 @@ from torch import nn
 
 from launcher.plan.placement import plan_tables, takes_tables_out
 from launcher.plan.script import RuntimePlan
-from launcher.rundir import RUN_DIR_ENV, MetricsWriter, RankDir, RunDir
+from launcher.rundir import RUN_DIR_ENV, MetricsWriter, RankDir, RunDir, register_stack_dump
 from launcher.schema import TableConfig
 
 __all__ = ["backward", "device", "load_state_dict", "log", "move", "prepare", "rank", "state_dict", "step", "world_size"]
@@ -63,6 +63,8 @@ def _init_process_group(backend: str | None = None) -> None:
     if dist.is_initialized():
         return
     atexit.register(_finish)
+    if os.environ.get(RUN_DIR_ENV):  # under hetero-launch: its watchdog may ask for this rank's stacks
+        register_stack_dump()
     if "WORLD_SIZE" not in os.environ:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

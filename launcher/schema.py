@@ -89,6 +89,9 @@ class TrainerConfig:
     resume_from: str = ""
     """A checkpoint dir to continue from (e.g. log_output/<run>/checkpoints/step100): model, optimizer, tables and
     their states, data position and RNG are loaded, training goes on to trainer.steps. Empty = start fresh."""
+    resume: str = ""
+    """A run to continue: its run dir (log_output/<run>) or latest (output.log_dir's newest run). The new run starts
+    from the old run's newest complete checkpoint, in a new run dir. Empty = start fresh (or trainer.resume_from)."""
 
 
 @dataclass
@@ -195,9 +198,20 @@ class OutputConfig:
 
 
 @dataclass
+class LauncherConfig:
+    watchdog_s: float = 300.0
+    """A rank whose heartbeat (finished steps, evaluation batches) has not moved for this long, or for 10 of its
+    slowest steps if that is longer, is stalled: the launcher names it, has every rank print its Python stacks,
+    and stops the job (status hung). Watched from each rank's first finished step; 0 = no watchdog."""
+    max_restarts: int = 0
+    """After a failed attempt, start the job again this many times at most, from the run's newest complete
+    checkpoint (each attempt's rank logs are kept in attempt.<k>/). Not after an interrupt or bad input."""
+
+
+@dataclass
 class DebugConfig:
     fail_rank: int = -1
-    """Fault injection for testing supervision: this rank raises ...; -1 = off."""
+    """Fault injection for testing supervision: this rank raises ... (in the first attempt only); -1 = off."""
     fail_step: int = -1
     """... at this step."""
 
@@ -229,6 +243,7 @@ class HeteroConfig:
     """fp32, bf16 or fp16 (fp16 needs an accelerator)."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     recompute: list[str] = field(default_factory=list)
     """Activation checkpointing (MindSpore's cell.recompute()): layers, by the names of the recipe's layers() (gpt:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -74,7 +75,7 @@ def _bind_store(plan: RunPlan):
     _check_local_address(env["MASTER_ADDR"])
     try:
         return host_store(plan)
-    except DistNetworkError as e:
+    except (OSError, DistNetworkError) as e:
         port = f"cluster.master_port={env['MASTER_PORT']}"
         raise ConfigError(f"{port} on cluster.master_addr={env['MASTER_ADDR']}: the launcher cannot listen there "
                           f"({first_line(e)}). The port is in use or the address is not this host's: set "
@@ -83,12 +84,10 @@ def _bind_store(plan: RunPlan):
 
 def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     """Run the plan on this host; returns the launcher's exit code (0 = every rank finished)."""
-    from launcher.launch.engine import rank_envs, spawn_ranks
     from launcher.launch.ops import build_ops
-    from launcher.launch.progress import ProgressView
-    from launcher.launch.supervise import SignalException, supervise
+    from launcher.launch.supervise import SignalException
     from launcher.report.junit import write_junit
-    from launcher.report.summary import build_summary, failure_report, summary_table
+    from launcher.report.summary import build_summary
 
     # torch elastic logs each SIGTERM it sends and each failure; the failure report below says it once, better.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
@@ -98,7 +97,6 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     run_dir = _start_run_dir(cfg, plan)
     console.print(f"run dir: {run_dir.path}")
     t0 = time.monotonic()
-    plan_dict = plan.to_dict()
     try:
         build_ops(plan, run_dir, console)
     except (RuntimeError, KeyboardInterrupt, SignalException) as e:
@@ -107,34 +105,73 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
         console.print("[yellow]interrupted while building DeepSpeed's ops; no rank started[/yellow]" if interrupted
                       else f"[red]{e}[/red]")
         exits = [{"rank": r.rank, "exit_code": None} for r in plan.ranks]
-        summary = build_summary(run_dir, plan_dict, exits, "interrupted" if interrupted else "failed",
+        summary = build_summary(run_dir, plan.to_dict(), exits, "interrupted" if interrupted else "failed",
                                 time.monotonic() - t0)
         run_dir.write_summary(summary)
         write_junit(run_dir, summary, cfg.output.stderr_tail)
         return 128 + signum if interrupted else 1
-    envs = rank_envs(plan, run_dir, store.port)
-    write_rank_env(run_dir, envs)
-    pc = spawn_ranks(plan, run_dir, envs)
-    with ProgressView(console, run_dir.rank(0), plan.steps) as view:
-        outcome = supervise(pc, plan.nproc_per_node, view.tick)
-    by_local = {r.local_rank: r.rank for r in plan.ranks}
-    exits = [
-        {"rank": by_local[e.local_rank], "exit_code": e.exit_code, "stopped_by_launcher": e.stopped_by_launcher}
-        for e in outcome.exits
-    ]
-    ok = not outcome.interrupted and all(e["exit_code"] == 0 for e in exits)
-    status = "ok" if ok else ("interrupted" if outcome.interrupted else "failed")
-    summary = build_summary(run_dir, plan_dict, exits, status, time.monotonic() - t0)
+    attempts = _attempts(cfg, plan, run_dir, store, console)
+    return _report(cfg, plan, run_dir, attempts, time.monotonic() - t0, console)
+
+
+def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, store, console: Console) -> list:
+    """The first attempt, and after a failed or hung one up to launcher.max_restarts more, each from the run's
+    newest complete checkpoint (a script's from its start: it keeps its own checkpoints) with a fresh store."""
+    from launcher.launch.attempt import archive_attempt, run_attempt
+    from launcher.launch.engine import host_store, rank_envs
+
+    max_restarts = int(cfg.launcher.max_restarts)
+    attempts = []
+    while True:
+        envs = rank_envs(plan, run_dir, store.port, len(attempts), max_restarts)
+        write_rank_env(run_dir, envs)
+        attempt = run_attempt(plan, run_dir, envs, len(attempts), float(cfg.launcher.watchdog_s), console)
+        attempts.append(attempt)
+        if attempt.status in ("ok", "interrupted") or len(attempts) > max_restarts:
+            return attempts
+        newest = run_dir.newest_checkpoint()
+        if hasattr(plan, "resume_from") and newest is not None:
+            if newest[1] >= plan.steps:
+                return attempts  # the last checkpoint is the end: only what came after it failed
+            plan = dataclasses.replace(plan, resume_from=str(newest[0].path))
+        archive_attempt(run_dir, attempt.number, [r.rank for r in plan.ranks])
+        run_dir.write_json(run_dir.plan, plan.to_dict())
+        console.print(f"[yellow]attempt {attempt.number} {attempt.status}; restart {len(attempts)} of {max_restarts} "
+                      f"from {getattr(plan, 'resume_from', '') or 'the start'} (its logs: "
+                      f"{run_dir.attempt(attempt.number).path})[/yellow]")
+        # A new store for the next attempt, as torchrun makes one per restart (no key of the last attempt is seen),
+        # on the planned port (an explicit one is free again once the old store is gone).
+        store = None
+        store = host_store(plan)
+
+
+def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wall_s: float, console: Console) -> int:
+    """summary.json, junit.xml and the printed tables and reports of the run's last attempt (and the list of
+    attempts); returns the launcher's exit code."""
+    from launcher.report.junit import write_junit
+    from launcher.report.summary import build_summary, failure_report, hang_report, summary_table
+
+    last = attempts[-1]
+    outcome = last.outcome
+    summary = build_summary(run_dir, plan.to_dict(), last.exits, last.status, wall_s)
+    summary["first_failed_rank"] = last.first_failed
+    if outcome.stall is not None:
+        summary["hang"] = outcome.stall.to_dict()
     if outcome.signal is not None:
         summary["interrupted_by"] = signal.Signals(outcome.signal).name
+    if len(attempts) > 1 or cfg.launcher.max_restarts > 0:
+        summary["attempts"] = [a.record() for a in attempts]
     run_dir.write_summary(summary)
     write_junit(run_dir, summary, cfg.output.stderr_tail)
     console.print(summary_table(summary))
     if outcome.signal is not None:
         console.print(f"[yellow]interrupted by {signal.Signals(outcome.signal).name}: every rank was stopped; logs, "
                       f"metrics and checkpoints so far are in {run_dir.path}[/yellow]")
-    if outcome.first_failed is not None:
-        failed_rank = by_local[outcome.first_failed]
-        console.print(failure_report(run_dir, summary, failed_rank, cfg.output.stderr_tail))
+    if outcome.stall is not None:
+        console.print(hang_report(run_dir, summary, outcome.stall))
+    elif last.first_failed is not None:
+        console.print(failure_report(run_dir, summary, last.first_failed, cfg.output.stderr_tail))
     console.print(f"summary: {run_dir.summary}")
-    return 0 if ok else (128 + outcome.signal if outcome.signal is not None else 1)
+    if last.status == "ok":
+        return 0
+    return 128 + outcome.signal if outcome.signal is not None else 1

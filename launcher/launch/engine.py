@@ -7,6 +7,7 @@ every rank's variables come from the plan, passed explicitly (the launcher's os.
 
 from __future__ import annotations
 
+import socket
 import sys
 from datetime import timedelta
 
@@ -42,16 +43,29 @@ class RankLogsSpecs(LogsSpecs):
 
 
 def host_store(plan: RunPlan) -> TCPStore:
-    """The rendezvous store, on master_addr at the planned port (0 = a free one, chosen by the OS)."""
+    """The rendezvous store, listening on master_addr only (127.0.0.1 by default: a single-host run is not reachable
+    from the network) at the planned port (0 = a free one, chosen by the OS). OSError when it cannot listen there.
+
+    TCPStore alone would listen on every interface; it is handed a socket bound to master_addr instead."""
     env = plan.ranks[0].env
-    return TCPStore(
-        env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=True, wait_for_workers=False,
-        timeout=timedelta(minutes=10),
-    )
+    host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart listens again on an explicit port
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return TCPStore(host, sock.getsockname()[1], is_master=True, wait_for_workers=False,
+                    timeout=timedelta(minutes=10), master_listen_fd=sock.detach())  # the store owns the socket now
 
 
-def rank_envs(plan: RunPlan, run_dir: RunDir, port: int) -> dict[int, dict[str, str]]:
-    """Each rank's variables as it is started: the plan's, the store's real port, the run dir, torch elastic's own."""
+def rank_envs(plan: RunPlan, run_dir: RunDir, port: int, attempt: int = 0,
+              max_restarts: int = 0) -> dict[int, dict[str, str]]:
+    """Each rank's variables as it is started: the plan's, the store's real port, the run dir, torch elastic's own
+    (TORCHELASTIC_RESTART_COUNT = the attempt: init_process_group keys each attempt's rendezvous by it)."""
     return {
         r.rank: {
             **r.env,
@@ -59,8 +73,8 @@ def rank_envs(plan: RunPlan, run_dir: RunDir, port: int) -> dict[int, dict[str, 
             RUN_DIR_ENV: str(run_dir.path.resolve()),
             "TORCHELASTIC_RUN_ID": run_dir.name,
             "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "TORCHELASTIC_RESTART_COUNT": "0",
-            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RESTART_COUNT": str(attempt),
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         }
         for r in plan.ranks
     }

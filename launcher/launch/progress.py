@@ -15,7 +15,7 @@ class ProgressView:
     def __init__(self, console: Console, rank_dir: RankDir, total_steps: int) -> None:
         self._console = console
         self._metrics = rank_dir.metrics
-        self._heartbeat = rank_dir.heartbeat
+        self._rank_dir = rank_dir
         self._offset = 0
         self._total = total_steps
         self._live = console.is_terminal
@@ -55,10 +55,7 @@ class ProgressView:
                 total = f"/{self._total}" if self._total else ""
                 self._console.print(f"step {record['step']}{total}" + ("" if loss is None else f"  loss {loss:.5f}")
                                     + ("" if rate is None else f"  {rate:.0f} samples/s"))
-        try:
-            self._progress.update(self._task, completed=int(self._heartbeat.read_text()))
-        except (OSError, ValueError):
-            pass
+        self._progress.update(self._task, completed=self._rank_dir.last_step())
 
     def _new_records(self) -> list[dict]:
         try:

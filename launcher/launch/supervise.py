@@ -1,18 +1,27 @@
-"""Watch the ranks until all finish or one fails; then stop the rest (SIGTERM, then SIGKILL) and say who did what.
+"""Watch the ranks until all finish, one fails, one hangs or the launcher is signalled; then stop the rest and say
+who did what.
 
-A signal to the launcher (Ctrl-C, ``kill``) stops every rank the same way: torch elastic turns SIGINT, SIGTERM, SIGHUP
-and SIGQUIT into ``SignalException`` once the ranks are started (``launch_run`` does the same before), and a second
-signal while the ranks are being stopped escalates to SIGKILL."""
+The launcher polls each rank's process itself (every ``period_s``), so it knows which ranks ended *before* it sent
+any signal: only those can have caused the failure (``blame.first_failure`` picks among them by evidence). Stopping
+is SIGTERM to every rank's process group (a rank and its children: data loader workers, compilers), SIGCONT so that
+a stopped rank can act on it, SIGKILL after STOP_TIMEOUT_S, or at once on a second signal to the launcher.
+
+A signal to the launcher (Ctrl-C, ``kill``) stops every rank the same way: torch elastic turns SIGINT, SIGTERM,
+SIGHUP and SIGQUIT into ``SignalException`` once the ranks are started (``launch_run`` does the same before)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch.distributed.elastic.multiprocessing import PContext
 from torch.distributed.elastic.multiprocessing.api import SignalException
+
+from launcher.launch.watchdog import Stall, Watchdog
 
 STOP_TIMEOUT_S = 10  # between SIGTERM and SIGKILL
 
@@ -23,66 +32,83 @@ class RankExit:
     exit_code: int | None
     """None while unknown (the launcher was interrupted before the rank ended)."""
     stopped_by_launcher: bool
-    """True for ranks the launcher stopped because another rank failed (or the user interrupted)."""
+    """True for ranks that were still running when the launcher stopped the job."""
+    seen_s: float | None
+    """When the launcher saw a rank that ended on its own gone (its monotonic clock); None for the ones it stopped."""
 
 
 @dataclass(frozen=True)
 class Outcome:
     exits: tuple[RankExit, ...]
-    first_failed: int | None
-    """Local rank whose failure ended the run, if any."""
     interrupted: bool
     signal: int | None = None
     """The signal that interrupted the launcher (SIGINT for Ctrl-C); the exit code is 128 + it."""
+    stall: Stall | None = None
+    """The watchdog's finding, when the job hung."""
+
+    @property
+    def ended_on_their_own(self) -> list[RankExit]:
+        return [e for e in self.exits if not e.stopped_by_launcher and e.exit_code is not None]
+
+
+def _signal_groups(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)  # each rank leads its own session and process group (torch elastic starts them so)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _stop(pc: PContext) -> None:
-    """SIGTERM to every rank's process group, SIGKILL after STOP_TIMEOUT_S; a second signal meanwhile: SIGKILL now."""
+    """Every rank's process group: SIGTERM (and SIGCONT), SIGKILL after STOP_TIMEOUT_S or on a second signal.
+    Ranks that already ended are signalled too: their children may not have."""
+    procs = [h.proc for h in pc.subprocess_handlers.values()]
+    pids = [p.pid for p in procs]
+    _signal_groups(pids, signal.SIGTERM)
+    _signal_groups(pids, signal.SIGCONT)
     try:
-        pc.close(death_sig=signal.SIGTERM, timeout=STOP_TIMEOUT_S)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for p in procs:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
     except (KeyboardInterrupt, SignalException):
-        pc.close(death_sig=signal.SIGKILL, timeout=1)
+        pass  # a second signal: no more grace
+    _signal_groups(pids, signal.SIGKILL)
+    pc.close(death_sig=signal.SIGKILL, timeout=1)  # reaps the ranks and closes their log files
 
 
-def supervise(pc: PContext, nprocs: int, on_tick: Callable[[], None], period_s: float = 0.1) -> Outcome:
+def supervise(pc: PContext, on_tick: Callable[[], None], watchdog: Watchdog | None = None,
+              local_to_global: dict[int, int] | None = None, period_s: float = 0.05) -> Outcome:
     """Poll the ranks every period_s, calling on_tick (progress) each time, until the run is over."""
-    signum = None
-    result = None
+    handlers = pc.subprocess_handlers
+    to_global = local_to_global or {local: local for local in handlers}
+    seen: dict[int, tuple[int, float]] = {}  # local rank -> (exit code, when seen) for ranks that ended on their own
+    signum, stall = None, None
     try:
-        while result is None:
-            result = pc.wait(timeout=0)  # one poll; on any failure it also stops the other ranks
+        while True:
+            for local, h in handlers.items():
+                if local not in seen and (code := h.proc.poll()) is not None:
+                    seen[local] = (code, time.monotonic())
             on_tick()
-            if result is None:
-                time.sleep(period_s)
+            if len(seen) == len(handlers) or any(code != 0 for code, _ in seen.values()):
+                break
+            if watchdog is not None:
+                stall = watchdog.check({to_global[r] for r in handlers if r not in seen})
+                if stall is not None:
+                    break
+            time.sleep(period_s)
     except KeyboardInterrupt:
         signum = signal.SIGINT
     except SignalException as e:
         signum = e.sigval
     finally:
-        if result is None:
-            _stop(pc)
-    interrupted = signum is not None
-    failures = result.failures if result is not None else {}
-    first = None
-    if failures:
-        # The rank that failed first is the earliest failure that the launcher did not cause itself.
-        own = [f for f in failures.values() if f.exitcode not in (-signal.SIGTERM, -signal.SIGKILL)]
-        first = min(own or failures.values(), key=lambda f: f.timestamp).local_rank
+        _stop(pc)  # also when all ended: a rank's leftover children go with it
     exits = []
-    for local_rank in range(nprocs):
-        if local_rank in failures:
-            code = failures[local_rank].exitcode
-        elif result is not None:
-            code = 0
-        else:
-            code = _returncode(pc, local_rank)
-        stopped = (first is not None and local_rank != first and local_rank in failures) or interrupted
-        exits.append(RankExit(local_rank=local_rank, exit_code=code, stopped_by_launcher=stopped))
-    return Outcome(exits=tuple(exits), first_failed=first, interrupted=interrupted,
-                   signal=int(signum) if signum is not None else None)
-
-
-def _returncode(pc: PContext, local_rank: int) -> int | None:
-    handlers = getattr(pc, "subprocess_handlers", {})
-    handler = handlers.get(local_rank)
-    return handler.proc.poll() if handler is not None else None
+    for local, h in sorted(handlers.items()):
+        code, seen_s = seen.get(local, (h.proc.poll(), None))
+        exits.append(RankExit(local_rank=local, exit_code=code, stopped_by_launcher=local not in seen,
+                              seen_s=seen_s))
+    return Outcome(exits=tuple(exits), interrupted=signum is not None,
+                   signal=int(signum) if signum is not None else None, stall=stall)

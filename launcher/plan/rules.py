@@ -27,6 +27,14 @@ def check_output(o: DictConfig) -> list[str]:
     return []
 
 
+def check_launcher(launcher: DictConfig) -> list[str]:
+    """launcher.*: the watchdog's limit and the number of restarts."""
+    p = number_problems("launcher", {"watchdog_s": (launcher.watchdog_s, "non_negative")})
+    if launcher.max_restarts < 0:
+        p.append(f"launcher.max_restarts={launcher.max_restarts} must be 0 (no restart) or more.")
+    return p
+
+
 def resolve_nproc(value: str, host: HostFacts) -> tuple[int, str]:
     """cluster.nproc_per_node as an int, and a note when it was resolved from 'auto' (invalid values -> 1)."""
     if str(value) == "auto":
@@ -144,5 +152,5 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
         p.append(f"optimizer.betas={list(o.betas)} must be two numbers, e.g. optimizer.betas=[0.9,0.999].")
     else:
         p += number_problems("optimizer", {"betas[0]": (o.betas[0], "unit"), "betas[1]": (o.betas[1], "unit")})
-    p += check_output(cfg.output)
+    p += check_output(cfg.output) + check_launcher(cfg.launcher)
     return p

@@ -19,7 +19,7 @@ from launcher.plan.engine import plan_engine
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, plan_placement
 from launcher.plan.ranks import plan_ranks, rank_table
-from launcher.plan.rules import check_cluster, check_output, device_and_backend, resolve_nproc
+from launcher.plan.rules import check_cluster, check_launcher, check_output, device_and_backend, resolve_nproc
 from launcher.plan.types import HostFacts, ScriptPlan
 
 
@@ -81,7 +81,7 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims,
 
 def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
     c = cfg.cluster
-    problems = check_cluster(c, host) + check_output(cfg.output)
+    problems = check_cluster(c, host) + check_output(cfg.output) + check_launcher(cfg.launcher)
     if cfg.parallel.pipeline_stages > 1:
         problems.append(f"parallel.pipeline_stages={cfg.parallel.pipeline_stages} with script=: runtime.prepare() "
                         f"trains your loop data-parallel; pipelines run recipes (your model in a recipe YAML, see "

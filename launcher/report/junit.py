@@ -57,7 +57,7 @@ def junit_xml(run_dir: RunDir, summary: dict, tail_lines: int = 20) -> ET.Elemen
             ET.SubElement(case, "failure", message=why, type="not started").text = why
             reports.append(why)
             continue
-        if r.get("stopped_by_launcher"):
+        if r.get("stopped_by_launcher") and not r.get("stalled"):
             skipped += 1
             ET.SubElement(case, "skipped", message=f"stopped by the launcher at step {r['last_step']} after another "
                                                    f"rank failed")

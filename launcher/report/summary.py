@@ -22,18 +22,24 @@ def signal_name(exit_code: int | None) -> str | None:
 
 
 def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: str, wall_s: float) -> dict:
-    """rank_exits: [{rank, exit_code, stopped_by_launcher}] for every rank (exit_code None if unknown)."""
+    """rank_exits: [{rank, exit_code, stopped_by_launcher, first_failure, stalled}] for every rank (exit_code None
+    if unknown)."""
     ranks = []
     for e in rank_exits:
         rank_dir = run_dir.rank(e["rank"])
         steps = [m for m in rank_dir.read_metrics() if "event" not in m]
+        beat = rank_dir.read_heartbeat()
         ranks.append(
             {
                 "rank": e["rank"],
                 "exit_code": e["exit_code"],
                 "signal": signal_name(e["exit_code"]),
                 "stopped_by_launcher": e.get("stopped_by_launcher", False),
-                "last_step": rank_dir.last_step(),
+                "first_failure": e.get("first_failure", False),
+                "stalled": e.get("stalled", False),
+                "last_step": int(beat.get("step", 0)),
+                "rss_bytes": beat.get("rss"),
+                "host_available_bytes": beat.get("host_available"),
                 "final_loss": steps[-1].get("loss") if steps else None,
                 "samples_per_s": steps[-1].get("samples_per_s") if steps else None,
             }
@@ -92,14 +98,23 @@ def rank_failure(run_dir: RunDir, summary: dict, r: dict, tail_lines: int) -> tu
     how = f"exit code {r['exit_code']}"
     if r["signal"]:
         how = f"signal {r['signal']}"
-        if r["signal"] == "SIGKILL":
-            how += " (killed from outside: likely the host ran out of memory; check `dmesg` for oom-kill)"
+        if r["signal"] == "SIGKILL" and not r["stopped_by_launcher"]:
+            memory = (f"its last RSS {_gib(r['rss_bytes'])}, the host's available memory then "
+                      f"{_gib(r['host_available_bytes'])}; " if r.get("rss_bytes") else "")
+            how += (f" from outside the launcher: likely the out-of-memory killer ({memory}check `dmesg` for "
+                    f"oom-kill)")
     where = f" at step {r['last_step'] + 1} of {summary['steps']}" if summary["steps"] else ""
+    if r.get("stalled"):
+        how = "a hang: it made no progress and the launcher's watchdog stopped it"
     rank_dir = run_dir.rank(r["rank"])
     lines = rank_dir.stderr.read_text(errors="replace").splitlines() if rank_dir.stderr.exists() else []
     tail = (f"---- Begin global rank {r['rank']} STDERR (last {tail_lines} lines of {rank_dir.stderr}) ----\n"
             + "\n".join(lines[-tail_lines:]) + f"\n---- End global rank {r['rank']} STDERR ----")
     return f"rank {r['rank']} failed with {how}{where}.", rank_dir.error_message(), tail
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f} GiB"
 
 
 def failure_report(run_dir: RunDir, summary: dict, failed_rank: int | None, tail_lines: int) -> Group:
@@ -114,7 +129,36 @@ def failure_report(run_dir: RunDir, summary: dict, failed_rank: int | None, tail
             body.append(f"error: {message}\n", style="bold red")
         body.append(tail)
         parts.append(Panel(body, title=f"rank {r['rank']} failed", border_style="red"))
+    after = [f"{r['rank']} ({r['signal'] or 'exit code ' + str(r['exit_code'])})" for r in summary["ranks"]
+             if r["rank"] != failed_rank and not r["stopped_by_launcher"] and r["exit_code"] not in (0, None)]
+    if after:
+        parts.append(Text(f"failed after rank {failed_rank}, having lost it as a peer: rank {', '.join(after)}"))
     stopped = [str(r["rank"]) for r in summary["ranks"] if r["stopped_by_launcher"]]
     if stopped:
         parts.append(Text(f"stopped by the launcher: rank {', '.join(stopped)}; logs and metrics are in {run_dir.path}"))
+    parts.append(Text("last step of each rank: " + ", ".join(f"rank {r['rank']} {r['last_step']}"
+                                                             for r in summary["ranks"])))
+    return Group(*parts)
+
+
+STACK_LINES = 40
+"""Lines of each rank's dumped stacks the hang report shows (all of it is in the rank's stderr)."""
+
+
+def hang_report(run_dir: RunDir, summary: dict, stall) -> Group:
+    """Which rank(s) stalled and at what step, by which evidence, their process states and every rank's stacks."""
+    named = ", ".join(str(r) for r in stall.ranks)
+    body = Text(f"rank {named} hung at step {min(stall.steps.get(r, 0) for r in stall.ranks) + 1} of "
+                f"{summary['steps']}: no progress for {stall.idle_s:.1f} s (launcher.watchdog_s: the limit was "
+                f"{stall.limit_s:.1f} s); named by {stall.why}.\n")
+    for rank, state in stall.states.items():
+        body.append(f"rank {rank}: last step {stall.steps.get(rank, 0)}, process {state}\n")
+    parts = [Panel(body, title=f"rank {named} hung", border_style="red")]
+    for rank, stacks in stall.stacks.items():
+        lines = stacks.strip().splitlines()
+        text = ("\n".join(lines[-STACK_LINES:]) if lines
+                else "(no stacks: the rank did not answer; stopped, or blocked outside Python)")
+        parts.append(Panel(Text(text), title=f"rank {rank} Python stacks (all in {run_dir.rank(rank).stderr})",
+                           border_style="yellow"))
+    parts.append(Text(f"every rank was stopped; logs and metrics are in {run_dir.path}"))
     return Group(*parts)

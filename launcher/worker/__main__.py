@@ -4,6 +4,7 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from launcher.rundir import register_stack_dump
 from launcher.worker.train import run_rank
 
 
@@ -11,6 +12,7 @@ from launcher.worker.train import run_rank
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m launcher.worker <run_dir>")
+    register_stack_dump()
     run_rank(sys.argv[1])
 
 

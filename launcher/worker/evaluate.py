@@ -39,6 +39,7 @@ def evaluate(trainer) -> dict:
     batches = data.eval_batches(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches)
     pipelined = getattr(trainer.engine, "drives_schedule", False)  # only the loss: the last stage computes it
     for batch in itertools.islice(batches, plan.eval_max_batches or None):
+        trainer.alive()
         if pipelined:
             loss, n = trainer.engine.eval_loss(trainer._to_device(batch)), len(batch[1])
             sums += torch.stack([loss.float() * n, sums.new_tensor(float(n))])

@@ -15,6 +15,7 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,6 +59,9 @@ class Trainer:
         self._batches = None
         self.saved_activation_bytes: int | None = None
         """Bytes autograd saved for backward in the run's first micro-batch (parameters excluded)."""
+        self.alive: Callable[[], None] = lambda: None
+        """Called between the parts of long work that is not a step (evaluation batches, a checkpoint's parts): fit
+        sets it to the heartbeat's MetricsWriter.alive, so the launcher's watchdog sees progress."""
 
     # -- one step ---------------------------------------------------------------------------------------------------
     def forward(self, batch):
@@ -134,7 +138,10 @@ class Trainer:
     def fit(self, run_dir: RunDir, rank_dir: RankDir, metrics: MetricsWriter) -> None:
         """Train from self.step to plan.steps: metrics, evaluations and checkpoints as planned."""
         p = self.plan
+        self.alive = metrics.alive
         fail_rank, fail_step = p.debug_fail
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            fail_rank = -1  # debug.fail_* fails the first attempt only: a restart goes on
         tick, tick_step = time.perf_counter(), self.step
         first = self.step + 1  # 1, or the step after the checkpoint a resumed run loaded
         while self.step < p.steps:
@@ -203,7 +210,9 @@ class Trainer:
     def save(self, ckpt: CheckpointDir) -> None:
         """Write a checkpoint (collective): the engine's (sharded for DeepSpeed), the tables (rank 0: identical on
         every rank), each rank's progress and RNG."""
+        self.alive()
         self.engine.save(ckpt)
+        self.alive()
         ckpt.path.mkdir(parents=True, exist_ok=True)
         if self.tables is not None and self.rank == 0:
             torch.save(self.tables.state_dict(), ckpt.tables)

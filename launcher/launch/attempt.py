@@ -1,0 +1,105 @@
+"""One attempt of a run: spawn this host's ranks, supervise them (progress, watchdog), and judge how it ended.
+
+A run with ``launcher.max_restarts`` > 0 may make several attempts in one run dir: before the next one starts, the
+last one's rank dirs move to ``attempt.<k>/`` (``archive_attempt``), so no log is overwritten."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from rich.console import Console
+
+from launcher.launch.blame import Ending, first_failure
+from launcher.launch.supervise import Outcome
+from launcher.plan import RunPlan
+from launcher.rundir import RunDir
+
+STDERR_EVIDENCE_LINES = 30
+"""How much of a failed rank's stderr the blame reads (with its error.json) to tell a lost peer from a cause."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    number: int
+    outcome: Outcome
+    exits: list[dict]
+    """Per global rank: rank, exit_code, stopped_by_launcher, first_failure, stalled."""
+    status: str
+    """ok, failed, hung or interrupted."""
+    first_failed: int | None
+    """The global rank whose failure ended the attempt (blame.first_failure)."""
+    resumed_from: str
+
+    def record(self) -> dict:
+        """The attempt in summary.json's ``attempts``."""
+        rec = {"attempt": self.number, "status": self.status, "first_failed_rank": self.first_failed,
+               "resumed_from": self.resumed_from or None,
+               "exit_codes": {str(e["rank"]): e["exit_code"] for e in self.exits}}
+        if self.outcome.stall is not None:
+            rec["hung_ranks"] = list(self.outcome.stall.ranks)
+        return rec
+
+
+def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]], number: int, watchdog_s: float,
+                console: Console) -> Attempt:
+    from launcher.launch.engine import spawn_ranks
+    from launcher.launch.progress import ProgressView
+    from launcher.launch.supervise import supervise
+    from launcher.launch.watchdog import Watchdog
+
+    by_local = {r.local_rank: r.rank for r in plan.ranks}
+    pc = spawn_ranks(plan, run_dir, envs)
+    pids = {by_local[local]: h.proc.pid for local, h in pc.subprocess_handlers.items()}
+    watchdog = Watchdog({rank: run_dir.rank(rank) for rank in pids}, pids, watchdog_s) if watchdog_s > 0 else None
+    with ProgressView(console, run_dir.rank(0), plan.steps) as view:
+        outcome = supervise(pc, view.tick, watchdog, by_local)
+    blamed = first_failure(_endings(run_dir, outcome, by_local))
+    stalled = set(outcome.stall.ranks) if outcome.stall is not None else set()
+    exits = [{"rank": by_local[e.local_rank], "exit_code": e.exit_code, "stopped_by_launcher": e.stopped_by_launcher,
+              "first_failure": blamed is not None and by_local[e.local_rank] == blamed.rank,
+              "stalled": by_local[e.local_rank] in stalled}
+             for e in outcome.exits]
+    if outcome.interrupted:
+        status = "interrupted"
+    elif outcome.stall is not None:
+        status = "hung"
+    else:
+        status = "ok" if all(e["exit_code"] == 0 for e in exits) else "failed"
+    return Attempt(number=number, outcome=outcome, exits=exits, status=status,
+                   first_failed=blamed.rank if blamed is not None else None,
+                   resumed_from=getattr(plan, "resume_from", ""))
+
+
+def _endings(run_dir: RunDir, outcome: Outcome, by_local: dict[int, int]) -> list[Ending]:
+    """The evidence of each rank that ended on its own: exit code, when it was seen gone, when it wrote its error
+    (error.json's mtime, moved onto the monotonic clock), and what it said."""
+    wall_minus_mono = time.time() - time.monotonic()
+    out = []
+    for e in outcome.ended_on_their_own:
+        rank_dir = run_dir.rank(by_local[e.local_rank])
+        try:
+            error_s = os.stat(rank_dir.error).st_mtime_ns / 1e9 - wall_minus_mono
+        except OSError:
+            error_s = None
+        try:
+            tail = rank_dir.stderr.read_text(errors="replace").splitlines()[-STDERR_EVIDENCE_LINES:]
+        except OSError:
+            tail = []
+        out.append(Ending(rank=by_local[e.local_rank], exit_code=e.exit_code, seen_s=e.seen_s, error_s=error_s,
+                          error="\n".join([rank_dir.error_message(), *tail])))
+    return out
+
+
+def archive_attempt(run_dir: RunDir, number: int, ranks: list[int]) -> None:
+    """Move attempt ``number``'s rank dirs (and the plan it ran) to ``attempt.<number>/``: the next attempt starts
+    with empty rank dirs, and nothing is overwritten."""
+    dest = run_dir.attempt(number)
+    dest.path.mkdir()
+    for rank in ranks:
+        src = run_dir.rank(rank).path
+        if src.exists():
+            os.replace(src, dest.rank(rank).path)
+    if run_dir.plan.exists():
+        dest.plan.write_bytes(run_dir.plan.read_bytes())

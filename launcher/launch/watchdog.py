@@ -1,0 +1,156 @@
+"""Name a hung rank: heartbeats that stop moving, the rank's process state, and every rank's Python stacks.
+
+Each rank rewrites its heartbeat (``rank.N/last_step``) as it finishes steps and evaluation batches. A rank is
+watched from its first heartbeat on; when one has not moved for the limit (``launcher.watchdog_s``, or 10 of the
+slowest step seen if that is longer), the job is stalled. In a stalled data-parallel job every rank stops: the stuck
+one, and its peers waiting for it inside a collective. The stuck ones are named by evidence, in this order:
+
+1. a process the kernel has stopped (SIGSTOP, a debugger) or holds in uninterruptible I/O (state D);
+2. a rank that does not answer the request for its stacks (STACKS_SIGNAL, faulthandler in the rank);
+3. the ranks at the lowest step, when the steps differ;
+4. the ranks whose stacks are not inside torch.distributed (the others wait in a collective for them);
+5. else every stalled rank (a deadlock among collectives: the stacks tell which).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.rundir import STACKS_SIGNAL, RankDir
+
+SLOW_STEPS = 10
+"""The limit is at least this many of the slowest observed step."""
+STACKS_WAIT_S = 3.0
+"""How long the ranks get to write their stacks."""
+_STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a debugger", "D": "in uninterruptible I/O (D)",
+           "Z": "exited, not reaped", "R": "running", "S": "sleeping (waiting)"}
+_STACK_HEADER = "most recent call first"
+
+
+@dataclass(frozen=True)
+class Stall:
+    ranks: tuple[int, ...]
+    """The ranks named as stuck."""
+    why: str
+    """Which evidence named them."""
+    steps: dict[int, int]
+    """Every watched rank's last finished step."""
+    idle_s: float
+    """How long the named ranks' heartbeats had not moved."""
+    limit_s: float
+    states: dict[int, str]
+    """Each rank's process state, in words."""
+    stacks: dict[int, str]
+    """Each rank's dumped stacks ('' = it did not answer)."""
+
+    def to_dict(self) -> dict:
+        return {"ranks": list(self.ranks), "why": self.why, "steps": {str(k): v for k, v in self.steps.items()},
+                "idle_s": round(self.idle_s, 1), "limit_s": round(self.limit_s, 1),
+                "states": {str(k): v for k, v in self.states.items()}}
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of pid ('' where /proc has none)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2]
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+class Watchdog:
+    """check() every supervision poll; it reads the heartbeats at most every ``period_s``."""
+
+    def __init__(self, rank_dirs: dict[int, RankDir], pids: dict[int, int], watchdog_s: float,
+                 period_s: float = 0.5) -> None:
+        self._dirs, self._pids, self._base, self._period = rank_dirs, pids, watchdog_s, period_s
+        self._beat: dict[int, tuple[dict, float]] = {}  # rank -> (its heartbeat, when the launcher saw it change)
+        self._slowest_step_s = 0.0
+        self._checked = 0.0
+
+    @property
+    def limit_s(self) -> float:
+        return max(self._base, SLOW_STEPS * self._slowest_step_s)
+
+    def check(self, running: set[int]) -> Stall | None:
+        """A Stall when a running rank's heartbeat has not moved for limit_s (then the ranks' stacks are asked for:
+        this takes up to STACKS_WAIT_S), else None. ``running``: the ranks that have not ended."""
+        now = time.monotonic()
+        if self._base <= 0 or now - self._checked < self._period:
+            return None
+        self._checked = now
+        for rank in running:
+            beat = self._dirs[rank].read_heartbeat()
+            if not beat:
+                continue
+            old = self._beat.get(rank)
+            if old is None or old[0] != beat:
+                if old is not None and beat.get("step", 0) > old[0].get("step", 0):
+                    per_step = (now - old[1]) / (beat["step"] - old[0]["step"])
+                    self._slowest_step_s = max(self._slowest_step_s, per_step)
+                self._beat[rank] = (beat, now)
+        idle = {r: now - t for r, (_, t) in self._beat.items() if r in running}
+        if not idle or max(idle.values()) < self.limit_s:
+            return None
+        return self._diagnose(running, idle)
+
+    def _diagnose(self, running: set[int], idle: dict[int, float]) -> Stall:
+        stalled = sorted(r for r, s in idle.items() if s >= self.limit_s)
+        states = {r: process_state(self._pids[r]) for r in sorted(running)}
+        stacks = self.ask_for_stacks(sorted(running))
+        steps = {r: self._beat[r][0].get("step", 0) for r in sorted(self._beat) if r in running}
+        low = min(steps.values()) if steps else 0
+        outside = [r for r in stalled if stacks[r] and "torch/distributed" not in stacks[r]]
+        for ranks, why in (
+            ([r for r in sorted(running) if states[r] in ("T", "t", "D")], "its process state"),
+            ([r for r in sorted(running) if not stacks[r]], "its silence: it did not answer the request for its stacks"),
+            ([r for r in stalled if steps.get(r, low) == low] if len(set(steps.values())) > 1 else [],
+             "its step: it is behind the others"),
+            (outside if len(outside) < len(stalled) else [], "its stack: outside torch.distributed while the others "
+                                                             "wait in a collective"),
+            (stalled, "elimination: no rank made progress (a deadlock? see the stacks)"),
+        ):
+            if ranks:
+                break
+        return Stall(ranks=tuple(ranks), why=why, steps=steps, idle_s=max(idle.values()), limit_s=self.limit_s,
+                     states={r: _STATES.get(s, s or "unknown") for r, s in states.items()}, stacks=stacks)
+
+    def ask_for_stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Send STACKS_SIGNAL to each rank, wait up to STACKS_WAIT_S for each to write its stacks to its stderr,
+        and return what each wrote ('' for a rank that did not)."""
+        start = {}
+        for r in ranks:
+            try:
+                start[r] = self._dirs[r].stderr.stat().st_size
+            except OSError:
+                start[r] = 0
+            try:
+                os.kill(self._pids[r], STACKS_SIGNAL)
+            except ProcessLookupError:
+                pass
+        out = {r: "" for r in ranks}
+        deadline = time.monotonic() + STACKS_WAIT_S
+        while time.monotonic() < deadline:
+            for r in ranks:
+                if not out[r]:
+                    out[r] = _new_stacks(self._dirs[r].stderr, start[r])
+            if all(out.values()):
+                break
+            time.sleep(0.1)
+        if any(out.values()):
+            time.sleep(0.2)  # let a dump in progress finish
+            out = {r: _new_stacks(self._dirs[r].stderr, start[r]) for r in ranks}
+        return out
+
+
+def _new_stacks(stderr: Path, offset: int) -> str:
+    try:
+        with open(stderr, errors="replace") as f:
+            f.seek(offset)
+            text = f.read()
+    except OSError:
+        return ""
+    return text if _STACK_HEADER in text else ""
