@@ -213,7 +213,7 @@ class DebugConfig:
     fail_rank: int = -1
     """Fault injection for testing supervision: this rank raises ... (in the first attempt only); -1 = off."""
     fail_step: int = -1
-    """... at this step."""
+    """... once this step is done and logged."""
 
 
 @dataclass

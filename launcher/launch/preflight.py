@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError
 from launcher.plan import LaunchPlan, checkpoint_layout
-from launcher.rundir import CheckpointDir
+from launcher.rundir import CheckpointDir, RunDir
 
 
 def check_script(cfg: DictConfig) -> None:
@@ -28,6 +28,30 @@ def check_script(cfg: DictConfig) -> None:
             f"script={cfg.script}: no such file (relative paths start at {Path.cwd()}). "
             f"Give the path of a Python script, e.g. script=path/to/train.py."
         )
+
+
+def resume_checkpoint(cfg: DictConfig) -> str:
+    """trainer.resume=<run dir>|latest -> the newest complete checkpoint of that run ('' when trainer.resume is
+    empty). latest is output.log_dir's latest link, read before this run replaces it."""
+    resume = str(cfg.trainer.resume)
+    if not resume:
+        return ""
+    key = f"trainer.resume={resume}"
+    if cfg.trainer.resume_from:
+        raise ConfigError(f"{key} and trainer.resume_from={cfg.trainer.resume_from}: give one. trainer.resume takes a "
+                          f"run dir (or latest), trainer.resume_from one of its checkpoints/step<N> folders.")
+    path = Path(cfg.output.log_dir) / "latest" if resume == "latest" else Path(resume)
+    run = RunDir(path.resolve())
+    if not run.plan.is_file():
+        where = f"{cfg.output.log_dir}/latest" if resume == "latest" else str(path)
+        raise ConfigError(f"{key}: {where} is not a run dir (no {run.plan.name} in it). Give a run dir such as "
+                          f"log_output/<run>, or latest for output.log_dir's newest run.")
+    newest = run.newest_checkpoint()
+    if newest is None:
+        raise ConfigError(f"{key}: {run.path} has no complete checkpoint (checkpoints/step<N> with its "
+                          f"checkpoint.json). The run saves them with trainer.checkpoint_every=N; start it afresh "
+                          f"without trainer.resume.")
+    return str(newest[0].path)
 
 
 def check_resume(plan: LaunchPlan) -> None:

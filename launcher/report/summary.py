@@ -103,7 +103,7 @@ def rank_failure(run_dir: RunDir, summary: dict, r: dict, tail_lines: int) -> tu
                       f"{_gib(r['host_available_bytes'])}; " if r.get("rss_bytes") else "")
             how += (f" from outside the launcher: likely the out-of-memory killer ({memory}check `dmesg` for "
                     f"oom-kill)")
-    where = f" at step {r['last_step'] + 1} of {summary['steps']}" if summary["steps"] else ""
+    where = f" after step {r['last_step']} of {summary['steps']}" if summary["steps"] else ""
     if r.get("stalled"):
         how = "a hang: it made no progress and the launcher's watchdog stopped it"
     rank_dir = run_dir.rank(r["rank"])
@@ -148,7 +148,7 @@ STACK_LINES = 40
 def hang_report(run_dir: RunDir, summary: dict, stall) -> Group:
     """Which rank(s) stalled and at what step, by which evidence, their process states and every rank's stacks."""
     named = ", ".join(str(r) for r in stall.ranks)
-    body = Text(f"rank {named} hung at step {min(stall.steps.get(r, 0) for r in stall.ranks) + 1} of "
+    body = Text(f"rank {named} hung after step {min(stall.steps.get(r, 0) for r in stall.ranks)} of "
                 f"{summary['steps']}: no progress for {stall.idle_s:.1f} s (launcher.watchdog_s: the limit was "
                 f"{stall.limit_s:.1f} s); named by {stall.why}.\n")
     for rank, state in stall.states.items():

@@ -152,8 +152,6 @@ class Trainer:
                 memory["activations"] = {"saved_bytes_per_micro_batch": self.saved_activation_bytes,
                                          "recompute": list(p.recompute)}
                 rank_dir.memory.write_text(json.dumps(memory, indent=2))
-            if self.rank == fail_rank and step == fail_step:
-                raise RuntimeError(f"debug.fail_rank={fail_rank} debug.fail_step={fail_step}: injected failure")
             metrics.step_done(step)
             if step == first or step % p.log_every == 0 or step == p.steps:
                 local, mean = loss.item(), mean_over(loss, self.dp)
@@ -167,6 +165,8 @@ class Trainer:
             if p.checkpoint_every > 0 and step % p.checkpoint_every == 0 and step != p.steps:
                 self.save(run_dir.checkpoint(step))
                 tick = time.perf_counter()
+            if self.rank == fail_rank and step == fail_step:  # after the step is logged: its loss is on record
+                raise RuntimeError(f"debug.fail_rank={fail_rank} debug.fail_step={fail_step}: injected failure")
         if p.checkpoint_every >= 0:  # before the evaluation: a failing evaluation loses no training
             self.save(run_dir.checkpoint(p.steps))
             if p.smoke:

@@ -83,7 +83,7 @@ def test_a_stopped_rank_is_named_as_hung_with_every_ranks_stacks(tmp_path):
     print(f"SIGSTOP of rank 1: launcher exited {launcher.returncode} after {time.monotonic() - t0:.1f} s\n{out}")
     assert launcher.returncode == 1, out[-3000:] + err[-3000:]
     assert "Traceback" not in out + err
-    assert "rank 1 hung at step" in out and "named by its process state" in out
+    assert "rank 1 hung after step" in out and "named by its process state" in out
     assert "stopped (SIGSTOP" in out
     assert "rank 0 Python stacks" in out and "most recent call first" in out  # the waiting rank's stacks, shown
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -61,14 +61,14 @@ def test_failing_rank_stops_the_others_and_is_named(tmp_path):
     res = run_cli(["recipe=quickstart", "debug.fail_rank=1", "debug.fail_step=3"], tmp_path)
     assert res.returncode == 1
     out = res.stdout + res.stderr
-    assert "rank 1 failed with exit code 1 at step 3 of 50" in out
+    assert "rank 1 failed with exit code 1 after step 3 of 50" in out
     assert "injected failure" in out and "Begin global rank 1 STDERR" in out
     s = read_summary(tmp_path)
     assert s["status"] == "failed"
     by_rank = {r["rank"]: r for r in s["ranks"]}
     assert by_rank[1]["exit_code"] == 1 and not by_rank[1]["stopped_by_launcher"]
     assert by_rank[0]["stopped_by_launcher"] and by_rank[0]["signal"] in ("SIGTERM", "SIGKILL")
-    assert by_rank[1]["last_step"] == 2
+    assert by_rank[1]["last_step"] == 3
     run = (tmp_path / "log_output" / "latest").resolve()
     assert json.loads((run / "rank.1" / "error.json").read_text())["message"]
     # Nothing is lost (metrics, logs) and no rank survives the launcher.
