@@ -74,7 +74,7 @@ def _bind_store(plan: RunPlan):
     env = plan.ranks[0].env
     _check_local_address(env["MASTER_ADDR"])
     try:
-        return host_store(plan)
+        return host_store(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
     except (OSError, DistNetworkError) as e:
         port = f"cluster.master_port={env['MASTER_PORT']}"
         raise ConfigError(f"{port} on cluster.master_addr={env['MASTER_ADDR']}: the launcher cannot listen there "
@@ -142,7 +142,12 @@ def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, store, console: C
         # A new store for the next attempt, as torchrun makes one per restart (no key of the last attempt is seen),
         # on the planned port (an explicit one is free again once the old store is gone).
         store = None
-        store = host_store(plan)
+        try:
+            store = host_store(plan.ranks[0].env["MASTER_ADDR"], int(plan.ranks[0].env["MASTER_PORT"]))
+        except OSError as e:
+            console.print(f"[red]no restart: the rendezvous store cannot listen again ({e}); set "
+                          f"cluster.master_port=0 for a free port[/red]")
+            return attempts
 
 
 def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wall_s: float, console: Console) -> int:

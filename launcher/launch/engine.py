@@ -42,13 +42,11 @@ class RankLogsSpecs(LogsSpecs):
         return dest
 
 
-def host_store(plan: RunPlan) -> TCPStore:
+def host_store(host: str, port: int) -> TCPStore:
     """The rendezvous store, listening on master_addr only (127.0.0.1 by default: a single-host run is not reachable
     from the network) at the planned port (0 = a free one, chosen by the OS). OSError when it cannot listen there.
 
     TCPStore alone would listen on every interface; it is handed a socket bound to master_addr instead."""
-    env = plan.ranks[0].env
-    host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:

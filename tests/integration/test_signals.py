@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,23 @@ def test_a_signal_stops_every_rank_and_writes_the_summary(tmp_path, sig, code):
     assert summary["status"] == "interrupted" and summary["interrupted_by"] == sig.name
     assert (run_dir / "junit.xml").exists()
     assert stop_s < 15
+
+
+def test_a_second_ctrl_c_kills_ranks_that_ignore_sigterm_at_once(tmp_path):
+    script = Path(__file__).parents[1] / "data" / "ignore_sigterm.py"
+    launcher = subprocess.Popen([sys.executable, "-m", "launcher.cli", f"script={script}", "--", str(tmp_path)],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("rank*.pid"))) < 2:
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.1)
+    pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+    launcher.send_signal(signal.SIGINT)
+    time.sleep(1.5)
+    assert launcher.poll() is None and all(_alive(p) for p in pids)  # SIGTERM sent, ignored: the grace runs
+    t0 = time.monotonic()
+    launcher.send_signal(signal.SIGINT)
+    out, err = launcher.communicate(timeout=30)
+    print(f"second SIGINT: launcher exited {launcher.returncode} after {time.monotonic() - t0:.1f} s")
+    assert launcher.returncode == 130 and time.monotonic() - t0 < 5, out[-2000:] + err[-2000:]
+    assert "Traceback" not in out + err and not any(_alive(p) for p in pids)
