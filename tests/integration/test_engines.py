@@ -1,5 +1,5 @@
 """Engines and topology in real runs: torch DDP, DeepSpeed ZeRO-0 and one process compute the same steps; the mesh
-builds the planned groups; a run resumed from a checkpoint continues exactly as the uninterrupted one."""
+builds the planned groups (resume: tests/integration/test_resume.py)."""
 
 import json
 from pathlib import Path
@@ -78,21 +78,3 @@ def assert_mesh_groups_match_the_plan(run_dir: Path) -> None:
                         if all(q["coords"][o] == c[o] for o in ("pp", "dp", "tp") if o != dim)]
                   for dim in ("pp", "dp", "tp")}
         assert mesh["groups"] == groups
-
-
-@pytest.mark.parametrize(
-    "base",
-    [GPT, [*WIDE_DEEP, "placement.host_device_mix=1", "zero.stage=2"]],
-    ids=["gpt_ddp", "wide_deep_zero2_host_tables"],
-)
-def test_resume_continues_exactly(tmp_path, base):
-    whole = run(tmp_path, "whole", [*base, "trainer.steps=12", "trainer.checkpoint_every=6"])
-    ckpt = whole / "checkpoints" / "step6"
-    assert (ckpt / "trainer.0.pt").is_file() and (ckpt / "trainer.1.pt").is_file()
-    resumed = run(tmp_path, "resumed", [*base, "trainer.steps=12", f"trainer.resume_from={ckpt}"])
-    a, b = losses(whole), losses(resumed)
-    assert sorted(b) == list(range(7, 13))
-    assert {s: a[s] for s in b} == b  # bit-identical: engine, tables and their states, data position, RNG
-    # Another layout is refused before anything starts, naming what differs.
-    other = run_cli([*base, "trainer.steps=12", f"trainer.resume_from={ckpt}", "cluster.nproc_per_node=1"], tmp_path)
-    assert other.returncode == 2 and "saved with world_size 2 (now 1)" in other.stderr, other.stderr

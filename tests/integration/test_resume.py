@@ -44,8 +44,8 @@ def test_a_restart_goes_on_from_the_newest_checkpoint_as_if_nothing_happened(tmp
 
 
 def test_resume_latest_brings_back_host_tables_and_their_optimizers(tmp_path):
-    """wide_deep: FTRL / LazyAdam tables on the host (placement.host_device_mix=1), DeepSpeed's engine beside."""
-    common = ["recipe=wide_deep", "smoke=true", "placement.host_device_mix=1", *STEPS]
+    """wide_deep: FTRL / LazyAdam tables on the host (placement.host_device_mix=1), DeepSpeed ZeRO-2 beside."""
+    common = ["recipe=wide_deep", "smoke=true", "placement.host_device_mix=1", "zero.stage=2", *STEPS]
     failed = run_cli([*common, *FAIL_AFTER_STEP_8], tmp_path)
     assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
     before = (tmp_path / "log_output" / "latest").resolve()
@@ -55,6 +55,9 @@ def test_resume_latest_brings_back_host_tables_and_their_optimizers(tmp_path):
     assert after != before  # a new run dir; the old one is untouched
     assert json.loads((after / "plan.json").read_text())["resume_from"] == str(before / "checkpoints" / "step4")
     _assert_same(_losses(after / "rank.0"), _losses(before / "rank.0"))
+    # Another layout is refused before anything starts, naming what differs.
+    other = run_cli([*common, f"trainer.resume_from={before}/checkpoints/step4", "cluster.nproc_per_node=1"], tmp_path)
+    assert other.returncode == 2 and "saved with world_size 2 (now 1)" in other.stderr, other.stderr
 
 
 def test_resume_from_a_run_dir_brings_back_zero_offload_state(tmp_path):
