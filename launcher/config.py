@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.errors import ConfigError, first_line
@@ -60,7 +60,7 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
             cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])  # the usual case: all is well
         except (HydraException, OmegaConfBaseException) as first_error:
             raise ConfigError(_diagnose(parsed, script_mode, users, search) or first_line(first_error)) from None
-        added = _added_unknown_keys(cfg, parsed)
+        added = _added_unknown_keys(cfg, parsed) + _numbers_as_bools(cfg, parsed)
         if added:
             raise ConfigError(added)
         if cfg.smoke:
@@ -201,6 +201,25 @@ def _added_unknown_keys(cfg: DictConfig, parsed) -> list[str]:
                 break
             node = node._get_node(part)
             node = node if isinstance(node, DictConfig) else None
+    return problems
+
+
+def _numbers_as_bools(cfg: DictConfig, parsed) -> list[str]:
+    """``smoke=2``, ``placement.offload_params=-1``: OmegaConf takes any integer for a bool (non-zero = true); a
+    number where true or false belongs is a wrong type. 0 and 1 stay accepted."""
+    groups = set(GlobalHydra.instance().config_loader().list_groups(""))
+    problems = []
+    for o in parsed:
+        key, value = o.key_or_group, o.value()
+        if key in groups or key.startswith("hydra") or o.is_delete() or isinstance(value, bool) \
+                or not isinstance(value, (int, float)) or value in (0, 1):
+            continue
+        parent_key, _, leaf = key.rpartition(".")
+        parent = OmegaConf.select(cfg, parent_key, default=None, throw_on_missing=False) if parent_key else cfg
+        if isinstance(parent, DictConfig) and isinstance(parent._get_node(leaf, throw_on_missing_key=False),
+                                                         BooleanNode):
+            problems.append(f"{o.input_line}: {key} is true or false, not a number. Write {key}=true or "
+                            f"{key}=false.")
     return problems
 
 

@@ -24,6 +24,7 @@ from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
 from launcher.plan.sharding import ShardingPlan, plan_sharding, plan_tensor_parallel, sharding_degrees
 from launcher.plan.rules import check_config, device_and_backend, resolve_nproc
 from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan, RunPlan, ScriptPlan, checkpoint_layout
+from launcher.plan.values import INT64
 
 __all__ = [
     "BatchPlan", "Bytes", "HostFacts", "LaunchPlan", "MemoryEstimate", "OptimizerPlan", "ParallelDims",
@@ -168,7 +169,10 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
                     f"trainer.epochs: one global batch ({batch.global_size}) is larger than the {per_epoch} "
                     f"training samples. Lower batch.global_size."
                 )
-            steps = max(1, int(cfg.trainer.epochs * steps_per_epoch))
+            steps = max(1, int(min(cfg.trainer.epochs * steps_per_epoch, INT64)))
+            if steps >= INT64:
+                problems.append(f"trainer.epochs={cfg.trainer.epochs} gives more than 2**63 steps. Lower "
+                                f"trainer.epochs.")
             notes.append(f"trainer.epochs={cfg.trainer.epochs} -> {steps} steps ({steps_per_epoch} per epoch of "
                          f"{per_epoch:,} samples)")
     if data_facts.train_samples is not None and batch is not None and data_facts.train_samples < batch.micro_size * dp:
@@ -226,8 +230,11 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
                                                     sizes.layers, sizes.layer_params, sizes.tied)
         problems += pipeline_problems
         problems += _pipeline_conflicts(dims.pp, placement, zero, pipeline)
+    if cfg.debug.fail_rank >= world:
+        problems.append(f"debug.fail_rank={cfg.debug.fail_rank} is not a rank of this run (world size {world}). "
+                        f"Set debug.fail_rank to 0 .. {world - 1}, or -1 (off).")
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(list(dict.fromkeys(problems)))  # a rule checked twice says it once
     activations = _activations(facts.activations, recompute, batch.micro_size)
     memory = estimate_memory(placement, cfg.precision, cfg.optimizer.name, zero, dp)
     if pipeline is not None:

@@ -143,9 +143,7 @@ def plan_pipeline(pp: int, micro_batches: int, stages: dict[str, int], partition
             return None, problems
         how = "parallel.stages"
     elif partition not in PARTITIONS:
-        close = difflib.get_close_matches(partition, PARTITIONS, n=1)
-        hint = f" Did you mean parallel.partition={close[0]}?" if close else ""
-        return None, [f"parallel.partition={partition} is not one of {', '.join(PARTITIONS)}.{hint}"]
+        return None, partition_problems(partition)
     else:
         starts = (_balanced([layer_params[n] for n in layers], pp) if partition == "parameters"
                   else _uniform(len(layers), pp))
@@ -166,6 +164,15 @@ def plan_pipeline(pp: int, micro_batches: int, stages: dict[str, int], partition
             count -= numel * max(0, uses - 1)
         plans.append(StagePlan(index=s, layers=names, params=count, in_flight=min(pp - s, micro_batches)))
     return PipelinePlan(stages=tuple(plans), micro_batches=micro_batches, partition=how, tied=tuple(ties)), []
+
+
+def partition_problems(partition: str) -> list[str]:
+    """parallel.partition is one of PARTITIONS (checked whether or not a pipeline uses it)."""
+    if partition in PARTITIONS:
+        return []
+    close = difflib.get_close_matches(partition, PARTITIONS, n=1)
+    hint = f" Did you mean parallel.partition={close[0]}?" if close else ""
+    return [f"parallel.partition={partition} is not one of {', '.join(PARTITIONS)}.{hint}"]
 
 
 def _layer_of(path: str, layers: tuple[str, ...]) -> str:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from launcher.plan.pipeline import partition_problems
 from launcher.plan.registry import DENSE_OPTIMIZERS, unknown
-from launcher.plan.values import number_problems
+from launcher.plan.sharding import search_mode_problems
+from launcher.plan.values import number_problems, wild_number_problems
 from launcher.plan.types import HostFacts
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -16,15 +18,37 @@ _LATER = "is not supported yet (planned: {what})."  # for features of later mile
 
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+RUN_NAME_MAX = 200
+"""Characters of output.run_name (ASCII by RUN_NAME): a folder name fits any file system's 255 bytes."""
+SEED_RANGE = 2**32
+"""Seeds are in [0, 2**32): torch.manual_seed takes them, and so do the recipes' per-batch seeds (seed * 1_000_000_007 +
+index < 2**64)."""
 
 
 def check_output(o: DictConfig) -> list[str]:
-    """output.run_name is one folder name inside output.log_dir: no separators, no '..', not 'latest'."""
+    """output.run_name is one folder name inside output.log_dir: no separators, no '..', not 'latest', not longer
+    than RUN_NAME_MAX; output.stderr_tail >= 0."""
+    p = []
     name = str(o.run_name)
-    if name and (not RUN_NAME.fullmatch(name) or name == "latest" or ".." in name):
-        return [f"output.run_name={name} must be one folder name inside output.log_dir: letters, digits, '.', '_' "
-                f"and '-', starting with a letter or digit, no '..', not 'latest'. E.g. output.run_name=exp1."]
-    return []
+    if name and (not RUN_NAME.fullmatch(name) or name == "latest" or ".." in name or len(name) > RUN_NAME_MAX):
+        shown = name if name.isprintable() else repr(name)  # a tab or newline in it is shown, not obeyed
+        shown = shown if len(shown) <= 60 else f"{shown[:40]}... ({len(name)} characters)"
+        p.append(f"output.run_name={shown} must be one folder name inside output.log_dir: letters, digits, '.', '_' "
+                 f"and '-', starting with a letter or digit, no '..', not 'latest', at most {RUN_NAME_MAX} "
+                 f"characters. E.g. output.run_name=exp1.")
+    if "stderr_tail" in o and o.stderr_tail < 0:
+        p.append(f"output.stderr_tail={o.stderr_tail} must be >= 0 (lines of a failed rank's stderr to print).")
+    return p
+
+
+def check_seeds(cfg: DictConfig) -> list[str]:
+    """trainer.seed and the recipe's data.seed (when it has one) in [0, 2**32)."""
+    seeds = [("trainer.seed", cfg.trainer.seed)]
+    data = OmegaConf.select(cfg, "data", default=None, throw_on_missing=False)
+    if isinstance(data, DictConfig) and isinstance(data.get("seed"), int):
+        seeds.append(("data.seed", data.seed))
+    return [f"{key}={seed} must be an integer in [0, 2**32). E.g. {key}=1234." for key, seed in seeds
+            if not 0 <= seed < SEED_RANGE]
 
 
 def check_launcher(launcher: DictConfig) -> list[str]:
@@ -120,6 +144,13 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
         p.append(f"trainer.log_every={t.log_every} must be >= 1.")
     if t.checkpoint_every < -1:
         p.append(f"trainer.checkpoint_every={t.checkpoint_every}: use N>0 (every N steps), 0 (at the end) or -1 (never).")
+    p += number_problems("trainer", {"epochs": (t.epochs, "non_negative")})
+    p += check_seeds(cfg)
+    d = cfg.debug
+    if d.fail_rank < -1:
+        p.append(f"debug.fail_rank={d.fail_rank} must be a rank (0, 1, ...) or -1 (off).")
+    if d.fail_step != -1 and d.fail_step < 1:
+        p.append(f"debug.fail_step={d.fail_step} must be a step (1, 2, ...) or -1 (off).")
     e = cfg.eval
     if e.batches < 0:
         p.append(f"eval.batches={e.batches} must be >= 0 (0 = no evaluation).")
@@ -137,6 +168,7 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     pp = cfg.parallel.pipeline_stages
     if pp > 1:
         p += check_pipeline(cfg)
+    p += partition_problems(cfg.parallel.partition) + search_mode_problems(cfg.parallel.search_mode)
 
     if cfg.precision not in PRECISIONS:
         p.append(f"precision={cfg.precision} is not one of {', '.join(PRECISIONS)}.")
@@ -153,4 +185,5 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     else:
         p += number_problems("optimizer", {"betas[0]": (o.betas[0], "unit"), "betas[1]": (o.betas[1], "unit")})
     p += check_output(cfg.output) + check_launcher(cfg.launcher)
+    p += wild_number_problems(OmegaConf.to_container(cfg, resolve=True), named=" ".join(p))
     return p

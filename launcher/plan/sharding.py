@@ -163,13 +163,19 @@ def _redistribute(have: str, want: str, what: str, shape: list[int], tp: int) ->
     raise ValueError(f"no redistribution {have} -> {want} is planned")  # P never reaches the next operator
 
 
+def search_mode_problems(search_mode: str) -> list[str]:
+    """parallel.search_mode is one of SEARCH_MODES (checked whether or not parallel.sharding uses it)."""
+    if search_mode in SEARCH_MODES:
+        return []
+    return [f"parallel.search_mode={search_mode} is not supported; the one search mode is sharding_propagation "
+            f"(operators without a strategy take their input's layout). Set parallel.search_mode=sharding_propagation."]
+
+
 def plan_sharding(sharding: dict[str, Any], search_mode: str, ops: list[Operator] | None, recipe: str, dp: int,
                   tp: int, micro: int) -> tuple[ShardingPlan | None, list[str]]:
     """The operators of the recipe's chain with the given strategies, the rest propagated; (plan, problems)."""
     if search_mode not in SEARCH_MODES:
-        return None, [f"parallel.search_mode={search_mode} is not supported; the one search mode is "
-                      f"sharding_propagation (operators without a strategy take their input's layout). Set "
-                      f"parallel.search_mode=sharding_propagation."]
+        return None, search_mode_problems(search_mode)
     if not ops:
         return None, [f"parallel.sharding: recipe {recipe} does not list its operators for op-level sharding "
                       f"(quickstart does; parallel=semi_auto is its strategy). Use parallel.tp=N for {recipe}'s "
@@ -332,5 +338,5 @@ def shapes_words(shapes: dict[str, list[int]], partial: bool = False) -> str:
     return ", ".join(f"{n} {_fmt(s)}{' partial' if partial and n == 'out' else ''}" for n, s in shapes.items())
 
 
-__all__ = ["OpShard", "SEARCH_MODES", "ShardingPlan", "plan_sharding", "plan_tensor_parallel", "shapes_words",
-           "sharding_degrees", "strategy_words"]
+__all__ = ["OpShard", "SEARCH_MODES", "ShardingPlan", "plan_sharding", "plan_tensor_parallel", "search_mode_problems",
+           "shapes_words", "sharding_degrees", "strategy_words"]

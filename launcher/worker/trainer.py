@@ -271,4 +271,4 @@ class Trainer:
         self.engine.load(ckpt)
         if self.tables is not None:
             self.tables.load_state_dict(torch.load(ckpt.tables, map_location="cpu", weights_only=True))
-        self._load_progress(torch.load(ckpt.trainer(self.rank), weights_only=False))  # our own file: RNG tuples
+        self._load_progress(torch.load(ckpt.trainer(self.rank), map_location="cpu", weights_only=True))

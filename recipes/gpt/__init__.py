@@ -58,8 +58,8 @@ class GPTRecipe:
 
     def data_facts(self, data: MarkovDataConfig) -> DataFacts:
         """An endless stream; the floor of the mean next-token loss and the loss of a uniform guess, exactly."""
-        if data.seq_len < 3 or data.candidates < 1 or data.vocab_size < data.candidates:
-            return DataFacts()  # problems() names the bad values
+        if data.seq_len < 3 or data.candidates < 1 or data.vocab_size < data.candidates or not 0 <= data.skew < 1e6:
+            return DataFacts()  # problems() names the bad values (a huge skew only overflows the floor's math)
         floor = markov.entropy_floor(data.vocab_size, data.seq_len, data.candidates, data.skew)
         return DataFacts(reference={"entropy_floor": round(floor, 6),
                                     "uniform_loss": round(markov.uniform_loss(data.vocab_size), 6)})
@@ -83,13 +83,21 @@ class GPTRecipe:
                            f"same value (the recipe links them: override model.{key} only).")
         if model["seq_len"] < 3:
             out.append(f"model.seq_len={model['seq_len']} must be >= 3 (two context tokens and one to predict).")
+        if model["vocab_size"] < 2:
+            out.append(f"model.vocab_size={model['vocab_size']} must be >= 2 (a vocabulary of one token has "
+                       f"nothing to predict).")
+        if model["mlp_ratio"] < 1:
+            out.append(f"model.mlp_ratio={model['mlp_ratio']} must be >= 1 (the MLP's hidden width is mlp_ratio x "
+                       f"width).")
+        if not 0 <= model["dropout"] < 1:
+            out.append(f"model.dropout={model['dropout']} must be in [0, 1) (0 = off).")
         if model["layers"] < 1 or model["width"] < 1 or model["heads"] < 1:
             out.append(f"model.layers={model['layers']}, model.width={model['width']} and model.heads="
                        f"{model['heads']} must be >= 1.")
         elif model["width"] % model["heads"]:
             out.append(f"model.heads={model['heads']} must divide model.width={model['width']}. "
                        f"Set model.heads to a divisor, e.g. model.heads={_divisor(model['width'], model['heads'])}.")
-        if not 1 <= data.candidates <= data.vocab_size:
+        if model["vocab_size"] >= 2 and not 1 <= data.candidates <= data.vocab_size:
             out.append(f"data.candidates={data.candidates} must be between 1 and the vocabulary size "
                        f"({data.vocab_size}).")
         if data.skew < 0:

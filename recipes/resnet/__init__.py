@@ -70,6 +70,10 @@ class ResNetRecipe:
                for k in ("classes", "channels") if model[k] != getattr(data, k)]
         out += [f"model.{k}={model[k]} must be >= {low}." for k, low in (("width", 1), ("channels", 1), ("classes", 2))
                 if model[k] < low]
+        if data.image_size < 1:
+            out.append(f"data.image_size={data.image_size} must be >= 1 (pixels per side), e.g. data.image_size=32.")
+        if not data.noise >= 0:
+            out.append(f"data.noise={data.noise} must be >= 0 (the noise's standard deviation).")
         if len(model["blocks"]) != 4 or min(model["blocks"]) < 1:
             out.append(f"model.blocks={model['blocks']} must give 4 stages of at least one block, e.g. [3, 4, 6, 3].")
         return out

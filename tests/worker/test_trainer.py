@@ -69,6 +69,26 @@ def test_save_and_load_through_a_checkpoint_dir(tmp_path, cpu_host):
     assert [b.train_step().item() for _ in range(3)] == after_a
 
 
+def test_progress_and_rng_load_with_weights_only(tmp_path, cpu_host):
+    """trainer.<rank>.pt (step, data position, torch's and Python's RNG states) loads with weights_only=True: no
+    pickled code runs when a checkpoint is read; a resumed run draws the same random numbers."""
+    import random
+
+    a = _trainer(CASES["gpt"], cpu_host)
+    a.train_step()
+    ckpt = CheckpointDir(tmp_path / "step1")
+    a.save(ckpt)
+    saved = torch.load(ckpt.trainer(0), weights_only=True)
+    assert saved["step"] == 1 and saved["rng"]["python"] == random.getstate()
+    want = (random.random(), torch.rand(3))
+    random.seed(99)
+    torch.manual_seed(99)
+    b = _trainer(CASES["gpt"], cpu_host)
+    b.load(ckpt)
+    got = (random.random(), torch.rand(3))
+    assert b.step == 1 and got[0] == want[0] and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("change", ["none", "engine", "table", "optimizer", "load_nothing"])
 def test_verify_checkpoint_finds_a_checkpoint_that_does_not_bring_the_state_back(tmp_path, cpu_host, change):
     t = _trainer(CASES["wide_deep_host_tables"], cpu_host)
