@@ -151,5 +151,12 @@ def _hydra_app(argv: list[str]) -> int:
     return 0
 
 
+def entry() -> None:
+    """The ``hetero-launch`` command: main(), then out without the interpreter's teardown (launcher/fastexit.py)."""
+    from launcher.fastexit import fast_exit
+
+    fast_exit(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

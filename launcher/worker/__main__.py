@@ -4,6 +4,7 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from launcher.fastexit import fast_exit
 from launcher.rundir import register_stack_dump
 from launcher.worker.train import run_rank
 
@@ -18,3 +19,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    fast_exit(0)  # the rank's work is done and its files are closed: skip the interpreter's teardown

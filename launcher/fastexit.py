@@ -1,0 +1,23 @@
+"""Leave a finished process without the interpreter's teardown.
+
+With torch imported, Python's own finalization (clearing every module, collecting their objects) takes 0.6-0.9 s on
+this 2-core machine after the work is done and every file is closed: each run paid it three times (the launcher and
+its two ranks). ``fast_exit`` runs the atexit handlers (logging's flush included), flushes stdout and stderr, and ends
+the process with ``os._exit``. Only for a process that finished normally; a failure exits the usual way."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from typing import NoReturn
+
+
+def fast_exit(code: int) -> NoReturn:
+    atexit._run_exitfuncs()  # what a normal exit runs first: handlers registered by us, torch, DeepSpeed, the user
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader left
+            pass
+    os._exit(code)
