@@ -68,7 +68,8 @@ def p1(runs: int) -> list[tuple]:
         }
         r = interleaved(fns, runs)
     base = med(r["torchrun"])
-    return [("P1", f"trivial 2-rank gloo job: {k}", f"{med(v):.2f} s", f"{med(v) / base:.2f}x torchrun") for k, v in r.items()]
+    return [("P1", f"trivial 2-rank gloo job: {k}", f"{med(v):.2f} s [{min(v):.2f}-{max(v):.2f}]",
+             f"{med(v) / base:.2f}x torchrun") for k, v in r.items()]
 
 
 def p2(runs: int) -> list[tuple]:
