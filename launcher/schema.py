@@ -171,10 +171,24 @@ class PlacementConfig:
 
 @dataclass
 class ClusterConfig:
+    launch: str = "local"
+    """How ranks are started: local (this host's ranks, the launcher hosts the rendezvous store) or elastic (several
+    hosts: run the same command on each; they meet on torch elastic's c10d rendezvous at cluster.rdzv_endpoint and
+    get their node ranks there, as with torchrun --rdzv-backend=c10d)."""
     nnodes: int = 1
-    """Number of hosts (only 1 supported for now)."""
+    """Number of hosts; more than 1 needs cluster.launch=elastic."""
     node_rank: int = 0
-    """This host's index among nnodes."""
+    """This host's index among nnodes (local: 0; elastic: assigned at the rendezvous, this key is not used)."""
+    rdzv_endpoint: str = ""
+    """cluster.launch=elastic: host:port of the c10d rendezvous, the same on every host (a host that is one of the
+    nodes; the first node there to start hosts it)."""
+    rdzv_id: str = "hetero-launch"
+    """cluster.launch=elastic: the rendezvous' name, the same on every host of one job (two jobs on one endpoint
+    need two ids)."""
+    rdzv_timeout_s: float = 300.0
+    """cluster.launch=elastic: how long the hosts wait for every node to join; then the run stops, saying who came."""
+    local_addr: str = ""
+    """cluster.launch=elastic: this host's address as the other hosts reach it; empty = its fully qualified name."""
     nproc_per_node: str = "auto"
     """Ranks on this host: a positive integer, or auto = one per visible accelerator, 2 on a CPU-only host."""
     master_addr: str = "127.0.0.1"

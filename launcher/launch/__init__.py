@@ -11,10 +11,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 
 from launcher.errors import ConfigError, first_line
 from launcher.launch.record import write_rank_env, write_run_files
 from launcher.plan import RunPlan
+from launcher.plan.ranks import rank_table
 from launcher.rundir import RunDir, create_run_dir, point_latest
 
 __all__ = ["launch_run", "write_dry_run"]
@@ -83,18 +85,50 @@ def _bind_store(plan: RunPlan):
 
 
 def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
-    """Run the plan on this host; returns the launcher's exit code (0 = every rank finished)."""
+    """Run the plan's ranks of this host; returns the launcher's exit code (0 = every rank finished)."""
+    # torch elastic logs each SIGTERM it sends and each failure; the failure report below says it once, better.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # as torch elastic does once the ranks start: an exception, not death
+        signal.signal(sig, _raise_signal)
+    nodes, store = None, None
+    if cfg.cluster.launch == "elastic":  # several hosts: torch elastic's c10d rendezvous gives this one its node rank
+        from launcher.launch.host import probe_host
+        from launcher.launch.nodes import join_nodes
+
+        console.print(f"waiting for {plan.nnodes} node(s) at cluster.rdzv_endpoint={cfg.cluster.rdzv_endpoint} ...")
+        from launcher.launch.supervise import SignalException
+
+        try:
+            nodes = join_nodes(cfg, plan, probe_host())
+        except RuntimeError as e:
+            console.print(f"[red]{escape(str(e))}[/red]", soft_wrap=True)
+            return 1
+        except (KeyboardInterrupt, SignalException) as e:
+            signum = e.sigval if isinstance(e, SignalException) else signal.SIGINT
+            console.print(f"[yellow]interrupted by {signal.Signals(signum).name} while waiting for the other "
+                          f"nodes; nothing was started[/yellow]")
+            return 128 + signum
+        console.print(f"node {nodes.node_rank} of {nodes.nnodes}: ranks "
+                      f"{', '.join(str(r.rank) for r in plan.ranks if r.node_rank == nodes.node_rank)}; hosts "
+                      f"{', '.join(h['addr'] for h in nodes.hosts)}")
+    else:
+        store = _bind_store(plan)  # held open for the whole run: the ranks rendezvous on it; a busy port stops us
+    try:
+        return _launch(cfg, plan, console, nodes, store)
+    finally:
+        if nodes is not None:
+            nodes.finish()
+
+
+def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, store) -> int:
     from launcher.launch.ops import build_ops
     from launcher.launch.supervise import SignalException
     from launcher.report.junit import write_junit
     from launcher.report.summary import build_summary
 
-    # torch elastic logs each SIGTERM it sends and each failure; the failure report below says it once, better.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # as torch elastic does once the ranks start: an exception, not death
-        signal.signal(sig, _raise_signal)
-    store = _bind_store(plan)  # held open for the whole run: the ranks rendezvous on it; a busy port stops us here
     run_dir = _start_run_dir(cfg, plan)
+    if nodes is not None:  # the rank table of the real rendezvous: each node's address
+        run_dir.write_json(run_dir.rank_table, rank_table(plan.ranks, [h["addr"] for h in nodes.hosts]))
     console.print(f"run dir: {run_dir.path}")
     t0 = time.monotonic()
     try:
@@ -104,14 +138,23 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
         signum = e.sigval if isinstance(e, SignalException) else signal.SIGINT
         console.print("[yellow]interrupted while building DeepSpeed's ops; no rank started[/yellow]" if interrupted
                       else f"[red]{e}[/red]")
-        exits = [{"rank": r.rank, "exit_code": None} for r in plan.ranks]
+        node = nodes.node_rank if nodes is not None else 0
+        exits = [{"rank": r.rank, "exit_code": None} for r in plan.ranks if r.node_rank == node]
         summary = build_summary(run_dir, plan.to_dict(), exits, "interrupted" if interrupted else "failed",
                                 time.monotonic() - t0)
         run_dir.write_summary(summary)
         write_junit(run_dir, summary, cfg.output.stderr_tail)
         return 128 + signum if interrupted else 1
-    attempts = _attempts(cfg, plan, run_dir, store, console)
-    return _report(cfg, plan, run_dir, attempts, time.monotonic() - t0, console)
+    if nodes is not None:
+        from launcher.launch.attempt import run_attempt
+        from launcher.launch.engine import rank_envs
+
+        envs = rank_envs(plan, run_dir, nodes.master_port, node=nodes.node_rank, master_addr=nodes.master_addr)
+        write_rank_env(run_dir, envs)
+        attempts = [run_attempt(plan, run_dir, envs, 0, float(cfg.launcher.watchdog_s), console, nodes)]
+    else:
+        attempts = _attempts(cfg, plan, run_dir, store, console)
+    return _report(cfg, plan, run_dir, attempts, time.monotonic() - t0, console, nodes)
 
 
 def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, store, console: Console) -> list:
@@ -150,16 +193,23 @@ def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, store, console: C
             return attempts
 
 
-def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wall_s: float, console: Console) -> int:
+def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wall_s: float, console: Console,
+            nodes=None) -> int:
     """summary.json, junit.xml and the printed tables and reports of the run's last attempt (and the list of
     attempts); returns the launcher's exit code."""
     from launcher.report.junit import write_junit
-    from launcher.report.summary import build_summary, failure_report, hang_report, summary_table
+    from launcher.report.summary import build_summary, failure_report, hang_report, remote_failure_report, summary_table
 
     last = attempts[-1]
     outcome = last.outcome
     summary = build_summary(run_dir, plan.to_dict(), last.exits, last.status, wall_s)
     summary["first_failed_rank"] = last.first_failed
+    if nodes is not None:
+        summary["node_rank"] = nodes.node_rank
+        summary["nodes"] = [{**h, "ranks": [r.rank for r in plan.ranks if r.node_rank == h["node"]]}
+                            for h in nodes.hosts]
+        if last.remote_failure is not None:
+            summary["first_failure"] = last.remote_failure
     if outcome.stall is not None:
         summary["hang"] = outcome.stall.to_dict()
     if outcome.signal is not None:
@@ -174,6 +224,8 @@ def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wal
                       f"metrics and checkpoints so far are in {run_dir.path}[/yellow]")
     if outcome.stall is not None:
         console.print(hang_report(run_dir, summary, outcome.stall))
+    elif last.remote_failure is not None:
+        console.print(remote_failure_report(summary, last.remote_failure))
     elif last.first_failed is not None:
         console.print(failure_report(run_dir, summary, last.first_failed, cfg.output.stderr_tail))
     console.print(f"summary: {run_dir.summary}")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from launcher.launch.blame import Ending, first_failure
+from launcher.launch.nodes import NodeGroup
 from launcher.launch.supervise import Outcome
 from launcher.plan import RunPlan
 from launcher.rundir import RunDir
@@ -31,6 +32,8 @@ class Attempt:
     first_failed: int | None
     """The global rank whose failure ended the attempt (blame.first_failure)."""
     resumed_from: str
+    remote_failure: dict | None = None
+    """cluster.launch=elastic: the failure every node names, when it happened on another node."""
 
     def record(self) -> dict:
         """The attempt in summary.json's ``attempts``."""
@@ -43,19 +46,32 @@ class Attempt:
 
 
 def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]], number: int, watchdog_s: float,
-                console: Console) -> Attempt:
+                console: Console, nodes: NodeGroup | None = None) -> Attempt:
+    """Spawn the ranks in envs, supervise them, judge the end. With nodes (cluster.launch=elastic), a failure on
+    another node stops this node's ranks too, and every node names the same first failure."""
     from launcher.launch.engine import spawn_ranks
     from launcher.launch.progress import ProgressView
     from launcher.launch.supervise import supervise
     from launcher.launch.watchdog import Watchdog
 
-    by_local = {r.local_rank: r.rank for r in plan.ranks}
+    by_local = {r.local_rank: r.rank for r in plan.ranks if r.rank in envs}
     pc = spawn_ranks(plan, run_dir, envs)
     pids = {by_local[local]: h.proc.pid for local, h in pc.subprocess_handlers.items()}
     watchdog = Watchdog({rank: run_dir.rank(rank) for rank in pids}, pids, watchdog_s) if watchdog_s > 0 else None
-    with ProgressView(console, run_dir.rank(0), plan.steps) as view:
-        outcome = supervise(pc, view.tick, watchdog, by_local)
-    blamed = first_failure(_endings(run_dir, outcome, by_local))
+    other_failed = (lambda: nodes.remote_failure() is not None) if nodes is not None else None
+    with ProgressView(console, run_dir.rank(min(envs)), plan.steps) as view:
+        outcome = supervise(pc, view.tick, watchdog, by_local, other_failed)
+    endings = _endings(run_dir, outcome, by_local)
+    blamed = first_failure(endings)
+    remote = None
+    if nodes is not None and (blamed is not None or outcome.stopped_for_another_node):
+        local = _failure_record(run_dir, blamed) if blamed is not None else None
+        remote = (nodes.publish_failure(local, blamed.lost_peer) if local is not None
+                  else nodes.remote_failure(force=True))
+        if remote is not None and remote.get("node") == nodes.node_rank:
+            remote = None  # this node's own failure is the one every node names
+        elif remote is not None:
+            blamed = None
     stalled = set(outcome.stall.ranks) if outcome.stall is not None else set()
     exits = [{"rank": by_local[e.local_rank], "exit_code": e.exit_code, "stopped_by_launcher": e.stopped_by_launcher,
               "first_failure": blamed is not None and by_local[e.local_rank] == blamed.rank,
@@ -66,10 +82,19 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
     elif outcome.stall is not None:
         status = "hung"
     else:
-        status = "ok" if all(e["exit_code"] == 0 for e in exits) else "failed"
-    return Attempt(number=number, outcome=outcome, exits=exits, status=status,
-                   first_failed=blamed.rank if blamed is not None else None,
-                   resumed_from=getattr(plan, "resume_from", ""))
+        status = "ok" if all(e["exit_code"] == 0 for e in exits) and remote is None else "failed"
+    first = remote["rank"] if remote is not None else (blamed.rank if blamed is not None else None)
+    return Attempt(number=number, outcome=outcome, exits=exits, status=status, first_failed=first,
+                   resumed_from=getattr(plan, "resume_from", ""), remote_failure=remote)
+
+
+def _failure_record(run_dir: RunDir, blamed: Ending) -> dict:
+    """What the other nodes are told of this node's first failure (cluster.launch=elastic)."""
+    from launcher.report.summary import signal_name
+
+    rank_dir = run_dir.rank(blamed.rank)
+    return {"rank": blamed.rank, "exit_code": blamed.exit_code, "signal": signal_name(blamed.exit_code),
+            "last_step": rank_dir.last_step(), "error": rank_dir.error_message()[:500]}
 
 
 def _endings(run_dir: RunDir, outcome: Outcome, by_local: dict[int, int]) -> list[Ending]:

@@ -60,13 +60,15 @@ def host_store(host: str, port: int) -> TCPStore:
                     timeout=timedelta(minutes=10), master_listen_fd=sock.detach())  # the store owns the socket now
 
 
-def rank_envs(plan: RunPlan, run_dir: RunDir, port: int, attempt: int = 0,
-              max_restarts: int = 0) -> dict[int, dict[str, str]]:
-    """Each rank's variables as it is started: the plan's, the store's real port, the run dir, torch elastic's own
-    (TORCHELASTIC_RESTART_COUNT = the attempt: init_process_group keys each attempt's rendezvous by it)."""
+def rank_envs(plan: RunPlan, run_dir: RunDir, port: int, attempt: int = 0, max_restarts: int = 0, node: int = 0,
+              master_addr: str | None = None) -> dict[int, dict[str, str]]:
+    """Each of this node's ranks' variables as it is started: the plan's, the store's real address and port, the
+    run dir, torch elastic's own (TORCHELASTIC_RESTART_COUNT = the attempt: init_process_group keys each attempt's
+    rendezvous by it)."""
     return {
         r.rank: {
             **r.env,
+            "MASTER_ADDR": master_addr or r.env["MASTER_ADDR"],
             "MASTER_PORT": str(port),
             RUN_DIR_ENV: str(run_dir.path.resolve()),
             "TORCHELASTIC_RUN_ID": run_dir.name,
@@ -74,13 +76,13 @@ def rank_envs(plan: RunPlan, run_dir: RunDir, port: int, attempt: int = 0,
             "TORCHELASTIC_RESTART_COUNT": str(attempt),
             "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         }
-        for r in plan.ranks
+        for r in plan.ranks if r.node_rank == node
     }
 
 
 def spawn_ranks(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> PContext:
-    """Start this host's ranks as ``python <plan.rank_args(run_dir)>``."""
-    by_local = {r.local_rank: r.rank for r in plan.ranks}
+    """Start this host's ranks (those in envs) as ``python <plan.rank_args(run_dir)>``."""
+    by_local = {r.local_rank: r.rank for r in plan.ranks if r.rank in envs}
     args = plan.rank_args(str(run_dir.path))
     return start_processes(
         name=run_dir.name,

@@ -45,6 +45,8 @@ class Outcome:
     """The signal that interrupted the launcher (SIGINT for Ctrl-C); the exit code is 128 + it."""
     stall: Stall | None = None
     """The watchdog's finding, when the job hung."""
+    stopped_for_another_node: bool = False
+    """The ranks were stopped because a rank on another node failed (cluster.launch=elastic)."""
 
     @property
     def ended_on_their_own(self) -> list[RankExit]:
@@ -80,12 +82,14 @@ def _stop(pc: PContext) -> None:
 
 
 def supervise(pc: PContext, on_tick: Callable[[], None], watchdog: Watchdog | None = None,
-              local_to_global: dict[int, int] | None = None, period_s: float = 0.05) -> Outcome:
-    """Poll the ranks every period_s, calling on_tick (progress) each time, until the run is over."""
+              local_to_global: dict[int, int] | None = None, other_node_failed: Callable[[], bool] | None = None,
+              period_s: float = 0.05) -> Outcome:
+    """Poll the ranks every period_s, calling on_tick (progress) each time, until the run is over (or, with
+    other_node_failed, until it says another node's rank failed)."""
     handlers = pc.subprocess_handlers
     to_global = local_to_global or {local: local for local in handlers}
     seen: dict[int, tuple[int, float]] = {}  # local rank -> (exit code, when seen) for ranks that ended on their own
-    signum, stall = None, None
+    signum, stall, remote = None, None, False
     try:
         while True:
             for local, h in handlers.items():
@@ -98,6 +102,9 @@ def supervise(pc: PContext, on_tick: Callable[[], None], watchdog: Watchdog | No
                 stall = watchdog.check({to_global[r] for r in handlers if r not in seen})
                 if stall is not None:
                     break
+            if other_node_failed is not None and other_node_failed():
+                remote = True
+                break
             time.sleep(period_s)
     except KeyboardInterrupt:
         signum = signal.SIGINT
@@ -111,4 +118,4 @@ def supervise(pc: PContext, on_tick: Callable[[], None], watchdog: Watchdog | No
         exits.append(RankExit(local_rank=local, exit_code=code, stopped_by_launcher=local not in seen,
                               seen_s=seen_s))
     return Outcome(exits=tuple(exits), interrupted=signum is not None,
-                   signal=int(signum) if signum is not None else None, stall=stall)
+                   signal=int(signum) if signum is not None else None, stall=stall, stopped_for_another_node=remote)

@@ -51,11 +51,14 @@ def check_seeds(cfg: DictConfig) -> list[str]:
             if not 0 <= seed < SEED_RANGE]
 
 
-def check_launcher(launcher: DictConfig) -> list[str]:
-    """launcher.*: the watchdog's limit and the number of restarts."""
+def check_launcher(launcher: DictConfig, launch: str = "local") -> list[str]:
+    """launcher.*: the watchdog's limit and the number of restarts (restarts: of a local launch)."""
     p = number_problems("launcher", {"watchdog_s": (launcher.watchdog_s, "non_negative")})
     if launcher.max_restarts < 0:
         p.append(f"launcher.max_restarts={launcher.max_restarts} must be 0 (no restart) or more.")
+    elif launcher.max_restarts > 0 and launch != "local":
+        p.append(f"launcher.max_restarts={launcher.max_restarts} with cluster.launch={launch}: restarts across hosts "
+                 f"are not supported yet. Set launcher.max_restarts=0, and resume with trainer.resume=latest.")
     return p
 
 
@@ -83,16 +86,49 @@ def device_and_backend(backend: str, host: HostFacts, device: str = "auto") -> t
     return device_type, backend
 
 
+LAUNCHES = ("local", "elastic")
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[?[0-9A-Fa-f:.]+\]?")
+"""A host name or an IPv4/IPv6 address: nothing a shell or a URL would read as more."""
+
+
+def _check_nodes(c: DictConfig) -> list[str]:
+    """cluster.launch, nnodes and the rendezvous keys."""
+    p = []
+    if c.launch not in LAUNCHES:
+        later = {"mpi": "mpirun", "slurm": "srun / sbatch"}.get(str(c.launch))
+        p.append(f"cluster.launch={c.launch} " + (_LATER.format(what=later) if later else
+                                                  f"is not one of {', '.join(LAUNCHES)}.")
+                 + " Use cluster.launch=local (one host) or elastic (several hosts on torch elastic's rendezvous).")
+        return p
+    if c.nnodes < 1:
+        p.append(f"cluster.nnodes={c.nnodes} must be 1 or more.")
+    if c.launch == "local":
+        if c.nnodes != 1:
+            p.append(f"cluster.nnodes={c.nnodes} with cluster.launch=local: a local launch starts this host's ranks "
+                     f"only. Set cluster.launch=elastic cluster.rdzv_endpoint=<host>:<port> and run the same command "
+                     f"on every host.")
+        if c.node_rank != 0:
+            p.append(f"cluster.node_rank={c.node_rank} must be 0 with cluster.nnodes=1.")
+        return p
+    host, _, port = str(c.rdzv_endpoint).rpartition(":")
+    if not host or not _HOST.fullmatch(host) or not port.isdigit() or not 1 <= int(port) <= 65535:
+        p.append(f"cluster.rdzv_endpoint={c.rdzv_endpoint or '(empty)'} must be <host>:<port> of one of the nodes, "
+                 f"the same on every host, e.g. cluster.rdzv_endpoint=node0.cluster:29400.")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", str(c.rdzv_id)):
+        p.append(f"cluster.rdzv_id={c.rdzv_id} must be a name of letters, digits, '.', '_' and '-'.")
+    if c.local_addr and not _HOST.fullmatch(str(c.local_addr)):
+        p.append(f"cluster.local_addr={c.local_addr} must be a host name or an address, e.g. cluster.local_addr=10.0.0.2.")
+    p += number_problems("cluster", {"rdzv_timeout_s": (c.rdzv_timeout_s, "positive")})
+    return p
+
+
 def check_cluster(c: DictConfig, host: HostFacts) -> list[str]:
     """The cluster section's problems (shared by recipe runs and script runs)."""
     p: list[str] = []
     nproc = str(c.nproc_per_node)
     if nproc != "auto" and not (nproc.isdigit() and int(nproc) >= 1):
         p.append(f"cluster.nproc_per_node={nproc} must be a positive integer or auto.")
-    if c.nnodes != 1:
-        p.append(f"cluster.nnodes={c.nnodes}: multi-node launch " + _LATER.format(what="torchrun/srun/mpirun engines") + " Set cluster.nnodes=1.")
-    if c.node_rank != 0:
-        p.append(f"cluster.node_rank={c.node_rank} must be 0 with cluster.nnodes=1.")
+    p += _check_nodes(c)
     if c.backend not in BACKENDS:
         p.append(f"cluster.backend={c.backend} is not one of {', '.join(BACKENDS)}.")
     elif c.backend == "nccl" and host.accelerators == 0:
@@ -184,6 +220,6 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
         p.append(f"optimizer.betas={list(o.betas)} must be two numbers, e.g. optimizer.betas=[0.9,0.999].")
     else:
         p += number_problems("optimizer", {"betas[0]": (o.betas[0], "unit"), "betas[1]": (o.betas[1], "unit")})
-    p += check_output(cfg.output) + check_launcher(cfg.launcher)
+    p += check_output(cfg.output) + check_launcher(cfg.launcher, cfg.cluster.launch)
     p += wild_number_problems(OmegaConf.to_container(cfg, resolve=True), named=" ".join(p))
     return p

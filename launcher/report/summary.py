@@ -44,7 +44,7 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
                 "samples_per_s": steps[-1].get("samples_per_s") if steps else None,
             }
         )
-    rank0 = run_dir.rank(0).read_metrics()
+    rank0 = run_dir.rank(min((e["rank"] for e in rank_exits), default=0)).read_metrics()  # this node's first rank
     steps0 = [m for m in rank0 if "event" not in m]
     evals = [m for m in rank0 if m.get("event") == "eval"]
     final_loss = steps0[-1].get("loss") if steps0 else None
@@ -139,6 +139,19 @@ def failure_report(run_dir: RunDir, summary: dict, failed_rank: int | None, tail
     parts.append(Text("last step of each rank: " + ", ".join(f"rank {r['rank']} {r['last_step']}"
                                                              for r in summary["ranks"])))
     return Group(*parts)
+
+
+def remote_failure_report(summary: dict, failure: dict) -> Panel:
+    """A rank on another node failed first (cluster.launch=elastic): what that node said, and what happened here."""
+    node = next((n for n in summary.get("nodes", []) if n["node"] == failure.get("node")), {})
+    how = f"signal {failure['signal']}" if failure.get("signal") else f"exit code {failure.get('exit_code')}"
+    body = Text(f"rank {failure['rank']} on node {failure.get('node')} ({node.get('addr', '?')}) failed first, with "
+                f"{how} after step {failure.get('last_step')} of {summary['steps']}; this node's ranks "
+                f"({', '.join(str(r['rank']) for r in summary['ranks'])}) were stopped. Its logs are in that node's "
+                f"run dir.\n")
+    if failure.get("error"):
+        body.append(f"error: {failure['error']}\n", style="bold red")
+    return Panel(body, title=f"rank {failure['rank']} failed (node {failure.get('node')})", border_style="red")
 
 
 STACK_LINES = 40

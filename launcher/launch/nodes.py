@@ -1,0 +1,155 @@
+"""Several hosts on torch elastic's c10d rendezvous (cluster.launch=elastic), as torchrun --rdzv-backend=c10d does.
+
+Every host runs the same command. The launchers meet at ``cluster.rdzv_endpoint`` through torch's own rendezvous
+handler (``get_rendezvous_handler``, backend c10d): it assigns each host its node rank and, on node 0, starts the
+store the ranks bootstrap their process group on (``RendezvousInfo.bootstrap_store_info``). The rendezvous' store
+then carries what the launchers tell each other, under ``hl/``:
+
+- ``plan/<node>``: a hash of each node's plan; every node checks it got the same plan before any rank starts;
+- ``host/<node>``: each node's address and facts (cores, devices), for the checks and the run's rank table;
+- ``failed``: the first failure, written once (compare_set): every launcher stops its ranks and names the same rank;
+- ``finished/<node>``: no launcher leaves (and takes a store with it) before every node is done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from omegaconf import DictConfig
+
+from launcher.errors import ConfigError
+from launcher.plan import HostFacts, RunPlan
+
+_PREFIX = "hl/"
+POLL_S = 0.5
+"""How often a launcher looks for another node's failure."""
+LOST_PEER_WAIT_S = 3.0
+"""A node whose ranks only lost their peers waits this long for the node with the cause to speak first."""
+FINISH_WAIT_S = 30.0
+"""How long a launcher waits at the end for the other nodes to be done with the stores."""
+
+
+def plan_hash(plan: RunPlan) -> str:
+    """What every node must agree on: the plan without its per-host parts (rank env: cores, cache paths; notes)."""
+    d = {k: v for k, v in plan.to_dict().items() if k not in ("ranks", "notes")}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class NodeGroup:
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    """The ranks' bootstrap store (on node 0)."""
+    master_port: int
+    hosts: list[dict[str, Any]]
+    """Each node's address and facts, by node rank."""
+    store: Any
+    handler: Any
+    _checked: float = 0.0
+
+    def _key(self, name: str) -> str:
+        return _PREFIX + name
+
+    def publish_failure(self, failure: dict[str, Any], lost_peer: bool) -> dict[str, Any]:
+        """Tell every node about this node's first failure, unless another node spoke first; returns the failure
+        every node names. A failure that is only a lost peer waits a little for the node with the cause."""
+        if lost_peer:
+            deadline = time.monotonic() + LOST_PEER_WAIT_S
+            while time.monotonic() < deadline:
+                theirs = self.remote_failure(force=True)
+                if theirs is not None:
+                    return theirs
+                time.sleep(0.1)
+        payload = json.dumps({**failure, "node": self.node_rank})
+        try:
+            won = self.store.compare_set(self._key("failed"), "", payload)
+            return json.loads(won.decode() if isinstance(won, bytes) else won)
+        except (RuntimeError, ValueError, OSError):  # the store went away with node 0: our own view stands
+            return {**failure, "node": self.node_rank}
+
+    def remote_failure(self, force: bool = False) -> dict[str, Any] | None:
+        """The failure another node published, if any (looked up at most every POLL_S)."""
+        now = time.monotonic()
+        if not force and now - self._checked < POLL_S:
+            return None
+        self._checked = now
+        try:
+            if not self.store.check([self._key("failed")]):
+                return None
+            return json.loads(self.store.get(self._key("failed")))
+        except (RuntimeError, ValueError, OSError):
+            return None
+
+    def finish(self) -> None:
+        """Say this node is done and wait (at most FINISH_WAIT_S) until every node is: the rendezvous store lives in
+        one of the launchers (whichever bound cluster.rdzv_endpoint first), and the others may still need it to
+        learn who failed first."""
+        try:
+            self.store.set(self._key(f"finished/{self.node_rank}"), "1")
+            keys = [self._key(f"finished/{n}") for n in range(self.nnodes)]
+            self.store.wait(keys, timedelta(seconds=FINISH_WAIT_S))
+        except (RuntimeError, OSError):
+            pass
+        try:
+            self.handler.shutdown()
+        except Exception:  # noqa: BLE001 - torch's handler may fail on a store already gone; nothing is left to do
+            pass
+
+
+def join_nodes(cfg: DictConfig, plan: RunPlan, host: HostFacts) -> NodeGroup:
+    """Meet the other hosts at cluster.rdzv_endpoint (waits up to cluster.rdzv_timeout_s for all of them), check
+    that every node planned the same, and exchange host facts. ConfigError for a plan that differs or hosts that
+    cannot run it; RuntimeError (exit 1) for a rendezvous that did not complete."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    c = cfg.cluster
+    params = RendezvousParameters(
+        backend="c10d", endpoint=c.rdzv_endpoint, run_id=c.rdzv_id, min_nodes=c.nnodes, max_nodes=c.nnodes,
+        local_addr=c.local_addr or None, join_timeout=str(int(c.rdzv_timeout_s)),
+    )
+    try:
+        handler = get_rendezvous_handler(params)
+        info = handler.next_rendezvous()
+    except RendezvousTimeoutError:
+        raise RuntimeError(f"not every node joined the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} "
+                           f"(cluster.rdzv_id={c.rdzv_id}) within cluster.rdzv_timeout_s={c.rdzv_timeout_s:g} s: this "
+                           f"host ({c.local_addr or socket.getfqdn()}) did, cluster.nnodes={c.nnodes} were expected. "
+                           f"Start the same command on every host (the same rdzv_endpoint and rdzv_id).") from None
+    except (RendezvousError, RuntimeError, TimeoutError, OSError) as e:
+        raise RuntimeError(f"the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} (cluster.rdzv_id="
+                           f"{c.rdzv_id}) did not complete: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                           f". All cluster.nnodes={c.nnodes} hosts must run the same command within "
+                           f"cluster.rdzv_timeout_s={c.rdzv_timeout_s:g} s.") from None
+    store, node, nnodes = info.store, info.rank, info.world_size
+    addr = c.local_addr or socket.getfqdn()
+    store.set(_PREFIX + f"plan/{node}", plan_hash(plan))
+    store.set(_PREFIX + f"host/{node}", json.dumps({"node": node, "addr": addr, "hostname": host.hostname,
+                                                    "cpu_count": host.cpu_count, "accelerators": host.accelerators}))
+    hashes = [store.get(_PREFIX + f"plan/{n}").decode() for n in range(nnodes)]
+    hosts = [json.loads(store.get(_PREFIX + f"host/{n}")) for n in range(nnodes)]
+    group = NodeGroup(node_rank=node, nnodes=nnodes, master_addr=info.bootstrap_store_info.master_addr,
+                      master_port=info.bootstrap_store_info.master_port, hosts=hosts, store=store, handler=handler)
+    problems = []
+    if len(set(hashes)) > 1:
+        differ = [f"node {n} ({hosts[n]['hostname']}) {h}" for n, h in enumerate(hashes)]
+        problems.append(f"the nodes planned different runs (plan hashes: {', '.join(differ)}): every host must run "
+                        f"the same command with the same config and code. Compare their plan.json (dry_run=true).")
+    if plan.device_type == "cuda":
+        short = [f"node {h['node']} ({h['hostname']}: {h['accelerators']})" for h in hosts
+                 if h["accelerators"] < plan.nproc_per_node]
+        if short:
+            problems.append(f"cluster.nproc_per_node={plan.nproc_per_node} CUDA devices per host, but "
+                            f"{', '.join(short)} have fewer. Lower cluster.nproc_per_node.")
+    if problems:
+        group.finish()
+        raise ConfigError(problems)
+    return group
