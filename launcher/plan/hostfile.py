@@ -26,7 +26,7 @@ INCLUDE, EXCLUDE = "cluster.include", "cluster.exclude"
 
 
 def parse_hostfile(text: str, source: str) -> list[tuple[str, int]]:
-    """[(host, slots)] in file order, or one ConfigError naming each bad line (source:line "text")."""
+    """[(host, slots)] in file order, or one ConfigError naming each bad line (source line N "text")."""
     problems: list[str] = []
     hosts: list[tuple[str, int]] = []
     line_of: dict[str, int] = {}
@@ -35,7 +35,7 @@ def parse_hostfile(text: str, source: str) -> list[tuple[str, int]]:
         content = line.split("#", 1)[0].strip()
         if not content:
             continue
-        at = f"{source}:{n} {shown(line)}"
+        at = f"{source} line {n} {shown(line)}"
         host, *rest = content.split()
         why = address_problem(host)
         if why:

@@ -32,16 +32,17 @@ def test_bad_lines_each_named():
            "worker-4 slots=2 max_slots=4\n10.0.0.1;rm slots=1\n$(id) slots=1\n"
     found = refused(text)
     assert found == [
-        f'{SRC}:2 "worker-1": no slots. Write worker-1 slots=<ranks on that host>, e.g. worker-1 slots=4.',
-        f'{SRC}:3 "worker-2 slots=0": slots=0 must be a whole number > 0 (ranks on that host). E.g. worker-2 slots=4.',
-        f'{SRC}:4 "worker-3 slots=four": slots=four must be a whole number > 0 (ranks on that host). '
+        f'{SRC} line 2 "worker-1": no slots. Write worker-1 slots=<ranks on that host>, e.g. worker-1 slots=4.',
+        f'{SRC} line 3 "worker-2 slots=0": slots=0 must be a whole number > 0 (ranks on that host). '
+        f'E.g. worker-2 slots=4.',
+        f'{SRC} line 4 "worker-3 slots=four": slots=four must be a whole number > 0 (ranks on that host). '
         f'E.g. worker-3 slots=4.',
-        f'{SRC}:5 "worker-0 slots=2": worker-0 is also on line 1. Give each host once, with all its slots.',
-        f'{SRC}:6 "worker-4 slots=2 max_slots=4": a line is <host> slots=<N> (DeepSpeed\'s form); "max_slots=4" is '
-        f'not read. Remove it (a comment starts with #).',
-        f'{SRC}:7 "10.0.0.1;rm slots=1": the host "10.0.0.1;rm" contains ";", which no host name or IP address has. '
-        f'Write a host name or IP address, e.g. worker-1 slots=4.',
-        f'{SRC}:8 "$(id) slots=1": the host "$(id)" contains "$", which no host name or IP address has. '
+        f'{SRC} line 5 "worker-0 slots=2": worker-0 is also on line 1. Give each host once, with all its slots.',
+        f'{SRC} line 6 "worker-4 slots=2 max_slots=4": a line is <host> slots=<N> (DeepSpeed\'s form); '
+        f'"max_slots=4" is not read. Remove it (a comment starts with #).',
+        f'{SRC} line 7 "10.0.0.1;rm slots=1": the host "10.0.0.1;rm" contains ";", which no host name or IP address '
+        f'has. Write a host name or IP address, e.g. worker-1 slots=4.',
+        f'{SRC} line 8 "$(id) slots=1": the host "$(id)" contains "$", which no host name or IP address has. '
         f'Write a host name or IP address, e.g. worker-1 slots=4.',
     ]
 
