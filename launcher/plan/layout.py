@@ -82,7 +82,7 @@ def address_problem(value: str) -> str:
 
 def shown(value: object, limit: int = 60) -> str:
     """A value as it is written in JSON (quotes and escapes visible, nothing obeyed), cut to about limit characters."""
-    text = json.dumps(value)
+    text = json.dumps(value, default=repr)  # JSON values as written; anything else (a caller's object) by repr
     return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} characters)"
 
 
