@@ -199,6 +199,17 @@ class ClusterConfig:
     """torch.distributed backend: auto (nccl with accelerators, else gloo), gloo or nccl."""
     device: str = "auto"
     """Where ranks compute: auto (cuda with visible CUDA devices, else cpu), cpu (also on a GPU host), or cuda."""
+    # A cluster described in a file (read in launcher/launch/preflight.py: read_cluster_files); give at most one.
+    rank_table_file: str = ""
+    """A MindSpore/HCCL rank table (JSON, version 1.0, as hccl_tools.py writes it): servers, devices, rank ids.
+    Empty = none."""
+    hostfile: str = ""
+    """A DeepSpeed-style hostfile: one `<host> slots=<N>` line per host, # comments. Empty = none."""
+    include: str = ""
+    """With hostfile: only these hosts/slots, DeepSpeed's --include syntax (worker-0@worker-1:0,2). Empty = all."""
+    exclude: str = ""
+    """With hostfile: all but these hosts/slots, DeepSpeed's --exclude syntax (worker-1:0). Empty = none excluded;
+    not together with include."""
 
 
 @dataclass
