@@ -6,8 +6,9 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from launcher.errors import ConfigError
-from launcher.launch.preflight import check_resume, check_script, gather_facts, resume_checkpoint
+from launcher.launch.preflight import check_resume, check_script, gather_facts, read_cluster_files, resume_checkpoint
 from launcher.plan import HostFacts, RunPlan, plan_launch
+from launcher.plan.layout import ClusterLayout
 from launcher.plan.script import plan_script
 
 
@@ -26,7 +27,36 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
     if resume:  # trainer.resume=<run>|latest is that run's newest complete checkpoint: the config says which
         cfg = cfg.copy()
         cfg.trainer.resume_from = resume
+    layout = read_cluster_files(cfg)
+    lines = []
+    if layout is not None:
+        cfg = with_layout(cfg, layout)
+        lines.append(f"{layout.source}: {layout.nnodes} host(s) × {layout.nproc_per_node} rank(s) "
+                     f"({', '.join(layout.hosts)}) -> cluster.nnodes={layout.nnodes}, "
+                     f"cluster.nproc_per_node={layout.nproc_per_node}")
     facts = gather_facts(cfg, config_dir, estimate)
     plan = plan_launch(cfg, host, facts)
     check_resume(plan)
-    return plan, [*facts.data.lines, *(facts.model.lines if facts.model else ())]
+    return plan, [*lines, *facts.data.lines, *(facts.model.lines if facts.model else ())]
+
+
+def with_layout(cfg: DictConfig, layout: ClusterLayout) -> DictConfig:
+    """The cluster a rank table or hostfile describes, in cluster.nnodes and nproc_per_node (given values must
+    agree), and as the rendezvous' default endpoint (the first host, torchrun's port 29400)."""
+    c = cfg.cluster
+    problems = []
+    if c.nnodes not in (1, layout.nnodes):
+        problems.append(f"cluster.nnodes={c.nnodes} but {layout.source} describes {layout.nnodes} host(s). Leave "
+                        f"cluster.nnodes out (the file decides) or make them agree.")
+    if str(c.nproc_per_node) not in ("auto", str(layout.nproc_per_node)):
+        problems.append(f"cluster.nproc_per_node={c.nproc_per_node} but {layout.source} gives each host "
+                        f"{layout.nproc_per_node} rank(s). Leave cluster.nproc_per_node out or make them agree.")
+    if problems:
+        raise ConfigError(problems)
+    cfg = cfg.copy()
+    cfg.cluster.nnodes = layout.nnodes
+    cfg.cluster.nproc_per_node = str(layout.nproc_per_node)
+    if layout.nnodes > 1 and not cfg.cluster.rdzv_endpoint:
+        host = layout.hosts[0]
+        cfg.cluster.rdzv_endpoint = f"[{host}]:29400" if ":" in host else f"{host}:29400"
+    return cfg

@@ -21,7 +21,7 @@ from launcher.errors import ConfigError
 from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.plan.hostfile import filter_hosts, hostfile_layout, parse_hostfile
 from launcher.plan.layout import ClusterLayout
-from launcher.plan.rank_table import parse_rank_table
+from launcher.plan.hccl_table import parse_rank_table
 from launcher.rundir import CheckpointDir, RunDir
 
 
@@ -150,7 +150,7 @@ def _activations(recipe, cfg: DictConfig, data):
 def read_cluster_files(cfg: DictConfig) -> ClusterLayout | None:
     """The ClusterLayout that cluster.rank_table_file or cluster.hostfile (filtered by cluster.include/exclude)
     describes, or None when neither is given. A missing, unreadable or malformed file is a ConfigError naming the
-    key; the parsing itself is pure (launcher/plan/rank_table.py, launcher/plan/hostfile.py)."""
+    key; the parsing itself is pure (launcher/plan/hccl_table.py, launcher/plan/hostfile.py)."""
     c = cfg.cluster
     table, hostfile = str(c.get("rank_table_file", "")), str(c.get("hostfile", ""))
     include, exclude = str(c.get("include", "")), str(c.get("exclude", ""))

@@ -39,3 +39,29 @@ def test_bad_cluster_keys_are_named(cpu_host, overrides, message):
     with pytest.raises(ConfigError) as e:
         plan_of(["recipe=quickstart", *overrides], cpu_host)
     assert message in e.value.render()
+
+
+def _table(servers):
+    return {"version": "1.0", "server_count": str(len(servers)), "status": "completed", "server_list": [
+        {"server_id": host, "host_nic_ip": "reserve", "device": [
+            {"device_id": str(d), "device_ip": f"192.1.{n}.{d}", "rank_id": str(r)} for d, r in enumerate(ranks)]}
+        for n, (host, ranks) in enumerate(servers)]}
+
+
+def test_a_rank_table_sets_the_nodes_and_a_bad_one_exits_2_naming_the_entry(tmp_path, capsys):
+    import json
+
+    from launcher.cli import main
+
+    good, bad = tmp_path / "hccl_4p.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(_table([("10.0.0.1", [0, 1]), ("10.0.0.2", [2, 3])])))
+    bad.write_text(json.dumps(_table([("10.0.0.1", [0, 1]), ("10.0.0.2;reboot", [1, 3])])))
+    log_dir = f"output.log_dir={tmp_path / 'logs'}"
+    assert main(["recipe=quickstart", f"cluster.rank_table_file={good}", "cluster.launch=elastic", "dry_run=true",
+                 log_dir]) == 0
+    plan = json.loads(next((tmp_path / "logs").glob("quickstart-*/plan.json")).read_text())
+    assert plan["world_size"] == 4 and [r["node_rank"] for r in plan["ranks"]] == [0, 0, 1, 1]
+    capsys.readouterr()
+    assert main(["recipe=quickstart", f"cluster.rank_table_file={bad}", "cluster.launch=elastic", log_dir]) == 2
+    err = capsys.readouterr().err
+    assert 'server_list[1].server_id="10.0.0.2;reboot"' in err and 'server_list[1].device[0].rank_id="1"' in err

@@ -7,7 +7,7 @@ import pytest
 
 from launcher.errors import ConfigError
 from launcher.plan.layout import RankSlot, address_problem
-from launcher.plan.rank_table import parse_rank_table
+from launcher.plan.hccl_table import parse_rank_table
 from launcher.plan.ranks import plan_ranks, rank_table
 
 SRC = "cluster.rank_table_file=hccl.json"
