@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/suite.py [--runs 5] [--only P1 P4 ...]
 
-P1 launch overhead: a trivial 2-rank gloo job via hetero-launch script=, torchrun, the deepspeed launcher; a dry run.
+P1 launch overhead: a trivial 2-rank gloo job via hetero-launch script=, torchrun, the deepspeed launcher; a dry run;
+   a quickstart smoke run through each launch backend (local, elastic).
 P2 wide_deep host placement: samples/s of host sparse tables vs dense tables (both through hetero-launch, 1 rank),
    lookups/s vs a plain gather's bound.
 P3 offloaded optimizer step: DeepSpeedCPUAdam vs torch.optim.Adam(fused) at 32 M parameters.
@@ -68,8 +69,30 @@ def p1(runs: int) -> list[tuple]:
         }
         r = interleaved(fns, runs)
     base = med(r["torchrun"])
-    return [("P1", f"trivial 2-rank gloo job: {k}", f"{med(v):.2f} s [{min(v):.2f}-{max(v):.2f}]",
+    rows = [("P1", f"trivial 2-rank gloo job: {k}", f"{med(v):.2f} s [{min(v):.2f}-{max(v):.2f}]",
              f"{med(v) / base:.2f}x torchrun") for k, v in r.items()]
+    # The same recipe run through each launch backend (one host: elastic's rendezvous with one node).
+    smoke = [str(BIN / "hetero-launch"), "recipe=quickstart", "smoke=true"]
+    with tempfile.TemporaryDirectory() as tmp:
+        backends = {
+            "local": lambda: timed(smoke, cwd=tmp),
+            "elastic (c10d rendezvous, 1 node)": lambda: timed(
+                [*smoke, "cluster.launch=elastic", f"cluster.rdzv_endpoint=127.0.0.1:{_free_port()}",
+                 "cluster.local_addr=127.0.0.1"], cwd=tmp),
+        }
+        b = interleaved(backends, runs)
+    local = med(b["local"])
+    rows += [("P1", f"quickstart smoke run, cluster.launch={k}", f"{med(v):.2f} s [{min(v):.2f}-{max(v):.2f}]",
+              f"{med(v) / local:.2f}x local") for k, v in b.items()]
+    return rows
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def p2(runs: int) -> list[tuple]:
