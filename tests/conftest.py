@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,36 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Comp
 
 def read_summary(cwd: Path) -> dict:
     return json.loads((cwd / "log_output" / "latest" / "summary.json").read_text())
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group is left (each rank leads its own group: its children are in it)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def start_training(cwd: Path, *overrides: str) -> tuple[subprocess.Popen, Path, list[int]]:
+    """The launcher on quickstart (2 ranks, endless steps), once both ranks have logged a few steps: (launcher
+    process, run dir, the ranks' pids)."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "recipe=quickstart", "trainer.steps=1000000", "trainer.log_every=1",
+         "trainer.checkpoint_every=-1", "eval.batches=0", *overrides],
+        cwd=cwd, env={**os.environ, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = cwd / "log_output" / "latest" / "rank.1" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 5):  # both ranks are training
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.1)
+    run_dir = (cwd / "log_output" / "latest").resolve()
+    return launcher, run_dir, [int((run_dir / f"rank.{r}" / "pid").read_text()) for r in (0, 1)]

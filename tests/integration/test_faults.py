@@ -4,56 +4,23 @@ rank (no process of the job survives), and says so in its report, summary.json a
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ET
 
 import pytest
 
+from tests.conftest import group_alive, pid_alive, start_training
+
 pytestmark = pytest.mark.integration
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _start_training(tmp_path, *overrides):
-    """The launcher on quickstart (2 ranks, endless steps), once both ranks have logged a few steps: (launcher
-    process, run dir, the ranks' pids)."""
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "recipe=quickstart", "trainer.steps=1000000", "trainer.log_every=1",
-         "trainer.checkpoint_every=-1", "eval.batches=0", *overrides],
-        cwd=tmp_path, env={**os.environ, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = tmp_path / "log_output" / "latest" / "rank.1" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 5):  # both ranks are training
-        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
-        time.sleep(0.1)
-    run_dir = (tmp_path / "log_output" / "latest").resolve()
-    pids = [int((run_dir / f"rank.{r}" / "pid").read_text()) for r in (0, 1)]
-    return launcher, run_dir, pids
-
-
 def _check_nothing_survives(pids):
-    assert not any(_alive(p) for p in pids)
-    assert not any(_group_alive(p) for p in pids)  # each rank leads its process group: its children are gone too
+    assert not any(pid_alive(p) for p in pids)
+    assert not any(group_alive(p) for p in pids)  # each rank leads its process group: its children are gone too
 
 
 def test_a_rank_killed_from_outside_is_blamed_with_an_oom_hint(tmp_path):
-    launcher, run_dir, pids = _start_training(tmp_path)
+    launcher, run_dir, pids = start_training(tmp_path)
     t0 = time.monotonic()
     os.kill(pids[1], signal.SIGKILL)  # what the kernel's OOM killer does
     out, err = launcher.communicate(timeout=60)
@@ -76,7 +43,7 @@ def test_a_rank_killed_from_outside_is_blamed_with_an_oom_hint(tmp_path):
 
 
 def test_a_stopped_rank_is_named_as_hung_with_every_ranks_stacks(tmp_path):
-    launcher, run_dir, pids = _start_training(tmp_path, "launcher.watchdog_s=2")
+    launcher, run_dir, pids = start_training(tmp_path, "launcher.watchdog_s=2")
     os.kill(pids[1], signal.SIGSTOP)  # a rank that stops making progress: its peer waits for it in all-reduce
     t0 = time.monotonic()
     out, err = launcher.communicate(timeout=90)

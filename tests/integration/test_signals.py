@@ -2,7 +2,6 @@
 says `interrupted` and by what, the exit code is 128 + the signal, and no traceback is printed."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,30 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import pid_alive, start_training
+
 pytestmark = pytest.mark.integration
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_every_rank_and_writes_the_summary(tmp_path, sig, code):
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "recipe=quickstart", "trainer.steps=1000000", "trainer.log_every=1",
-         "trainer.checkpoint_every=-1", "eval.batches=0"],
-        cwd=tmp_path, env={**os.environ, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = tmp_path / "log_output" / "latest" / "rank.1" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 3):  # both ranks are training
-        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
-        time.sleep(0.2)
-    run_dir = (tmp_path / "log_output" / "latest").resolve()
-    pids = [int((run_dir / f"rank.{r}" / "pid").read_text()) for r in (0, 1)]
+    launcher, run_dir, pids = start_training(tmp_path)
     t0 = time.monotonic()
     launcher.send_signal(sig)
     out, err = launcher.communicate(timeout=60)
@@ -42,7 +25,7 @@ def test_a_signal_stops_every_rank_and_writes_the_summary(tmp_path, sig, code):
     print(f"{sig.name}: launcher exited {launcher.returncode} after {stop_s:.1f} s")
     assert launcher.returncode == code, out[-2000:] + err[-2000:]
     assert "Traceback" not in out + err and f"interrupted by {sig.name}" in out
-    assert not any(_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["interrupted_by"] == sig.name
     assert (run_dir / "junit.xml").exists()
@@ -60,10 +43,10 @@ def test_a_second_ctrl_c_kills_ranks_that_ignore_sigterm_at_once(tmp_path):
     pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
     launcher.send_signal(signal.SIGINT)
     time.sleep(1.5)
-    assert launcher.poll() is None and all(_alive(p) for p in pids)  # SIGTERM sent, ignored: the grace runs
+    assert launcher.poll() is None and all(pid_alive(p) for p in pids)  # SIGTERM sent, ignored: the grace runs
     t0 = time.monotonic()
     launcher.send_signal(signal.SIGINT)
     out, err = launcher.communicate(timeout=30)
     print(f"second SIGINT: launcher exited {launcher.returncode} after {time.monotonic() - t0:.1f} s")
     assert launcher.returncode == 130 and time.monotonic() - t0 < 5, out[-2000:] + err[-2000:]
-    assert "Traceback" not in out + err and not any(_alive(p) for p in pids)
+    assert "Traceback" not in out + err and not any(pid_alive(p) for p in pids)
