@@ -51,16 +51,14 @@ def test_deepspeed_zero0_and_one_process_agree(tmp_path):
     assert_close(losses(one), losses(two), rel=1e-5)
 
 
-def test_gpt_two_ranks_one_process_and_offload_agree(tmp_path):
+def test_gpt_two_ranks_and_one_process_agree(tmp_path):
+    """(ZeRO-Offload against the device optimizer: wide_deep in test_placement_runs.py and your own model in
+    test_user_recipe.py; gpt's offload run resumes exactly in test_resume.py.)"""
     one = run(tmp_path, "one", [*GPT, "cluster.nproc_per_node=1"])
     two = run(tmp_path, "two", [*GPT, "cluster.nproc_per_node=2"])
-    offload = run(tmp_path, "offload", [*GPT, "cluster.nproc_per_node=2", "optimizer.target=CPU"])
     a = losses(one)
     assert a[15] < a[1]
     assert_close(a, losses(two), rel=1e-5)
-    assert plan_of_run(offload)["engine"] == "deepspeed"
-    assert json.loads((offload / "rank.0" / "memory.json").read_text())["offload"]["optimizer"]
-    assert_close(losses(two), losses(offload), rel=1e-4)
     s = json.loads((two / "summary.json").read_text())
     ref = s["reference"]
     assert 0 < ref["entropy_floor"] < s["final_loss"] < ref["uniform_loss"] and 0 < ref["gap_closed"] < 1
