@@ -196,6 +196,9 @@ def create_run_dir(log_dir: Path, run_name: str, prefix: str) -> RunDir:
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         if run_name:
+            if Path(run_name).name != run_name or run_name in (".", ".."):  # the plan refused these; never escape
+                raise ConfigError(f"output.run_name={run_name} must be one folder name inside output.log_dir. "
+                                  f"E.g. output.run_name=exp1.")
             path = log_dir / run_name
             try:
                 path.mkdir()

@@ -113,14 +113,16 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
                       f"{', '.join(h['addr'] for h in nodes.hosts)}")
     else:
         store = _bind_store(plan)  # held open for the whole run: the ranks rendezvous on it; a busy port stops us
+    stores = [store]  # the one reference: a restart replaces the store (stores[0]), and the old one must go first
+    del store
     try:
-        return _launch(cfg, plan, console, nodes, store)
+        return _launch(cfg, plan, console, nodes, stores)
     finally:
         if nodes is not None:
             nodes.finish()
 
 
-def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, store) -> int:
+def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: list) -> int:
     from launcher.launch.ops import build_ops
     from launcher.launch.supervise import SignalException
     from launcher.report.junit import write_junit
@@ -153,44 +155,62 @@ def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, store) -> i
         write_rank_env(run_dir, envs)
         attempts = [run_attempt(plan, run_dir, envs, 0, float(cfg.launcher.watchdog_s), console, nodes)]
     else:
-        attempts = _attempts(cfg, plan, run_dir, store, console)
+        attempts = _attempts(cfg, plan, run_dir, stores, console)
     return _report(cfg, plan, run_dir, attempts, time.monotonic() - t0, console, nodes)
 
 
-def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, store, console: Console) -> list:
+def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, stores: list, console: Console) -> list:
     """The first attempt, and after a failed or hung one up to launcher.max_restarts more, each from the run's
     newest complete checkpoint (a script's from its start: it keeps its own checkpoints) with a fresh store."""
-    from launcher.launch.attempt import archive_attempt, run_attempt
-    from launcher.launch.engine import host_store, rank_envs
+    from launcher.launch.attempt import run_attempt
+    from launcher.launch.engine import rank_envs
+    from launcher.launch.supervise import SignalException
 
     max_restarts = int(cfg.launcher.max_restarts)
     attempts = []
     while True:
-        envs = rank_envs(plan, run_dir, store.port, len(attempts), max_restarts)
+        envs = rank_envs(plan, run_dir, stores[0].port, len(attempts), max_restarts)
         write_rank_env(run_dir, envs)
         attempt = run_attempt(plan, run_dir, envs, len(attempts), float(cfg.launcher.watchdog_s), console)
         attempts.append(attempt)
         if attempt.status in ("ok", "interrupted") or len(attempts) > max_restarts:
             return attempts
-        newest = run_dir.newest_checkpoint()
-        if hasattr(plan, "resume_from") and newest is not None:
-            if newest[1] >= plan.steps:
-                return attempts  # the last checkpoint is the end: only what came after it failed
-            plan = dataclasses.replace(plan, resume_from=str(newest[0].path))
-        archive_attempt(run_dir, attempt.number, [r.rank for r in plan.ranks])
-        run_dir.write_json(run_dir.plan, plan.to_dict())
-        console.print(f"[yellow]attempt {attempt.number} {attempt.status}; restart {len(attempts)} of {max_restarts} "
-                      f"from {getattr(plan, 'resume_from', '') or 'the start'} (its logs: "
-                      f"{run_dir.attempt(attempt.number).path})[/yellow]")
-        # A new store for the next attempt, as torchrun makes one per restart (no key of the last attempt is seen),
-        # on the planned port (an explicit one is free again once the old store is gone).
-        store = None
+        stores[0] = None  # the old store goes before the next one listens (on the same port, when one was given)
         try:
-            store = host_store(plan.ranks[0].env["MASTER_ADDR"], int(plan.ranks[0].env["MASTER_PORT"]))
-        except OSError as e:
-            console.print(f"[red]no restart: the rendezvous store cannot listen again ({e}); set "
-                          f"cluster.master_port=0 for a free port[/red]")
+            plan, stores[0] = _prepare_restart(plan, run_dir, attempt, len(attempts), max_restarts, console)
+        except (KeyboardInterrupt, SignalException) as e:  # between two attempts: no rank runs, nothing to stop
+            signum = int(e.sigval if isinstance(e, SignalException) else signal.SIGINT)
+            attempts[-1] = dataclasses.replace(attempt, status="interrupted", outcome=dataclasses.replace(
+                attempt.outcome, interrupted=True, signal=signum))
             return attempts
+        if stores[0] is None:
+            return attempts
+
+
+def _prepare_restart(plan: RunPlan, run_dir: RunDir, attempt, restart: int, max_restarts: int, console: Console):
+    """The next attempt's (plan, store): its plan resumes from the newest complete checkpoint, the last attempt's
+    rank dirs move to attempt.<k>/, and a new store listens (as torchrun makes one per restart: no key of the last
+    attempt is seen), on the planned port (an explicit one is free again once the old store is gone). (plan, None):
+    no restart (the last checkpoint is the end, or the port is taken)."""
+    from launcher.launch.attempt import archive_attempt
+    from launcher.launch.engine import host_store
+
+    newest = run_dir.newest_checkpoint()
+    if hasattr(plan, "resume_from") and newest is not None:
+        if newest[1] >= plan.steps:
+            return plan, None  # the last checkpoint is the end: only what came after it failed
+        plan = dataclasses.replace(plan, resume_from=str(newest[0].path))
+    archive_attempt(run_dir, attempt.number, [r.rank for r in plan.ranks])
+    run_dir.write_json(run_dir.plan, plan.to_dict())
+    console.print(f"[yellow]attempt {attempt.number} {attempt.status}; restart {restart} of {max_restarts} from "
+                  f"{getattr(plan, 'resume_from', '') or 'the start'} (its logs: "
+                  f"{run_dir.attempt(attempt.number).path})[/yellow]")
+    try:
+        return plan, host_store(plan.ranks[0].env["MASTER_ADDR"], int(plan.ranks[0].env["MASTER_PORT"]))
+    except OSError as e:
+        console.print(f"[red]no restart: the rendezvous store cannot listen again ({e}); set "
+                      f"cluster.master_port=0 for a free port[/red]")
+        return plan, None
 
 
 def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wall_s: float, console: Console,

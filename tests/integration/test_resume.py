@@ -3,6 +3,7 @@ checkpoint (step 4), logs the same per-step losses for steps 5-8 as the failed r
 optimizer states, tables and their optimizers, data position and RNG all came back (fp32, <= 1e-6 relative)."""
 
 import json
+import socket
 
 import pytest
 
@@ -27,8 +28,13 @@ def _assert_same(resumed: dict[int, float], uninterrupted: dict[int, float]) -> 
 
 
 def test_a_restart_goes_on_from_the_newest_checkpoint_as_if_nothing_happened(tmp_path):
-    """quickstart (DDP): launcher.max_restarts=1 restarts the failed job in the same run dir."""
-    res = run_cli(["recipe=quickstart", *STEPS, *FAIL_AFTER_STEP_8, "launcher.max_restarts=1"], tmp_path)
+    """quickstart (DDP): launcher.max_restarts=1 restarts the failed job in the same run dir (its new store on the
+    same explicit port: the old one is gone first)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    res = run_cli(["recipe=quickstart", *STEPS, *FAIL_AFTER_STEP_8, "launcher.max_restarts=1",
+                   f"cluster.master_port={port}"], tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     run = (tmp_path / "log_output" / "latest").resolve()
     summary = read_summary(tmp_path)
