@@ -299,16 +299,16 @@ class MetricsWriter:
         now = time.monotonic()
         if now - self._beat >= self.HEARTBEAT_S:
             self._beat = now
-            self._last = self._pending if self._pending is not None else self._last
-            self._pending = None
             self._write_beat()
 
     def _flush_step(self) -> None:
         if self._pending is not None:
-            self._last, self._pending = self._pending, None
             self._write_beat()
 
     def _write_beat(self) -> None:
+        """The heartbeat now: the pending step (if any) becomes the last one, with the time and memory."""
+        if self._pending is not None:
+            self._last, self._pending = self._pending, None
         rss, avail = _memory()
         beat = json.dumps({"step": self._last, "time": round(time.time(), 3), "rss": rss, "host_available": avail})
         self._heartbeat.seek(0)

@@ -16,7 +16,7 @@ from rich.markup import escape
 from launcher.errors import ConfigError, first_line
 from launcher.launch.record import write_rank_env, write_run_files
 from launcher.plan import RunPlan
-from launcher.plan.ranks import rank_table
+from launcher.plan.ranks import on_node, rank_table
 from launcher.rundir import RunDir, create_run_dir, point_latest
 
 __all__ = ["launch_run", "write_dry_run"]
@@ -94,10 +94,9 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     if cfg.cluster.launch == "elastic":  # several hosts: torch elastic's c10d rendezvous gives this one its node rank
         from launcher.launch.host import probe_host
         from launcher.launch.nodes import join_nodes
-
-        console.print(f"waiting for {plan.nnodes} node(s) at cluster.rdzv_endpoint={cfg.cluster.rdzv_endpoint} ...")
         from launcher.launch.supervise import SignalException
 
+        console.print(f"waiting for {plan.nnodes} node(s) at cluster.rdzv_endpoint={cfg.cluster.rdzv_endpoint} ...")
         try:
             nodes = join_nodes(cfg, plan, probe_host())
         except RuntimeError as e:
@@ -109,7 +108,7 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
                           f"nodes; nothing was started[/yellow]")
             return 128 + signum
         console.print(f"node {nodes.node_rank} of {nodes.nnodes}: ranks "
-                      f"{', '.join(str(r.rank) for r in plan.ranks if r.node_rank == nodes.node_rank)}; hosts "
+                      f"{', '.join(str(r.rank) for r in on_node(plan.ranks, nodes.node_rank))}; hosts "
                       f"{', '.join(h['addr'] for h in nodes.hosts)}")
     else:
         store = _bind_store(plan)  # held open for the whole run: the ranks rendezvous on it; a busy port stops us
@@ -141,7 +140,7 @@ def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: lis
         console.print("[yellow]interrupted while building DeepSpeed's ops; no rank started[/yellow]" if interrupted
                       else f"[red]{e}[/red]")
         node = nodes.node_rank if nodes is not None else 0
-        exits = [{"rank": r.rank, "exit_code": None} for r in plan.ranks if r.node_rank == node]
+        exits = [{"rank": r.rank, "exit_code": None} for r in on_node(plan.ranks, node)]
         summary = build_summary(run_dir, plan.to_dict(), exits, "interrupted" if interrupted else "failed",
                                 time.monotonic() - t0)
         run_dir.write_summary(summary)
@@ -226,7 +225,7 @@ def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wal
     summary["first_failed_rank"] = last.first_failed
     if nodes is not None:
         summary["node_rank"] = nodes.node_rank
-        summary["nodes"] = [{**h, "ranks": [r.rank for r in plan.ranks if r.node_rank == h["node"]]}
+        summary["nodes"] = [{**h, "ranks": [r.rank for r in on_node(plan.ranks, h["node"])]}
                             for h in nodes.hosts]
         if last.remote_failure is not None:
             summary["first_failure"] = last.remote_failure

@@ -49,12 +49,12 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
                 console: Console, nodes: NodeGroup | None = None) -> Attempt:
     """Spawn the ranks in envs, supervise them, judge the end. With nodes (cluster.launch=elastic), a failure on
     another node stops this node's ranks too, and every node names the same first failure."""
-    from launcher.launch.engine import spawn_ranks
+    from launcher.launch.engine import local_ranks, spawn_ranks
     from launcher.launch.progress import ProgressView
     from launcher.launch.supervise import supervise
     from launcher.launch.watchdog import Watchdog
 
-    by_local = {r.local_rank: r.rank for r in plan.ranks if r.rank in envs}
+    by_local = local_ranks(plan, envs)
     pc = spawn_ranks(plan, run_dir, envs)
     pids = {by_local[local]: h.proc.pid for local, h in pc.subprocess_handlers.items()}
     watchdog = Watchdog({rank: run_dir.rank(rank) for rank in pids}, pids, watchdog_s) if watchdog_s > 0 else None

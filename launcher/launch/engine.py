@@ -15,6 +15,7 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs, PContext, Std, start_processes
 
 from launcher.plan import RunPlan
+from launcher.plan.ranks import on_node
 from launcher.rundir import RUN_DIR_ENV, RunDir
 
 
@@ -76,13 +77,18 @@ def rank_envs(plan: RunPlan, run_dir: RunDir, port: int, attempt: int = 0, max_r
             "TORCHELASTIC_RESTART_COUNT": str(attempt),
             "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         }
-        for r in plan.ranks if r.node_rank == node
+        for r in on_node(plan.ranks, node)
     }
+
+
+def local_ranks(plan: RunPlan, envs: dict[int, dict[str, str]]) -> dict[int, int]:
+    """local rank -> global rank of the ranks in envs (this host's)."""
+    return {r.local_rank: r.rank for r in plan.ranks if r.rank in envs}
 
 
 def spawn_ranks(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> PContext:
     """Start this host's ranks (those in envs) as ``python <plan.rank_args(run_dir)>``."""
-    by_local = {r.local_rank: r.rank for r in plan.ranks if r.rank in envs}
+    by_local = local_ranks(plan, envs)
     args = plan.rank_args(str(run_dir.path))
     return start_processes(
         name=run_dir.name,

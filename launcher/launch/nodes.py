@@ -112,6 +112,7 @@ def join_nodes(cfg: DictConfig, plan: RunPlan, host: HostFacts) -> NodeGroup:
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
     c = cfg.cluster
+    addr = c.local_addr or socket.getfqdn()  # as the other hosts reach this one
     params = RendezvousParameters(
         backend="c10d", endpoint=c.rdzv_endpoint, run_id=c.rdzv_id, min_nodes=c.nnodes, max_nodes=c.nnodes,
         local_addr=c.local_addr or None, join_timeout=str(int(c.rdzv_timeout_s)),
@@ -122,7 +123,7 @@ def join_nodes(cfg: DictConfig, plan: RunPlan, host: HostFacts) -> NodeGroup:
     except RendezvousTimeoutError:
         raise RuntimeError(f"not every node joined the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} "
                            f"(cluster.rdzv_id={c.rdzv_id}) within cluster.rdzv_timeout_s={c.rdzv_timeout_s:g} s: this "
-                           f"host ({c.local_addr or socket.getfqdn()}) did, cluster.nnodes={c.nnodes} were expected. "
+                           f"host ({addr}) did, cluster.nnodes={c.nnodes} were expected. "
                            f"Start the same command on every host (the same rdzv_endpoint and rdzv_id).") from None
     except (RendezvousError, RuntimeError, TimeoutError, OSError) as e:
         raise RuntimeError(f"the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} (cluster.rdzv_id="
@@ -130,7 +131,6 @@ def join_nodes(cfg: DictConfig, plan: RunPlan, host: HostFacts) -> NodeGroup:
                            f". All cluster.nnodes={c.nnodes} hosts must run the same command within "
                            f"cluster.rdzv_timeout_s={c.rdzv_timeout_s:g} s.") from None
     store, node, nnodes = info.store, info.rank, info.world_size
-    addr = c.local_addr or socket.getfqdn()
     store.set(_PREFIX + f"plan/{node}", plan_hash(plan))
     store.set(_PREFIX + f"host/{node}", json.dumps({"node": node, "addr": addr, "hostname": host.hostname,
                                                     "cpu_count": host.cpu_count, "accelerators": host.accelerators}))

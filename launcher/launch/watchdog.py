@@ -39,7 +39,7 @@ class Stall:
     steps: dict[int, int]
     """Every watched rank's last finished step."""
     idle_s: float
-    """How long the named ranks' heartbeats had not moved."""
+    """The longest any running rank's heartbeat had not moved (what crossed the limit)."""
     limit_s: float
     states: dict[int, str]
     """Each rank's process state, in words."""

@@ -64,6 +64,11 @@ def plan_ranks(
     return tuple(ranks)
 
 
+def on_node(ranks: tuple[RankPlan, ...], node: int) -> tuple[RankPlan, ...]:
+    """The ranks node ``node`` starts (its local ranks, in order)."""
+    return tuple(r for r in ranks if r.node_rank == node)
+
+
 def rank_table(ranks: tuple[RankPlan, ...], hosts: list[str]) -> dict:
     """The rank table in MindSpore/HCCL form (all values strings, as HCCL writes them).
 
@@ -72,10 +77,7 @@ def rank_table(ranks: tuple[RankPlan, ...], hosts: list[str]) -> dict:
     """
     servers = []
     for node, host in enumerate(hosts):
-        devices = [
-            {"device_id": str(r.local_rank), "device_ip": host, "rank_id": str(r.rank)}
-            for r in ranks
-            if r.node_rank == node
-        ]
+        devices = [{"device_id": str(r.local_rank), "device_ip": host, "rank_id": str(r.rank)}
+                   for r in on_node(ranks, node)]
         servers.append({"server_id": host, "device": devices, "host_nic_ip": "reserve"})
     return {"version": "1.0", "server_count": str(len(hosts)), "server_list": servers, "status": "completed"}
