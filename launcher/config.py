@@ -175,15 +175,20 @@ def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), searc
     return problems
 
 
+def _key_overrides(parsed) -> Iterator:
+    """The overrides that set a key (not a config group's choice, not hydra's own)."""
+    groups = set(GlobalHydra.instance().config_loader().list_groups(""))
+    return (o for o in parsed if o.key_or_group not in groups and not o.key_or_group.startswith("hydra"))
+
+
 def _added_unknown_keys(cfg: DictConfig, parsed) -> list[str]:
     """``+key=value`` / ``++key=value`` that Hydra accepted into a typed section (a dataclass of the schema), where no
     such field exists: a typo would otherwise be silently ignored. Open sections (dicts: tables, placement.tables,
     parallel.stages, smoke_profile, a recipe of yours' model and data) take new keys."""
-    groups = set(GlobalHydra.instance().config_loader().list_groups(""))
     problems = []
-    for o in parsed:
+    for o in _key_overrides(parsed):
         key = o.key_or_group
-        if not (o.is_add() or o.is_force_add()) or key in groups or key.startswith("hydra"):
+        if not (o.is_add() or o.is_force_add()):
             continue
         parts = key.split(".")
         node = cfg
@@ -207,12 +212,10 @@ def _added_unknown_keys(cfg: DictConfig, parsed) -> list[str]:
 def _numbers_as_bools(cfg: DictConfig, parsed) -> list[str]:
     """``smoke=2``, ``placement.offload_params=-1``: OmegaConf takes any integer for a bool (non-zero = true); a
     number where true or false belongs is a wrong type. 0 and 1 stay accepted."""
-    groups = set(GlobalHydra.instance().config_loader().list_groups(""))
     problems = []
-    for o in parsed:
+    for o in _key_overrides(parsed):
         key, value = o.key_or_group, o.value()
-        if key in groups or key.startswith("hydra") or o.is_delete() or isinstance(value, bool) \
-                or not isinstance(value, (int, float)) or value in (0, 1):
+        if o.is_delete() or isinstance(value, bool) or not isinstance(value, (int, float)) or value in (0, 1):
             continue
         parent_key, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(cfg, parent_key, default=None, throw_on_missing=False) if parent_key else cfg
