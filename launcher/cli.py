@@ -19,15 +19,10 @@ HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "-
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["report"]:  # hetero-launch report <run_dir>
-        from pathlib import Path
+    if argv[:1] == ["report"]:  # hetero-launch report RUN_DIR [RUN_DIR ...] [--into OUT]
+        from launcher.report.merge import report_command
 
-        from launcher.report.plots import report
-
-        if len(argv) != 2:
-            Console(stderr=True).print("usage: hetero-launch report <run_dir>   (e.g. log_output/latest)")
-            return 2
-        return report(Path(argv[1]), Console())
+        return report_command(argv[1:], Console())
     if "--" in argv:  # everything after -- goes to the user's script
         cut = argv.index("--")
         quoted = ",".join("'" + a.replace("\\", "\\\\").replace("'", "\\'") + "'" for a in argv[cut + 1 :])
@@ -92,11 +87,16 @@ def main(argv: list[str] | None = None) -> int:
             console.print(plan_tree(plan))
             console.print(placement_table(plan))
         if cfg.dry_run:
-            run_dir = write_dry_run(cfg, plan)
+            from pathlib import Path
+
+            config_args = ["--config-dir", str(Path(config_dir).resolve())] if config_dir else []
+            run_dir = write_dry_run(cfg, plan, [*config_args, *rest])  # job.sbatch runs the same arguments
             if plan.engine_config() is not None:
                 console.print("[bold]DeepSpeed config[/bold] (ds_config.json):")
                 console.print_json(json.dumps(plan.engine_config()))
             console.print(f"dry run: nothing started; plan written to {run_dir.path}")
+            if run_dir.sbatch.exists():
+                console.print(f"submit it to Slurm: sbatch {run_dir.sbatch}")
             return 0
         return launch_run(cfg, plan, console)
     except ConfigError as e:

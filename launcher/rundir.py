@@ -4,11 +4,11 @@ Launch, worker and report ask this module for paths, so the layout can change he
 
     <log_dir>/<run>/                      RunDir
         config.yaml plan.json ds_config.json rank_table.json rank_env.json versions.json
-        ops_build.log summary.json junit.xml loss.png throughput.png
+        ops_build.log summary.json junit.xml loss.png throughput.png backend.log job.sbatch
         checkpoints/step<N>/              CheckpointDir: the engine's files (DeepSpeed's, or engine.pt),
                                           tables.pt, trainer.<rank>.pt, checkpoint.json (written last)
         rank.<N>/                         RankDir
-            stdout stderr error.json pid last_step metrics.jsonl memory.json tables.json mesh.json
+            stdout stderr error.json pid exit.json last_step metrics.jsonl memory.json tables.json mesh.json
                                           prepared.json (a script's runtime.prepare())
         attempt.<k>/                      an earlier attempt's rank.<N>/ and plan.json (launcher.max_restarts)
     <log_dir>/latest -> <run> (or a sweep)
@@ -84,6 +84,10 @@ class RankDir:
         self.error = path / "error.json"
         """Written by torch elastic's @record when the rank raises."""
         self.pid = path / "pid"
+        """'<host> <pid>' of the rank's process (the worker writes it; under mpirun or srun rank_start first)."""
+        self.exit = path / "exit.json"
+        """cluster.launch=mpi|slurm: how the rank ended, {exit_code, time} (rank_start writes it; under the local
+        backend the launcher sees its ranks end itself)."""
         self.heartbeat = path / "last_step"
         """The last finished step, its time, the rank's RSS and the host's available memory then, as one JSON line
         rewritten in place (MetricsWriter.step_done): the launcher's watchdog and failure report read it."""
@@ -119,6 +123,30 @@ class RankDir:
     def last_step(self) -> int:
         return int(self.read_heartbeat().get("step", 0))
 
+    def write_exit(self, exit_code: int, when: float) -> None:
+        self.exit.write_text(json.dumps({"exit_code": exit_code, "time": when}) + "\n")
+
+    def read_exit(self) -> dict[str, Any] | None:
+        """{exit_code, time (epoch s)} once the rank ended (mpi|slurm), else None."""
+        try:
+            rec = json.loads(self.exit.read_text())
+            return rec if isinstance(rec, dict) and isinstance(rec.get("exit_code"), int) else None
+        except (OSError, ValueError):
+            return None
+
+    def write_pid(self, pid: int) -> None:
+        import socket
+
+        self.pid.write_text(f"{socket.gethostname()} {pid}\n")
+
+    def read_pid(self) -> tuple[str, int] | None:
+        """(host name, pid) of the rank's process, else None."""
+        try:
+            host, pid = self.pid.read_text().split()
+            return host, int(pid)
+        except (OSError, ValueError):
+            return None
+
     def error_message(self) -> str:
         """The message of error.json, or '' when there is none."""
         try:
@@ -142,6 +170,10 @@ class RunDir:
         self.rank_env = self.path / "rank_env.json"
         self.versions = self.path / "versions.json"
         self.ops_build_log = self.path / "ops_build.log"
+        self.backend_log = self.path / "backend.log"
+        """cluster.launch=mpi|slurm: mpirun's or srun's own output (the ranks' is in rank.N/)."""
+        self.sbatch = self.path / "job.sbatch"
+        """cluster.launch=slurm, dry run: the batch script that runs this plan (sbatch job.sbatch)."""
         self.summary = self.path / "summary.json"
         self.junit = self.path / "junit.xml"
         """The run's result for CI systems (launcher/report/junit.py)."""

@@ -172,11 +172,16 @@ class PlacementConfig:
 @dataclass
 class ClusterConfig:
     launch: str = "local"
-    """How ranks are started: local (this host's ranks, the launcher hosts the rendezvous store) or elastic (several
+    """How ranks are started: local (this host's ranks, the launcher hosts the rendezvous store); elastic (several
     hosts: run the same command on each; they meet on torch elastic's c10d rendezvous at cluster.rdzv_endpoint and
-    get their node ranks there, as with torchrun --rdzv-backend=c10d)."""
+    get their node ranks there, as with torchrun --rdzv-backend=c10d); mpi (one launcher runs the ranks under
+    OpenMPI's mpirun, on the hosts of cluster.hostfile); slurm (inside an allocation: the ranks run under srun; a dry
+    run writes job.sbatch for sbatch)."""
+    launcher_args: list[str] = field(default_factory=list)
+    """cluster.launch=mpi|slurm: extra arguments for mpirun or srun, one list item each (never through a shell),
+    e.g. [--mca,btl_tcp_if_include,eth0]."""
     nnodes: int = 1
-    """Number of hosts; more than 1 needs cluster.launch=elastic."""
+    """Number of hosts; more than 1 needs cluster.launch=elastic, mpi (with cluster.hostfile) or slurm."""
     node_rank: int = 0
     """This host's index among nnodes (local: 0; elastic: assigned at the rendezvous, this key is not used)."""
     rdzv_endpoint: str = ""

@@ -15,6 +15,7 @@ from launcher.config import compose_config
 from launcher.launch.host import extensions_dir
 from launcher.plan import HostFacts, plan_launch
 from launcher.recipes import RECIPES
+from launcher.rundir import RunDir
 
 ALL_RECIPES = sorted(RECIPES)
 
@@ -92,4 +93,4 @@ def start_training(cwd: Path, *overrides: str) -> tuple[subprocess.Popen, Path, 
         assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
         time.sleep(0.1)
     run_dir = (cwd / "log_output" / "latest").resolve()
-    return launcher, run_dir, [int((run_dir / f"rank.{r}" / "pid").read_text()) for r in (0, 1)]
+    return launcher, run_dir, [RunDir(run_dir).rank(r).read_pid()[1] for r in (0, 1)]

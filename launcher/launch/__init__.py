@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from launcher.errors import ConfigError, first_line
+from launcher.launch.preflight import read_cluster_files
 from launcher.launch.record import write_rank_env, write_run_files
 from launcher.plan import RunPlan
 from launcher.plan.ranks import on_node, rank_table
@@ -22,10 +23,17 @@ from launcher.rundir import RunDir, create_run_dir, point_latest
 __all__ = ["launch_run", "write_dry_run"]
 
 
-def write_dry_run(cfg: DictConfig, plan: RunPlan) -> RunDir:
-    """The run dir of a dry run: every file a real run starts with (rank_env.json with the planned port), no process."""
+def write_dry_run(cfg: DictConfig, plan: RunPlan, argv: list[str] | None = None) -> RunDir:
+    """The run dir of a dry run: every file a real run starts with (rank_env.json with the planned port), no process;
+    with cluster.launch=slurm also job.sbatch, which runs argv (the command's arguments) inside an allocation."""
     run_dir = _start_run_dir(cfg, plan)
     write_rank_env(run_dir, {r.rank: r.env for r in plan.ranks})
+    if cfg.cluster.launch == "slurm":
+        from launcher.launch.external import sbatch_script
+
+        threads = int(plan.ranks[0].env.get("OMP_NUM_THREADS", "1"))
+        run_dir.sbatch.write_text(sbatch_script(plan, list(argv or []), Path.cwd(),
+                                                Path(cfg.output.log_dir).resolve(), threads))
     return run_dir
 
 
@@ -84,6 +92,20 @@ def _bind_store(plan: RunPlan):
                           f"cluster.master_port=0 (a free port, the default) or another port.") from None
 
 
+def _check_external(cfg: DictConfig) -> None:
+    """mpirun / srun is there, and srun runs inside an allocation: else exit 2 before anything starts."""
+    from launcher.launch.external import SLURM_ALLOCATION, find_program
+
+    if cfg.cluster.launch == "mpi":
+        find_program("mpirun", "cluster.launch=mpi", "Debian: apt-get install openmpi-bin")
+        return
+    find_program("srun", "cluster.launch=slurm", "Debian: apt-get install slurm-client")
+    if SLURM_ALLOCATION not in os.environ:
+        raise ConfigError("cluster.launch=slurm runs inside a Slurm allocation (SLURM_JOB_ID is not set here). Run "
+                          "the same command with dry_run=true: it writes job.sbatch into the run dir; submit it with "
+                          "`sbatch log_output/latest/job.sbatch`. Or run inside `salloc`.")
+
+
 def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     """Run the plan's ranks of this host; returns the launcher's exit code (0 = every rank finished)."""
     # torch elastic logs each SIGTERM it sends and each failure; the failure report below says it once, better.
@@ -111,6 +133,8 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
                       f"{', '.join(str(r.rank) for r in on_node(plan.ranks, nodes.node_rank))}; hosts "
                       f"{', '.join(h['addr'] for h in nodes.hosts)}")
     else:
+        if cfg.cluster.launch in ("mpi", "slurm"):
+            _check_external(cfg)
         store = _bind_store(plan)  # held open for the whole run: the ranks rendezvous on it; a busy port stops us
     stores = [store]  # the one reference: a restart replaces the store (stores[0]), and the old one must go first
     del store
@@ -154,13 +178,32 @@ def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: lis
         write_rank_env(run_dir, envs)
         attempts = [run_attempt(plan, run_dir, envs, 0, float(cfg.launcher.watchdog_s), console, nodes)]
     else:
-        attempts = _attempts(cfg, plan, run_dir, stores, console)
+        attempts = _attempts(cfg, plan, run_dir, stores, console, _job_starter(cfg, plan, run_dir))
     return _report(cfg, plan, run_dir, attempts, time.monotonic() - t0, console, nodes)
 
 
-def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, stores: list, console: Console) -> list:
+def _job_starter(cfg: DictConfig, plan: RunPlan, run_dir: RunDir):
+    """How an attempt's ranks start: None = this host's, as torch elastic's processes; else through mpirun/srun."""
+    import functools
+
+    from launcher.launch import external
+
+    c = cfg.cluster
+    if c.launch == "mpi":
+        layout = read_cluster_files(cfg)
+        hosts = layout.hosts if layout is not None else ()  # none: this host
+        command = external.mpirun_command(plan, run_dir, hosts, list(c.launcher_args), os.geteuid() == 0)
+    elif c.launch == "slurm":
+        command = external.srun_command(plan, run_dir, list(c.launcher_args))
+    else:
+        return None
+    return functools.partial(external.start_job, command)
+
+
+def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, stores: list, console: Console, start_job) -> list:
     """The first attempt, and after a failed or hung one up to launcher.max_restarts more, each from the run's
-    newest complete checkpoint (a script's from its start: it keeps its own checkpoints) with a fresh store."""
+    newest complete checkpoint (a script's from its start: it keeps its own checkpoints) with a fresh store.
+    start_job: None (this host's ranks) or external.start_job for mpirun/srun, which start every rank."""
     from launcher.launch.attempt import run_attempt
     from launcher.launch.engine import rank_envs
     from launcher.launch.supervise import SignalException
@@ -168,9 +211,11 @@ def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, stores: list, con
     max_restarts = int(cfg.launcher.max_restarts)
     attempts = []
     while True:
-        envs = rank_envs(plan, run_dir, stores[0].port, len(attempts), max_restarts)
+        envs = rank_envs(plan, run_dir, stores[0].port, len(attempts), max_restarts,
+                         node=None if start_job is not None else 0)
         write_rank_env(run_dir, envs)
-        attempt = run_attempt(plan, run_dir, envs, len(attempts), float(cfg.launcher.watchdog_s), console)
+        attempt = run_attempt(plan, run_dir, envs, len(attempts), float(cfg.launcher.watchdog_s), console,
+                              start_job=start_job)
         attempts.append(attempt)
         if attempt.status in ("ok", "interrupted") or len(attempts) > max_restarts:
             return attempts

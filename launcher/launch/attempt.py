@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rich.console import Console
 
 from launcher.launch.blame import Ending, first_failure
 from launcher.launch.nodes import NodeGroup
-from launcher.launch.supervise import Outcome
+from launcher.launch.supervise import Outcome, RankJob
 from launcher.plan import RunPlan
 from launcher.rundir import RunDir
+
+StartJob = Callable[[RunPlan, RunDir, dict[int, dict[str, str]]], RankJob]
+"""Starts an attempt's ranks: engine.spawn_ranks (this host's, torch elastic's processes) or external.start_job."""
 
 STDERR_EVIDENCE_LINES = 30
 """How much of a failed rank's stderr the blame reads (with its error.json) to tell a lost peer from a cause."""
@@ -46,23 +50,21 @@ class Attempt:
 
 
 def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]], number: int, watchdog_s: float,
-                console: Console, nodes: NodeGroup | None = None) -> Attempt:
-    """Spawn the ranks in envs, supervise them, judge the end. With nodes (cluster.launch=elastic), a failure on
-    another node stops this node's ranks too, and every node names the same first failure."""
-    from launcher.launch.engine import local_ranks, spawn_ranks
+                console: Console, nodes: NodeGroup | None = None, start_job: StartJob | None = None) -> Attempt:
+    """Start the ranks in envs (start_job: mpirun or srun; default: torch elastic's processes on this host),
+    supervise them, judge the end. With nodes (cluster.launch=elastic), a failure on another node stops this
+    node's ranks too, and every node names the same first failure."""
+    from launcher.launch.engine import spawn_ranks
     from launcher.launch.progress import ProgressView
     from launcher.launch.supervise import supervise
     from launcher.launch.watchdog import Watchdog
 
-    by_local = local_ranks(plan, envs)
-    pc = spawn_ranks(plan, run_dir, envs)
-    pids = {by_local[local]: h.proc.pid for local, h in pc.subprocess_handlers.items()}
-    watchdog = Watchdog({rank: run_dir.rank(rank) for rank in pids}, pids, watchdog_s) if watchdog_s > 0 else None
+    job = (start_job or spawn_ranks)(plan, run_dir, envs)
+    watchdog = Watchdog({r: run_dir.rank(r) for r in job.ranks}, job.pids, watchdog_s) if watchdog_s > 0 else None
     other_failed = (lambda: nodes.remote_failure() is not None) if nodes is not None else None
-    with ProgressView(console, run_dir.rank(min(envs)), plan.steps) as view:
-        outcome = supervise(pc, view.tick, watchdog, by_local, other_failed)
-    endings = _endings(run_dir, outcome, by_local)
-    blamed = first_failure(endings)
+    with ProgressView(console, run_dir.rank(min(job.ranks)), plan.steps) as view:
+        outcome = supervise(job, view.tick, watchdog, other_failed)
+    blamed = first_failure(_endings(run_dir, outcome))
     remote = None
     if nodes is not None and (blamed is not None or outcome.stopped_for_another_node):
         local = _failure_record(run_dir, blamed) if blamed is not None else None
@@ -73,9 +75,8 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
         elif remote is not None:
             blamed = None
     stalled = set(outcome.stall.ranks) if outcome.stall is not None else set()
-    exits = [{"rank": by_local[e.local_rank], "exit_code": e.exit_code, "stopped_by_launcher": e.stopped_by_launcher,
-              "first_failure": blamed is not None and by_local[e.local_rank] == blamed.rank,
-              "stalled": by_local[e.local_rank] in stalled}
+    exits = [{"rank": e.rank, "exit_code": e.exit_code, "stopped_by_launcher": e.stopped_by_launcher,
+              "first_failure": blamed is not None and e.rank == blamed.rank, "stalled": e.rank in stalled}
              for e in outcome.exits]
     if outcome.interrupted:
         status = "interrupted"
@@ -97,22 +98,25 @@ def _failure_record(run_dir: RunDir, blamed: Ending) -> dict:
             "last_step": rank_dir.last_step(), "error": rank_dir.error_message()[:500]}
 
 
-def _endings(run_dir: RunDir, outcome: Outcome, by_local: dict[int, int]) -> list[Ending]:
-    """The evidence of each rank that ended on its own: exit code, when it was seen gone, when it wrote its error
-    (error.json's mtime, moved onto the monotonic clock), and what it said."""
+def _endings(run_dir: RunDir, outcome: Outcome) -> list[Ending]:
+    """The evidence of each rank that ended on its own: exit code, when it ended (its exit record under mpirun or
+    srun, else when the launcher saw it gone), when it wrote its error (error.json's mtime), and what it said; the
+    times moved onto the monotonic clock."""
     wall_minus_mono = time.time() - time.monotonic()
     out = []
     for e in outcome.ended_on_their_own:
-        rank_dir = run_dir.rank(by_local[e.local_rank])
+        rank_dir = run_dir.rank(e.rank)
         try:
             error_s = os.stat(rank_dir.error).st_mtime_ns / 1e9 - wall_minus_mono
         except OSError:
             error_s = None
+        record = rank_dir.read_exit()
         try:
             tail = rank_dir.stderr.read_text(errors="replace").splitlines()[-STDERR_EVIDENCE_LINES:]
         except OSError:
             tail = []
-        out.append(Ending(rank=by_local[e.local_rank], exit_code=e.exit_code, seen_s=e.seen_s, error_s=error_s,
+        out.append(Ending(rank=e.rank, exit_code=e.exit_code,
+                          seen_s=record["time"] - wall_minus_mono if record else e.seen_s, error_s=error_s,
                           error="\n".join([rank_dir.error_message(), *tail])))
     return out
 

@@ -7,6 +7,7 @@ every rank's variables come from the plan, passed explicitly (the launcher's os.
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 from datetime import timedelta
@@ -61,11 +62,11 @@ def host_store(host: str, port: int) -> TCPStore:
                     timeout=timedelta(minutes=10), master_listen_fd=sock.detach())  # the store owns the socket now
 
 
-def rank_envs(plan: RunPlan, run_dir: RunDir, port: int, attempt: int = 0, max_restarts: int = 0, node: int = 0,
-              master_addr: str | None = None) -> dict[int, dict[str, str]]:
-    """Each of this node's ranks' variables as it is started: the plan's, the store's real address and port, the
-    run dir, torch elastic's own (TORCHELASTIC_RESTART_COUNT = the attempt: init_process_group keys each attempt's
-    rendezvous by it)."""
+def rank_envs(plan: RunPlan, run_dir: RunDir, port: int, attempt: int = 0, max_restarts: int = 0,
+              node: int | None = 0, master_addr: str | None = None) -> dict[int, dict[str, str]]:
+    """Each of node ``node``'s ranks' variables as it is started (node None: every rank, for mpirun and srun): the
+    plan's, the store's real address and port, the run dir, torch elastic's own (TORCHELASTIC_RESTART_COUNT = the
+    attempt: init_process_group keys each attempt's rendezvous by it)."""
     return {
         r.rank: {
             **r.env,
@@ -77,7 +78,7 @@ def rank_envs(plan: RunPlan, run_dir: RunDir, port: int, attempt: int = 0, max_r
             "TORCHELASTIC_RESTART_COUNT": str(attempt),
             "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
         }
-        for r in on_node(plan.ranks, node)
+        for r in (plan.ranks if node is None else on_node(plan.ranks, node))
     }
 
 
@@ -86,14 +87,36 @@ def local_ranks(plan: RunPlan, envs: dict[int, dict[str, str]]) -> dict[int, int
     return {r.local_rank: r.rank for r in plan.ranks if r.rank in envs}
 
 
-def spawn_ranks(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> PContext:
+class LocalJob:
+    """This host's ranks as torch elastic's processes (supervise.RankJob)."""
+
+    def __init__(self, pc: PContext, by_local: dict[int, int]) -> None:
+        self._pc, self._by_local = pc, by_local
+        self.ranks = tuple(sorted(by_local.values()))
+
+    def poll(self) -> dict[int, int]:
+        return {self._by_local[local]: code for local, h in self._pc.subprocess_handlers.items()
+                if (code := h.proc.poll()) is not None}
+
+    def pids(self) -> dict[int, int]:
+        return {self._by_local[local]: h.proc.pid for local, h in self._pc.subprocess_handlers.items()}
+
+    def stop(self) -> None:
+        from launcher.launch.supervise import stop_process_groups
+
+        stop_process_groups([h.proc for h in self._pc.subprocess_handlers.values()])
+        self._pc.close(death_sig=signal.SIGKILL, timeout=1)  # reaps the ranks and closes their log files
+
+
+def spawn_ranks(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> LocalJob:
     """Start this host's ranks (those in envs) as ``python <plan.rank_args(run_dir)>``."""
     by_local = local_ranks(plan, envs)
     args = plan.rank_args(str(run_dir.path))
-    return start_processes(
+    pc = start_processes(
         name=run_dir.name,
         entrypoint=sys.executable,
         args={local: args for local in by_local},
         envs={local: dict(envs[rank]) for local, rank in by_local.items()},
         logs_specs=RankLogsSpecs(run_dir),
     )
+    return LocalJob(pc, by_local)

@@ -3,13 +3,20 @@ what a single run and every job of a sweep do before anything starts."""
 
 from __future__ import annotations
 
+import os
+import socket
+
 from omegaconf import DictConfig
 
 from launcher.errors import ConfigError
-from launcher.launch.preflight import check_resume, check_script, gather_facts, read_cluster_files, resume_checkpoint
+from launcher.launch.preflight import (check_resume, check_script, gather_facts, read_cluster_files, resume_checkpoint,
+                                      slurm_allocation)
 from launcher.plan import HostFacts, RunPlan, plan_launch
 from launcher.plan.layout import ClusterLayout
 from launcher.plan.script import plan_script
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
@@ -27,13 +34,20 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
     if resume:  # trainer.resume=<run>|latest is that run's newest complete checkpoint: the config says which
         cfg = cfg.copy()
         cfg.trainer.resume_from = resume
-    layout = read_cluster_files(cfg)
+    layout = slurm_allocation(cfg, dict(os.environ)) or read_cluster_files(cfg)
     lines = []
     if layout is not None:
         cfg = with_layout(cfg, layout)
         lines.append(f"{layout.source}: {layout.nnodes} host(s) × {layout.nproc_per_node} rank(s) "
                      f"({', '.join(layout.hosts)}) -> cluster.nnodes={layout.nnodes}, "
                      f"cluster.nproc_per_node={layout.nproc_per_node}")
+    c = cfg.cluster
+    other_hosts = c.nnodes > 1 or (c.launch == "mpi" and layout is not None)  # mpirun may start them elsewhere
+    if c.launch in ("mpi", "slurm") and other_hosts and c.master_addr in LOOPBACK:
+        cfg = cfg.copy()  # ranks on other hosts reach the launcher's store at this host's name
+        cfg.cluster.master_addr = socket.getfqdn()
+        lines.append(f"cluster.master_addr={cfg.cluster.master_addr}: this host (the launcher hosts the store the "
+                     f"ranks of every host rendezvous on)")
     facts = gather_facts(cfg, config_dir, estimate)
     plan = plan_launch(cfg, host, facts)
     check_resume(plan)

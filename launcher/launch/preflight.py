@@ -175,6 +175,37 @@ def read_cluster_files(cfg: DictConfig) -> ClusterLayout | None:
     return None
 
 
+def slurm_allocation(cfg: DictConfig, environ: dict[str, str]) -> ClusterLayout | None:
+    """cluster.launch=slurm inside an allocation (SLURM_JOB_ID set): its hosts (``scontrol show hostnames``) and
+    tasks per node (SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE when every node has the same). None outside
+    one (a dry run then writes job.sbatch)."""
+    import subprocess
+
+    if cfg.cluster.launch != "slurm" or "SLURM_JOB_ID" not in environ:
+        return None
+    source = f"the Slurm allocation (SLURM_JOB_ID={environ['SLURM_JOB_ID']})"
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
+    try:
+        res = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        hosts = res.stdout.split() if res.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError):
+        hosts = []
+    if not hosts:
+        raise ConfigError(f"cluster.launch=slurm: cannot list the hosts of {source} (`scontrol show hostnames "
+                          f"{nodelist}` failed). Run hetero-launch inside the allocation's batch script or salloc.")
+    per_node = environ.get("SLURM_NTASKS_PER_NODE", "")
+    if not per_node.isdigit():  # e.g. "2(x3)" or "2,1": only the same count on every node fits the plan
+        counts = environ.get("SLURM_TASKS_PER_NODE", "").split("(")[0]
+        per_node = counts if counts.isdigit() and "," not in environ.get("SLURM_TASKS_PER_NODE", ",") else ""
+    nproc = int(per_node) if per_node.isdigit() else (int(cfg.cluster.nproc_per_node)
+                                                      if str(cfg.cluster.nproc_per_node).isdigit() else 0)
+    if nproc < 1:
+        raise ConfigError(f"cluster.nproc_per_node={cfg.cluster.nproc_per_node}: {source} does not say how many "
+                          f"tasks each node runs. Allocate with --ntasks-per-node=N (as the dry run's job.sbatch "
+                          f"does), or set cluster.nproc_per_node=N.")
+    return hostfile_layout([(h, list(range(nproc))) for h in hosts], source)
+
+
 def _cluster_file(key: str, path: str) -> str:
     """The text of a cluster file, or a ConfigError naming key."""
     p = Path(path)

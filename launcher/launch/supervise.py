@@ -17,8 +17,8 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from torch.distributed.elastic.multiprocessing import PContext
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from launcher.launch.watchdog import Stall, Watchdog
@@ -26,9 +26,27 @@ from launcher.launch.watchdog import Stall, Watchdog
 STOP_TIMEOUT_S = 10  # between SIGTERM and SIGKILL
 
 
+class RankJob(Protocol):
+    """The ranks of one attempt on this host, however they were started (engine.LocalJob: torch elastic's
+    processes; external.ExternalJob: under mpirun or srun)."""
+
+    ranks: tuple[int, ...]
+    """The global ranks this launcher watches."""
+
+    def poll(self) -> dict[int, int]:
+        """The exit code of each rank that has ended (global rank -> code; negative: killed by that signal)."""
+
+    def pids(self) -> dict[int, int]:
+        """The process of each rank on this host (the watchdog asks them for stacks)."""
+
+    def stop(self) -> None:
+        """Stop every rank (SIGTERM, SIGKILL after STOP_TIMEOUT_S or on a second signal) and reap them."""
+
+
 @dataclass(frozen=True)
 class RankExit:
-    local_rank: int
+    rank: int
+    """The global rank."""
     exit_code: int | None
     """None while unknown (the launcher was interrupted before the rank ended)."""
     stopped_by_launcher: bool
@@ -61,10 +79,9 @@ def _signal_groups(pids: list[int], sig: int) -> None:
             pass
 
 
-def _stop(pc: PContext) -> None:
-    """Every rank's process group: SIGTERM (and SIGCONT), SIGKILL after STOP_TIMEOUT_S or on a second signal.
-    Ranks that already ended are signalled too: their children may not have."""
-    procs = [h.proc for h in pc.subprocess_handlers.values()]
+def stop_process_groups(procs: list[subprocess.Popen]) -> None:
+    """Each process's group: SIGTERM (and SIGCONT), SIGKILL after STOP_TIMEOUT_S or on a second signal.
+    Processes that already ended are signalled too: their children may not have."""
     pids = [p.pid for p in procs]
     _signal_groups(pids, signal.SIGTERM)
     _signal_groups(pids, signal.SIGCONT)
@@ -78,28 +95,24 @@ def _stop(pc: PContext) -> None:
     except (KeyboardInterrupt, SignalException):
         pass  # a second signal: no more grace
     _signal_groups(pids, signal.SIGKILL)
-    pc.close(death_sig=signal.SIGKILL, timeout=1)  # reaps the ranks and closes their log files
 
 
-def supervise(pc: PContext, on_tick: Callable[[], None], watchdog: Watchdog | None = None,
-              local_to_global: dict[int, int] | None = None, other_node_failed: Callable[[], bool] | None = None,
-              period_s: float = 0.05) -> Outcome:
+def supervise(job: RankJob, on_tick: Callable[[], None], watchdog: Watchdog | None = None,
+              other_node_failed: Callable[[], bool] | None = None, period_s: float = 0.05) -> Outcome:
     """Poll the ranks every period_s, calling on_tick (progress) each time, until the run is over (or, with
     other_node_failed, until it says another node's rank failed)."""
-    handlers = pc.subprocess_handlers
-    to_global = local_to_global or {local: local for local in handlers}
-    seen: dict[int, tuple[int, float]] = {}  # local rank -> (exit code, when seen) for ranks that ended on their own
+    seen: dict[int, tuple[int, float]] = {}  # rank -> (exit code, when seen) for ranks that ended on their own
     signum, stall, remote = None, None, False
     try:
         while True:
-            for local, h in handlers.items():
-                if local not in seen and (code := h.proc.poll()) is not None:
-                    seen[local] = (code, time.monotonic())
+            now = time.monotonic()
+            for rank, code in job.poll().items():
+                seen.setdefault(rank, (code, now))
             on_tick()
-            if len(seen) == len(handlers) or any(code != 0 for code, _ in seen.values()):
+            if len(seen) == len(job.ranks) or any(code != 0 for code, _ in seen.values()):
                 break
             if watchdog is not None:
-                stall = watchdog.check({to_global[r] for r in handlers if r not in seen})
+                stall = watchdog.check({r for r in job.ranks if r not in seen})
                 if stall is not None:
                     break
             if other_node_failed is not None and other_node_failed():
@@ -111,11 +124,11 @@ def supervise(pc: PContext, on_tick: Callable[[], None], watchdog: Watchdog | No
     except SignalException as e:
         signum = e.sigval
     finally:
-        _stop(pc)  # also when all ended: a rank's leftover children go with it
+        job.stop()  # also when all ended: a rank's leftover children go with it
+    last = job.poll()
     exits = []
-    for local, h in sorted(handlers.items()):
-        code, seen_s = seen.get(local, (h.proc.poll(), None))
-        exits.append(RankExit(local_rank=local, exit_code=code, stopped_by_launcher=local not in seen,
-                              seen_s=seen_s))
+    for rank in sorted(job.ranks):
+        code, seen_s = seen.get(rank, (last.get(rank), None))
+        exits.append(RankExit(rank=rank, exit_code=code, stopped_by_launcher=rank not in seen, seen_s=seen_s))
     return Outcome(exits=tuple(exits), interrupted=signum is not None,
                    signal=int(signum) if signum is not None else None, stall=stall, stopped_for_another_node=remote)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,8 +65,10 @@ def process_state(pid: int) -> str:
 class Watchdog:
     """check() every supervision poll; it reads the heartbeats at most every ``period_s``."""
 
-    def __init__(self, rank_dirs: dict[int, RankDir], pids: dict[int, int], watchdog_s: float,
+    def __init__(self, rank_dirs: dict[int, RankDir], pids: Callable[[], dict[int, int]], watchdog_s: float,
                  period_s: float = 0.5) -> None:
+        """pids: each rank's process on this host, asked when a stall is diagnosed (a rank under mpirun or srun
+        writes its pid once started; one on another host has none: it is not asked for stacks)."""
         self._dirs, self._pids, self._base, self._period = rank_dirs, pids, watchdog_s, period_s
         self._beat: dict[int, tuple[dict, float]] = {}  # rank -> (its heartbeat, when the launcher saw it change)
         self._slowest_step_s = 0.0
@@ -99,14 +102,15 @@ class Watchdog:
 
     def _diagnose(self, running: set[int], idle: dict[int, float]) -> Stall:
         stalled = sorted(r for r, s in idle.items() if s >= self.limit_s)
-        states = {r: process_state(self._pids[r]) for r in sorted(running)}
-        stacks = self.ask_for_stacks(sorted(running))
+        pids = self._pids()
+        states = {r: process_state(pids[r]) if r in pids else "" for r in sorted(running)}
+        stacks = self.ask_for_stacks(sorted(running), pids)
         steps = {r: self._beat[r][0].get("step", 0) for r in sorted(self._beat) if r in running}
         low = min(steps.values()) if steps else 0
         outside = [r for r in stalled if stacks[r] and "torch/distributed" not in stacks[r]]
         for ranks, why in (
             ([r for r in sorted(running) if states[r] in ("T", "t", "D")], "its process state"),
-            ([r for r in sorted(running) if not stacks[r]], "its silence: it did not answer the request for its stacks"),
+            ([r for r in sorted(running) if r in pids and not stacks[r]], "its silence: it did not answer the request for its stacks"),
             ([r for r in stalled if steps.get(r, low) == low] if len(set(steps.values())) > 1 else [],
              "its step: it is behind the others"),
             (outside if len(outside) < len(stalled) else [], "its stack: outside torch.distributed while the others "
@@ -118,31 +122,32 @@ class Watchdog:
         return Stall(ranks=tuple(ranks), why=why, steps=steps, idle_s=max(idle.values()), limit_s=self.limit_s,
                      states={r: _STATES.get(s, s or "unknown") for r, s in states.items()}, stacks=stacks)
 
-    def ask_for_stacks(self, ranks: list[int]) -> dict[int, str]:
-        """Send STACKS_SIGNAL to each rank, wait up to STACKS_WAIT_S for each to write its stacks to its stderr,
-        and return what each wrote ('' for a rank that did not)."""
+    def ask_for_stacks(self, ranks: list[int], pids: dict[int, int]) -> dict[int, str]:
+        """Send STACKS_SIGNAL to each rank with a pid here, wait up to STACKS_WAIT_S for each to write its stacks
+        to its stderr, and return what each wrote ('' for a rank that did not, or was not asked)."""
+        asked = [r for r in ranks if r in pids]
         start = {}
-        for r in ranks:
+        for r in asked:
             try:
                 start[r] = self._dirs[r].stderr.stat().st_size
             except OSError:
                 start[r] = 0
             try:
-                os.kill(self._pids[r], STACKS_SIGNAL)
+                os.kill(pids[r], STACKS_SIGNAL)
             except ProcessLookupError:
                 pass
         out = {r: "" for r in ranks}
         deadline = time.monotonic() + STACKS_WAIT_S
-        while time.monotonic() < deadline:
-            for r in ranks:
+        while asked and time.monotonic() < deadline:
+            for r in asked:
                 if not out[r]:
                     out[r] = _new_stacks(self._dirs[r].stderr, start[r])
-            if all(out.values()):
+            if all(out[r] for r in asked):
                 break
             time.sleep(0.1)
         if any(out.values()):
             time.sleep(0.2)  # let a dump in progress finish
-            out = {r: _new_stacks(self._dirs[r].stderr, start[r]) for r in ranks}
+            out.update({r: _new_stacks(self._dirs[r].stderr, start[r]) for r in asked})
         return out
 
 

@@ -57,8 +57,8 @@ def check_launcher(launcher: DictConfig, launch: str = "local") -> list[str]:
     if launcher.max_restarts < 0:
         p.append(f"launcher.max_restarts={launcher.max_restarts} must be 0 (no restart) or more.")
     elif launcher.max_restarts > 0 and launch != "local":
-        p.append(f"launcher.max_restarts={launcher.max_restarts} with cluster.launch={launch}: restarts across hosts "
-                 f"are not supported yet. Set launcher.max_restarts=0, and resume with trainer.resume=latest.")
+        p.append(f"launcher.max_restarts={launcher.max_restarts} with cluster.launch={launch}: restarts are "
+                 f"supported with cluster.launch=local only for now. Set launcher.max_restarts=0, and resume with trainer.resume=latest.")
     return p
 
 
@@ -86,7 +86,7 @@ def device_and_backend(backend: str, host: HostFacts, device: str = "auto") -> t
     return device_type, backend
 
 
-LAUNCHES = ("local", "elastic")
+LAUNCHES = ("local", "elastic", "mpi", "slurm")
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[?[0-9A-Fa-f:.]+\]?")
 """A host name or an IPv4/IPv6 address: nothing a shell or a URL would read as more."""
 
@@ -95,20 +95,25 @@ def _check_nodes(c: DictConfig) -> list[str]:
     """cluster.launch, nnodes and the rendezvous keys."""
     p = []
     if c.launch not in LAUNCHES:
-        later = {"mpi": "mpirun", "slurm": "srun / sbatch"}.get(str(c.launch))
-        p.append(f"cluster.launch={c.launch} " + (_LATER.format(what=later) if later else
-                                                  f"is not one of {', '.join(LAUNCHES)}.")
-                 + " Use cluster.launch=local (one host) or elastic (several hosts on torch elastic's rendezvous).")
+        p.append(f"cluster.launch={c.launch} is not one of {', '.join(LAUNCHES)}. Use cluster.launch=local (one "
+                 f"host), elastic (several hosts on torch elastic's rendezvous), mpi (mpirun) or slurm (srun).")
         return p
     if c.nnodes < 1:
         p.append(f"cluster.nnodes={c.nnodes} must be 1 or more.")
+    if c.node_rank != 0 and c.launch != "elastic":
+        p.append(f"cluster.node_rank={c.node_rank}: only cluster.launch=elastic runs one launcher per host (and "
+                 f"there the rendezvous assigns node ranks). Leave cluster.node_rank out.")
     if c.launch == "local":
         if c.nnodes != 1:
             p.append(f"cluster.nnodes={c.nnodes} with cluster.launch=local: a local launch starts this host's ranks "
                      f"only. Set cluster.launch=elastic cluster.rdzv_endpoint=<host>:<port> and run the same command "
-                     f"on every host.")
-        if c.node_rank != 0:
-            p.append(f"cluster.node_rank={c.node_rank} must be 0 with cluster.nnodes=1.")
+                     f"on every host (or cluster.launch=mpi / slurm).")
+        return p
+    if c.launch == "mpi" and c.nnodes > 1 and not (c.hostfile or c.rank_table_file):
+        p.append(f"cluster.launch=mpi with cluster.nnodes={c.nnodes}: mpirun needs the hosts. Give "
+                 f"cluster.hostfile=<file> ('<host> slots=<N>' lines: OpenMPI's and DeepSpeed's format) or "
+                 f"cluster.rank_table_file=<file>.")
+    if c.launch != "elastic":
         return p
     host, _, port = str(c.rdzv_endpoint).rpartition(":")
     if not host or not _HOST.fullmatch(host) or not port.isdigit() or not 1 <= int(port) <= 65535:

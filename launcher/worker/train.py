@@ -31,7 +31,7 @@ def run_rank(path: str | Path) -> None:
     rank = int(os.environ["RANK"])
     rank_dir = run_dir.rank(rank)
     rank_dir.path.mkdir(exist_ok=True)
-    rank_dir.pid.write_text(str(os.getpid()))
+    rank_dir.write_pid(os.getpid())
     sys.path[:0] = [p for p in plan.code_paths if p not in sys.path]  # the user's recipe code, by _target_
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13 + DeepSpeed: all_gather_into_tensor ...
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.rundir import RunDir
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
@@ -74,6 +75,14 @@ def test_two_nodes_train_as_one_node_of_four_ranks(tmp_path):
     worst = max(abs(two_nodes[s] - reference[s]) / abs(reference[s]) for s in reference)
     print(f"2 nodes x 2 ranks vs 1 node x 4 ranks, wide_deep, {len(reference)} steps: worst relative {worst:.2e}")
     assert sorted(two_nodes) == sorted(reference) and worst <= 1e-5
+    from launcher.cli import main  # `hetero-launch report` merges the nodes' run dirs (gathered here) into one
+
+    dirs = [str((tmp_path / f"node{n}" / "log_output" / "latest").resolve()) for n in (0, 1)]
+    assert main(["report", *dirs, "--into", str(tmp_path / "merged")]) == 0
+    merged = json.loads((tmp_path / "merged" / "summary.json").read_text())
+    assert [r["rank"] for r in merged["ranks"]] == [0, 1, 2, 3] and all(r["exit_code"] == 0 for r in merged["ranks"])
+    assert merged["status"] == "ok" and sorted(m["node_rank"] for m in merged["merged_from"]) == [0, 1]
+    assert (tmp_path / "merged" / "loss.png").exists()
 
 
 def test_a_rank_killed_on_one_node_stops_both_and_both_name_it(tmp_path):
@@ -87,7 +96,7 @@ def test_a_rank_killed_on_one_node_stops_both_and_both_name_it(tmp_path):
         time.sleep(0.2)
     time.sleep(2)  # training
     victim = next(f for f in pid_files if f.parent.name == "rank.3")
-    os.kill(int(victim.read_text()), signal.SIGKILL)
+    os.kill(RunDir(victim.parent.parent).rank(3).read_pid()[1], signal.SIGKILL)
     outs = [p.communicate(timeout=60) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 1, out[-3000:] + err[-3000:]
@@ -96,7 +105,7 @@ def test_a_rank_killed_on_one_node_stops_both_and_both_name_it(tmp_path):
     assert [_summary(tmp_path, n)["first_failed_rank"] for n in (0, 1)] == [3, 3]
     for f in pid_files:
         with pytest.raises(ProcessLookupError):
-            os.kill(int(f.read_text()), 0)
+            os.kill(int(f.read_text().split()[1]), 0)
 
 
 def test_a_node_that_never_joins_is_named_after_the_timeout(tmp_path):

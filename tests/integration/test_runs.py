@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from launcher.rundir import RunDir
 from tests.conftest import read_summary, run_cli
 
 pytestmark = pytest.mark.integration
@@ -79,7 +80,7 @@ def test_failing_rank_stops_the_others_and_is_named(tmp_path):
     for png in ("loss.png", "throughput.png"):
         assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for rank in (0, 1):
-        pid = int((run / f"rank.{rank}" / "pid").read_text())
+        pid = RunDir(run).rank(rank).read_pid()[1]
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 

@@ -38,7 +38,7 @@ def _beat(run, rank, step):
 
 def test_the_rank_behind_is_named_and_both_stacks_are_collected(ranks):
     run, procs = ranks
-    dog = Watchdog({r: run.rank(r) for r in procs}, {r: p.pid for r, p in procs.items()}, watchdog_s=0.3,
+    dog = Watchdog({r: run.rank(r) for r in procs}, lambda: {r: p.pid for r, p in procs.items()}, watchdog_s=0.3,
                    period_s=0.0)
     _beat(run, 0, 10)
     _beat(run, 1, 7)
@@ -52,7 +52,7 @@ def test_the_rank_behind_is_named_and_both_stacks_are_collected(ranks):
 
 def test_a_stopped_rank_is_named_by_its_state_and_the_limit_follows_slow_steps(ranks):
     run, procs = ranks
-    dog = Watchdog({r: run.rank(r) for r in procs}, {r: p.pid for r, p in procs.items()}, watchdog_s=0.2,
+    dog = Watchdog({r: run.rank(r) for r in procs}, lambda: {r: p.pid for r, p in procs.items()}, watchdog_s=0.2,
                    period_s=0.0)
     for step in (1, 2):
         _beat(run, 0, step)

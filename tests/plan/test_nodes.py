@@ -24,8 +24,9 @@ def test_two_nodes_of_two_ranks_are_one_world_of_four(cpu_host):
 
 @pytest.mark.parametrize("overrides, message", [
     (["cluster.nnodes=2"], "cluster.nnodes=2 with cluster.launch=local: a local launch starts this host's ranks"),
-    (["cluster.launch=mpi"], "cluster.launch=mpi is not supported yet (planned: mpirun)"),
-    (["cluster.launch=pbs"], "cluster.launch=pbs is not one of local, elastic"),
+    (["cluster.launch=mpi", "cluster.nnodes=2"], "cluster.launch=mpi with cluster.nnodes=2: mpirun needs the hosts"),
+    (["cluster.launch=mpi", "cluster.node_rank=1"], "cluster.node_rank=1: only cluster.launch=elastic"),
+    (["cluster.launch=pbs"], "cluster.launch=pbs is not one of local, elastic, mpi, slurm"),
     ([*ELASTIC[1:3], "cluster.rdzv_endpoint=node0"], "cluster.rdzv_endpoint=node0 must be <host>:<port>"),
     ([*ELASTIC[1:3], "cluster.rdzv_endpoint='a;rm -rf /:29400'"], "must be <host>:<port>"),
     ([*ELASTIC[1:3], "cluster.rdzv_endpoint='$(id):29400'"], "must be <host>:<port>"),
@@ -33,7 +34,7 @@ def test_two_nodes_of_two_ranks_are_one_world_of_four(cpu_host):
     ([*ELASTIC[1:], "cluster.local_addr='10.0.0.1 x'"], "cluster.local_addr=10.0.0.1 x must be a host name"),
     ([*ELASTIC[1:], "cluster.rdzv_id=a/b"], "cluster.rdzv_id=a/b must be a name"),
     ([*ELASTIC[1:], "cluster.rdzv_timeout_s=0"], "cluster.rdzv_timeout_s=0"),
-    ([*ELASTIC[1:], "launcher.max_restarts=1"], "restarts across hosts are not supported yet"),
+    ([*ELASTIC[1:], "launcher.max_restarts=1"], "restarts are supported with cluster.launch=local only"),
 ])
 def test_bad_cluster_keys_are_named(cpu_host, overrides, message):
     with pytest.raises(ConfigError) as e:

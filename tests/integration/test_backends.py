@@ -1,0 +1,66 @@
+"""The same run under mpirun (cluster.launch=mpi) and under Slurm (sbatch of the dry run's job.sbatch, srun inside)
+trains to the local backend's losses. Skipped, saying why, where mpirun or Slurm is missing (.ci/run installs
+Debian's openmpi-bin, slurmctld, slurmd, slurm-client and munge when it can)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.slurm_cluster import slurm_cluster  # noqa: F401
+
+pytestmark = pytest.mark.integration
+
+WIDE_DEEP = ["recipe=wide_deep", "smoke=true", "trainer.steps=6", "trainer.log_every=1", "eval.batches=0",
+             "trainer.checkpoint_every=-1", "cluster.nproc_per_node=2"]
+
+
+def _losses(run_dir: Path) -> dict[tuple[int, int], float]:
+    """(rank, step) -> the loss each rank logged."""
+    out = {}
+    for rank in (0, 1):
+        for line in (run_dir / f"rank.{rank}" / "metrics.jsonl").read_text().splitlines():
+            m = json.loads(line)
+            if "event" not in m:
+                out[(rank, m["step"])] = m["loss"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_losses(tmp_path_factory) -> dict[tuple[int, int], float]:
+    cwd = tmp_path_factory.mktemp("local")
+    res = run_cli(WIDE_DEEP, cwd)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return _losses((cwd / "log_output" / "latest").resolve())
+
+
+def _same(got: dict, want: dict, what: str) -> None:
+    worst = max(abs(got[k] - want[k]) / abs(want[k]) for k in want)
+    print(f"{what} vs local, wide_deep, 2 ranks x {len(want) // 2} steps: worst relative difference {worst:.2e}")
+    assert sorted(got) == sorted(want) and worst <= 1e-5
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun is not installed (Debian: apt-get install "
+                                                             "openmpi-bin; .ci/run installs it when it can)")
+def test_mpirun_trains_as_the_local_backend(tmp_path, local_losses):
+    res = run_cli([*WIDE_DEEP, "cluster.launch=mpi"], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run_dir = (tmp_path / "log_output" / "latest").resolve()
+    assert (run_dir / "backend.log").read_text().startswith("$ mpirun -n 2 ")
+    assert all(json.loads((run_dir / f"rank.{r}" / "exit.json").read_text())["exit_code"] == 0 for r in (0, 1))
+    _same(_losses(run_dir), local_losses, "mpirun")
+
+
+def test_sbatch_of_the_dry_runs_job_trains_as_the_local_backend(slurm_cluster, tmp_path, local_losses):  # noqa: F811
+    res = run_cli([*WIDE_DEEP, "cluster.launch=slurm", "dry_run=true"], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    job = (tmp_path / "log_output" / "latest" / "job.sbatch").resolve()
+    rc, job_id = slurm_cluster.sbatch_wait(job, cwd=tmp_path, timeout=300)
+    out = tmp_path / "log_output" / f"slurm-{job_id}.out"
+    assert rc == 0, (out.read_text() if out.exists() else "") + slurm_cluster.tail_logs()
+    run_dir = (tmp_path / "log_output" / "latest").resolve()
+    assert run_dir != job.parent and json.loads((run_dir / "summary.json").read_text())["status"] == "ok"
+    assert (run_dir / "backend.log").read_text().startswith("$ srun --nodes=1 --ntasks=2 ")
+    _same(_losses(run_dir), local_losses, "sbatch + srun")
