@@ -3,7 +3,7 @@
     .venv/bin/python bench/suite.py [--runs 5] [--only P1 P4 ...]
 
 P1 launch overhead: a trivial 2-rank gloo job via hetero-launch script=, torchrun, the deepspeed launcher; a dry run;
-   a quickstart smoke run through each launch backend (local, elastic).
+   a quickstart smoke run through each launch backend (local, elastic, mpi and slurm where installed).
 P2 wide_deep host placement: samples/s of host sparse tables vs dense tables (both through hetero-launch, 1 rank),
    lookups/s vs a plain gather's bound.
 P3 offloaded optimizer step: DeepSpeedCPUAdam vs torch.optim.Adam(fused) at 32 M parameters.
@@ -17,10 +17,12 @@ Prints a markdown table and writes bench/results/suite.json. Not a test: the num
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -71,20 +73,40 @@ def p1(runs: int) -> list[tuple]:
     base = med(r["torchrun"])
     rows = [("P1", f"trivial 2-rank gloo job: {k}", f"{med(v):.2f} s [{min(v):.2f}-{max(v):.2f}]",
              f"{med(v) / base:.2f}x torchrun") for k, v in r.items()]
-    # The same recipe run through each launch backend (one host: elastic's rendezvous with one node).
+    # The same recipe run through each launch backend (one host: elastic's rendezvous with one node; mpirun; srun
+    # inside `salloc` on the tests' single-host Slurm cluster), where this machine has them.
     smoke = [str(BIN / "hetero-launch"), "recipe=quickstart", "smoke=true"]
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         backends = {
             "local": lambda: timed(smoke, cwd=tmp),
             "elastic (c10d rendezvous, 1 node)": lambda: timed(
                 [*smoke, "cluster.launch=elastic", f"cluster.rdzv_endpoint=127.0.0.1:{_free_port()}",
                  "cluster.local_addr=127.0.0.1"], cwd=tmp),
         }
+        if shutil.which("mpirun"):
+            backends["mpi (mpirun)"] = lambda: timed([*smoke, "cluster.launch=mpi"], cwd=tmp)
+        slurm = _slurm_cluster(stack, Path(tmp) / "slurm")
+        if slurm is not None:
+            salloc = ["salloc", "--nodes=1", "--ntasks-per-node=2", *smoke, "cluster.launch=slurm"]
+            backends["slurm (srun inside salloc)"] = lambda: timed(salloc, slurm.env, cwd=tmp)
         b = interleaved(backends, runs)
     local = med(b["local"])
     rows += [("P1", f"quickstart smoke run, cluster.launch={k}", f"{med(v):.2f} s [{min(v):.2f}-{max(v):.2f}]",
               f"{med(v) / local:.2f}x local") for k, v in b.items()]
     return rows
+
+
+def _slurm_cluster(stack: contextlib.ExitStack, root: Path):
+    """The tests' single-host Slurm cluster (tests/slurm_cluster.py), or None (with a line saying why)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.slurm_cluster import Unavailable, running_cluster
+
+    root.mkdir()
+    try:
+        return stack.enter_context(running_cluster(root))
+    except Unavailable as e:
+        print(f"P1: no Slurm backend figure: {str(e).splitlines()[0]}", file=sys.stderr)
+        return None
 
 
 def _free_port() -> int:
