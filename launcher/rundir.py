@@ -287,20 +287,27 @@ def create_sweep_dir(log_dir: Path) -> SweepDir:
     return SweepDir(create_run_dir(log_dir, "", SWEEP_PREFIX.rstrip("-")).path)
 
 
-def _memory() -> tuple[int, int]:
-    """(this process's resident set, the host's available memory) in bytes, from /proc (0 where there is none)."""
-    rss = avail = 0
+def host_available_memory() -> int:
+    """The host's available memory in bytes (MemAvailable in /proc/meminfo; 0 where there is none)."""
     try:
-        with open("/proc/self/statm") as f:
-            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return rss, avail
+    return 0
+
+
+def _memory() -> tuple[int, int]:
+    """(this process's resident set, the host's available memory) in bytes, from /proc (0 where there is none)."""
+    rss = 0
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss, host_available_memory()
 
 
 class MetricsWriter:

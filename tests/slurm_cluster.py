@@ -1,6 +1,6 @@
 """A real single-host Slurm cluster for tests: Debian's slurm-wlm 22.05 + munge, run from a tmp dir.
 
-The session-scoped fixture `slurm_cluster` starts its own munged, slurmctld and slurmd (foreground child processes,
+The module-scoped fixture `slurm_cluster` starts its own munged, slurmctld and slurmd (foreground child processes,
 free ports, every file under tmp; no systemd, no cgroups, nothing under /etc, /run or /var), waits until the node is
 idle, yields a `SlurmCluster`, and stops everything on teardown. It skips (never fails) when the binaries are missing,
 when not root, or when the daemons do not come up. Use it with:
@@ -201,8 +201,9 @@ class Unavailable(Exception):
     """The cluster cannot run here; the message says why (the fixture skips with it)."""
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory) -> Iterator[SlurmCluster]:
+    """Module-scoped: its daemons are pytest's children, and later tests check that pytest has none."""
     try:
         with running_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
             yield cluster

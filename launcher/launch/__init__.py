@@ -262,7 +262,8 @@ def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wal
     """summary.json, junit.xml and the printed tables and reports of the run's last attempt (and the list of
     attempts); returns the launcher's exit code."""
     from launcher.report.junit import write_junit
-    from launcher.report.summary import build_summary, failure_report, hang_report, remote_failure_report, summary_table
+    from launcher.report.summary import (backend_report, build_summary, failure_report, hang_report,
+                                         remote_failure_report, summary_table)
 
     last = attempts[-1]
     outcome = last.outcome
@@ -280,6 +281,10 @@ def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wal
         summary["interrupted_by"] = signal.Signals(outcome.signal).name
     if len(attempts) > 1 or cfg.launcher.max_restarts > 0:
         summary["attempts"] = [a.record() for a in attempts]
+    unrecorded = ([e["rank"] for e in last.exits if not run_dir.rank(e["rank"]).exit.exists()]
+                  if cfg.cluster.launch in ("mpi", "slurm") else [])
+    if unrecorded:
+        summary["backend_log"] = str(run_dir.backend_log)
     run_dir.write_summary(summary)
     write_junit(run_dir, summary, cfg.output.stderr_tail)
     console.print(summary_table(summary))
@@ -290,6 +295,9 @@ def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wal
         console.print(hang_report(run_dir, summary, outcome.stall))
     elif last.remote_failure is not None:
         console.print(remote_failure_report(summary, last.remote_failure))
+    elif unrecorded and last.status == "failed":
+        console.print(backend_report(run_dir, unrecorded, "srun" if cfg.cluster.launch == "slurm" else "mpirun",
+                                     cfg.output.stderr_tail))
     elif last.first_failed is not None:
         console.print(failure_report(run_dir, summary, last.first_failed, cfg.output.stderr_tail))
     console.print(f"summary: {run_dir.summary}")

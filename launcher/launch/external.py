@@ -95,20 +95,15 @@ class ExternalJob:
     def poll(self) -> dict[int, int]:
         """Each ended rank's code from its exit record; once mpirun/srun itself has ended, a rank without one
         (never started, or its rank_start was killed) gets the scheduler's exit code (1 if that was 0)."""
+        backend = self._proc.poll()  # first: the records of ranks that ended before it are on disk by then
         out = {}
         for rank in self.ranks:
             record = self._run_dir.rank(rank).read_exit()
             if record is not None:
                 out[rank] = record["exit_code"]
-        backend = self._proc.poll()
-        if backend is not None and len(out) < len(self.ranks):
-            out = {r: self._reread(r) for r in self.ranks}  # records written just before the scheduler ended
-            out = {r: (code if code is not None else (backend or 1)) for r, code in out.items()}
+            elif backend is not None:
+                out[rank] = backend or 1
         return out
-
-    def _reread(self, rank: int) -> int | None:
-        record = self._run_dir.rank(rank).read_exit()
-        return record["exit_code"] if record is not None else None
 
     def pids(self) -> dict[int, int]:
         out = {}
@@ -117,10 +112,6 @@ class ExternalJob:
             if found is not None and found[0] == self._host:
                 out[rank] = found[1]
         return out
-
-    @property
-    def backend_code(self) -> int | None:
-        return self._proc.poll()
 
     def stop(self) -> None:
         """mpirun and srun forward SIGTERM to every rank (rank_start passes it on) and end the others; then

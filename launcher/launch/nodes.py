@@ -6,7 +6,8 @@ store the ranks bootstrap their process group on (``RendezvousInfo.bootstrap_sto
 then carries what the launchers tell each other, under ``hl/``:
 
 - ``plan/<node>``: a hash of each node's plan; every node checks it got the same plan before any rank starts;
-- ``host/<node>``: each node's address and facts (cores, devices), for the checks and the run's rank table;
+- ``host/<node>``: each node's address and facts (cores, devices, available memory), for the checks (the plan's
+  memory estimate per host, CUDA devices) and the run's rank table;
 - ``failed``: the first failure, written once (compare_set): every launcher stops its ranks and names the same rank;
 - ``finished/<node>``: no launcher leaves (and takes a store with it) before every node is done.
 """
@@ -25,6 +26,7 @@ from omegaconf import DictConfig
 
 from launcher.errors import ConfigError
 from launcher.plan import HostFacts, RunPlan
+from launcher.rundir import host_available_memory
 
 _PREFIX = "hl/"
 POLL_S = 0.5
@@ -103,6 +105,26 @@ class NodeGroup:
             pass
 
 
+def memory_problems(plan: RunPlan, hosts: list[dict[str, Any]]) -> list[str]:
+    """Hosts whose available memory is below what the plan's estimate puts on each host (its ranks' parameters,
+    gradients, optimizer states and tables in host memory; on CPU ranks the device's share too). The estimate leaves
+    out activations and the framework itself: a host below it cannot run the plan."""
+    memory = getattr(plan, "memory", None)
+    if memory is None:
+        return []
+    per_rank = memory.host.total + (memory.device.total if plan.device_type == "cpu" else 0)
+    need = per_rank * plan.nproc_per_node
+    short = [h for h in hosts if 0 < h.get("mem_available", 0) < need]
+    if not short:
+        return []
+    gib = 2**30
+    listed = ", ".join(f"node {h['node']} ({h['hostname']}) {h['mem_available'] / gib:.1f} GiB" for h in short)
+    return [f"cluster.nproc_per_node={plan.nproc_per_node}: the plan puts {need / gib:.1f} GiB on each host "
+            f"({plan.nproc_per_node} rank(s) × {per_rank / gib:.1f} GiB of parameters, gradients, optimizer states "
+            f"and tables: the plan's memory estimate), but {listed} available. Use fewer ranks per host, a higher "
+            f"zero.stage (shards the states), or hosts with more memory."]
+
+
 def join_nodes(cfg: DictConfig, plan: RunPlan, host: HostFacts) -> NodeGroup:
     """Meet the other hosts at cluster.rdzv_endpoint (waits up to cluster.rdzv_timeout_s for all of them), check
     that every node planned the same, and exchange host facts. ConfigError for a plan that differs or hosts that
@@ -133,7 +155,8 @@ def join_nodes(cfg: DictConfig, plan: RunPlan, host: HostFacts) -> NodeGroup:
     store, node, nnodes = info.store, info.rank, info.world_size
     store.set(_PREFIX + f"plan/{node}", plan_hash(plan))
     store.set(_PREFIX + f"host/{node}", json.dumps({"node": node, "addr": addr, "hostname": host.hostname,
-                                                    "cpu_count": host.cpu_count, "accelerators": host.accelerators}))
+                                                    "cpu_count": host.cpu_count, "accelerators": host.accelerators,
+                                                    "mem_available": host_available_memory()}))
     hashes = [store.get(_PREFIX + f"plan/{n}").decode() for n in range(nnodes)]
     hosts = [json.loads(store.get(_PREFIX + f"host/{n}")) for n in range(nnodes)]
     group = NodeGroup(node_rank=node, nnodes=nnodes, master_addr=info.bootstrap_store_info.master_addr,
@@ -149,6 +172,7 @@ def join_nodes(cfg: DictConfig, plan: RunPlan, host: HostFacts) -> NodeGroup:
         if short:
             problems.append(f"cluster.nproc_per_node={plan.nproc_per_node} CUDA devices per host, but "
                             f"{', '.join(short)} have fewer. Lower cluster.nproc_per_node.")
+    problems += memory_problems(plan, hosts)
     if problems:
         group.finish()
         raise ConfigError(problems)

@@ -154,6 +154,20 @@ def remote_failure_report(summary: dict, failure: dict) -> Panel:
     return Panel(body, title=f"rank {failure['rank']} failed (node {failure.get('node')})", border_style="red")
 
 
+def backend_report(run_dir: RunDir, unrecorded: list[int], scheduler: str, tail_lines: int) -> Panel:
+    """mpirun or srun ended while ranks had not recorded their end (never started, or their first process was
+    killed): its own output, which says why."""
+    try:
+        lines = run_dir.backend_log.read_text(errors="replace").splitlines()[-tail_lines:]
+    except OSError:
+        lines = ["(no backend.log)"]
+    body = Text(f"{scheduler} ended before rank(s) {', '.join(map(str, unrecorded))} recorded how they ended (never "
+                f"started, or their first process was killed). Its output, the last {tail_lines} lines of "
+                f"{run_dir.backend_log}:\n", style="bold red")
+    body.append("\n".join(lines))
+    return Panel(body, title=f"{scheduler} failed", border_style="red")
+
+
 STACK_LINES = 40
 """Lines of each rank's dumped stacks the hang report shows (all of it is in the rank's stderr)."""
 

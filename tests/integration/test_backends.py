@@ -42,8 +42,11 @@ def _same(got: dict, want: dict, what: str) -> None:
     assert sorted(got) == sorted(want) and worst <= 1e-5
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun is not installed (Debian: apt-get install "
-                                                             "openmpi-bin; .ci/run installs it when it can)")
+NO_MPIRUN = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun is not installed (Debian: apt-get "
+                                                                        "install openmpi-bin; .ci/run installs it)")
+
+
+@NO_MPIRUN
 def test_mpirun_trains_as_the_local_backend(tmp_path, local_losses):
     res = run_cli([*WIDE_DEEP, "cluster.launch=mpi"], tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -51,6 +54,13 @@ def test_mpirun_trains_as_the_local_backend(tmp_path, local_losses):
     assert (run_dir / "backend.log").read_text().startswith("$ mpirun -n 2 ")
     assert all(json.loads((run_dir / f"rank.{r}" / "exit.json").read_text())["exit_code"] == 0 for r in (0, 1))
     _same(_losses(run_dir), local_losses, "mpirun")
+
+
+@NO_MPIRUN
+def test_mpiruns_own_failure_is_shown_from_its_output(tmp_path):
+    res = run_cli(["recipe=quickstart", "cluster.launch=mpi", "cluster.launcher_args=[--no-such-option]"], tmp_path)
+    assert res.returncode == 1 and "mpirun failed" in res.stdout and "--no-such-option" in res.stdout, res.stdout
+    assert "Traceback" not in res.stdout + res.stderr
 
 
 def test_sbatch_of_the_dry_runs_job_trains_as_the_local_backend(slurm_cluster, tmp_path, local_losses):  # noqa: F811

@@ -66,3 +66,17 @@ def test_a_rank_table_sets_the_nodes_and_a_bad_one_exits_2_naming_the_entry(tmp_
     assert main(["recipe=quickstart", f"cluster.rank_table_file={bad}", "cluster.launch=elastic", log_dir]) == 2
     err = capsys.readouterr().err
     assert 'server_list[1].server_id="10.0.0.2;reboot"' in err and 'server_list[1].device[0].rank_id="1"' in err
+
+
+def test_a_host_with_less_memory_than_the_plan_puts_on_it_is_named(cpu_host):
+    from launcher.launch.nodes import memory_problems
+
+    plan = plan_of(["recipe=wide_deep", "cluster.launch=elastic", "cluster.nnodes=2", "cluster.nproc_per_node=2",
+                    "cluster.rdzv_endpoint=node0:29400"], cpu_host)
+    per_host = 2 * (plan.memory.host.total + plan.memory.device.total)
+    hosts = [{"node": 0, "hostname": "a", "mem_available": 64 * 2**30},
+             {"node": 1, "hostname": "b", "mem_available": per_host - 1}]
+    assert memory_problems(plan, hosts[:1]) == []
+    (problem,) = memory_problems(plan, hosts)
+    assert problem.startswith("cluster.nproc_per_node=2: the plan puts") and "node 1 (b)" in problem
+    assert "node 0" not in problem
