@@ -178,11 +178,23 @@ def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: lis
         write_rank_env(run_dir, envs)
         attempts = [run_attempt(plan, run_dir, envs, 0, float(cfg.launcher.watchdog_s), console, nodes)]
     else:
-        attempts = _attempts(cfg, plan, run_dir, stores, console, _job_starter(cfg, plan, run_dir))
+        hosts = _external_hosts(cfg) if cfg.cluster.launch in ("mpi", "slurm") else ()
+        if hosts:  # the rank table of the hosts mpirun / srun start the ranks on
+            run_dir.write_json(run_dir.rank_table, rank_table(plan.ranks, list(hosts)))
+        attempts = _attempts(cfg, plan, run_dir, stores, console, _job_starter(cfg, plan, run_dir, hosts))
     return _report(cfg, plan, run_dir, attempts, time.monotonic() - t0, console, nodes)
 
 
-def _job_starter(cfg: DictConfig, plan: RunPlan, run_dir: RunDir):
+def _external_hosts(cfg: DictConfig) -> tuple[str, ...]:
+    """cluster.launch=mpi|slurm: the hosts the ranks run on, in node order (a hostfile's or rank table's, the Slurm
+    allocation's); () = this host only."""
+    from launcher.launch.preflight import slurm_allocation
+
+    layout = (slurm_allocation(cfg, dict(os.environ)) if cfg.cluster.launch == "slurm" else read_cluster_files(cfg))
+    return layout.hosts if layout is not None else ()
+
+
+def _job_starter(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, hosts: tuple[str, ...]):
     """How an attempt's ranks start: None = this host's, as torch elastic's processes; else through mpirun/srun."""
     import functools
 
@@ -190,8 +202,6 @@ def _job_starter(cfg: DictConfig, plan: RunPlan, run_dir: RunDir):
 
     c = cfg.cluster
     if c.launch == "mpi":
-        layout = read_cluster_files(cfg)
-        hosts = layout.hosts if layout is not None else ()  # none: this host
         command = external.mpirun_command(plan, run_dir, hosts, list(c.launcher_args), os.geteuid() == 0)
     elif c.launch == "slurm":
         command = external.srun_command(plan, run_dir, list(c.launcher_args))

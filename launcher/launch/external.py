@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from launcher.errors import ConfigError
@@ -28,6 +29,8 @@ FORWARDED_ENV = ("PYTHONPATH", "HL_CACHE_DIR", "PATH")
 """Variables of the launcher that mpirun passes on to ranks on other hosts (-x); the plan's own are in
 rank_env.json."""
 SLURM_ALLOCATION = "SLURM_JOB_ID"
+LINGER_S = 0.5
+"""How long mpirun/srun get to end by themselves once every rank has recorded its end, when stopping."""
 
 
 def rank_command(run_dir: RunDir, scheduler: str, plan: RunPlan) -> list[str]:
@@ -113,18 +116,43 @@ class ExternalJob:
                 out[rank] = found[1]
         return out
 
-    def stop(self) -> None:
-        """mpirun and srun forward SIGTERM to every rank (rank_start passes it on) and end the others; then
-        SIGKILL to the scheduler's process group, and to this host's ranks that have no exit record yet."""
-        from launcher.launch.supervise import stop_process_groups
+    def _recorded(self) -> bool:
+        return all(self._run_dir.rank(r).read_exit() is not None for r in self.ranks)
 
-        stop_process_groups([self._proc])
-        for rank, pid in self.pids().items():
-            if self._run_dir.rank(rank).read_exit() is None:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+    def stop(self) -> None:
+        """SIGTERM to this host's ranks and to mpirun/srun (which forward it to every rank; rank_start passes it on),
+        then wait: for the scheduler to end, or, once every rank has recorded its end, LINGER_S more (mpirun takes
+        seconds to wind down after its ranks are gone; nothing of the run is left in it). SIGKILL after
+        STOP_TIMEOUT_S or on a second signal, to the scheduler's process group and to this host's ranks that have
+        not recorded their end."""
+        from launcher.launch.supervise import STOP_TIMEOUT_S, SignalException
+
+        local = self.pids()
+        _signal_each([self._proc.pid], os.killpg, (signal.SIGTERM, signal.SIGCONT))
+        _signal_each(list(local.values()), os.kill, (signal.SIGTERM, signal.SIGCONT))
+        deadline, recorded_at = time.monotonic() + STOP_TIMEOUT_S, None
+        try:
+            while self._proc.poll() is None and time.monotonic() < deadline:
+                if recorded_at is None and self._recorded():
+                    recorded_at = time.monotonic()
+                if recorded_at is not None and time.monotonic() - recorded_at > LINGER_S:
+                    break
+                time.sleep(0.05)
+        except (KeyboardInterrupt, SignalException):
+            pass  # a second signal: no more grace
+        _signal_each([self._proc.pid], os.killpg, (signal.SIGKILL,))
+        _signal_each([pid for rank, pid in local.items() if self._run_dir.rank(rank).read_exit() is None], os.kill,
+                     (signal.SIGKILL,))
+        self._proc.wait()
+
+
+def _signal_each(pids: list[int], send, signals: tuple[int, ...]) -> None:
+    for pid in pids:
+        for sig in signals:
+            try:
+                send(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def start_job(command: list[str], plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> ExternalJob:

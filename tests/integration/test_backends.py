@@ -3,12 +3,15 @@ trains to the local backend's losses. Skipped, saying why, where mpirun or Slurm
 Debian's openmpi-bin, slurmctld, slurmd, slurm-client and munge when it can)."""
 
 import json
+import os
 import shutil
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import pid_alive, run_cli, start_training
 from tests.slurm_cluster import slurm_cluster  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -57,6 +60,18 @@ def test_mpirun_trains_as_the_local_backend(tmp_path, local_losses):
 
 
 @NO_MPIRUN
+def test_a_rank_killed_under_mpirun_is_blamed_and_nothing_of_the_job_is_left(tmp_path):
+    launcher, run_dir, pids = start_training(tmp_path, "cluster.launch=mpi")
+    os.kill(pids[1], signal.SIGKILL)
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 1 and "rank 1 failed with signal SIGKILL" in out, out[-3000:] + err[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["first_failed_rank"] == 1
+    assert not any(pid_alive(p) for p in pids)
+    left = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
+    assert left == [], left  # no mpirun, rank_start or rank of this run
+
+
+@NO_MPIRUN
 def test_mpiruns_own_failure_is_shown_from_its_output(tmp_path):
     res = run_cli(["recipe=quickstart", "cluster.launch=mpi", "cluster.launcher_args=[--no-such-option]"], tmp_path)
     assert res.returncode == 1 and "mpirun failed" in res.stdout and "--no-such-option" in res.stdout, res.stdout
@@ -73,4 +88,6 @@ def test_sbatch_of_the_dry_runs_job_trains_as_the_local_backend(slurm_cluster, t
     run_dir = (tmp_path / "log_output" / "latest").resolve()
     assert run_dir != job.parent and json.loads((run_dir / "summary.json").read_text())["status"] == "ok"
     assert (run_dir / "backend.log").read_text().startswith("$ srun --nodes=1 --ntasks=2 ")
+    table = json.loads((run_dir / "rank_table.json").read_text())  # the allocation's host, from Slurm
+    assert [s["server_id"] for s in table["server_list"]] == [slurm_cluster.node]
     _same(_losses(run_dir), local_losses, "sbatch + srun")
