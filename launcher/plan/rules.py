@@ -52,13 +52,14 @@ def check_seeds(cfg: DictConfig) -> list[str]:
 
 
 def check_launcher(launcher: DictConfig, launch: str = "local") -> list[str]:
-    """launcher.*: the watchdog's limit and the number of restarts (restarts: of a local launch)."""
+    """launcher.*: the watchdog's limit and the number of restarts (not with cluster.launch=elastic)."""
     p = number_problems("launcher", {"watchdog_s": (launcher.watchdog_s, "non_negative")})
     if launcher.max_restarts < 0:
         p.append(f"launcher.max_restarts={launcher.max_restarts} must be 0 (no restart) or more.")
-    elif launcher.max_restarts > 0 and launch != "local":
-        p.append(f"launcher.max_restarts={launcher.max_restarts} with cluster.launch={launch}: restarts are "
-                 f"supported with cluster.launch=local only for now. Set launcher.max_restarts=0, and resume with trainer.resume=latest.")
+    elif launcher.max_restarts > 0 and launch == "elastic":
+        p.append(f"launcher.max_restarts={launcher.max_restarts} with cluster.launch={launch}: restarts across "
+                 f"hosts that each run a launcher are not supported yet (local, mpi and slurm restart). Set "
+                 f"launcher.max_restarts=0, and resume with trainer.resume=latest.")
     return p
 
 

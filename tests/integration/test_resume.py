@@ -3,6 +3,7 @@ checkpoint (step 4), logs the same per-step losses for steps 5-8 as the failed r
 optimizer states, tables and their optimizers, data position and RNG all came back (fp32, <= 1e-6 relative)."""
 
 import json
+import shutil
 import socket
 
 import pytest
@@ -27,14 +28,16 @@ def _assert_same(resumed: dict[int, float], uninterrupted: dict[int, float]) -> 
     assert worst <= 1e-6, (resumed, uninterrupted)
 
 
-def test_a_restart_goes_on_from_the_newest_checkpoint_as_if_nothing_happened(tmp_path):
+@pytest.mark.parametrize("launch", ["local", pytest.param("mpi", marks=pytest.mark.skipif(
+    shutil.which("mpirun") is None, reason="mpirun is not installed (Debian: apt-get install openmpi-bin)"))])
+def test_a_restart_goes_on_from_the_newest_checkpoint_as_if_nothing_happened(tmp_path, launch):
     """quickstart (DDP): launcher.max_restarts=1 restarts the failed job in the same run dir (its new store on the
-    same explicit port: the old one is gone first)."""
+    same explicit port: the old one is gone first), with the ranks of this host or under mpirun."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     res = run_cli(["recipe=quickstart", *STEPS, *FAIL_AFTER_STEP_8, "launcher.max_restarts=1",
-                   f"cluster.master_port={port}"], tmp_path)
+                   f"cluster.master_port={port}", f"cluster.launch={launch}"], tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     run = (tmp_path / "log_output" / "latest").resolve()
     summary = read_summary(tmp_path)

@@ -34,7 +34,7 @@ def test_two_nodes_of_two_ranks_are_one_world_of_four(cpu_host):
     ([*ELASTIC[1:], "cluster.local_addr='10.0.0.1 x'"], "cluster.local_addr=10.0.0.1 x must be a host name"),
     ([*ELASTIC[1:], "cluster.rdzv_id=a/b"], "cluster.rdzv_id=a/b must be a name"),
     ([*ELASTIC[1:], "cluster.rdzv_timeout_s=0"], "cluster.rdzv_timeout_s=0"),
-    ([*ELASTIC[1:], "launcher.max_restarts=1"], "restarts are supported with cluster.launch=local only"),
+    ([*ELASTIC[1:], "launcher.max_restarts=1"], "restarts across hosts that each run a launcher are not supported"),
 ])
 def test_bad_cluster_keys_are_named(cpu_host, overrides, message):
     with pytest.raises(ConfigError) as e:
