@@ -305,7 +305,7 @@ def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wal
         console.print(hang_report(run_dir, summary, outcome.stall))
     elif last.remote_failure is not None:
         console.print(remote_failure_report(summary, last.remote_failure))
-    elif unrecorded and last.status == "failed":
+    elif unrecorded and last.status == "failed" and (last.first_failed is None or last.first_failed in unrecorded):
         console.print(backend_report(run_dir, unrecorded, "srun" if cfg.cluster.launch == "slurm" else "mpirun",
                                      cfg.output.stderr_tail))
     elif last.first_failed is not None:
