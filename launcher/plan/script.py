@@ -82,9 +82,10 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims,
 def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
     c = cfg.cluster
     problems = check_cluster(c, host) + check_output(cfg.output) + check_launcher(cfg.launcher, c.launch)
-    if c.launch != "local":
-        problems.append(f"cluster.launch={c.launch} with script=: scripts run on one host for now (recipes run on "
-                        f"several). Set cluster.launch=local, or run your model as a recipe.")
+    if c.launch == "elastic" or c.nnodes != 1:
+        problems.append(f"cluster.launch={c.launch} cluster.nnodes={c.nnodes} with script=: scripts run on one host "
+                        f"for now (recipes run on several), started locally, by mpirun or by srun. Set "
+                        f"cluster.launch=local (or mpi / slurm) and cluster.nnodes=1, or run your model as a recipe.")
     if cfg.parallel.pipeline_stages > 1:
         problems.append(f"parallel.pipeline_stages={cfg.parallel.pipeline_stages} with script=: runtime.prepare() "
                         f"trains your loop data-parallel; pipelines run recipes (your model in a recipe YAML, see "

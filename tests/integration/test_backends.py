@@ -72,6 +72,17 @@ def test_a_rank_killed_under_mpirun_is_blamed_and_nothing_of_the_job_is_left(tmp
 
 
 @NO_MPIRUN
+def test_a_torchrun_script_runs_under_mpirun_with_its_arguments(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "data" / "allreduce_script.py"
+    res = run_cli([f"script={script}", "cluster.launch=mpi", "--", "--flag", "a b"], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run_dir = (tmp_path / "log_output" / "latest").resolve()
+    for rank in (0, 1):
+        assert (run_dir / f"rank.{rank}" / "stdout").read_text() == (
+            f"rank {rank}/2 sum=3.0 expected=3.0 args=['--flag', 'a b']\n")
+
+
+@NO_MPIRUN
 def test_mpiruns_own_failure_is_shown_from_its_output(tmp_path):
     res = run_cli(["recipe=quickstart", "cluster.launch=mpi", "cluster.launcher_args=[--no-such-option]"], tmp_path)
     assert res.returncode == 1 and "mpirun failed" in res.stdout and "--no-such-option" in res.stdout, res.stdout

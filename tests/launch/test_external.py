@@ -118,3 +118,12 @@ def test_mpi_without_mpirun_is_refused_before_a_run(tmp_path, monkeypatch, capsy
     assert main(["recipe=quickstart", "cluster.launch=mpi", f"output.log_dir={logs}"]) == 2
     assert "`mpirun` is not on PATH. Install it (Debian: apt-get install openmpi-bin)" in capsys.readouterr().err
     assert not logs.exists()
+
+
+def test_a_script_runs_on_one_host_under_any_backend_but_elastic(tmp_path, capsys):
+    script = Path(__file__).resolve().parents[1] / "data" / "allreduce_script.py"
+    logs = f"output.log_dir={tmp_path / 'logs'}"
+    assert main([f"script={script}", "cluster.launch=mpi", "dry_run=true", logs]) == 0
+    assert main([f"script={script}", "cluster.launch=elastic", "cluster.nnodes=2",
+                 "cluster.rdzv_endpoint=h:29400", logs]) == 2
+    assert "cluster.launch=elastic cluster.nnodes=2 with script=: scripts run on one host" in capsys.readouterr().err
