@@ -49,7 +49,7 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
         lines.append(f"cluster.master_addr={cfg.cluster.master_addr}: this host (the launcher hosts the store the "
                      f"ranks of every host rendezvous on)")
     facts = gather_facts(cfg, config_dir, estimate)
-    plan = plan_launch(cfg, host, facts)
+    plan = plan_launch(cfg, host, facts, layout)
     check_resume(plan)
     return plan, [*lines, *facts.data.lines, *(facts.model.lines if facts.model else ())]
 

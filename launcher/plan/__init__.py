@@ -20,7 +20,8 @@ from launcher.plan.memory import Bytes, MemoryEstimate, estimate_memory
 from launcher.plan.parallel import ParallelDims, plan_parallel
 from launcher.plan.pipeline import PipelinePlan, plan_pipeline
 from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement, takes_tables_out
-from launcher.plan.ranks import RankPlan, plan_ranks, rank_table
+from launcher.plan.layout import ClusterLayout
+from launcher.plan.ranks import RankPlan, plan_ranks, rank_table, visible_devices
 from launcher.plan.sharding import ShardingPlan, plan_sharding, plan_tensor_parallel, sharding_degrees
 from launcher.plan.rules import check_config, device_and_backend, resolve_nproc
 from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan, RunPlan, ScriptPlan, checkpoint_layout
@@ -114,9 +115,10 @@ def _stage_memory(pipeline: PipelinePlan, whole: MemoryEstimate, placement: Plac
                                                                                    device=per_rank.device)
 
 
-def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
-    """Plan a run of ``cfg`` on ``host`` with the ``facts`` gathered about its data and model; raise ConfigError
-    listing every problem."""
+def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout | None = None) -> LaunchPlan:
+    """Plan a run of ``cfg`` on ``host`` with the ``facts`` gathered about its data and model, on the hosts and
+    devices ``layout`` describes (a rank table, hostfile or Slurm allocation; None: cluster.* alone); raise
+    ConfigError listing every problem."""
     from launcher.schema import TableConfig
     from launcher.usercode import UserRecipe, recipe_for
 
@@ -271,8 +273,12 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts) -> LaunchPlan:
         cpu_count=host.cpu_count,
         extensions_dir=host.extensions_dir,
         dims=dims,
+        devices=visible_devices(layout, device_type, cfg.cluster.launch, problems),
     )
-    hosts = [cfg.cluster.master_addr] if nnodes == 1 else [f"node{n}" for n in range(nnodes)]
+    if problems:
+        raise ConfigError(problems)
+    hosts = (list(layout.hosts) if layout is not None else
+             [cfg.cluster.master_addr] if nnodes == 1 else [f"node{n}" for n in range(nnodes)])
     return LaunchPlan(
         recipe=cfg.recipe.name,
         dims=dims,

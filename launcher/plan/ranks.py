@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from launcher.plan.layout import ClusterLayout
 from launcher.plan.parallel import ParallelDims
 
 
@@ -30,9 +31,11 @@ def plan_ranks(
     cpu_count: int,
     extensions_dir: str,
     dims: ParallelDims | None = None,
+    devices: tuple[str, ...] = (),
 ) -> tuple[RankPlan, ...]:
     """One RankPlan per global rank. MASTER_PORT "0" means: picked at launch. OMP_NUM_THREADS shares the host's
-    cores among its local ranks."""
+    cores among its local ranks. ``devices[n]``: node n's CUDA_VISIBLE_DEVICES (its ranks' devices in local-rank
+    order, so local rank i uses cuda:i = the i-th of them); () = leave CUDA_VISIBLE_DEVICES as the host has it."""
     world = nnodes * nproc_per_node
     omp_threads = max(1, cpu_count // nproc_per_node)
     ranks = []
@@ -58,10 +61,33 @@ def plan_ranks(
             if device_type == "cpu":
                 env["DS_ACCELERATOR"] = "cpu"
                 env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks on a GPU host (cluster.device=cpu) see no GPU
+            elif devices:
+                env["CUDA_VISIBLE_DEVICES"] = devices[node]
             device = "cpu" if device_type == "cpu" else f"cuda:{local}"
             coords = dims.coords(rank) if dims is not None else {}
             ranks.append(RankPlan(rank=rank, local_rank=local, node_rank=node, device=device, coords=coords, env=env))
     return tuple(ranks)
+
+
+def visible_devices(layout: ClusterLayout | None, device_type: str, launch: str, problems: list[str]) -> tuple[str, ...]:
+    """Each node's CUDA_VISIBLE_DEVICES from the device ids a rank table (device_id) or a hostfile's slots
+    (include/exclude, as DeepSpeed's launcher maps them) give its ranks; () without a layout, on CPU, or when every
+    host's are its first nproc_per_node devices (a scheduler's own CUDA_VISIBLE_DEVICES is then left alone). With
+    cluster.launch=elastic the rendezvous, not the file, orders the nodes: per-host lists that differ are a problem
+    (appended to problems) there."""
+    if layout is None or device_type != "cuda":
+        return ()
+    per_node = tuple(",".join(str(s.device_id) for s in sorted(layout.ranks, key=lambda s: s.local_rank)
+                              if s.node_rank == node) for node in range(layout.nnodes))
+    first = ",".join(str(i) for i in range(layout.nproc_per_node))
+    if all(d == first for d in per_node):
+        return ()  # the first N devices on every host: what the ranks use anyway (and Slurm's own mapping stays)
+    if launch == "elastic" and len(set(per_node)) > 1:
+        listed = "; ".join(f"{h}: {d}" for h, d in zip(layout.hosts, per_node))
+        problems.append(f"{layout.source} gives the hosts different devices ({listed}), and with "
+                        f"cluster.launch=elastic the rendezvous, not the file, decides which host is which node. Use "
+                        f"the same devices on every host, or cluster.launch=mpi (the file's host order).")
+    return per_node
 
 
 def on_node(ranks: tuple[RankPlan, ...], node: int) -> tuple[RankPlan, ...]:
