@@ -14,7 +14,6 @@ then carries what the launchers tell each other, under ``hl/``:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import socket
 import time
@@ -38,9 +37,11 @@ FINISH_WAIT_S = 30.0
 
 
 def plan_hash(plan: RunPlan) -> str:
-    """What every node must agree on: the plan without its per-host parts (rank env: cores, cache paths; notes)."""
-    d = {k: v for k, v in plan.to_dict().items() if k not in ("ranks", "notes")}
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """What every node must agree on: the plan without its per-host parts (rank env: cores, cache paths; notes).
+    `hetero-launch report` checks gathered run dirs with the same digest of their plan.json."""
+    from launcher.report.merge import plan_digest
+
+    return plan_digest(plan.to_dict())
 
 
 @dataclass

@@ -54,8 +54,8 @@ class MergeError(Exception):
 
 
 def plan_digest(plan: dict[str, Any]) -> str:
-    """What every node must agree on, from plan.json: launch.nodes.plan_hash of the same plan (ranks and notes
-    left out)."""
+    """What every node of one run must agree on, from plan.json (ranks and notes left out): the launchers compare
+    it at the rendezvous (launch.nodes.plan_hash), the merge compares the gathered run dirs with it."""
     d = {k: v for k, v in plan.items() if k not in PER_HOST_KEYS}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -189,7 +189,7 @@ def test_an_existing_out_and_a_dir_that_is_no_run_dir_are_refused(tmp_path, plan
     assert f"{tmp_path / 'nowhere'}: no such dir" in out
 
 
-def test_the_plan_digest_is_the_launchers_plan_hash(cpu_host):
+def test_a_plan_json_read_back_digests_as_the_launchers_plan(cpu_host):
     from launcher.launch.nodes import plan_hash
 
     run_plan = plan_of(["recipe=quickstart", "cluster.nproc_per_node=2"], cpu_host)
