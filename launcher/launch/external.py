@@ -125,11 +125,11 @@ class ExternalJob:
         seconds to wind down after its ranks are gone; nothing of the run is left in it). SIGKILL after
         STOP_TIMEOUT_S or on a second signal, to the scheduler's process group and to this host's ranks that have
         not recorded their end."""
-        from launcher.launch.supervise import STOP_TIMEOUT_S, SignalException
+        from launcher.launch.supervise import STOP_TIMEOUT_S, SignalException, send_signals
 
         local = self.pids()
-        _signal_each([self._proc.pid], os.killpg, (signal.SIGTERM, signal.SIGCONT))
-        _signal_each(list(local.values()), os.kill, (signal.SIGTERM, signal.SIGCONT))
+        send_signals([self._proc.pid], (signal.SIGTERM, signal.SIGCONT))
+        send_signals(list(local.values()), (signal.SIGTERM, signal.SIGCONT), os.kill)
         deadline, recorded_at = time.monotonic() + STOP_TIMEOUT_S, None
         try:
             while self._proc.poll() is None and time.monotonic() < deadline:
@@ -140,19 +140,10 @@ class ExternalJob:
                 time.sleep(0.05)
         except (KeyboardInterrupt, SignalException):
             pass  # a second signal: no more grace
-        _signal_each([self._proc.pid], os.killpg, (signal.SIGKILL,))
-        _signal_each([pid for rank, pid in local.items() if self._run_dir.rank(rank).read_exit() is None], os.kill,
-                     (signal.SIGKILL,))
+        send_signals([self._proc.pid], (signal.SIGKILL,))
+        send_signals([pid for rank, pid in local.items() if self._run_dir.rank(rank).read_exit() is None],
+                     (signal.SIGKILL,), os.kill)
         self._proc.wait()
-
-
-def _signal_each(pids: list[int], send, signals: tuple[int, ...]) -> None:
-    for pid in pids:
-        for sig in signals:
-            try:
-                send(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def start_job(command: list[str], plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> ExternalJob:

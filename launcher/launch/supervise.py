@@ -71,20 +71,23 @@ class Outcome:
         return [e for e in self.exits if not e.stopped_by_launcher and e.exit_code is not None]
 
 
-def _signal_groups(pids: list[int], sig: int) -> None:
+def send_signals(pids: list[int], signals: tuple[int, ...], send=os.killpg) -> None:
+    """Each signal to each pid, skipping the ones already gone. send: os.killpg (the default: each rank leads its own
+    session and process group, as torch elastic starts them) or os.kill (one process)."""
     for pid in pids:
-        try:
-            os.killpg(pid, sig)  # each rank leads its own session and process group (torch elastic starts them so)
-        except (ProcessLookupError, PermissionError):
-            pass
+        for sig in signals:
+            try:
+                send(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def stop_process_groups(procs: list[subprocess.Popen]) -> None:
     """Each process's group: SIGTERM (and SIGCONT), SIGKILL after STOP_TIMEOUT_S or on a second signal.
     Processes that already ended are signalled too: their children may not have."""
     pids = [p.pid for p in procs]
-    _signal_groups(pids, signal.SIGTERM)
-    _signal_groups(pids, signal.SIGCONT)
+    send_signals(pids, (signal.SIGTERM,))
+    send_signals(pids, (signal.SIGCONT,))
     try:
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for p in procs:
@@ -94,7 +97,7 @@ def stop_process_groups(procs: list[subprocess.Popen]) -> None:
                 pass
     except (KeyboardInterrupt, SignalException):
         pass  # a second signal: no more grace
-    _signal_groups(pids, signal.SIGKILL)
+    send_signals(pids, (signal.SIGKILL,))
 
 
 def supervise(job: RankJob, on_tick: Callable[[], None], watchdog: Watchdog | None = None,
