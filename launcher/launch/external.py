@@ -147,10 +147,8 @@ class ExternalJob:
 
 
 def start_job(command: list[str], plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> ExternalJob:
-    """Run mpirun/srun (in its own session, its output in backend.log) for every rank in envs."""
-    for rank in envs:  # a restart's ranks start without the last attempt's records
-        for path in (run_dir.rank(rank).exit, run_dir.rank(rank).pid):
-            path.unlink(missing_ok=True)
+    """Run mpirun/srun (in its own session, its output in backend.log) for every rank in envs. Its rank dirs hold no
+    record of an earlier attempt: a restart moves them to attempt.<k>/ first (attempt.archive_attempt)."""
     with open(run_dir.backend_log, "ab") as log:
         log.write(("$ " + shlex.join(command) + "\n").encode())
         log.flush()
