@@ -102,8 +102,8 @@ def gather_bound(rows_per: int, batch: int, skewed: bool) -> float:
 
 def table_update_ms(rows_per: int, batch: int, reps: int) -> dict[str, float]:
     """One host update of the deep table (rows x 16) for one batch's coalesced gradient, per optimizer, interleaved."""
-    from launcher.worker.sparse_comm import coalesce
-    from launcher.worker.sparse_optim import LazyAdam, SparseAdam, SparseFTRL
+    from launcher.tables.sparse_comm import coalesce
+    from launcher.tables.sparse_optim import LazyAdam, SparseAdam, SparseFTRL
 
     n = rows_per * FIELDS
     ids = (torch.pow(float(rows_per), torch.rand(batch, FIELDS)).long() - 1) + torch.arange(FIELDS) * rows_per

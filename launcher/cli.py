@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[bold]plan[/bold]: script {plan.script} {' '.join(plan.args)} on {plan.world_size} "
                           f"rank(s), {plan.device_type}, torchrun environment")
             rt = plan.runtime
-            console.print(f"runtime.prepare() builds: engine {rt['engine']}, ZeRO {rt['zero_stage']}, {rt['precision']}, "
+            parts = "+".join(p["name"] for p in rt["parts"])
+            console.print(f"runtime.prepare() builds: {parts}, ZeRO {rt['zero_stage']}, {rt['precision']}, "
                           f"optimizer on {rt['placement']['optimizer_location']}; tables: host_device_mix="
                           f"{rt['host_device_mix']}, placement.tables {rt['table_locations'] or '-'}", highlight=False)
             for note in plan.notes:

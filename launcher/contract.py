@@ -58,6 +58,9 @@ class ModelFacts:
     runs with pipeline stages need them: ``launcher.launch.layer_sizes``)."""
     tied: tuple[tuple[tuple[str, ...], int], ...] = ()
     """Weights layers share: (``<layer>.<attribute path>`` of each use, elements) for each."""
+    layer_paths: dict[str, str] | None = None
+    """Each layer's module path in the model (gpt's block.0 is blocks.0): which pipeline stage holds a table or a
+    tensor-parallel operator; None when not gathered (with layer_params)."""
     lines: tuple[str, ...] = ()
     """What to tell the user about the model before the plan."""
 
@@ -67,12 +70,12 @@ class Operator:
     """One operator of a recipe's forward, torch-free, for op-level sharding (``parallel.sharding``) and tensor
     parallel (``parallel.tp``). A recipe may bring two optional hooks: ``operators(model)``, its forward as a chain of
     these (kind matmul or elementwise; quickstart), and ``tp_plan(model, tp)`` -> (operators whose kind is a tensor-
-    parallel style: colwise, rowwise or colwise_qkv; problems), what ``parallel.tp`` alone does (gpt)."""
+    parallel style: colwise or rowwise; problems), what ``parallel.tp`` alone does (gpt)."""
 
     name: str
-    """Module path in the model (``fc1``, ``blocks.0.attn.qkv``)."""
+    """Module path in the model (``fc1``, ``blocks.0.attn.q``)."""
     kind: str
-    """matmul | elementwise (operators), or colwise | rowwise | colwise_qkv (tp_plan)."""
+    """matmul | elementwise (operators), or colwise | rowwise (tp_plan)."""
     primitive: str
     """MindSpore's name of its kind (matmul, relu): the k-th such operator is also called <primitive>_<k-1>."""
     width_in: int
@@ -114,7 +117,11 @@ class Recipe(Protocol):
 
     def layers(self, model: Any) -> list[tuple[str, Any]]:
         """The built model's ordered, named top-level blocks (embedding, block.0, ..., head): what pipeline stages
-        and recompute refer to. For a sequential model (gpt, quickstart) running them in order is the forward."""
+        and recompute refer to. For a sequential model (gpt, quickstart) running them in order is the forward.
+
+        Optional: ``pipeline_split = "model"`` says the model's own forward runs a pipeline stage by skipping the
+        layers set to None (wide_deep's; torchtitan's manual split); by default ("chain") a stage runs its layers one
+        after the other."""
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ Launch, worker and report ask this module for paths, so the layout can change he
     <log_dir>/<run>/                      RunDir
         config.yaml plan.json ds_config.json rank_table.json rank_env.json versions.json
         ops_build.log summary.json junit.xml loss.png throughput.png backend.log job.sbatch
-        checkpoints/step<N>/              CheckpointDir: the engine's files (DeepSpeed's, or engine.pt),
-                                          tables.pt, trainer.<rank>.pt, checkpoint.json (written last)
+        checkpoints/step<N>/              CheckpointDir: the parts' files (model/ through DCP, or DeepSpeed's),
+                                          tables/ (DCP), trainer.<rank>.pt, checkpoint.json (written last)
         rank.<N>/                         RankDir
             stdout stderr error.json pid exit.json last_step metrics.jsonl memory.json tables.json mesh.json
                                           prepared.json (a script's runtime.prepare())
@@ -58,16 +58,13 @@ class CheckpointDir:
         """DeepSpeed's save_dir ..."""
         self.tag = self.path.name
         """... and its tag."""
-        self.engine = self.path / "engine.pt"
-        """A DDP engine's model and optimizer (DeepSpeed writes its own files beside)."""
-        self.tables = self.path / "tables.pt"
-        """Tables trained outside the engine and their optimizers' states (identical on every rank)."""
+        self.dcp = self.path / "model"
+        """The torch-native parts' model and optimizer, a torch.distributed.checkpoint folder (each rank's shards with
+        their global shapes: loadable on another layout). DeepSpeed writes its own files beside instead."""
+        self.tables = self.path / "tables"
+        """Tables trained outside the parts and their optimizers' states (DCP; one copy of each table)."""
         self.meta = self.path / "checkpoint.json"
-        """What the checkpoint was saved from (recipe, step, engine, layout): checked before a resume starts."""
-
-    def shard(self, rank: int) -> Path:
-        """A tensor-parallel engine's part: this rank's local model and optimizer tensors."""
-        return self.path / f"engine.rank{rank}.pt"
+        """What the checkpoint was saved from (recipe, step, format, layout): checked before a resume starts."""
 
     def trainer(self, rank: int) -> Path:
         """One rank's step, data position and RNG states."""

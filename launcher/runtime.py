@@ -49,12 +49,20 @@ _S = _State()
 
 
 def _default_plan() -> RuntimePlan:
+    """Without hetero-launch's plan (plain torchrun or python): replicated fp32 data parallelism, tables inside."""
+    from launcher import parallel
+    from launcher.plan.parallel import ParallelDims
     from launcher.plan.placement import PlacementPlan
 
+    world = world_size()
+    intents = parallel.Intents(dims=ParallelDims(dp=world, pp=1, tp=1, world_size=world), zero=0,
+                               offload_optimizer=False, offload_params=False, precision="fp32", client_optimizer=True)
+    parts, _, _ = parallel.plan_parts(intents)
     placement = PlacementPlan(tables=(), sparse_tables=False, dense_params=0, param_location="device",
                               optimizer_location="device", cpu_impl="torch", pin_memory=False)
-    return RuntimePlan(engine="ddp", zero_stage=0, precision="fp32", grad_accum=1, placement=placement,
-                       deepspeed=None, host_device_mix=0, table_locations={}, table_configs={})
+    return RuntimePlan(parts=parts, zero_stage=0, precision="fp32", grad_accum=1, placement=placement,
+                       host_device_mix=0, table_locations={}, table_configs={},
+                       backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
 def _init_process_group(backend: str | None = None) -> None:
@@ -101,7 +109,7 @@ def device() -> torch.device:
 
 def move(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Tensors to this rank's device; floating ones in the training precision (bf16 with precision=bf16)."""
-    from launcher.worker.transfer import host_to_device
+    from launcher.tables.transfer import host_to_device
 
     return tuple(host_to_device(t, _S.device, _S.dtype) for t in tensors)
 
@@ -115,8 +123,7 @@ def _tables_of(model: nn.Module) -> dict[str, tuple[int, int]]:
 def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
     """(model, optimizer) as the plan compiles them: call the model as before; use ``runtime.backward(loss)`` and
     ``runtime.step()`` (or the returned optimizer's ``step()``) instead of ``loss.backward()`` / ``optimizer.step()``."""
-    from launcher.worker.engines import make_engine
-    from launcher.worker.tables import build_tables
+    from launcher.tables import build_tables
     from launcher.worker.trainer import DTYPES
 
     run_dir = os.environ.get(RUN_DIR_ENV)
@@ -140,18 +147,29 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     sparse = [_with_group_settings(t, model, optimizer, t.name in table_cfgs) for t in tables if t.location != "engine"]
     if sparse:
         weights = [model.get_submodule(t.name).weight for t in sparse]  # before the swap takes the modules out
-        _S.tables = build_tables(model, tuple(sparse), _S.device, _S.dtype, dist.group.WORLD)
+        _S.tables = build_tables([model], tuple(sparse), _S.device, _S.dtype, dist.group.WORLD)
         _drop_from_optimizer(optimizer, {id(w) for w in weights})
-    config = dict(plan.deepspeed) if plan.deepspeed else None
-    if config and plan.zero_stage > 0 and type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
-        config["zero_allow_untested_optimizer"] = True  # the plan could not know the script's optimizer class
-    _S.engine = make_engine(plan.engine, model, optimizer, device=_S.device, dp_group=dist.group.WORLD,
-                            grad_accum=plan.grad_accum, config=config, backend=dist.get_backend())
+    _S.engine = _build_engine(plan, model, optimizer)
     if run_dir:
         rank_dir = RunDir(run_dir).rank(rank())
         _S.metrics = MetricsWriter(rank_dir)
         _write_prepared(rank_dir, [*sparse, *(t for t in tables if t.location == "engine")])
     return _PreparedModel(_S.engine), _PreparedOptimizer(_S.engine.optimizer)
+
+
+def _build_engine(plan: RuntimePlan, model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    """The planned data-parallel part around the script's model and optimizer (launcher.parallel.compose)."""
+    from launcher.parallel.compose import apply_parts
+    from launcher.parallel.rank import Chunk, RankContext
+
+    if plan.zero_stage > 0 and type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        # DeepSpeed has tested Adam with ZeRO; the plan could not know the script's optimizer class
+        parts = tuple(dataclasses.replace(p, config={**p.config, "zero_allow_untested_optimizer": True})
+                      if "zero_optimization" in p.config else p for p in plan.parts)
+        plan = dataclasses.replace(plan, parts=parts)
+    rt = RankContext(plan=dataclasses.replace(plan, backend=dist.get_backend()), mesh=None, device=_S.device,
+                     dp_group=dist.group.WORLD, rank=rank())
+    return apply_parts([Chunk(module=model, layers=[])], rt, lambda _params: optimizer)
 
 
 def _with_group_settings(t, model: nn.Module, optimizer: torch.optim.Optimizer, configured: bool):

@@ -118,8 +118,8 @@ class BatchConfig:
     grad_accum: int = -1
     """Micro-batches accumulated per step; -1 = infer (1 when only one size is given)."""
     micro_batches: int = -1
-    """A pipeline's micro-batches per optimizer step (M of the 1F1B schedule): grad_accum by the name pipelines use;
-    when set (not -1) it sets grad_accum."""
+    """A pipeline's micro-batches per optimizer step (M of its schedule): grad_accum by the name pipelines use; when
+    set (not -1) it sets grad_accum."""
 
 
 @dataclass
@@ -127,27 +127,35 @@ class ParallelConfig:
     dp: int = -1
     """Data-parallel degree; -1 = world_size / (pipeline_stages x tp). dp x pipeline_stages x tp = world_size."""
     pipeline_stages: int = 1
-    """Pipeline stages P (DeepSpeed's PipelineModule, 1F1B schedule); 1 = no pipeline."""
+    """Pipeline stages P over the pp dim of the mesh (torch.distributed.pipelining); 1 = no pipeline."""
     stages: dict[str, int] = field(default_factory=dict)
-    """MindSpore's cell.pipeline_stage in YAML: each of the recipe's layers() -> its stage (0 .. P-1, in forward
-    order), e.g. {head: 0, layer1: 0, layer2: 0, layer3: 1, layer4: 1, fc: 1}; empty = parallel.partition decides."""
+    """MindSpore's cell.pipeline_stage in YAML: each of the recipe's layers() -> its stage (0 .. P x stages_per_rank
+    - 1, in forward order), e.g. {head: 0, layer1: 0, layer2: 0, layer3: 1, layer4: 1, fc: 1}; empty =
+    parallel.partition decides."""
     partition: str = "parameters"
     """With parallel.stages empty: parameters (contiguous stages balancing their parameter counts) or uniform (the
     same number of layers per stage)."""
+    schedule: str = "1f1b"
+    """A pipeline's schedule: 1f1b (one forward, one backward in the steady state), gpipe (every forward, then every
+    backward) or interleaved_1f1b (parallel.stages_per_rank >= 2 stages per rank, looped: a smaller bubble)."""
+    stages_per_rank: int = 1
+    """Virtual stages per pipeline rank (interleaved_1f1b): stage s runs on pipeline rank s mod P."""
     tp: int = 1
     """Tensor-parallel degree: with tp > 1 and no sharding, the recipe's tensor-parallel plan (gpt: Megatron-style
     column/row-split attention and MLP) runs on the mesh's tp dim; its ranks share one replica and see the same data."""
     sharding: dict[str, Any] = field(default_factory=dict)
     """Op-level sharding in MindSpore's notation, operator -> strategy: {fc1: [[2, 4], [4, 1]]} splits fc1's x
     (batch, in) 2 × 4 and its w (in, out) 4 × 1. The batch factor is dp, the rest tp; every strategy's factors multiply
-    to the world size. Operators are named by module path (fc1) or MindSpore-style by kind and order (matmul,
-    matmul_1). Empty = none."""
+    to the ranks of one pipeline stage (world_size / pipeline_stages). Operators are named by module path (fc1) or
+    MindSpore-style by kind and order (matmul, matmul_1). Empty = none."""
     search_mode: str = "sharding_propagation"
     """How operators without a strategy get one: sharding_propagation (each takes its input's layout)."""
-    engine: str = "auto"
-    """ddp (torch DistributedDataParallel), deepspeed, tensor_parallel (DTensor: parallel.tp > 1 or
-    parallel.sharding), or auto: tensor_parallel when sharding, else ddp for plain data parallelism (ZeRO 0, no
-    offload, fp32), DeepSpeed otherwise."""
+    data_parallel: str = "auto"
+    """The part that runs data parallelism over the dp dim: ddp (replicated fp32 parameters, torch DDP), fsdp
+    (torch FSDP2: sharded parameters, gradients and optimizer states, bf16 master weights, CPU offload; composes
+    with tensor parallel and pipelines), deepspeed (DeepSpeed ZeRO 0-3 and ZeRO-Offload; plain data parallelism
+    only), or auto: chosen from zero.stage, optimizer.target, placement.offload_params, precision and the layout
+    (the plan says which and why)."""
 
 
 @dataclass

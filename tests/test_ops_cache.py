@@ -8,7 +8,7 @@ from tests.conftest import plan_of
 
 def test_missing_ops_in_an_empty_cache(tmp_path, cpu_host):
     host = dataclasses.replace(cpu_host, extensions_dir=str(tmp_path))
-    plan = plan_of(["recipe=quickstart", "parallel.engine=deepspeed"], host)
+    plan = plan_of(["recipe=quickstart", "parallel.data_parallel=deepspeed"], host)
     assert plan.ds_ops == ("deepspeed_shm_comm",)
     assert missing_ops(plan) == ["deepspeed_shm_comm"]
     (tmp_path / "deepspeed_shm_comm").mkdir()

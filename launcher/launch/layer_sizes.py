@@ -1,6 +1,6 @@
-"""Before a pipeline is planned: the parameters of each of the model's ``layers()`` and the weights layers share,
-counted on the model built on the ``meta`` device (no memory). Pipeline stages are balanced by these counts, and a
-weight two stages share is summed over them at every step (launcher/worker/pipeline.py)."""
+"""Before a pipeline is planned: the parameters of each of the model's ``layers()``, the weights layers share and each
+layer's module path, from the model built on the ``meta`` device (no memory). Pipeline stages are balanced by these
+counts, and a weight two stages share is summed over them at every step (launcher/parallel/pipeline_engine.py)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,19 @@ def layer_sizes(layers: list[tuple[str, nn.Module]]) -> tuple[dict[str, int], tu
     return counts, tied
 
 
-def layer_facts(recipe, model_spec: dict) -> tuple[dict[str, int], tuple[tuple[tuple[str, ...], int], ...]]:
-    """``layer_sizes`` of a recipe's model (``model_spec``) built on meta."""
+def layer_paths(model: nn.Module, layers: list[tuple[str, nn.Module]]) -> dict[str, str]:
+    """layer name -> its module path in ``model``."""
+    where = {id(m): path for path, m in model.named_modules()}
+    return {name: where[id(m)] for name, m in layers}
+
+
+def layer_facts(recipe, model_spec: dict) -> tuple[dict[str, int], tuple[tuple[tuple[str, ...], int], ...],
+                                                   dict[str, str]]:
+    """``layer_sizes`` and ``layer_paths`` of a recipe's model (``model_spec``) built on meta."""
     import torch
     from hydra.utils import instantiate
 
     with torch.device("meta"):
         model = instantiate(model_spec)
-    return layer_sizes(recipe.layers(model))
+    layers = recipe.layers(model)
+    return (*layer_sizes(layers), layer_paths(model, layers))

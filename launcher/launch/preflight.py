@@ -77,7 +77,9 @@ def check_resume(plan: LaunchPlan) -> None:
     now = checkpoint_layout(plan)
     diff = [f"{k} {saved.get(k)} (now {v})" for k, v in now.items() if saved.get(k) != v]
     if diff:
-        raise ConfigError(f"{key}: saved with {', '.join(diff)}. Resume with the settings it was saved with.")
+        why = ("" if saved.get("format") == "dcp" else " DeepSpeed's checkpoint files hold each rank's own partitions, "
+               "so they resume only on the layout (world size, dims, ZeRO stage) they were saved with;")
+        raise ConfigError(f"{key}: saved with {', '.join(diff)}.{why} Resume with the settings it was saved with.")
 
 
 def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool = True) -> Facts:
@@ -120,10 +122,10 @@ def _layers(recipe, cfg: DictConfig, data) -> ModelFacts:
     try:
         with warnings.catch_warnings():  # torch's warnings about odd sizes: the recipe's checks name the size
             warnings.simplefilter("ignore")
-            layer_params, tied = layer_facts(recipe, spec)
+            layer_params, tied, paths = layer_facts(recipe, spec)
     except Exception:  # noqa: BLE001 - a model that cannot be built (e.g. a zero width): the recipe's checks name it
         return facts
-    return dataclasses.replace(facts, layer_params=layer_params, tied=tied)
+    return dataclasses.replace(facts, layer_params=layer_params, tied=tied, layer_paths=paths)
 
 
 def _activations(recipe, cfg: DictConfig, data):

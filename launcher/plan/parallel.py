@@ -23,6 +23,9 @@ class ParallelDims:
 
     names: tuple[str, ...] = ("pp", "dp", "tp")
     """Mesh dim names, outermost first."""
+    dp_shard: int = 1
+    """Of dp, the ranks a data-parallel part shards parameters over (FSDP2); dp / dp_shard replicate. The worker's
+    mesh is (pp, dp_replicate, dp_shard, tp), with dp their flattening."""
 
     @property
     def shape(self) -> tuple[int, ...]:

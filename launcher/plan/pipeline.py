@@ -4,8 +4,10 @@ how much of a step the schedule idles.
 Stages come from ``parallel.stages`` in MindSpore's form (``{head: 0, layer1: 0, ..., fc: 1}``: every layer named,
 stage numbers in layer order), or, when it is empty, from ``parallel.partition``: ``parameters`` (contiguous
 stages with the largest stage's parameter count as small as it can be, what DeepSpeed's ``partition_method=
-"parameters"`` aims at) or ``uniform`` (the same number of layers per stage). DeepSpeed's 1F1B schedule runs M
-micro-batches per step through P stages; each stage idles (P-1) of the M+P-1 slots of a step: the bubble fraction.
+"parameters"`` aims at) or ``uniform`` (the same number of layers per stage). There are P × V stages: V
+(``parallel.stages_per_rank``) per pipeline rank with the interleaved schedule, stage s on pipeline rank s mod P.
+GPipe and 1F1B run M micro-batches per step through P stages, each idling (P-1) of the M+P-1 slots of a step (the
+bubble); interleaved 1F1B cuts each slot V ways: (P-1)/(V·M+P-1).
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ import difflib
 from dataclasses import dataclass
 
 PARTITIONS = ("parameters", "uniform")
+SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
+SPLITS = ("chain", "model")
+"""How a stage runs its layers: chain (the layers one after the other, the first taking every input: the forward of
+a sequential model) or model (the model's own forward, which skips the layers another stage holds, set to None:
+torchtitan's manual split)."""
 
 
 @dataclass(frozen=True)
@@ -24,7 +31,8 @@ class StagePlan:
     params: int
     """Parameters this stage holds (a weight tied across stages counts on each stage that holds it)."""
     in_flight: int
-    """Micro-batches whose activations this stage keeps at once under 1F1B: min(P - index, M)."""
+    """Micro-batches whose activations this stage keeps at once: M under GPipe, min(P - rank, M) under 1F1B, the
+    warm-up's share of its rank under interleaved 1F1B."""
     state_bytes: int = 0
     """Estimated bytes of its parameters, gradients and optimizer states, per rank."""
     activation_bytes: int | None = None
@@ -47,23 +55,36 @@ class TiePlan:
 class PipelinePlan:
     stages: tuple[StagePlan, ...]
     micro_batches: int
-    """M: micro-batches per optimizer step (DeepSpeed's gradient_accumulation_steps)."""
+    """M: micro-batches per optimizer step."""
     partition: str
     """How the stages were chosen: parallel.stages, parameters or uniform."""
     tied: tuple[TiePlan, ...] = ()
+    schedule: str = "1f1b"
+    ranks: int = 1
+    """P: pipeline ranks (the mesh's pp dim); len(stages) = P × stages_per_rank."""
+    split: str = "chain"
+    """How a stage runs its layers (SPLITS)."""
 
     @classmethod
     def from_dict(cls, d: dict) -> PipelinePlan:
         return cls(stages=tuple(StagePlan(**{**s, "layers": tuple(s["layers"])}) for s in d["stages"]),
                    micro_batches=d["micro_batches"], partition=d["partition"],
                    tied=tuple(TiePlan(paths=tuple(t["paths"]), stages=tuple(t["stages"]), numel=t["numel"])
-                              for t in d["tied"]))
+                              for t in d["tied"]), schedule=d["schedule"], ranks=d["ranks"], split=d["split"])
+
+    @property
+    def stages_per_rank(self) -> int:
+        return len(self.stages) // self.ranks
+
+    def rank_of(self, stage: int) -> int:
+        """The pipeline rank (pp coordinate) that runs ``stage`` (looped: stage s on rank s mod P)."""
+        return stage % self.ranks
 
     @property
     def bubble(self) -> float:
-        """(P-1)/(M+P-1): the share of a step each stage idles under 1F1B."""
-        p = len(self.stages)
-        return (p - 1) / (self.micro_batches + p - 1)
+        """The share of a step each rank idles: (P-1)/(V·M+P-1)."""
+        p, v = self.ranks, self.stages_per_rank
+        return (p - 1) / (v * self.micro_batches + p - 1)
 
 
 def _balanced(weights: list[int], parts: int) -> list[int]:
@@ -109,8 +130,8 @@ def _from_yaml(stages: dict[str, int], layers: tuple[str, ...], pp: int) -> tupl
             hint = f" Did you mean {close[0]}?" if close else ""
             problems.append(f"parallel.stages: the model has no layer {name}.{hint} Its layers: {', '.join(layers)}.")
         elif not (isinstance(s, int) and 0 <= s < pp):
-            problems.append(f"parallel.stages.{name}={s} must be a stage number from 0 to {pp - 1} "
-                            f"(parallel.pipeline_stages={pp}).")
+            problems.append(f"parallel.stages.{name}={s} must be a stage number from 0 to {pp - 1} ({pp} stages: "
+                            f"parallel.pipeline_stages × parallel.stages_per_rank).")
     missing = [n for n in layers if n not in stages]
     if missing:
         problems.append(f"parallel.stages names no stage for {', '.join(missing)}: give every layer a stage "
@@ -124,18 +145,33 @@ def _from_yaml(stages: dict[str, int], layers: tuple[str, ...], pp: int) -> tupl
                             f"the forward order (each stage a run of consecutive layers).")
     empty = sorted(set(range(pp)) - set(order))
     if empty:
-        problems.append(f"parallel.stages puts no layer on stage {', '.join(map(str, empty))} of "
-                        f"parallel.pipeline_stages={pp}. Give every stage a layer or lower pipeline_stages.")
+        problems.append(f"parallel.stages puts no layer on stage {', '.join(map(str, empty))} of the {pp} stages. "
+                        f"Give every stage a layer or lower parallel.pipeline_stages.")
     return order, problems
 
 
+def _in_flight(schedule: str, ranks: int, per_rank: int, micro: int, stage: int) -> int:
+    """Micro-batches whose activations ``stage`` keeps at once (an estimate for the interleaved schedule: its
+    rank's warm-up forwards, (P - r - 1)·2 + (V - 1)·P + 1 as Megatron counts them, shared by its V stages)."""
+    r = stage % ranks
+    if schedule == "gpipe":
+        return micro
+    if schedule == "interleaved_1f1b":
+        warmup = min(micro * per_rank, (ranks - r - 1) * 2 + (per_rank - 1) * ranks + 1)
+        return min(micro, -(-warmup // per_rank))
+    return min(ranks - r, micro)
+
+
 def plan_pipeline(pp: int, micro_batches: int, stages: dict[str, int], partition: str, layers: tuple[str, ...],
-                  layer_params: dict[str, int], tied: tuple[tuple[tuple[str, ...], int], ...]
+                  layer_params: dict[str, int], tied: tuple[tuple[tuple[str, ...], int], ...],
+                  schedule: str = "1f1b", per_rank: int = 1, split: str = "chain"
                   ) -> tuple[PipelinePlan | None, list[str]]:
-    """The stages of a ``pp``-stage pipeline over ``layers`` (with their parameter counts and the weights they share:
-    (paths, numel) each), or the problems."""
+    """The stages of a pipeline over ``layers`` (with their parameter counts and the weights they share: (paths,
+    numel) each) on ``pp`` ranks with ``per_rank`` stages each, or the problems."""
+    ranks, pp = pp, pp * per_rank
     if len(layers) < pp:
-        return None, [f"parallel.pipeline_stages={pp} needs at least {pp} layers; the model has {len(layers)} "
+        total = f"parallel.pipeline_stages={ranks}" + (f" × stages_per_rank={per_rank}" if per_rank > 1 else "")
+        return None, [f"{total} needs at least {pp} layers; the model has {len(layers)} "
                       f"({', '.join(layers) or 'none'}). Lower parallel.pipeline_stages."]
     if stages:
         order, problems = _from_yaml(dict(stages), layers, pp)
@@ -162,8 +198,35 @@ def plan_pipeline(pp: int, micro_batches: int, stages: dict[str, int], partition
         for paths, numel in tied:  # a weight two layers of this stage share is held once
             uses = sum(1 for p in paths if stage_of[_layer_of(p, layers)] == s)
             count -= numel * max(0, uses - 1)
-        plans.append(StagePlan(index=s, layers=names, params=count, in_flight=min(pp - s, micro_batches)))
-    return PipelinePlan(stages=tuple(plans), micro_batches=micro_batches, partition=how, tied=tuple(ties)), []
+        plans.append(StagePlan(index=s, layers=names, params=count,
+                               in_flight=_in_flight(schedule, ranks, per_rank, micro_batches, s)))
+    return PipelinePlan(stages=tuple(plans), micro_batches=micro_batches, partition=how, tied=tuple(ties),
+                        schedule=schedule, ranks=ranks, split=split), []
+
+
+def schedule_problems(schedule: str, per_rank: int, ranks: int, micro: int) -> list[str]:
+    """parallel.schedule is one of SCHEDULES and fits parallel.stages_per_rank and the micro-batches (checked
+    whether or not a pipeline uses it)."""
+    if schedule not in SCHEDULES:
+        close = difflib.get_close_matches(schedule, SCHEDULES, n=1)
+        hint = f" Did you mean parallel.schedule={close[0]}?" if close else ""
+        return [f"parallel.schedule={schedule} is not one of {', '.join(SCHEDULES)}.{hint}"]
+    if per_rank < 1:
+        return [f"parallel.stages_per_rank={per_rank} must be >= 1."]
+    if schedule == "interleaved_1f1b" and ranks > 1:
+        if per_rank < 2:
+            return [f"parallel.schedule=interleaved_1f1b runs several stages per pipeline rank; "
+                    f"parallel.stages_per_rank={per_rank}. Set parallel.stages_per_rank=2 (or more), or "
+                    f"parallel.schedule=1f1b."]
+        rounds = max(1, micro // ranks)
+        if micro > 0 and micro % rounds:
+            return [f"batch.micro_batches={micro} with parallel.schedule=interleaved_1f1b on {ranks} pipeline ranks: "
+                    f"torch's schedule runs the micro-batches in rounds of {ranks} and needs {micro} to be a multiple "
+                    f"of {rounds} rounds. Set batch.micro_batches={rounds * ranks}."]
+    elif per_rank != 1 and ranks > 1:
+        return [f"parallel.stages_per_rank={per_rank} with parallel.schedule={schedule}: only interleaved_1f1b runs "
+                f"several stages per rank. Set parallel.schedule=interleaved_1f1b, or parallel.stages_per_rank=1."]
+    return []
 
 
 def partition_problems(partition: str) -> list[str]:

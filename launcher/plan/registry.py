@@ -1,5 +1,6 @@
 """One registry per kind of option: name -> what the plan, the memory estimate, the DeepSpeed emitter and the worker
-need to know about it. Torch-free: the worker imports the classes named here by their dotted path.
+need to know about it. Torch-free: the worker imports the classes named here by their dotted path. (The parallel
+parts have their own registry: launcher/parallel/registry.py.)
 
 An unknown name is a plan-time error with a did-you-mean (``unknown``), never a silent fallback.
 """
@@ -43,7 +44,7 @@ class TableOptimizer:
     """How an embedding table trains."""
 
     impl: str
-    """Dotted path of the row-sparse optimizer class (launcher.worker.sparse_optim); '' = inside the engine."""
+    """Dotted path of the row-sparse optimizer class (launcher.tables.sparse_optim); '' = inside the engine."""
     kwargs: tuple[str, ...]
     """Which TablePlan fields it takes, in its constructor's order after the weight."""
     state_floats: int
@@ -56,33 +57,11 @@ class TableOptimizer:
 
 
 TABLE_OPTIMIZERS: dict[str, TableOptimizer] = {
-    "lazy_adam": TableOptimizer("launcher.worker.sparse_optim.LazyAdam", ("lr", "betas", "eps"), 2),  # m and v
-    "sparse_adam": TableOptimizer("launcher.worker.sparse_optim.SparseAdam", ("lr", "betas", "eps"), 2),
-    "ftrl": TableOptimizer("launcher.worker.sparse_optim.SparseFTRL",
+    "lazy_adam": TableOptimizer("launcher.tables.sparse_optim.LazyAdam", ("lr", "betas", "eps"), 2),  # m and v
+    "sparse_adam": TableOptimizer("launcher.tables.sparse_optim.SparseAdam", ("lr", "betas", "eps"), 2),
+    "ftrl": TableOptimizer("launcher.tables.sparse_optim.SparseFTRL",
                            ("lr", "l1", "l2", "lr_power", "initial_accumulator"), 2),  # accumulator + linear
     "dense": TableOptimizer("", (), 0),  # a dense table is a parameter of the engine; its state is optimizer.name's
-}
-
-
-@dataclass(frozen=True)
-class Engine:
-    """What drives the dense network inside a rank."""
-
-    impl: str
-    """Dotted path of the engine class in launcher.worker.engines."""
-    zero_stages: tuple[int, ...]
-    precisions: tuple[str, ...]
-    offload: bool
-    """Can put the optimizer (ZeRO-Offload) or the parameters on the host."""
-    config_file: bool
-    """Writes a config file of its own into the run dir (ds_config.json)."""
-
-
-ENGINES: dict[str, Engine] = {
-    "ddp": Engine("launcher.worker.engines.DDPEngine", (0,), ("fp32",), False, False),
-    "deepspeed": Engine("launcher.worker.engines.DeepSpeedEngine", (0, 1, 2, 3), ("fp32", "bf16", "fp16"), True, True),
-    "pipeline": Engine("launcher.worker.pipeline.PipelineEngine", (0, 1), ("fp32",), False, True),
-    "tensor_parallel": Engine("launcher.worker.tensor_parallel.TensorParallelEngine", (0,), ("fp32",), False, False),
 }
 
 

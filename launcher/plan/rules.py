@@ -6,7 +6,7 @@ import re
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.plan.pipeline import partition_problems
+from launcher.plan.pipeline import partition_problems, schedule_problems
 from launcher.plan.registry import DENSE_OPTIMIZERS, unknown
 from launcher.plan.sharding import search_mode_problems
 from launcher.plan.values import number_problems, wild_number_problems
@@ -14,7 +14,6 @@ from launcher.plan.types import HostFacts
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 BACKENDS = ("auto", "gloo", "nccl")
-_LATER = "is not supported yet (planned: {what})."  # for features of later milestones
 
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -151,31 +150,6 @@ def check_cluster(c: DictConfig, host: HostFacts) -> list[str]:
     return p
 
 
-def check_pipeline(cfg: DictConfig) -> list[str]:
-    """What a pipeline (parallel.pipeline_stages > 1) cannot be combined with, and why."""
-    pp, p = cfg.parallel.pipeline_stages, []
-    key = f"parallel.pipeline_stages={pp}"
-    if cfg.zero.stage >= 2:
-        p.append(f"{key} needs zero.stage<=1; got zero.stage={cfg.zero.stage}. Set zero.stage=1 or "
-                 f"parallel.pipeline_stages=1 (DeepSpeed: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism).")
-    if str(cfg.optimizer.target).lower() == "cpu":
-        p.append(f"{key} with optimizer.target=CPU: ZeRO-Offload is not supported with a pipeline yet (it has never "
-                 f"been run here). Set optimizer.target=device, or parallel.pipeline_stages=1.")
-    if cfg.precision != "fp32":
-        p.append(f"{key} with precision={cfg.precision}: a pipeline trains in fp32 for now. Set precision=fp32, or "
-                 f"parallel.pipeline_stages=1.")
-    if cfg.parallel.tp > 1:
-        p.append(f"{key} with parallel.tp={cfg.parallel.tp}: a pipeline with tensor parallel stages is not supported "
-                 f"yet. Set parallel.tp=1 or parallel.pipeline_stages=1.")
-    if cfg.parallel.engine not in ("auto", "deepspeed"):
-        p.append(f"{key} with parallel.engine={cfg.parallel.engine}: pipelines run on DeepSpeed's pipeline engine. "
-                 f"Set parallel.engine=auto.")
-    if cfg.eval.metrics == "binary":
-        p.append(f"{key} with eval.metrics=binary: the pipeline's last stage reports the held-out loss only. Set "
-                 f"eval.metrics=loss.")
-    return p
-
-
 def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     """Every problem in cfg that does not depend on the batch split."""
     p: list[str] = []
@@ -207,10 +181,10 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
 
     if cfg.zero.stage not in (0, 1, 2, 3):
         p.append(f"zero.stage={cfg.zero.stage} must be 0, 1, 2 or 3.")
-    pp = cfg.parallel.pipeline_stages
-    if pp > 1:
-        p += check_pipeline(cfg)
-    p += partition_problems(cfg.parallel.partition) + search_mode_problems(cfg.parallel.search_mode)
+    par = cfg.parallel
+    p += partition_problems(par.partition) + search_mode_problems(par.search_mode)
+    micro = cfg.batch.micro_batches if cfg.batch.micro_batches > 0 else max(1, cfg.batch.grad_accum)
+    p += schedule_problems(par.schedule, par.stages_per_rank, par.pipeline_stages, micro)
 
     if cfg.precision not in PRECISIONS:
         p.append(f"precision={cfg.precision} is not one of {', '.join(PRECISIONS)}.")

@@ -14,8 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import ConfigError
-from launcher.plan.deepspeed import plan_deepspeed
-from launcher.plan.engine import plan_engine
+from launcher.parallel.intents import PartPlan
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, plan_placement
 from launcher.plan.ranks import plan_ranks, rank_table
@@ -27,39 +26,57 @@ from launcher.plan.types import HostFacts, ScriptPlan
 class RuntimePlan:
     """What ``runtime.prepare()`` compiles the script's model and optimizer into."""
 
-    engine: str
-    """ddp or deepspeed."""
+    parts: tuple[PartPlan, ...]
+    """One data-parallel part (a script's loop is data parallel): ddp or deepspeed, the parts that take an optimizer
+    built before them."""
     zero_stage: int
     precision: str
     grad_accum: int
     """Micro-batches (runtime.backward calls) per optimizer step."""
     placement: PlacementPlan
     """Where the dense optimizer and parameters live; its ``tables`` are empty (prepare() finds the model's)."""
-    deepspeed: dict[str, Any] | None
-    """The DeepSpeed config (train_batch_size = micro × accum × dp with batch.micro_size, 1 when unset)."""
     host_device_mix: int
     table_locations: dict[str, str]
     """placement.tables: module path -> host|device."""
     table_configs: dict[str, dict[str, Any]]
     """The tables section: module path -> TableConfig's fields."""
+    backend: str = "gloo"
+
+    @property
+    def engine(self) -> str:
+        return "+".join(p.name for p in self.parts)
+
+    @property
+    def deepspeed(self) -> dict[str, Any] | None:
+        """The DeepSpeed config (train_batch_size = micro × accum × dp with batch.micro_size, 1 when unset)."""
+        from launcher.parallel import config_file
+
+        return config_file(self.parts)
+
+    @property
+    def batch(self) -> Any:
+        """What the parts read of a plan's batch: the micro-batches per step."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(grad_accum=self.grad_accum)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RuntimePlan:
-        return cls(**{**d, "placement": PlacementPlan(**{**d["placement"], "tables": ()})})
+        return cls(**{**d, "parts": tuple(PartPlan.from_dict(p) for p in d["parts"]),
+                      "placement": PlacementPlan(**{**d["placement"], "tables": ()})})
 
 
-def plan_runtime(cfg: DictConfig, dims: ParallelDims,
-                 device_type: str) -> tuple[RuntimePlan | None, tuple[str, ...], list[str], list[str]]:
+def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str,
+                 backend: str = "gloo") -> tuple[RuntimePlan | None, tuple[str, ...], list[str], list[str]]:
     """(runtime plan, the DeepSpeed ops its ranks load, problems, notes) of a script run's intents: precision, zero,
     optimizer.target, placement."""
+    from launcher import parallel
+
     placement, zero, problems, notes = plan_placement(cfg, None, 0, device_type)  # tables: found by prepare()
     if placement.optimizer_location == "host" and placement.cpu_impl == "deepspeed":
         problems.append("optimizer.cpu_impl=deepspeed builds DeepSpeedCPUAdam for a recipe; a script brings its own "
                         "optimizer, which DeepSpeed steps on the host partitions. Leave optimizer.cpu_impl=torch (or "
                         "pass deepspeed.ops.adam.DeepSpeedCPUAdam to runtime.prepare() yourself).")
-    engine, engine_problems, engine_notes = plan_engine(cfg.parallel.engine, zero, placement.offload, cfg.precision,
-                                                        dims)
-    problems += engine_problems
     if cfg.parallel.sharding or cfg.parallel.tp != 1:
         problems.append(f"parallel.sharding / parallel.tp={cfg.parallel.tp} shard a recipe's operators, which a "
                         f"script's runtime.prepare() does not know (it runs data parallel). Remove them, or run a recipe.")
@@ -67,16 +84,22 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims,
     micro, accum = (b.micro_size if b.micro_size > 0 else 1), (b.grad_accum if b.grad_accum > 0 else 1)
     if problems:
         return None, (), problems, notes
-    ds, ds_ops = None, ()
-    if engine == "deepspeed":
-        ds, ds_ops = plan_deepspeed((micro * accum * dims.dp, micro, accum), placement, zero, cfg.precision,
-                                    cfg.optimizer.name, cfg.trainer.log_every, device_type)
+    intents = parallel.Intents(
+        dims=dims, zero=zero, offload_optimizer=placement.optimizer_location == "host",
+        offload_params=placement.param_location == "host", precision=cfg.precision, optimizer=cfg.optimizer.name,
+        cpu_impl=placement.cpu_impl, pin_memory=placement.pin_memory, data_parallel=cfg.parallel.data_parallel,
+        device_type=device_type, batch=(micro * accum * dims.dp, micro, accum), log_every=cfg.trainer.log_every,
+        client_optimizer=True)
+    parts, part_problems, part_notes = parallel.plan_parts(intents)
+    if part_problems:
+        return None, (), part_problems, notes
+    zero, _, ds_ops = parallel.run_facts(intents, parts)
     runtime = RuntimePlan(
-        engine=engine, zero_stage=zero, precision=cfg.precision, grad_accum=accum, placement=placement, deepspeed=ds,
+        parts=parts, zero_stage=zero, precision=cfg.precision, grad_accum=accum, placement=placement,
         host_device_mix=cfg.placement.host_device_mix, table_locations=OmegaConf.to_container(cfg.placement.tables),
-        table_configs=OmegaConf.to_container(cfg.tables),
+        table_configs=OmegaConf.to_container(cfg.tables), backend=backend,
     )
-    return runtime, ds_ops, problems, notes + engine_notes
+    return runtime, ds_ops, problems, notes + part_notes
 
 
 def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
@@ -95,7 +118,7 @@ def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
     nproc, note = resolve_nproc(c.nproc_per_node, host)
     device_type, backend = device_and_backend(c.backend, host, c.device)
     dims = ParallelDims(dp=nproc, pp=1, tp=1, world_size=nproc)
-    runtime, ds_ops, problems, notes = plan_runtime(cfg, dims, device_type)
+    runtime, ds_ops, problems, notes = plan_runtime(cfg, dims, device_type, backend)
     if problems:
         raise ConfigError(problems)
     ranks = plan_ranks(

@@ -38,7 +38,7 @@ class OpShard:
     alias: str
     """Its MindSpore-style name (matmul, relu, matmul_1), also accepted as a key of parallel.sharding."""
     kind: str
-    """matmul or elementwise (parallel.sharding); colwise, rowwise or colwise_qkv (parallel.tp)."""
+    """matmul or elementwise (parallel.sharding); colwise or rowwise (parallel.tp)."""
     style: str
     """What the worker does: row | col | replicate (a matmul), elementwise, or the tp style (= kind)."""
     strategy: list[list[int]]
@@ -329,7 +329,7 @@ def plan_tensor_parallel(ops: list[Operator] | None, recipe_problems: list[str],
 def strategy_words(op: OpShard) -> str:
     """The strategy cell of the plan's table: '[[2,4],[4,1]]', with 'propagated' or the tp style."""
     text = _text(op.strategy)
-    if op.kind in ("colwise", "rowwise", "colwise_qkv"):
+    if op.kind in ("colwise", "rowwise"):
         return f"{text} {op.kind}"
     return text if op.given else f"{text} propagated"
 

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from launcher.parallel.intents import PartPlan
 from launcher.plan.batch import BatchPlan
 from launcher.plan.memory import Bytes, MemoryEstimate
 from launcher.plan.parallel import ParallelDims
@@ -74,8 +75,8 @@ class LaunchPlan:
     recipe: str
     dims: ParallelDims
     """dp × pp × tp = world_size."""
-    engine: str
-    """ddp, deepspeed or tensor_parallel (launcher.plan.registry.ENGINES)."""
+    parts: tuple[PartPlan, ...]
+    """The parallel parts, in the order a rank applies them (launcher.parallel)."""
     world_size: int
     nnodes: int
     nproc_per_node: int
@@ -103,8 +104,6 @@ class LaunchPlan:
     """The loss's ``_target_`` (and kwargs)."""
     reference: dict[str, float]
     """Numbers the data knows a trained model is measured against (e.g. entropy_floor, uniform_loss)."""
-    deepspeed: dict[str, Any] | None
-    """The DeepSpeed config; None when the engine is not DeepSpeed."""
     ranks: tuple[RankPlan, ...]
     rank_table: dict[str, Any]
     ds_ops: tuple[str, ...]
@@ -136,11 +135,23 @@ class LaunchPlan:
     def name(self) -> str:
         return self.recipe
 
+    @property
+    def engine(self) -> str:
+        """The parts, in words (tensor_parallel+recompute+fsdp+pipeline): for reports, never compared."""
+        return "+".join(p.name for p in self.parts)
+
+    @property
+    def deepspeed(self) -> dict[str, Any] | None:
+        """The DeepSpeed config when the deepspeed part runs; None otherwise."""
+        return self.engine_config()
+
     def rank_args(self, run_dir: str) -> tuple[str, ...]:
         return ("-m", "launcher.worker", run_dir)
 
     def engine_config(self) -> dict[str, Any] | None:
-        return self.deepspeed
+        from launcher.parallel import config_file
+
+        return config_file(self.parts)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -149,6 +160,7 @@ class LaunchPlan:
     def from_dict(cls, d: dict[str, Any]) -> LaunchPlan:
         d = dict(d)
         d["dims"] = ParallelDims(**{**d["dims"], "names": tuple(d["dims"]["names"])})
+        d["parts"] = tuple(PartPlan.from_dict(p) for p in d["parts"])
         d["batch"] = BatchPlan(**d["batch"])
         d["optimizer"] = OptimizerPlan(**{**d["optimizer"], "betas": tuple(d["optimizer"]["betas"])})
         m = d["memory"]
@@ -192,18 +204,30 @@ class ScriptPlan:
         return (self.script, *self.args)
 
     def engine_config(self) -> dict[str, Any] | None:
-        return (self.runtime or {}).get("deepspeed")
+        from launcher.parallel import config_file
+
+        return config_file(tuple(PartPlan.from_dict(p) for p in (self.runtime or {}).get("parts", ())))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def checkpoint_layout(plan: LaunchPlan) -> dict[str, Any]:
-    """What a checkpoint depends on: a run resumes from it only with the same values (the data position counts
-    global micro-batches of this batch split and seed; the optimizer's hyperparameters come back with its state)."""
-    return {"recipe": plan.recipe, "engine": plan.engine, "zero_stage": plan.zero_stage, "precision": plan.precision,
-            "world_size": plan.world_size, "dims": {n: getattr(plan.dims, n) for n in plan.dims.names},
-            "tables": {t.name: t.location for t in plan.placement.tables},
-            "batch": dataclasses.asdict(plan.batch), "seed": plan.seed,
-            "optimizer": {**dataclasses.asdict(plan.optimizer), "betas": list(plan.optimizer.betas)},
-            "model": plan.model, "data": plan.data}
+    """What a checkpoint depends on: a run resumes from it only with the same values. The data position counts
+    global micro-batches (micro × dp samples) of this seed; the optimizer's hyperparameters come back with its state.
+    A DCP checkpoint (torch-native parts) is saved by the model's names with global shapes, so the layout (world
+    size, dp, tp, pp, the data-parallel part) may change; DeepSpeed's own files resume on the layout they were
+    saved with."""
+    from launcher.parallel import checkpoint_format
+
+    fmt = checkpoint_format(plan.parts)
+    out = {"format": fmt, "recipe": plan.recipe, "precision": plan.precision,
+           "tables": {t.name: "inside" if t.location == "engine" else "outside" for t in plan.placement.tables},
+           "global_batch": plan.batch.global_size, "global_micro_batch": plan.batch.micro_size * plan.dims.dp,
+           "grad_accum": plan.batch.grad_accum, "seed": plan.seed,
+           "optimizer": {**dataclasses.asdict(plan.optimizer), "betas": list(plan.optimizer.betas)},
+           "model": plan.model, "data": plan.data}
+    if fmt != "dcp":
+        out |= {"engine": plan.engine, "zero_stage": plan.zero_stage, "world_size": plan.world_size,
+                "dims": {n: getattr(plan.dims, n) for n in plan.dims.names}}
+    return out

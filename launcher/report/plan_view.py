@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -25,8 +26,7 @@ def placement_table(plan: LaunchPlan) -> Table:
         else:
             t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", tb.location, f"{tb.optimizer} rows", tb.location)
     impl = f" ({pl.cpu_impl})" if pl.optimizer_location == "host" else ""
-    engine = f"ZeRO-{plan.zero_stage}" if plan.engine == "deepspeed" else plan.engine.upper()
-    t.add_row("dense network", f"{pl.dense_params:,}", f"{pl.param_location}, {engine}",
+    t.add_row("dense network", f"{pl.dense_params:,}", f"{pl.param_location}, {plan.engine}, ZeRO-{plan.zero_stage}",
               f"{o.name}{impl}", pl.optimizer_location)
     return t
 
@@ -53,18 +53,39 @@ def pipeline_tree(plan: LaunchPlan) -> Tree:
     """Each stage: its layers, parameters and estimated memory; the schedule's bubble."""
     p = plan.pipeline
     stages = len(p.stages)
-    t = Tree(f"pipeline: {stages} stages ({p.partition}), {p.micro_batches} micro-batches per step, 1F1B; bubble "
-             f"(P-1)/(M+P-1) = {stages - 1}/{p.micro_batches + stages - 1} = {p.bubble:.1%}; losses from stage "
-             f"{stages - 1}")
+    v = p.stages_per_rank
+    per_rank = f" ({v} per rank)" if v > 1 else ""
+    t = Tree(f"pipeline: {stages} stages{per_rank} ({p.partition}), {p.micro_batches} micro-batches per step, "
+             f"{p.schedule}; bubble (P-1)/(V·M+P-1) = {p.ranks - 1}/{v * p.micro_batches + p.ranks - 1} = "
+             f"{p.bubble:.1%}; losses from stage {stages - 1}")
     for s in p.stages:
         act = f" + activations {_mib(s.activation_bytes)} ({s.in_flight} in flight)" if s.activation_bytes is not None \
             else ""
-        ranks = [r.rank for r in plan.ranks if r.coords["pp"] == s.index]
+        ranks = [r.rank for r in plan.ranks if r.coords["pp"] == p.rank_of(s.index)]
         t.add(f"stage {s.index} (rank {', '.join(map(str, ranks))}): {', '.join(s.layers)}; {s.params:,} parameters; "
-              f"{_mib(s.state_bytes)} params+grads+optimizer{act}")
+              f"{_mib(s.state_bytes)} params+grads+optimizer+tables{act}")
     for tie in p.tied:
         t.add(f"shared weight {' = '.join(tie.paths)} ({tie.numel:,}) on stages {', '.join(map(str, tie.stages))}: "
               f"gradients summed over them before each step")
+    return t
+
+
+def _value(v) -> str:
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    return str(v)
+
+
+def parts_tree(plan: LaunchPlan) -> Tree:
+    """The parallel parts in the order a rank applies them, each with the mesh dims it uses, why, and its config."""
+    t = Tree(f"parts, in the order they apply (ZeRO stage {plan.zero_stage}):")
+    for n, part in enumerate(plan.parts, 1):
+        dims = " × ".join(f"{d} {getattr(plan.dims, d)}" for d in part.dims) or "no mesh dim"
+        node = t.add(escape(f"{n}. {part.name} on {dims}: {part.why}"))
+        for key, value in part.config.items():
+            node.add(escape(f"{key}: {_value(value)}"))
     return t
 
 
@@ -74,8 +95,7 @@ def plan_tree(plan: LaunchPlan) -> Tree:
     par = root.add("parallel")
     par.add(f"nnodes {plan.nnodes} × nproc_per_node {plan.nproc_per_node} = world {plan.world_size}")
     par.add(f"mesh {' × '.join(f'{n} {getattr(d, n)}' for n in d.names)}, backend {plan.backend}")
-    zero = f", ZeRO stage {plan.zero_stage}" if plan.engine in ("deepspeed", "pipeline") else ""
-    par.add(f"engine {plan.engine}{zero}")
+    par.add(parts_tree(plan))
     root.add(f"batch: global {b.global_size} = micro {b.micro_size} × accum {b.grad_accum} × dp {d.dp}")
     if plan.pipeline is not None:
         root.add(pipeline_tree(plan))
@@ -97,8 +117,7 @@ def plan_tree(plan: LaunchPlan) -> Tree:
         ranks.add(f"rank {r.rank}: ({coords}), node {r.node_rank}, local rank {r.local_rank}, device {r.device}, "
                   f"OMP_NUM_THREADS {r.env['OMP_NUM_THREADS']}")
     if plan.sharding is not None:
-        sh = root.add(sharding_table(plan.sharding))
-        sh.add(plan.sharding.gradients)
+        root.add(sharding_table(plan.sharding))
     if plan.reference:
         root.add("data reference: " + ", ".join(f"{k} {v:.4f}" for k, v in plan.reference.items()))
     if plan.ds_ops:

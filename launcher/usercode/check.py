@@ -20,7 +20,7 @@ from torch import nn
 from launcher.contract import DataFacts, ModelFacts
 from launcher.errors import ConfigError
 from launcher.launch.layer_sizes import layer_sizes
-from launcher.worker.tables import movable
+from launcher.tables import movable
 
 LABEL_SCAN = 256
 """Dataset items read to decide whether the labels are binary (eval.metrics=auto)."""
@@ -132,7 +132,7 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
     if kept_inside:
         lines.append(f"model: embeddings that always train inside the engine: {'; '.join(kept_inside)}")
     return ModelFacts(tables=tables, dense_params=dense, layers=layers, layer_params=layer_params, tied=tied,
-                      lines=tuple(lines))
+                      layer_paths={n: n for n in layers}, lines=tuple(lines))
 
 
 def _two_items(dataset: Any) -> tuple[tuple, Any]:

@@ -1,4 +1,5 @@
-"""Where the bytes really are: the real tensors of the engine and the tables, by owner and planned location.
+"""Where the bytes really are: the real tensors of the engine and the tables, by owner and planned location; and the
+bytes autograd saves for the backward (``SavedActivations``: what recompute trades for compute).
 
 Written to rank.N/memory.json after the first step (optimizer states exist from then on) so that the plan's
 estimate can be checked against the run. Each entry also lists the torch device types seen, so a placement that
@@ -8,8 +9,10 @@ silently fell back (a host table on cuda, offload not applied) shows up.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import torch
+from torch import nn
 
 KINDS = ("params", "optimizer", "tables", "table_states")
 
@@ -69,3 +72,36 @@ def measure_memory(engine, tables, placement) -> dict:
         "params": bool(getattr(opt, "offload_param", False)),
     }
     return {**where, "devices": {k: sorted(v) for k, v in devices.items()}, "offload": offload, "tables": per_table}
+
+
+def _storage(t: torch.Tensor):
+    """The storage of a tensor, or of this rank's shard of a DTensor (which has none of its own)."""
+    return getattr(t, "_local_tensor", t).untyped_storage()
+
+
+class SavedActivations:
+    """Within ``with``: the bytes of the tensors autograd saves for backward, parameters excluded."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._params = {_storage(p).data_ptr() for p in model.parameters()}
+        self._seen: set[tuple[int, int]] = set()
+        self._kept: list[torch.Tensor] = []  # alive until exit: a freed storage's address is not reused meanwhile
+        self.bytes = 0
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = _storage(t)
+        key = (storage.data_ptr(), storage.nbytes())
+        if storage.data_ptr() not in self._params and key not in self._seen:  # a storage saved twice counts once
+            self._seen.add(key)
+            self._kept.append(t)
+            self.bytes += storage.nbytes()
+        return t
+
+    def __enter__(self) -> SavedActivations:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+        self._kept.clear()

@@ -27,24 +27,43 @@ def _gather_cat(t: torch.Tensor, dp: DataParallel) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def _padded(inputs: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
+    """Each input with its rows repeated up to ``rows`` (a pipeline's stages were shaped by full micro-batches)."""
+    n = len(inputs[0])
+    if n == rows:
+        return inputs
+    index = torch.arange(rows, device=inputs[0].device) % n
+    return tuple(t[index] for t in inputs)
+
+
+def _outputs(trainer, batch) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(the model's output, the labels) of one held-out micro-batch on the device; a pipeline's output exists on
+    its last stage only (None elsewhere)."""
+    if not getattr(trainer.engine, "drives_schedule", False):
+        return trainer.forward(batch)
+    inputs, labels = trainer._move(batch)
+    out = trainer.engine.outputs(_padded(inputs, trainer.plan.batch.micro_size))
+    return (out[:len(labels)] if out is not None else None), labels
+
+
 @torch.no_grad()
 def evaluate(trainer) -> dict:
-    """Mean loss over the held-out samples; with eval.metrics=binary also AUC, log loss, accuracy, n, and bayes_auc if the data knows the
-    true click probability of each example (``data.true_logits(*inputs)``)."""
+    """Mean loss over the held-out samples; with eval.metrics=binary also AUC, log loss, accuracy, n, and bayes_auc
+    if the data knows the true click probability of each example (``data.true_logits(*inputs)``). In a pipeline the
+    last stage scores the batches and sends the result to every stage."""
     plan, dp, data = trainer.plan, trainer.dp, trainer.data
     trainer.engine.eval()
     sums = torch.zeros(2, device=trainer.device)  # (loss × samples, samples): batches may differ in size
     outputs, labels, truth = [], [], []
     knows_truth = hasattr(data, "true_logits")
+    scored = False
     batches = data.eval_batches(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches)
-    pipelined = getattr(trainer.engine, "drives_schedule", False)  # only the loss: the last stage computes it
     for batch in itertools.islice(batches, plan.eval_max_batches or None):
         trainer.alive()
-        if pipelined:
-            loss, n = trainer.engine.eval_loss(trainer._to_device(batch)), len(batch[1])
-            sums += torch.stack([loss.float() * n, sums.new_tensor(float(n))])
+        out, y = _outputs(trainer, batch)
+        if out is None:
             continue
-        out, y = trainer.forward(batch)
+        scored = True
         sums += torch.stack([trainer.loss_fn(out, y).float() * len(y), sums.new_tensor(float(len(y)))])
         if plan.eval_metrics == "binary":
             outputs.append(out.float().cpu().flatten())
@@ -52,13 +71,24 @@ def evaluate(trainer) -> dict:
             if knows_truth:
                 truth.append(data.true_logits(*batch[0]).flatten())
     trainer.engine.train()
+    pipelined = getattr(trainer.engine, "drives_schedule", False)
+    result = _reduce(sums, outputs, labels, truth, plan.eval_metrics, dp) if scored or not pipelined else None
+    if pipelined:
+        box = [result]
+        dist.broadcast_object_list(box, src=trainer.engine.last_rank, group=trainer.engine.pp_group)
+        result = box[0]
+    return result
+
+
+def _reduce(sums, outputs, labels, truth, metrics: str, dp: DataParallel) -> dict:
+    """The held-out metrics over the dp group (every rank of it scored its share)."""
     if dp.size > 1:
         dist.all_reduce(sums, group=dp.group)
     result = {"loss": (sums[0] / sums[1].clamp(min=1)).item()}
-    if plan.eval_metrics != "binary":
+    if metrics != "binary":
         return result | {"n": int(sums[1].item())}
     scores, ys = _gather_cat(torch.cat(outputs), dp), _gather_cat(torch.cat(labels), dp)
     result |= binary_metrics(scores, ys)
-    if knows_truth:
+    if truth:
         result["bayes_auc"] = auc(_gather_cat(torch.cat(truth), dp), ys)
     return result

@@ -1,4 +1,9 @@
-"""The plan's topology as a named DeviceMesh, and the data-parallel group everything that reduces asks for."""
+"""The plan's topology as a named DeviceMesh, and the data-parallel group everything that reduces asks for.
+
+The mesh is (pp, dp_replicate, dp_shard, tp), tp varying fastest, with dp the flattening of dp_replicate × dp_shard
+(torchtitan's layout): the fsdp part shards over dp_shard and replicates over dp_replicate (HSDP); every other
+reduction (losses, metrics, the tables' sparse gradients, ddp's gradients) runs on the whole dp group.
+"""
 
 from __future__ import annotations
 
@@ -22,16 +27,21 @@ class DataParallel:
 
 
 def build_mesh(dims: ParallelDims, device_type: str) -> tuple[DeviceMesh, DataParallel]:
-    """init_device_mesh over (pp, dp, tp) with those names (collective: every rank calls it)."""
-    mesh = init_device_mesh(device_type, dims.shape, mesh_dim_names=dims.names)
-    dp = DataParallel(rank=mesh.get_local_rank("dp"), size=dims.dp, group=mesh.get_group("dp"))
+    """init_device_mesh over (pp, dp_replicate, dp_shard, tp) with dp flattened (collective: every rank calls it)."""
+    shape = (dims.pp, dims.dp // dims.dp_shard, dims.dp_shard, dims.tp)
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+    flat = mesh["dp_replicate", "dp_shard"]._flatten("dp")  # kept here: slicing it from the root is deprecated
+    dp = DataParallel(rank=flat.get_local_rank(), size=dims.dp, group=flat.get_group())
     return mesh, dp
 
 
-def describe_mesh(mesh: DeviceMesh, dims: ParallelDims) -> dict[str, Any]:
+def describe_mesh(mesh: DeviceMesh, dp: DataParallel) -> dict[str, Any]:
     """This rank's coordinates and the global ranks of each of its groups, as torch.distributed sees them."""
+    dims = {"pp": mesh["pp"], "tp": mesh["tp"]}
     return {
         "rank": dist.get_rank(),
-        "coords": {n: mesh.get_local_rank(n) for n in dims.names},
-        "groups": {n: dist.get_process_group_ranks(mesh.get_group(n)) for n in dims.names},
+        "coords": {"pp": dims["pp"].get_local_rank(), "dp": dp.rank, "tp": dims["tp"].get_local_rank()},
+        "groups": {"pp": dist.get_process_group_ranks(dims["pp"].get_group()),
+                   "dp": dist.get_process_group_ranks(dp.group),
+                   "tp": dist.get_process_group_ranks(dims["tp"].get_group())},
     }

@@ -1,5 +1,6 @@
-"""Inside one rank: read plan.json, join the process group, build the mesh, the recipe and the engine, hand them to
-a Trainer, and run it. The plan is the only input (no config is re-read)."""
+"""Inside one rank: read plan.json, join the process group, build the mesh and the recipe's model, cut it into this
+rank's pipeline stages, take the tables that train outside the parts out, apply the parallel parts in the plan's
+order, and hand the engine to a Trainer. The plan is the only input (no config is re-read)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,16 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from torch.distributed.device_mesh import DeviceMesh
 
+from launcher.parallel.compose import apply_parts, split
+from launcher.parallel.rank import RankContext
 from launcher.plan import LaunchPlan
 from launcher.rundir import CheckpointDir, MetricsWriter, RunDir
-from launcher.worker.engines import build_engine, build_optimizer
-from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh
+from launcher.tables import build_tables
+from launcher.tables.transfer import host_to_device
 from launcher.usercode import recipe_for
-from launcher.worker.recompute import apply_recompute
-from launcher.worker.sharding import observed_shapes, shard_model
-from launcher.worker.tables import build_tables
+from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh
+from launcher.worker.optimizers import build_optimizer
+from launcher.worker.precision import keep_batchnorm_fp32
 from launcher.worker.trainer import DTYPES, Trainer
 
 
@@ -40,7 +43,7 @@ def run_rank(path: str | Path) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(backend=plan.backend)  # env:// rendezvous on the launcher's TCPStore
     mesh, dp = build_mesh(plan.dims, device.type)
-    rank_dir.mesh.write_text(json.dumps(describe_mesh(mesh, plan.dims), indent=2))
+    rank_dir.mesh.write_text(json.dumps(describe_mesh(mesh, dp), indent=2))
     trainer = build_trainer(plan, dp, device, rank, mesh)
     if plan.resume_from:
         trainer.load(CheckpointDir(plan.resume_from))
@@ -48,35 +51,35 @@ def run_rank(path: str | Path) -> None:
     try:
         trainer.fit(run_dir, rank_dir, metrics)
         if plan.sharding is not None:
-            rank_dir.sharding.write_text(json.dumps(observed_shapes(trainer.model), indent=2))
+            from launcher.parallel._dtensor import observed_shapes
+
+            rank_dir.sharding.write_text(json.dumps(observed_shapes(trainer.engine.module), indent=2))
         dist.barrier()
     finally:
         metrics.close()
     dist.destroy_process_group()
 
 
-def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank: int,
-                  mesh: DeviceMesh | None = None) -> Trainer:
-    """The recipe's model, loss and data from the plan's specs; the tables the plan keeps outside the engine are
-    swapped for lookups (``build_tables``), a sharding plan is applied on the mesh's tp dim (``shard_model``), and
-    the engine wraps the model. Needs the process group (and the dp group, and the mesh with sharding) to exist."""
+def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank: int, mesh: DeviceMesh) -> Trainer:
+    """The recipe's model, loss and data from the plan's specs; this rank's chunks of the model (its pipeline stages,
+    or all of it); the tables the plan keeps outside the parts swapped for lookups into a table store; the parts
+    applied in order; the engine that drives them. Needs the process group and the mesh."""
     torch.manual_seed(plan.seed)
     model = instantiate(plan.model)
     loss_fn = instantiate(plan.loss)
     data = instantiate(plan.data)
-    layers = recipe_for(plan.recipe).layers(model)
-    if plan.recompute:
-        apply_recompute(layers, plan.recompute)
-    if plan.pipeline is not None:  # the stages take the layers; DeepSpeed's schedule drives them
-        from launcher.worker.pipeline import PipelineEngine
-
-        engine = PipelineEngine(layers, plan.pipeline, loss_fn, optimizer_factory=lambda ps: build_optimizer(plan, ps),
-                                dims=plan.dims, config=plan.deepspeed, backend=plan.backend, device=device)
-        return Trainer(plan, engine, engine.module, None, loss_fn, data, dp, device, rank)
+    layers_of = recipe_for(plan.recipe).layers
+    example = next(iter(data.train_batches(dp.rank, dp.size, plan.batch.micro_size, plan.seed)))[0]
+    rt = RankContext(plan=plan, mesh=mesh, device=device, dp_group=dp.group, rank=rank, loss_fn=loss_fn,
+                     layers_of=layers_of, example=tuple(host_to_device(t, device, DTYPES[plan.precision])
+                                                        for t in example))
+    chunks = split(model, layers_of(model), rt)
+    if plan.precision != "fp32":
+        for c in chunks:
+            keep_batchnorm_fp32(c.module)
     tables = None
-    if plan.placement.sparse_tables:  # tables train outside the engine; the engine gets the rest of the model
-        tables = build_tables(model, plan.placement.tables, device, DTYPES[plan.precision], dp.group)
-    if plan.sharding is not None:
-        shard_model(model, plan.sharding, mesh["tp"])
-    engine = build_engine(plan, model, device, dp.group)
-    return Trainer(plan, engine, model, tables, loss_fn, data, dp, device, rank)
+    if plan.placement.sparse_tables:  # tables train outside the parts; the parts get the rest of the model
+        tables = build_tables([c.module for c in chunks], plan.placement.tables, device, DTYPES[plan.precision],
+                              dp.group)
+    engine = apply_parts(chunks, rt, lambda params: build_optimizer(plan, params))
+    return Trainer(plan, engine, tables, loss_fn, data, dp, device, rank)

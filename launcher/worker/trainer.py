@@ -1,9 +1,10 @@
 """The training loop as an object with state (torchtitan's Stateful Trainer).
 
-``Trainer`` drives an engine (``launcher.worker.engines``) and, where the plan keeps tables outside it, a TableSet.
-``state_dict()`` / ``load_state_dict()`` cover everything a resumed run needs: the engine's model and optimizer,
-the tables and their optimizers' states (step counts included), the data position and the RNG states; ``save`` /
-``load`` write and read the same to a checkpoint dir, and resuming is a ``load``, not a second code path.
+``Trainer`` drives an engine (launcher/parallel/engine.py: whatever parts were composed) and, where the plan keeps
+tables outside the parts, a table store. ``state_dict()`` / ``load_state_dict()`` cover everything a resumed run
+needs: the engine's model and optimizer, the tables and their optimizers' states (step counts included), the data
+position and the RNG states; ``save`` / ``load`` write and read the same to a checkpoint dir (the engine's part
+through DCP, or DeepSpeed's own files; the tables through DCP), and resuming is a ``load``, not a second code path.
 One limit: a DeepSpeed engine that shards or wraps its state (ZeRO 1-3, bf16) has no in-memory state dict here; its
 part of ``save``/``load`` is DeepSpeed's own sharded checkpoint (``Engine.save``), and ``state_dict()`` raises.
 """
@@ -21,15 +22,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launcher.parallel.engine import Engine
 from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.rundir import CheckpointDir, MetricsWriter, RankDir, RunDir
-from launcher.worker.accounting import measure_memory
-from launcher.worker.engines import Engine
+from launcher.tables import TableStore
+from launcher.tables.transfer import host_to_device
+from launcher.worker.accounting import SavedActivations, measure_memory
 from launcher.worker.evaluate import evaluate, mean_over
 from launcher.worker.mesh import DataParallel
-from launcher.worker.recompute import SavedActivations
-from launcher.worker.tables import TableSet
-from launcher.worker.transfer import host_to_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -47,9 +47,9 @@ def _flat(node: Any, prefix: str):
 
 
 class Trainer:
-    def __init__(self, plan: LaunchPlan, engine: Engine, model: torch.nn.Module, tables: TableSet | None, loss_fn,
-                 data, dp: DataParallel, device: torch.device, rank: int) -> None:
-        self.plan, self.engine, self.model, self.tables = plan, engine, model, tables
+    def __init__(self, plan: LaunchPlan, engine: Engine, tables: TableStore | None, loss_fn, data, dp: DataParallel,
+                 device: torch.device, rank: int) -> None:
+        self.plan, self.engine, self.tables = plan, engine, tables
         self.loss_fn, self.data, self.dp, self.device, self.rank = loss_fn, data, dp, device, rank
         self.dtype = DTYPES[plan.precision]
         self.step = 0
@@ -100,36 +100,38 @@ class Trainer:
             loss = self.loss_fn(out, labels)
             self.engine.backward(loss)
             if self.tables is not None:
-                self.tables.collect_grads(self.engine.loss_scale)  # read before step() may change the scale
+                self.tables.collect(self.engine.loss_scale)  # read before step() may change the scale
             self.engine.step()
             loss = loss.detach().float()
             total = loss if total is None else total + loss
-        if self.tables is not None:
-            if self.engine.step_skipped:  # fp16 overflow: the network skipped this step, so do the tables
-                self.tables.discard()
-            else:
-                self.tables.step()  # skips by itself when the tables' own gradients overflowed
+        self._step_tables()
         self.step += 1
         return total / accum if accum > 1 else total
 
+    def _step_tables(self) -> None:
+        if self.tables is None:
+            return
+        if self.engine.step_skipped:  # fp16 overflow: the network skipped this step, so do the tables
+            self.tables.discard()
+        else:
+            self.tables.step()  # skips by itself when the tables' own gradients overflowed
+
     def _pipeline_step(self, accum: int) -> torch.Tensor:
         """One optimizer step of a pipeline: every rank draws the step's micro-batches (so every stage's data
-        position moves alike; DeepSpeed reads the inputs on the first stage and the labels on the last)."""
-        batches = [self._to_device(self._next_batch()) for _ in range(accum)]
+        position moves alike; the first stage feeds the inputs, the last the labels). The tables of this rank's
+        stages have their rows' gradients of every micro-batch once the schedule is done."""
+        batches = [self._move(self._next_batch()) for _ in range(accum)]
         if self.saved_activation_bytes is None:  # this stage's forwards of the first step, per micro-batch
             with SavedActivations(self.engine.module) as saved:
                 loss = self.engine.train_batch(batches)
             self.saved_activation_bytes = saved.bytes // accum
         else:
             loss = self.engine.train_batch(batches)
+        if self.tables is not None:
+            self.tables.collect(self.engine.loss_scale)
+        self._step_tables()
         self.step += 1
         return loss.detach().float()
-
-    def _to_device(self, batch):
-        """(inputs, labels) on the device in the run's dtype; a single input as itself, not a 1-tuple (what
-        DeepSpeed's pipeline hands its first stage)."""
-        inputs, labels = self._move(batch)
-        return (inputs[0] if len(inputs) == 1 else inputs), labels
 
     def evaluate(self) -> dict[str, Any]:
         return evaluate(self)
@@ -207,15 +209,21 @@ class Trainer:
             self.tables.load_state_dict(state["tables"])
         self._load_progress(state)
 
+    def _tables_state(self) -> dict[str, Any]:
+        return {"tables": self.tables.state_dict() if self.tables is not None else {}}
+
     def save(self, ckpt: CheckpointDir) -> None:
-        """Write a checkpoint (collective): the engine's (sharded for DeepSpeed), the tables (rank 0: identical on
-        every rank), each rank's progress and RNG."""
+        """Write a checkpoint (collective): the engine's part (DCP, or DeepSpeed's own files), the tables (DCP: one
+        copy of each, by name, whichever stage holds it), each rank's progress and RNG."""
+        import torch.distributed.checkpoint as dcp
+
         self.alive()
         self.engine.save(ckpt)
         self.alive()
         ckpt.path.mkdir(parents=True, exist_ok=True)
-        if self.tables is not None and self.rank == 0:
-            torch.save(self.tables.state_dict(), ckpt.tables)
+        if self.plan.placement.sparse_tables:
+            dcp.save(self._tables_state(), checkpoint_id=str(ckpt.tables))
+            self.alive()
         torch.save(self._progress(), ckpt.trainer(self.rank))
         dist.barrier()
         if self.rank == 0:  # last, once every rank's part is on disk: a resume trusts a checkpoint that has it
@@ -239,6 +247,7 @@ class Trainer:
         out = {}
         for k, v in _flat(state, "state"):
             if torch.is_tensor(v):
+                v = getattr(v, "_local_tensor", v)  # a DTensor: this rank's shard
                 out[k] = hashlib.sha256(v.detach().float().cpu().numpy().tobytes()).hexdigest()
             elif isinstance(v, (int, float, bool)):
                 out[k] = repr(v)
@@ -249,7 +258,8 @@ class Trainer:
         with torch.no_grad():
             for p in self.engine.module.parameters():
                 t = getattr(p, "ds_tensor", None)
-                (t if t is not None else p).add_(1.0)
+                t = t if t is not None else p
+                getattr(t, "_local_tensor", t).add_(1.0)
             if self.tables is not None:
                 for t in self.tables.tables.values():
                     t.weight.add_(1.0)
@@ -268,7 +278,16 @@ class Trainer:
                                f"{', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''}")
 
     def load(self, ckpt: CheckpointDir) -> None:
+        """Read a checkpoint, also one saved on another layout (DCP reshards; a rank that did not exist then takes
+        rank 0's progress, the same on every rank, and its RNG)."""
+        import torch.distributed.checkpoint as dcp
+
         self.engine.load(ckpt)
-        if self.tables is not None:
-            self.tables.load_state_dict(torch.load(ckpt.tables, map_location="cpu", weights_only=True))
-        self._load_progress(torch.load(ckpt.trainer(self.rank), map_location="cpu", weights_only=True))
+        if self.plan.placement.sparse_tables:
+            state = self._tables_state()
+            dcp.load(state, checkpoint_id=str(ckpt.tables))
+            if self.tables is not None:
+                self.tables.load_state_dict(state["tables"])
+        mine = ckpt.trainer(self.rank)
+        self._load_progress(torch.load(mine if mine.exists() else ckpt.trainer(0), map_location="cpu",
+                                       weights_only=True))

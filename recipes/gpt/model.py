@@ -33,14 +33,16 @@ class Attention(nn.Module):
         if width % heads:
             raise ValueError(f"width={width} is not a multiple of heads={heads}.")
         self.heads, self.head_dim, self.dropout = heads, width // heads, dropout
-        self.qkv = nn.Linear(width, 3 * width)
+        self.q = nn.Linear(width, width)
+        self.k = nn.Linear(width, width)
+        self.v = nn.Linear(width, width)
         self.out = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Heads are counted from qkv's output: under tensor parallel a rank computes only its heads, their q, k and
-        v together (launcher/worker/sharding.py orders qkv's rows so)."""
+        """Heads are counted from q's output: under tensor parallel (q, k and v column-split, out row-split) a rank
+        computes only its own heads, whole."""
         b, t, _ = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
+        q, k, v = (proj(x).view(b, t, -1, self.head_dim).transpose(1, 2) for proj in (self.q, self.k, self.v))
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         return self.out(y.transpose(1, 2).reshape(b, t, -1))
 

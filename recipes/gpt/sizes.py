@@ -8,7 +8,7 @@ def param_count(
     norm = 2 * width  # LayerNorm weight and bias
     hidden = mlp_ratio * width
     embedding = vocab_size * width + seq_len * width
-    attention = (width * 3 * width + 3 * width) + (width * width + width)  # qkv and output projections
+    attention = (width * 3 * width + 3 * width) + (width * width + width)  # q, k, v and output projections
     mlp = (width * hidden + hidden) + (hidden * width + width)
     head = norm + (0 if tie_head else width * vocab_size)
     return embedding + layers * (2 * norm + attention + mlp) + head

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 from omegaconf import MISSING
 
-from launcher.contract import DataFacts
+from launcher.contract import DataFacts, Operator
 from launcher.errors import ConfigError
 
 
@@ -151,6 +151,27 @@ class WideDeepRecipe:
     def layers(self, model) -> list:
         """The model's top-level modules: the two tables, the wide part's linear, the MLP."""
         return list(model.named_children())
+
+    pipeline_split = "model"
+    """A pipeline stage runs WideDeep's own forward, which skips the layers other stages hold (see model.py)."""
+
+    def tp_plan(self, model: dict, tp: int) -> tuple[list[Operator], list[str]]:
+        """parallel.tp: Megatron's MLP on the deep part: its Linear layers in pairs, the first column-split and the
+        second row-split (one all-reduce per pair); an odd last Linear (the output) and the wide part stay
+        replicated, as the tables do (the tp ranks see the same data)."""
+        widths = [model["num_dense"] + model["num_sparse"] * model["embed_dim"], *model["hidden"], 1]
+        ops, problems = [], []
+        for k in range(0, len(widths) - 2, 2):  # Linear k (at mlp.{2k}) colwise, Linear k+1 rowwise
+            w_in, mid, w_out = widths[k], widths[k + 1], widths[k + 2]
+            if mid % tp:
+                problems.append(f"parallel.tp={tp} splits the MLP's hidden width {mid} (model.hidden[{k}]) {tp} ways, "
+                                f"and {tp} does not divide it. Set model.hidden[{k}] to a multiple of {tp}.")
+            ops += [Operator(f"mlp.{2 * k}", "colwise", "matmul", w_in, mid, ("model.hidden", "model.hidden")),
+                    Operator(f"mlp.{2 * k + 2}", "rowwise", "matmul", mid, w_out, ("model.hidden", "model.hidden"))]
+        if not ops:
+            problems.append(f"parallel.tp={tp}: model.hidden={list(model['hidden'])} leaves the MLP no pair of Linear "
+                            f"layers to split. Give model.hidden at least one width.")
+        return ops, problems
 
 
 RECIPE = WideDeepRecipe()

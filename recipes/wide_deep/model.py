@@ -1,14 +1,20 @@
 """Wide&Deep: logits = wide(ids, dense) + deep(ids, dense), a plain nn.Module.
 
 ``deep_embedding`` and ``wide_embedding`` are ordinary ``nn.Embedding`` tables (one row range per field). With
-sparse table optimizers the launcher swaps them for host (or device) lookups (``launcher/worker/tables.py``), as
-it does for any user's model; with ``tables.<name>.optimizer=dense`` the whole model trains inside the engine.
+sparse table optimizers the launcher swaps them for host (or device) lookups (``launcher/tables/lookup.py``), as
+it does for any user's model; with ``tables.<name>.optimizer=dense`` the whole model trains inside the parts.
+
+The forward runs its four layers in order over a state it hands from one to the next, and skips a layer that is
+None: a pipeline stage keeps some of the layers and removes the others (torchtitan's manual split), so the model
+can be cut after any layer and each stage runs this same forward on what the previous stage sent.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+LAYERS = ("deep_embedding", "wide_embedding", "wide_dense", "mlp")
 
 
 class WideDeep(nn.Module):
@@ -31,8 +37,22 @@ class WideDeep(nn.Module):
         # Field f's ids live in rows [offsets[f], offsets[f] + sizes[f]) of each table.
         self.offsets = torch.tensor([0, *sizes[:-1]]).cumsum(0)
 
-    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, *state: torch.Tensor) -> torch.Tensor:
+        """(dense, ids) -> logits; a pipeline stage gets the state the previous stage's last layer left."""
+        for name in LAYERS:
+            if getattr(self, name) is not None:
+                state = getattr(self, f"_{name}")(*state)
+        return state
+
+    def _deep_embedding(self, dense: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         rows = ids + self.offsets.to(ids.device)  # one tensor for both tables: their lookups share one exchange
-        deep_in = torch.cat([dense, self.deep_embedding(rows).flatten(1)], dim=1)
-        wide = self.wide_embedding(rows).sum(dim=1) + self.wide_dense(dense)
-        return (self.mlp(deep_in) + wide).squeeze(-1)
+        return dense, rows, torch.cat([dense, self.deep_embedding(rows).flatten(1)], dim=1)
+
+    def _wide_embedding(self, dense: torch.Tensor, rows: torch.Tensor, deep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return dense, deep, self.wide_embedding(rows).sum(dim=1)
+
+    def _wide_dense(self, dense: torch.Tensor, deep: torch.Tensor, wide: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return deep, wide + self.wide_dense(dense)
+
+    def _mlp(self, deep: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
+        return (self.mlp(deep) + wide).squeeze(-1)

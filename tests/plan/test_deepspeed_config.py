@@ -35,7 +35,7 @@ def one_process_group():
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_deepspeed_parses_our_config(recipe, stage, precision, cpu_host):
-    plan = plan_of([f"recipe={recipe}", f"zero.stage={stage}", f"precision={precision}", "parallel.engine=deepspeed",
+    plan = plan_of([f"recipe={recipe}", f"zero.stage={stage}", f"precision={precision}", "parallel.data_parallel=deepspeed",
                     "parallel.pipeline_stages=1"], cpu_host)
     ds = DeepSpeedConfig(dict(plan.deepspeed), mpu=_DataParallelTopology(plan.dims.dp))
     assert ds.train_batch_size == plan.batch.global_size
@@ -45,17 +45,6 @@ def test_deepspeed_parses_our_config(recipe, stage, precision, cpu_host):
     assert ds.gradient_clipping == 0.0  # DeepSpeed's default clips at 1.0; DDP does not clip
     assert ds.bfloat16_config.enabled == (precision == "bf16")
     assert not ds.float16_config.enabled
-
-
-@pytest.mark.parametrize("recipe, stage", [("resnet", 0), ("resnet", 1), ("gpt", 0)])
-def test_deepspeed_parses_our_pipeline_config(recipe, stage, cpu_host):
-    plan = plan_of([f"recipe={recipe}", f"zero.stage={stage}", "parallel.pipeline_stages=2", "batch.micro_batches=4",
-                    "cluster.nproc_per_node=4"], cpu_host)
-    assert plan.engine == "pipeline" and plan.dims.dp == 2
-    ds = DeepSpeedConfig(dict(plan.deepspeed), mpu=_DataParallelTopology(plan.dims.dp))
-    assert ds.gradient_accumulation_steps == plan.pipeline.micro_batches == 4
-    assert ds.train_batch_size == plan.batch.global_size == plan.batch.micro_size * 4 * 2
-    assert ds.zero_optimization_stage == stage
 
 
 @pytest.mark.parametrize(
@@ -81,7 +70,7 @@ def test_deepspeed_parses_our_offload_configs(overrides, cpu_host):
 
 def test_deepspeed_rejects_a_batch_that_does_not_divide(cpu_host):
     # Guards the test above: the parser really checks our numbers against dp.
-    plan = plan_of(["recipe=wide_deep", "parallel.engine=deepspeed"], cpu_host)
+    plan = plan_of(["recipe=wide_deep", "parallel.data_parallel=deepspeed"], cpu_host)
     bad = {**plan.deepspeed, TRAIN_BATCH_SIZE: plan.batch.global_size + plan.dims.dp}
     with pytest.raises(AssertionError, match="Check batch related parameters"):
         DeepSpeedConfig(bad, mpu=_DataParallelTopology(plan.dims.dp))

@@ -1,5 +1,5 @@
-"""Topology and engine choice are planned up front: dp × pp × tp = world with the formula in the message, each rank's
-coordinates, and the engine that the run needs (said in the plan)."""
+"""Topology and the parts are planned up front: dp × pp × tp = world with the formula in the message, each rank's
+coordinates, and the data-parallel part the run needs (chosen by what each part can do, said in the plan)."""
 
 import re
 
@@ -41,43 +41,51 @@ def test_four_ranks_as_dp2_tp2(cpu_host):
     assert (plan.dims.dp, plan.dims.pp, plan.dims.tp) == (2, 1, 2)
     assert [r.coords for r in plan.ranks] == [{"pp": 0, "dp": d, "tp": t} for d in (0, 1) for t in (0, 1)]
     assert plan.batch.global_size == 8 * 2  # data parallel over dp only: tp partners see the same batch
-    assert plan.engine == "tensor_parallel" and plan.sharding.source == "parallel.tp"
-    assert any(n.startswith("parallel.engine=auto -> tensor_parallel") for n in plan.notes), plan.notes
+    assert [p.name for p in plan.parts] == ["tensor_parallel", "ddp"] and plan.sharding.source == "parallel.tp"
+    assert any(n.startswith("parallel.data_parallel=auto -> ddp") for n in plan.notes), plan.notes
 
 
 @pytest.mark.parametrize(
-    "overrides, engine, why",
+    "overrides, part, why",
     [
-        ([], "ddp", "DeepSpeed adds nothing"),
-        (["zero.stage=1"], "deepspeed", "zero.stage=1"),
+        ([], "ddp", "replicated fp32 parameters"),
+        (["zero.stage=1"], "deepspeed", "DeepSpeed ZeRO-1 for zero.stage=1; not ddp: ddp keeps whole fp32"),
         (["precision=bf16"], "deepspeed", "precision=bf16"),
-        (["optimizer.target=CPU"], "deepspeed", "offload"),
+        (["optimizer.target=CPU"], "deepspeed", "DeepSpeed ZeRO-2 for zero.stage=2, optimizer.target=CPU"),
+        (["zero.stage=3", "parallel.pipeline_stages=2", "batch.micro_size=8"], "fsdp",
+         "torch FSDP2 for zero.stage=3; not ddp: .*; not deepspeed: DeepSpeed's engine runs the backward itself"),
+        (["precision=bf16", "parallel.tp=2", "cluster.nproc_per_node=4", "batch.micro_size=8"], "fsdp",
+         "torch FSDP2 for precision=bf16"),
     ],
 )
-def test_auto_engine_says_why(overrides, engine, why, cpu_host):
+def test_auto_data_parallel_says_why(overrides, part, why, cpu_host):
     plan = plan_of(["recipe=quickstart", *overrides], cpu_host)
-    assert plan.engine == engine
-    assert (plan.deepspeed is not None) == (engine == "deepspeed")
-    assert any(n.startswith(f"parallel.engine=auto -> {engine}") and why in n for n in plan.notes), plan.notes
+    assert [p.name for p in plan.parts][-2 if plan.dims.pp > 1 else -1] == part
+    assert (plan.deepspeed is not None) == (part == "deepspeed")
+    assert any(re.match(rf"parallel.data_parallel=auto -> {part} \(.*{why}", n) for n in plan.notes), plan.notes
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["parallel.engine=ddp", "zero.stage=2"],
-         r"parallel.engine=ddp runs plain data parallelism in fp32; this run asks for zero.stage=2\. "
-         r"Set parallel.engine=deepspeed"),
-        (["parallel.engine=dpp"], r"parallel.engine=dpp is not one of auto, ddp, deepspeed, tensor_parallel\. Did you "
-                                  r"mean parallel.engine=ddp\?"),
-        (["parallel.engine=deepspeed", "cluster.nproc_per_node=4", "parallel.tp=2", "batch.micro_size=8"],
-         r"parallel.engine=deepspeed with parallel.tp=2: op-level sharding runs on the tensor_parallel engine"),
+        (["parallel.data_parallel=ddp", "zero.stage=2"],
+         r"parallel.data_parallel=ddp: ddp keeps whole fp32 parameters and their optimizer on the device: no sharding, "
+         r"offload or master weights for zero.stage=2\. Set parallel.data_parallel=auto \(it picks deepspeed\)\."),
+        (["parallel.data_parallel=dpp"], r"parallel.data_parallel=dpp is not one of auto, ddp, fsdp, deepspeed\. Did you "
+                                         r"mean parallel.data_parallel=ddp\?"),
+        (["parallel.data_parallel=deepspeed", "cluster.nproc_per_node=4", "parallel.tp=2", "batch.global_size=-1",
+          "batch.micro_size=8"],
+         r"parallel.data_parallel=deepspeed: DeepSpeed's engine runs the backward itself over data-parallel groups of "
+         r"every rank, so it composes with neither tensor parallel nor torch.distributed.pipelining "
+         r"\(parallel.tp=2\)\. Set parallel.data_parallel=auto \(it picks ddp\)\."),
+        (["parallel.data_parallel=fsdp", "precision=fp16", "cluster.device=cuda"], r"cluster.device=cuda needs CUDA"),
         (["tables.deep_embedding.optimizer=lazyadam"],
          r"tables.deep_embedding.optimizer=lazyadam is not one of lazy_adam, sparse_adam, ftrl, dense\. "
          r"Did you mean tables.deep_embedding.optimizer=lazy_adam\?"),
         (["optimizer.name=adamm"], r"optimizer.name=adamm is not one of sgd, momentum, adam, adamw\. Did you mean"),
     ],
 )
-def test_engine_and_registry_refusals(overrides, message):
+def test_data_parallel_and_registry_refusals(overrides, message):
     host = HostFacts(hostname="h", cpu_count=4, accelerators=0, extensions_dir="/x")
     with pytest.raises(ConfigError, match=message):
         plan_of(["recipe=wide_deep", *overrides], host)

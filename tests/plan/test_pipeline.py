@@ -1,6 +1,7 @@
 """Pipeline stages are planned from intent before launch: MindSpore-style stages per layer, or a partition by
-parameters or layer count; every stage shows its layers, parameters and memory, and the bubble (P-1)/(M+P-1); what a
-pipeline cannot be combined with is refused with the key, the value and a fix."""
+parameters or layer count, one or several stages per rank; every stage shows its layers, parameters and memory, and
+the bubble (P-1)/(V·M+P-1). A pipeline composes with ZeRO (fsdp), offload, bf16, tensor parallel and host tables;
+what is refused is refused with the key, the value and a fix."""
 
 import json
 import re
@@ -67,32 +68,60 @@ def test_resnet_default_is_the_seeds_two_stages_and_round_trips(cpu_host):
     assert plan.memory.device.total == max(s.state_bytes for s in p.stages)
     assert LaunchPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
     text = str(pipeline_tree(plan).label)
-    assert "bubble (P-1)/(M+P-1) = 1/5 = 20.0%" in text and "losses from stage 1" in text
+    assert "1f1b; bubble (P-1)/(V·M+P-1) = 1/5 = 20.0%" in text and "losses from stage 1" in text
 
 
 def test_gpt_tie_and_micro_batches(cpu_host):
     plan = plan_of(["recipe=gpt", "parallel.pipeline_stages=2", "batch.micro_batches=4"], cpu_host)
-    assert plan.batch.grad_accum == 4 and plan.dims.dp == 1 and plan.engine == "pipeline"
+    assert plan.batch.grad_accum == 4 and plan.dims.dp == 1 and [p.name for p in plan.parts] == ["ddp", "pipeline"]
     assert plan.pipeline.tied[0].paths == ("embedding.token.weight", "head.proj.weight")
     assert any("batch.micro_batches=4 sets batch.grad_accum (was 1)" in n for n in plan.notes)
     plan = plan_of(["recipe=resnet", "parallel.pipeline_stages=1"], cpu_host)  # the recipe's stages are unused
-    assert plan.pipeline is None and plan.engine == "ddp" and any("parallel.stages is not used" in n for n in plan.notes)
+    assert plan.pipeline is None and [p.name for p in plan.parts] == ["recompute", "ddp"]
+    assert any("parallel.stages is not used" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize(
+    "overrides, parts",
+    [
+        (["recipe=gpt", "zero.stage=2"], ["fsdp", "pipeline"]),
+        (["recipe=gpt", "zero.stage=1"], ["fsdp", "pipeline"]),  # the tied head's copies sum their gradient shards
+        (["recipe=gpt", "optimizer.target=CPU"], ["fsdp", "pipeline"]),
+        (["recipe=gpt", "precision=bf16"], ["fsdp", "pipeline"]),
+        (["recipe=gpt", "parallel.tp=2", "cluster.nproc_per_node=4"], ["tensor_parallel", "ddp", "pipeline"]),
+        (["recipe=wide_deep", "placement.host_device_mix=1"], ["ddp", "pipeline"]),
+        (["recipe=wide_deep", "eval.metrics=binary"], ["ddp", "pipeline"]),
+        (["recipe=gpt", "recompute=[all]", "parallel.schedule=gpipe"], ["recompute", "ddp", "pipeline"]),
+    ],
+)
+def test_a_pipeline_composes_with_the_other_intents(overrides, parts):
+    plan = plan_of([*overrides, "parallel.pipeline_stages=2"], FOUR)
+    assert [p.name for p in plan.parts] == parts and plan.dims.pp == 2
+
+
+def test_interleaved_1f1b_loops_the_stages_over_the_ranks(cpu_host):
+    plan = plan_of(["recipe=gpt", "model.layers=6", "parallel.pipeline_stages=2", "parallel.stages_per_rank=2",
+                    "parallel.schedule=interleaved_1f1b", "batch.micro_batches=4"], cpu_host)
+    p = plan.pipeline
+    assert len(p.stages) == 4 and [p.rank_of(s.index) for s in p.stages] == [0, 1, 0, 1]
+    assert p.bubble == pytest.approx(1 / 9)  # (P-1)/(V·M+P-1): the slots are cut V ways
+    assert plan.parts[-1].config["schedule"] == "interleaved_1f1b"
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["recipe=gpt", "zero.stage=2"], r"parallel.pipeline_stages=2 needs zero.stage<=1; got zero.stage=2\. "
-                                         r"Set zero.stage=1 or parallel.pipeline_stages=1"),
-        (["recipe=gpt", "zero.stage=1"], r"with zero.stage=1: weights shared across stages \(embedding.token.weight "
-                                         r"= head.proj.weight\)"),
-        (["recipe=gpt", "optimizer.target=CPU"], r"with optimizer.target=CPU: ZeRO-Offload is not supported with a "
-                                                 r"pipeline yet"),
-        (["recipe=gpt", "precision=bf16"], r"with precision=bf16: a pipeline trains in fp32 for now"),
-        (["recipe=gpt", "parallel.tp=2", "cluster.nproc_per_node=4"], r"with parallel.tp=2: a pipeline with tensor "
-                                                                       r"parallel stages is not supported yet"),
-        (["recipe=wide_deep", "placement.host_device_mix=1"], r"with tables on the host \(deep_embedding, "
-                                                              r"wide_embedding\)"),
+        (["recipe=gpt", "parallel.data_parallel=deepspeed", "zero.stage=1"],
+         r"parallel.data_parallel=deepspeed: DeepSpeed's engine runs the backward itself .* \(parallel.pipeline_stages=2\)"),
+        (["recipe=gpt", "parallel.schedule=interleaved_1f1b"],
+         r"parallel.schedule=interleaved_1f1b runs several stages per pipeline rank; parallel.stages_per_rank=1\. "
+         r"Set parallel.stages_per_rank=2"),
+        (["recipe=gpt", "parallel.stages_per_rank=2"],
+         r"parallel.stages_per_rank=2 with parallel.schedule=1f1b: only interleaved_1f1b runs several stages per rank"),
+        (["recipe=gpt", "parallel.schedule=1F1B"], r"parallel.schedule=1F1B is not one of 1f1b, gpipe, interleaved_1f1b"),
+        (["recipe=gpt", "parallel.schedule=interleaved_1f1b", "parallel.stages_per_rank=2", "model.layers=6",
+          "batch.micro_batches=5"], r"batch.micro_batches=5 with parallel.schedule=interleaved_1f1b on 2 pipeline "
+                                    r"ranks: .* needs 5 to be a multiple of 2 rounds\. Set batch.micro_batches=4"),
         (["recipe=gpt", "parallel.partition=params"], r"parallel.partition=params is not one of parameters, "
                                                       r"uniform\. Did you mean parallel.partition=parameters\?"),
         (["recipe=quickstart", "parallel.pipeline_stages=4", "cluster.nproc_per_node=4"],

@@ -23,7 +23,8 @@ def rows(plan) -> dict[str, list[str]]:
 
 def test_quickstart_semi_auto_as_the_issue_states():
     plan = plan_of(SEMI_AUTO, HOST8)
-    assert (plan.world_size, plan.dims.dp, plan.dims.tp, plan.engine) == (8, 2, 4, "tensor_parallel")
+    assert (plan.world_size, plan.dims.dp, plan.dims.tp) == (8, 2, 4)
+    assert [p.name for p in plan.parts] == ["tensor_parallel", "ddp"]
     assert (plan.batch.global_size, plan.batch.micro_size) == (16, 8)  # 2 samples per card × 8 cards
     r = rows(plan)
     assert r["fc1 (matmul)"] == [
@@ -56,13 +57,14 @@ def test_a_column_split_last_operator_is_gathered_for_the_loss():
                                                "(16, 16) for the loss")
 
 
-def test_gpt_tp_plan_is_megatron_with_qkv_by_heads():
+def test_gpt_tp_plan_is_megatron_with_whole_heads_per_rank():
     plan = plan_of(["recipe=gpt", "cluster.nproc_per_node=4", "parallel.tp=2"], HOST8)
-    assert (plan.dims.dp, plan.dims.tp, plan.engine, plan.sharding.source) == (2, 2, "tensor_parallel", "parallel.tp")
+    assert (plan.dims.dp, plan.dims.tp, plan.sharding.source) == (2, 2, "parallel.tp")
+    assert [p.name for p in plan.parts] == ["tensor_parallel", "ddp"]
     r = rows(plan)
-    assert r["blocks.0.attn.qkv (matmul)"][:3] == ["[[2,1],[1,2]] colwise_qkv", "x (32, 63, 64), w (64, 192), "
-                                                   "out (32, 63, 192)", "x (16, 63, 64), w (64, 96), out (16, 63, 96)"]
-    assert r["blocks.1.mlp.2 (matmul_7)"][2:] == [
+    assert r["blocks.0.attn.q (matmul)"][:3] == ["[[2,1],[1,2]] colwise", "x (32, 63, 64), w (64, 64), "
+                                                 "out (32, 63, 64)", "x (16, 63, 64), w (64, 32), out (16, 63, 32)"]
+    assert r["blocks.1.mlp.2 (matmul_11)"][2:] == [
         "x (16, 63, 128), w (128, 64), out (16, 63, 64) partial",
         "all-reduce over tp (2 ranks): Partial → Replicate of blocks.1.mlp.2's output (16, 63, 64)"]
 
@@ -103,14 +105,12 @@ W8 = "world_size: cluster.nnodes 1 × nproc_per_node 8"
                             r"but parallel.dp=-1 and parallel.tp=2\. Set parallel.dp=2 parallel.tp=4"),
         (["parallel.sharding={fc1: [2,4]}"], r"parallel.sharding.fc1=\[2,4\] is not a strategy"),
         (["parallel.search_mode=recursive_programming"], r"parallel.search_mode=recursive_programming is not supported"),
-        (["zero.stage=1"], r"zero.stage=1 with parallel.sharding is not supported with tensor parallel yet\. "
-                           r"Set zero.stage=0\."),
-        (["precision=bf16"], r"precision=bf16 with parallel.sharding is not supported with tensor parallel yet"),
-        (["parallel.engine=ddp"], r"parallel.engine=ddp with parallel.sharding: op-level sharding runs on the "
-                                  r"tensor_parallel engine \(DTensor\)\. Set parallel.engine=auto\."),
+        (["parallel.data_parallel=deepspeed", "zero.stage=1"],
+         r"parallel.data_parallel=deepspeed: DeepSpeed's engine .* composes with neither tensor parallel nor "
+         r"torch.distributed.pipelining \(parallel.sharding\)\. Set parallel.data_parallel=auto \(it picks fsdp\)\."),
     ],
     ids=["product", "product_elementwise", "divisible", "unknown_op", "x_w_mismatch", "two_d_tp", "batch_factors", "tp_contradicts",
-         "form", "search_mode", "zero", "bf16", "engine"],
+         "form", "search_mode", "deepspeed"],
 )
 def test_bad_strategies_are_refused_before_launch(overrides, message):
     base = SEMI_AUTO if not any(o.startswith("parallel.sharding") for o in overrides) else EIGHT
@@ -126,14 +126,23 @@ def test_bad_strategies_are_refused_before_launch(overrides, message):
         (["recipe=gpt", "parallel.sharding={fc1: [[1,2],[2,1]]}"],
          r"parallel.sharding: recipe gpt does not list its operators for op-level sharding"),
         (["recipe=resnet", "parallel.tp=2", "parallel.pipeline_stages=1"], r"parallel.tp=2: recipe resnet has no tensor-parallel plan"),
-        (["recipe=gpt", "parallel.tp=2", "recompute=[all]"], r"recompute with parallel.tp=2 is not supported with "
-                                                              r"tensor parallel yet"),
     ],
-    ids=["heads", "gpt_sharding", "no_tp_plan", "recompute"],
+    ids=["heads", "gpt_sharding", "no_tp_plan"],
 )
 def test_tensor_parallel_refusals(overrides, message):
     with pytest.raises(ConfigError, match=message):
         plan_of(overrides, HostFacts(hostname="h", cpu_count=2, accelerators=0, extensions_dir="/x"))
+
+
+@pytest.mark.parametrize("overrides, parts", [
+    (["zero.stage=1"], ["tensor_parallel", "fsdp"]),
+    (["precision=bf16"], ["tensor_parallel", "fsdp"]),
+    (["recompute=[all]"], ["tensor_parallel", "recompute", "ddp"]),
+    (["parallel.data_parallel=fsdp"], ["tensor_parallel", "fsdp"]),
+])
+def test_op_level_sharding_composes_with_zero_bf16_and_recompute(overrides, parts):
+    plan = plan_of([*SEMI_AUTO, *overrides], HOST8)
+    assert [p.name for p in plan.parts] == parts and (plan.dims.dp, plan.dims.tp) == (2, 4)
 
 
 def test_a_bad_strategy_exits_2_before_any_process(tmp_path):

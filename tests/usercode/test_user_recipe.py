@@ -138,7 +138,7 @@ def test_a_script_run_takes_table_placement_it_cannot_check_yet(cpu_host, tmp_pa
     script.write_text("")
     plan = plan_script(compose_config([f"script={script}", "+placement.tables.towers.0.item_emb=host",
                                        "optimizer.target=CPU"]), cpu_host)
-    assert plan.runtime["table_locations"] == {"towers.0.item_emb": "host"} and plan.runtime["engine"] == "deepspeed"
+    assert plan.runtime["table_locations"] == {"towers.0.item_emb": "host"} and [p["name"] for p in plan.runtime["parts"]] == ["deepspeed"]
     with pytest.raises(ConfigError, match="optimizer.cpu_impl=deepspeed builds DeepSpeedCPUAdam for a recipe"):
         plan_script(compose_config([f"script={script}", "optimizer.target=CPU", "optimizer.cpu_impl=deepspeed"]),
                     cpu_host)
@@ -171,7 +171,8 @@ def test_smoke_without_a_profile_runs_two_steps_on_two_ranks_over_a_few_batches(
 def test_a_pipeline_stages_the_models_children_when_its_forward_is_them_in_order(project, cpu_host):
     p = plan(project, "model._target_=my_ctr.extra.Staged", "parallel.pipeline_stages=2", "batch.micro_batches=2",
              host=cpu_host)
-    assert p.engine == "pipeline" and [s.layers for s in p.pipeline.stages] == [("features",), ("hidden", "out")]
+    assert [x.name for x in p.parts] == ["ddp", "pipeline"]
+    assert [s.layers for s in p.pipeline.stages] == [("features",), ("hidden", "out")]
     with pytest.raises(ConfigError, match=r"parallel.pipeline_stages=2: model \(conf/recipe/my_ctr.yaml\) is staged "
                                           r"over its top-level children \(user_emb, item_emb, mlp\) run in order, "
                                           r"and that chain fails"):

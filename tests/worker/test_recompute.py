@@ -23,13 +23,13 @@ def one_rank_group():
 
 def _train(overrides, host, steps=3):
     plan = plan_of([*GPT, *overrides], host)
-    _, dp = build_mesh(plan.dims, "cpu")
-    trainer = build_trainer(plan, dp, torch.device("cpu"), 0)
+    mesh, dp = build_mesh(plan.dims, "cpu")
+    trainer = build_trainer(plan, dp, torch.device("cpu"), 0, mesh)
     losses = [trainer.train_step().item() for _ in range(steps)]
     if plan.recompute:
         print(f"{' '.join(overrides)}: estimated {plan.activations['kept_bytes_with_recompute']:,} B, measured "
               f"{trainer.saved_activation_bytes:,} B")
-        if plan.engine == "ddp":  # the plan's meta-device estimate against the bytes really kept
+        if plan.engine == "recompute+ddp":  # the plan's meta-device estimate against the bytes really kept
             measured = trainer.saved_activation_bytes
             assert abs(plan.activations["kept_bytes_with_recompute"] - measured) <= 0.05 * measured, measured
     return losses, trainer.saved_activation_bytes

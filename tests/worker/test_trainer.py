@@ -10,7 +10,7 @@ import torch.distributed as dist
 from launcher.plan import TablePlan
 from launcher.rundir import CheckpointDir
 from launcher.worker.mesh import build_mesh
-from launcher.worker.tables import TableSet
+from launcher.tables import ReplicatedTables
 from launcher.worker.train import build_trainer
 from tests.conftest import init_one_process_group, plan_of
 
@@ -24,8 +24,8 @@ def one_rank_group():
 
 def _trainer(overrides, host):
     plan = plan_of(["cluster.nproc_per_node=1", *overrides], host)
-    _, dp = build_mesh(plan.dims, "cpu")
-    return build_trainer(plan, dp, torch.device("cpu"), 0)
+    mesh, dp = build_mesh(plan.dims, "cpu")
+    return build_trainer(plan, dp, torch.device("cpu"), 0, mesh)
 
 
 CASES = {
@@ -62,7 +62,7 @@ def test_save_and_load_through_a_checkpoint_dir(tmp_path, cpu_host):
         a.train_step()
     ckpt = CheckpointDir(tmp_path / "step3")
     a.save(ckpt)
-    assert {p.name for p in ckpt.path.iterdir()} == {"engine.pt", "tables.pt", "trainer.0.pt", "checkpoint.json"}
+    assert {p.name for p in ckpt.path.iterdir()} == {"model", "tables", "trainer.0.pt", "checkpoint.json"}
     after_a = [a.train_step().item() for _ in range(3)]
     b = _trainer(overrides, cpu_host)
     b.load(ckpt)
@@ -110,16 +110,16 @@ def test_verify_checkpoint_finds_a_checkpoint_that_does_not_bring_the_state_back
             t.verify_checkpoint(ckpt)
 
 
-def _table_set(weight: torch.Tensor, optimizer: str) -> TableSet:
+def _table_set(weight: torch.Tensor, optimizer: str) -> ReplicatedTables:
     plan = TablePlan(name="t", rows=weight.shape[0], dim=weight.shape[1], location="host", optimizer=optimizer,
                      lr=0.1, betas=(0.9, 0.999), eps=1e-8, l1=0.0, l2=0.0, lr_power=-0.5, initial_accumulator=0.1)
-    return TableSet({"t": weight.clone()}, (plan,), torch.device("cpu"))
+    return ReplicatedTables({"t": weight.clone()}, (plan,), torch.device("cpu"))
 
 
-def _one_step(tables: TableSet, backward_scale: float, collect_scale: float) -> bool:
+def _one_step(tables: ReplicatedTables, backward_scale: float, collect_scale: float) -> bool:
     act = tables.lookup("t", torch.tensor([1, 5, 5, 9]))
     (((act - 1.0) ** 2).sum() * backward_scale).backward()  # what an fp16 engine's backward does to the loss
-    tables.collect_grads(loss_scale=collect_scale)
+    tables.collect(grad_scale=collect_scale)
     return tables.step()
 
 

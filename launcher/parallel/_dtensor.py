@@ -1,13 +1,15 @@
-"""Inside a rank: the plan's ShardingPlan applied to the built model, on the mesh's tp dim (torch DTensor).
+"""The tensor_parallel part in a rank: the plan's ShardingPlan applied to a model chunk, on the mesh's tp dim (DTensor).
 
 - ``parallel.sharding`` (source parallel.sharding): each operator of the chain is wrapped. A matmul becomes a
   ``ShardedLinear`` whose weight and bias are DTensor parameters placed as its strategy says (torch's Linear keeps w
   as (out, in): a split of w's height, MindSpore's in, is ``Shard(1)``); its input is redistributed to the planned
   layout, a row split's partial output is all-reduced before the bias. Elementwise operators get the same input
-  redistribution. The chain's last operator hands the loss a plain tensor.
+  redistribution. The last operator a chunk holds hands on a plain tensor (to the loss, or to the next pipeline
+  stage).
 - ``parallel.tp`` (source parallel.tp): torch's ``parallelize_module`` with ``ColwiseParallel`` / ``RowwiseParallel``
-  per the recipe's tp_plan; a fused qkv (colwise_qkv) first has its rows reordered so that each rank's column block
-  holds the q, k and v of its own heads.
+  per the recipe's tp_plan.
+
+Operators a chunk does not hold (another pipeline stage's) are skipped.
 
 Every sharded operator records the local shapes it computed on at its first call (``observed_shapes``: x, w as
 (in, out), out), which the rank writes to rank.N/sharding.json to be checked against the plan.
@@ -23,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from launcher.parallel.rank import held_module
 from launcher.plan.sharding import OpShard, ShardingPlan
 
 LAYOUTS = {"R": Replicate(), "S": Shard(-1)}
@@ -100,37 +103,22 @@ def _replace(model: nn.Module, path: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, new)
 
 
-def _qkv_rows_by_rank(linear: nn.Linear, tp: int) -> None:
-    """Reorder a fused qkv's output rows from [q | k | v] to [q_0 k_0 v_0 | q_1 k_1 v_1 | ...], rank r's heads
-    in block r, so that the column split gives each rank whole heads (in place, before sharding)."""
-    with torch.no_grad():
-        w = linear.weight
-        width = w.shape[0] // 3
-        w.copy_(w.view(3, tp, width // tp, -1).transpose(0, 1).reshape_as(w))
-        if linear.bias is not None:
-            b = linear.bias
-            b.copy_(b.view(3, tp, width // tp).transpose(0, 1).reshape_as(b))
-
-
 def _record_hook(module: nn.Module, args: tuple, output: Any) -> None:
     _record(module, args[0], module.weight, output)
 
 
 def shard_model(model: nn.Module, sharding: ShardingPlan, mesh: DeviceMesh) -> None:
-    """Apply the plan to ``model`` in place on the 1-D tp ``mesh`` (collective over tp: every rank calls it with
-    the same, identically initialised model)."""
+    """Apply the plan to the operators ``model`` holds, in place, on the 1-D tp ``mesh`` (collective over tp: every
+    rank calls it with the same, identically initialised model)."""
+    held = [(op, m) for op in sharding.ops if (m := held_module(model, op.name)) is not None]
     if sharding.source == "parallel.sharding":
-        for i, op in enumerate(sharding.ops):
-            last = i == len(sharding.ops) - 1
-            module = model.get_submodule(op.name)
+        for i, (op, module) in enumerate(held):
+            last = i == len(held) - 1
             new = ShardedLinear(module, op, mesh, last) if op.kind == "matmul" else ShardedElementwise(module, op, mesh, last)
             _replace(model, op.name, new)
         return
-    styles = {"colwise": ColwiseParallel, "colwise_qkv": ColwiseParallel, "rowwise": RowwiseParallel}
-    for op in sharding.ops:
-        module = model.get_submodule(op.name)
-        if op.style == "colwise_qkv":
-            _qkv_rows_by_rank(module, sharding.tp)
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    for op, module in held:
         parallelize_module(module, mesh, styles[op.style]())
         module.register_forward_hook(_record_hook)
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from launcher.plan import TablePlan
-from launcher.worker.tables import TableLookup, TableSet, build_tables
+from launcher.tables import ReplicatedTables, TableLookup, build_tables
 
 
 class Towers(nn.Module):
@@ -45,14 +45,14 @@ def test_swapped_tables_give_the_same_outputs_and_row_gradients():
     model = Towers()
     swapped = copy.deepcopy(model)
     names = {"user": (50, 4), "towers.0.item": (40, 3), "bag_sum": (30, 2)}
-    tables = build_tables(swapped, tuple(_plan(n, *s) for n, s in names.items()), torch.device("cpu"), torch.float32)
+    tables = build_tables([swapped], tuple(_plan(n, *s) for n, s in names.items()), torch.device("cpu"), torch.float32)
     assert isinstance(swapped.towers[0]["item"], TableLookup) and not any("user" in n for n, _ in swapped.named_parameters())
     batch = _batch()
     out, out_swapped = model(*batch), swapped(*batch)
     assert torch.allclose(out, out_swapped, atol=1e-6)
     out.square().sum().backward()
     out_swapped.square().sum().backward()
-    tables.collect_grads()
+    tables.collect()
     grads = {names: rows_values for names, rows_values in tables._grads.items()}
     for name in names:
         (rows, values), = grads[(name,)]
@@ -63,16 +63,16 @@ def test_swapped_tables_give_the_same_outputs_and_row_gradients():
 
 def test_lookups_under_no_grad_leave_nothing_to_collect():
     model = Towers()
-    tables = build_tables(model, (_plan("user", 50, 4),), torch.device("cpu"), torch.float32)
+    tables = build_tables([model], (_plan("user", 50, 4),), torch.device("cpu"), torch.float32)
     with torch.no_grad():
         model(*_batch())
-    tables.collect_grads()
+    tables.collect()
     assert tables.step() and tables.tables["user"].optimizer.steps == 0
 
 
 def test_a_path_that_is_not_a_table_is_refused():
     with pytest.raises(TypeError, match="head cannot train outside the engine: it is a Linear, not an nn.Embedding"):
-        build_tables(Towers(), (_plan("head", 9, 1),), torch.device("cpu"), torch.float32)
+        build_tables([Towers()], (_plan("head", 9, 1),), torch.device("cpu"), torch.float32)
 
 
 def test_a_table_looked_up_twice_in_one_forward_steps_once_with_the_summed_gradient():
@@ -80,14 +80,14 @@ def test_a_table_looked_up_twice_in_one_forward_steps_once_with_the_summed_gradi
     emb, other = nn.Embedding(10, 3), nn.Embedding(10, 2)
     ids = torch.tensor([1, 2, 2, 7])
     reference = copy.deepcopy(emb)
-    tables = TableSet({"emb": emb.weight.detach().clone(), "other": other.weight.detach().clone()},
+    tables = ReplicatedTables({"emb": emb.weight.detach().clone(), "other": other.weight.detach().clone()},
                       (_plan("emb", 10, 3), _plan("other", 10, 2)), torch.device("cpu"))
     # emb twice with the same ids tensor, once grouped with other: one lazy Adam step for emb, on the summed gradient
     a, b, c = tables.lookup("emb", ids), tables.lookup("other", ids), tables.lookup("emb", ids)
     (a.square().sum() + 2 * c.sum() + b.sum()).backward()
     ref = reference(ids)
     (ref.square().sum() + 2 * reference(ids).sum()).backward()
-    tables.collect_grads()
+    tables.collect()
     assert tables.step()
     assert tables.tables["emb"].optimizer.steps == 1 and tables.tables["other"].optimizer.steps == 1
     expect = torch.optim.SparseAdam([nn.Parameter(reference.weight.detach().clone())], lr=0.1)
@@ -110,11 +110,11 @@ def test_embeddings_the_lookup_cannot_reproduce_stay_in_the_engine(module, why):
     facts = model_facts_on_meta(model)
     assert list(facts.tables) == ["ok"] and why in facts.lines[-1]
     with pytest.raises(TypeError, match=f"t cannot train outside the engine: .*{why}"):
-        build_tables(model, (_plan("t", 5, 2),), torch.device("cpu"), torch.float32)
+        build_tables([model], (_plan("t", 5, 2),), torch.device("cpu"), torch.float32)
 
 
 def test_a_2d_bag_input_with_offsets_is_refused_as_torch_does():
     model = nn.ModuleDict({"bag": nn.EmbeddingBag(5, 2)})
-    build_tables(model, (_plan("bag", 5, 2),), torch.device("cpu"), torch.float32)
+    build_tables([model], (_plan("bag", 5, 2),), torch.device("cpu"), torch.float32)
     with pytest.raises(ValueError, match="offsets has to be None"):
         model["bag"](torch.tensor([[1, 2]]), torch.tensor([0]))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from launcher.worker.sparse_optim import LazyAdam, SparseAdam, SparseFTRL
+from launcher.tables.sparse_optim import LazyAdam, SparseAdam, SparseFTRL
 
 
 def ftrl_reference(w, n, z, g, lr, l1, l2, lr_power):

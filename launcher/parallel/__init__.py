@@ -1,0 +1,14 @@
+"""Parallelism as parts composed on one mesh: each part a module with its problems, memory, config, rank-side apply
+and checkpoint format (registry.py); which parts a run uses (choose.py); how a rank applies them (compose.py).
+
+Plan-side modules import no torch; rank-side code (compose.py, the engines, the parts' ``apply``) imports it lazily
+or is imported only inside a rank.
+"""
+
+from launcher.parallel.choose import (checkpoint_format, choose_data_parallel, config_file, estimate, plan_parts,
+                                      run_facts)
+from launcher.parallel.intents import Intents, PartPlan
+from launcher.parallel.registry import DATA_PARALLEL, PARTS, SLOTS
+
+__all__ = ["DATA_PARALLEL", "Intents", "PARTS", "PartPlan", "SLOTS", "checkpoint_format", "choose_data_parallel",
+           "config_file", "estimate", "plan_parts", "run_facts"]

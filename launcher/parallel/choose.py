@@ -1,0 +1,88 @@
+"""Which parts a run is made of (pure): a filter over the registry's parts by what each says it can do.
+
+Tensor parallel, recompute and the pipeline join when their intents are given. The data-parallel part is
+``parallel.data_parallel``, or with auto the first of ``PREFERENCE`` that can run the intents: ddp when nothing asks
+for more than replicated fp32 (it is the lightest); deepspeed for ZeRO, offload and bf16 on plain data parallelism
+(its ZeRO-1/2 and ZeRO-Offload are the tools this launcher measured best there: README "Performance"); fsdp where
+DeepSpeed cannot go (with tensor parallel or pipeline stages). The plan says which and why.
+"""
+
+from __future__ import annotations
+
+from launcher.parallel.intents import Intents, PartPlan
+from launcher.parallel.registry import DATA_PARALLEL, DCP, PARTS
+from launcher.plan.estimate import estimate_run
+from launcher.plan.registry import unknown
+
+PREFERENCE = ("ddp", "deepspeed", "fsdp")
+"""auto's order among the data-parallel parts that can run the intents."""
+
+
+def choose_data_parallel(i: Intents) -> tuple[str | None, list[str], list[str]]:
+    """(part name or None, problems, notes) for parallel.data_parallel."""
+    key = f"parallel.data_parallel={i.data_parallel}"
+    if i.data_parallel != "auto":
+        if i.data_parallel not in DATA_PARALLEL:
+            return None, [unknown("parallel.data_parallel", i.data_parallel, ("auto", *DATA_PARALLEL))], []
+        why_not = PARTS[i.data_parallel].cannot(i)
+        if why_not:
+            able = [n for n in PREFERENCE if not PARTS[n].cannot(i)]
+            fix = f"Set parallel.data_parallel=auto (it picks {able[0]})" if able else "Change the intents"
+            return None, [f"{key}: {why_not}. {fix}."], []
+        return i.data_parallel, [], []
+    reasons = {n: PARTS[n].cannot(i) for n in PREFERENCE}
+    able = [n for n in PREFERENCE if not reasons[n]]
+    if not able:
+        why = "; ".join(f"{n}: {r}" for n, r in reasons.items())
+        return None, [f"no data-parallel part can run {', '.join(i.needs + i.layout_words) or 'this run'} ({why}). "
+                      f"Drop one of those settings."], []
+    pick = able[0]
+    passed = "".join(f"; not {n}: {reasons[n]}" for n in PREFERENCE[:PREFERENCE.index(pick)])
+    why = PARTS[pick].why(i) + passed
+    return pick, [], [f"{key} -> {pick} ({why})"]
+
+
+def plan_parts(i: Intents) -> tuple[tuple[PartPlan, ...], list[str], list[str]]:
+    """(the run's parts in the order they apply, problems, notes)."""
+    dp, problems, notes = choose_data_parallel(i)
+    if dp is None:
+        return (), problems, notes
+    names = [*(["tensor_parallel"] if i.sharding is not None else []), *(["recompute"] if i.recompute else []), dp,
+             *(["pipeline"] if i.dims.pp > 1 else [])]
+    parts = []
+    for name in names:
+        part = PARTS[name]
+        problems += part.problems(i)
+        parts.append(PartPlan(name=name, dims=part.dims, config=part.config(i), why=part.why(i)))
+    return tuple(parts), problems, notes
+
+
+def _data_parallel(parts: tuple[PartPlan, ...]):
+    return next(PARTS[p.name] for p in parts if PARTS[p.name].slot == "data_parallel")
+
+
+def run_facts(i: Intents, parts: tuple[PartPlan, ...]) -> tuple[int, int, tuple[str, ...]]:
+    """(the ZeRO stage the run has, the ranks of dp its parameters are sharded over (the mesh's dp_shard dim),
+    the C++ ops its ranks load) as its data-parallel part says."""
+    dp = _data_parallel(parts)
+    return dp.zero_stage(i), getattr(dp, "shard_ways", lambda _: 1)(i), dp.ops(i)
+
+
+def estimate(i: Intents, parts: tuple[PartPlan, ...], placement, layer_paths, per_sample, recompute, micro):
+    """The run's memory estimate (launcher/plan/estimate.py) with its parts' rules: what tensor parallel takes from
+    a rank, the data-parallel part's bytes."""
+    saved: dict[str, int] = {}
+    for p in parts:
+        saved.update(getattr(PARTS[p.name], "saved_params", lambda _: {})(i))
+    return estimate_run(i, _data_parallel(parts), placement, saved, layer_paths, per_sample, recompute, micro)
+
+
+def checkpoint_format(parts: tuple[PartPlan, ...]) -> str:
+    """dcp when every part checkpoints through torch.distributed.checkpoint, else the other format (deepspeed)."""
+    formats = {PARTS[p.name].checkpoint for p in parts}
+    return next(iter(formats - {DCP}), DCP)
+
+
+def config_file(parts: tuple[PartPlan, ...]) -> dict | None:
+    """The config of the part that writes one to the run dir (DeepSpeed's ds_config.json), or None."""
+    return next((p.config for p in parts if getattr(PARTS[p.name], "config_file", False)), None)

@@ -1,0 +1,52 @@
+"""The plan's parts applied in a rank, in the plan's order, on one DeviceMesh (torchtitan's ``parallelize``).
+
+``split`` cuts the model into this rank's pipeline stages (or keeps it whole): the chunks. The caller then takes the
+tables that train outside the parts out of the chunks (launcher/tables/). ``apply_parts`` applies tensor parallel,
+recompute and data parallelism to every chunk, builds an optimizer for each over what is left (after the parts replaced
+parameters with DTensors, as FSDP2 needs), lets the data-parallel part hook it, and returns the engine: the one of
+the part that drives the step (deepspeed, pipeline), or the torch loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from launcher.parallel.engine import Engine, NoOptimizer, Optimizers, TorchEngine
+from launcher.parallel.rank import Chunk, RankContext
+from launcher.parallel.registry import PARTS
+
+
+def _parts(plan: Any) -> list[Any]:
+    return [PARTS[p.name] for p in plan.parts]
+
+
+def data_parallel_part(plan: Any) -> Any:
+    """The plan's data-parallel part (every plan has one)."""
+    return next(p for p in _parts(plan) if p.slot == "data_parallel")
+
+
+def split(model: nn.Module, layers: list[tuple[str, nn.Module]], rt: RankContext) -> list[Chunk]:
+    """This rank's chunks: its pipeline stages, or the whole model."""
+    pipeline = next((p for p in _parts(rt.plan) if p.slot == "pipeline"), None)
+    return pipeline.split(model, layers, rt) if pipeline is not None else [Chunk(module=model, layers=list(layers))]
+
+
+def apply_parts(chunks: list[Chunk], rt: RankContext,
+                optimizer_factory: Callable[[list[nn.Parameter]], Any]) -> Engine:
+    """Every part applied to every chunk in order; the optimizer; the engine that drives them."""
+    parts = _parts(rt.plan)
+    trained = [c for c in chunks if any(True for _ in c.module.parameters())]  # a stage of tables alone has none
+    for part in parts:
+        part.apply(trained if part.slot == "data_parallel" else chunks, rt)
+    optimizers = [optimizer_factory(list(c.module.parameters())) if c in trained else NoOptimizer() for c in chunks]
+    optimizer = optimizers[0] if len(optimizers) == 1 else Optimizers(optimizers)  # one per chunk: DCP names its
+    # states by that chunk's parameter names
+    dp = data_parallel_part(rt.plan)
+    dp.attach(optimizer, trained, rt)
+    driver = next((p for p in reversed(parts) if hasattr(p, "engine")), None)
+    if driver is not None:
+        return driver.engine(chunks, optimizer, rt)
+    return TorchEngine(chunks[0], optimizer, dp, rt.plan.batch.grad_accum, rt.dp_group)

@@ -1,0 +1,104 @@
+"""ddp: replicated data parallelism (DDP semantics): every dp rank holds the whole fp32 model and its optimizer,
+gradients are averaged over the dp group before each step.
+
+On a plain model it is torch's ``DistributedDataParallel`` (bucketed all-reduces overlapping the backward; the
+all-reduce runs only in an accumulation boundary's backward). A model whose parameters are DTensors (tensor
+parallel) or a pipeline stage (whose backward the schedule runs) gets the same average as one flat all-reduce of
+every local gradient before the optimizer steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.parallel.intents import Intents
+from launcher.parallel.registry import DCP
+from launcher.plan.memory import Bytes, state_floats
+
+TORCH_DDP = "torch DistributedDataParallel"
+FLAT = "one flat all-reduce of every local gradient before each step"
+
+
+class ReplicatedDataParallel:
+    name = "ddp"
+    slot = "data_parallel"
+    dims = ("dp",)
+    checkpoint = DCP
+    client_optimizer = True
+
+    def cannot(self, i: Intents) -> str:
+        if i.needs:
+            return (f"ddp keeps whole fp32 parameters and their optimizer on the device: no sharding, offload or "
+                    f"master weights for {', '.join(i.needs)}")
+        return ""
+
+    def problems(self, i: Intents) -> list[str]:
+        return []
+
+    def zero_stage(self, i: Intents) -> int:
+        return 0
+
+    def why(self, i: Intents) -> str:
+        return "data parallel with replicated fp32 parameters (zero.stage=0, no offload, fp32)"
+
+    def config(self, i: Intents) -> dict[str, Any]:
+        flat = i.sharding is not None or i.dims.pp > 1
+        return {"gradients": f"averaged over dp {i.dims.dp}", "implementation": FLAT if flat else TORCH_DDP}
+
+    def memory(self, i: Intents, params: int) -> tuple[Bytes, Bytes]:
+        n = params * 4
+        return Bytes(), Bytes(params=n, grads=n, optimizer=params * state_floats(i.optimizer) * 4)
+
+    def ops(self, i: Intents) -> tuple[str, ...]:
+        return ()
+
+    # -- in a rank ---------------------------------------------------------------------------------------------------
+    def apply(self, chunks: list[Any], rt: Any) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        for c in chunks:
+            c.module.to(rt.device)
+        if rt.config(self.name).get("implementation") != TORCH_DDP:
+            return
+        for c in chunks:
+            c.call = DistributedDataParallel(c.module, process_group=rt.dp_group,
+                                             device_ids=[rt.device] if rt.device.type == "cuda" else None)
+
+    def set_sync(self, chunks: list[Any], on: bool) -> None:
+        """Gradient accumulation: torch DDP all-reduces only in the boundary micro-batch's backward (no_sync)."""
+        for c in chunks:
+            if c.call is not None:
+                c.call.require_backward_grad_sync = on
+
+    def attach(self, optimizer: Any, chunks: list[Any], rt: Any) -> None:
+        """Without torch DDP: average the gradients over dp in one flat all-reduce before each optimizer step."""
+        if any(c.call is not None for c in chunks) or rt.dp_size == 1:
+            return
+        params = [p for c in chunks for p in c.module.parameters()]
+        group, size = rt.dp_group, rt.dp_size
+
+        def average(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
+            average_gradients(params, group, size)
+
+        optimizer.register_step_pre_hook(average)
+
+
+def average_gradients(params: list[Any], group: Any, size: int) -> None:
+    """The mean over ``group`` of each parameter's gradient (a DTensor's local shard), in one all-reduce."""
+    import torch
+    import torch.distributed as dist
+
+    grads = [getattr(p.grad, "_local_tensor", p.grad) for p in params if p.grad is not None]
+    if not grads:
+        return
+    with torch.no_grad():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat.div_(size)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+PART = ReplicatedDataParallel()

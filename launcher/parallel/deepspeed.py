@@ -1,0 +1,133 @@
+"""deepspeed: DeepSpeed's ZeRO engine (stages 0-3, ZeRO-Offload, bf16/fp16 master weights) for plain data
+parallelism, where it is the best tool: its config is emitted as a table, checked by DeepSpeed's own parser in the
+tests, and ``deepspeed.initialize`` runs the model with a client torch optimizer.
+
+DeepSpeed owns the backward and its data-parallel groups span every rank, so it composes with neither DTensor tensor
+parallel nor torch.distributed.pipelining's schedule (the fsdp part does both). Its checkpoints are its own files.
+
+Config keys are spelled exactly as DeepSpeed names them (deepspeed/runtime/constants.py, zero/config.py). Never
+emitted: deprecated ``cpu_offload*``, ``"auto"`` (DeepSpeed does not resolve it; HF Accelerate does),
+``sparse_gradients`` (rejected by DeepSpeed >= 0.19), and ``optimizer`` (the worker passes a torch optimizer; naming
+one here makes DeepSpeed JIT-build fused_adam on CPU).
+
+Memory (Rajbhandari et al., "ZeRO", 2020, section 5; deepspeed/runtime/zero/stage_1_and_2.py, stage3.py,
+bf16_optimizer.py): ZeRO-1 shards optimizer states over dp ranks, ZeRO-2 also gradients, ZeRO-3 also parameters.
+From ZeRO-1 up (and with bf16 at stage 0, unsharded) DeepSpeed keeps an fp32 master copy with the states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from launcher.parallel.intents import Intents
+from launcher.parallel.registry import DEEPSPEED
+from launcher.plan.memory import WIDTH, Bytes, shard, state_floats
+from launcher.plan.registry import DENSE_OPTIMIZERS
+
+_SKIP = object()  # a row that does not apply to this plan emits nothing
+
+_ROWS: list[tuple[str, Callable[[Intents], Any]]] = [
+    ("train_batch_size", lambda i: i.batch[0]),
+    ("train_micro_batch_size_per_gpu", lambda i: i.batch[1]),
+    ("gradient_accumulation_steps", lambda i: i.batch[2]),
+    ("steps_per_print", lambda i: i.log_every),
+    ("wall_clock_breakdown", lambda i: False),
+    # DeepSpeed clips the global gradient norm at 1.0 unless told otherwise; the other parts do not clip, and the
+    # same run must take the same steps whatever runs it (a resnet pipeline took 1/5 of DDP's step).
+    ("gradient_clipping", lambda i: 0.0),
+    ("zero_optimization.stage", lambda i: PART.zero_stage(i)),
+    ("zero_optimization.offload_optimizer",
+     lambda i: {"device": "cpu", "pin_memory": i.pin_memory} if i.offload_optimizer else _SKIP),
+    ("zero_optimization.offload_param",
+     lambda i: {"device": "cpu", "pin_memory": i.pin_memory} if i.offload_params else _SKIP),
+    # A torch optimizer stepping on DeepSpeed's host partitions (as fast as DeepSpeedCPUAdam, no JIT build: README
+    # "Performance"); DeepSpeed refuses a client optimizer with offload unless told otherwise.
+    ("zero_force_ds_cpu_optimizer", lambda i: False if i.offload_optimizer and i.cpu_impl == "torch" else _SKIP),
+    ("zero_allow_untested_optimizer",
+     lambda i: PART.zero_stage(i) > 0 and not DENSE_OPTIMIZERS.get(i.optimizer, DENSE_OPTIMIZERS["sgd"]).zero_tested),
+    ("bf16.enabled", lambda i: i.precision == "bf16"),
+    ("fp16.enabled", lambda i: i.precision == "fp16"),
+]
+
+
+def deepspeed_config(i: Intents) -> dict[str, Any]:
+    """The DeepSpeed config dict for these intents."""
+    out: dict[str, Any] = {}
+    for dotted, row in _ROWS:
+        value = row(i)
+        if value is _SKIP:
+            continue
+        node = out
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return out
+
+
+class DeepSpeedZeRO:
+    name = "deepspeed"
+    slot = "data_parallel"
+    dims = ("dp",)
+    checkpoint = DEEPSPEED
+    client_optimizer = True
+    config_file = True
+    """Its config is written to the run dir (ds_config.json) and handed to deepspeed.initialize."""
+
+    def cannot(self, i: Intents) -> str:
+        if i.layout_words:
+            return (f"DeepSpeed's engine runs the backward itself over data-parallel groups of every rank, so it "
+                    f"composes with neither tensor parallel nor torch.distributed.pipelining ({', '.join(i.layout_words)})")
+        return ""
+
+    def problems(self, i: Intents) -> list[str]:
+        return []
+
+    def zero_stage(self, i: Intents) -> int:
+        return max(i.zero, 2) if i.offload_optimizer and i.zero == 0 else i.zero
+
+    def why(self, i: Intents) -> str:
+        return f"DeepSpeed ZeRO-{self.zero_stage(i)} for {', '.join(i.needs) or 'zero.stage=0'}"
+
+    def config(self, i: Intents) -> dict[str, Any]:
+        return deepspeed_config(i)
+
+    def memory(self, i: Intents, params: int) -> tuple[Bytes, Bytes]:
+        zero, dp, width = self.zero_stage(i), i.dims.dp, WIDTH.get(i.precision, 4)
+        master = zero >= 1 or width < 4
+        where = {"host": Bytes(), "device": Bytes()}
+        p_loc = "host" if i.offload_params else "device"
+        o_loc = "host" if i.offload_optimizer else "device"
+        where[p_loc] = where[p_loc].plus(params=shard(params * width, dp if zero >= 3 else 1))
+        where["device"] = where["device"].plus(grads=shard(params * width, dp if zero >= 2 else 1))
+        states = params * (state_floats(i.optimizer) + (1 if master else 0)) * 4
+        where[o_loc] = where[o_loc].plus(optimizer=shard(states, dp if zero >= 1 else 1))
+        if i.offload_optimizer:
+            where["host"] = where["host"].plus(grads=shard(params * 4, dp))  # fp32 grad partition for the host step
+        return where["host"], where["device"]
+
+    def ops(self, i: Intents) -> tuple[str, ...]:
+        ops = ("deepspeed_shm_comm",) if i.device_type == "cpu" else ()  # DeepSpeed's CPU accelerator loads it
+        if i.offload_optimizer and i.cpu_impl == "deepspeed":
+            ops += ("cpu_adam",)
+        return ops
+
+    # -- in a rank ---------------------------------------------------------------------------------------------------
+    def apply(self, chunks: list[Any], rt: Any) -> None:
+        """Nothing before the optimizer exists: deepspeed.initialize takes the model and the optimizer together
+        (``DeepSpeedEngine``)."""
+
+    def set_sync(self, chunks: list[Any], on: bool) -> None:
+        pass
+
+    def attach(self, optimizer: Any, chunks: list[Any], rt: Any) -> None:
+        pass
+
+    def engine(self, chunks: list[Any], optimizer: Any, rt: Any) -> Any:
+        from launcher.parallel.deepspeed_engine import DeepSpeedEngine
+
+        return DeepSpeedEngine(chunks[0].module, optimizer, config=rt.config(self.name), backend=rt.plan.backend)
+
+
+PART = DeepSpeedZeRO()

@@ -1,0 +1,235 @@
+"""What the Trainer drives, whatever parts were composed: the Engine seam, the torch loop engine, and the DCP
+checkpoint of the torch-native parts.
+
+An engine is called for a micro-batch's forward, then ``backward(loss)`` and ``step()`` after every micro-batch (it
+steps the optimizer at the accumulation boundary); a pipeline's engine runs a whole step's micro-batches itself
+(``drives_schedule``, ``train_batch``). ``TorchEngine`` drives a model that tensor parallel, recompute and ddp or
+fsdp were applied to, with a torch optimizer; the deepspeed part brings DeepSpeed's engine, the pipeline part the
+schedule's.
+
+Torch-native parts checkpoint through ``torch.distributed.checkpoint`` (DCP): each rank writes the tensors it holds
+with their global shapes and names (``get_state_dict`` turns DDP wrappers, FSDP2 shards and DTensor operators into
+the model's own names), so a checkpoint saved on dp 4 loads on dp 2, and one saved with tp 2 loads with tp 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from launcher.rundir import CheckpointDir
+
+
+class Engine(Protocol):
+    module: nn.Module
+    """The network it trains (unwrapped; a pipeline rank's stages as one ModuleList)."""
+    optimizer: Any
+
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any: ...
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of loss / grad_accum (and × loss scale with fp16)."""
+
+    def step(self) -> None:
+        """After every micro-batch: at the accumulation boundary, step the optimizer and zero the gradients."""
+
+    @property
+    def loss_scale(self) -> float:
+        """The factor the gradients of the last backward carry (1.0 without fp16 loss scaling)."""
+
+    @property
+    def step_skipped(self) -> bool:
+        """The last boundary step was skipped (fp16 overflow)."""
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model and optimizer state in memory: references to the live tensors (DTensors where parts shard)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def save(self, ckpt: CheckpointDir) -> None:
+        """Write this rank's part of a checkpoint (collective: every rank calls it)."""
+
+    def load(self, ckpt: CheckpointDir) -> None: ...
+
+
+class Unscaled:
+    """For engines without loss scaling: gradients carry no scale, and no step is ever skipped."""
+
+    @property
+    def loss_scale(self) -> float:
+        return 1.0
+
+    @property
+    def step_skipped(self) -> bool:
+        return False
+
+
+def broadcast_buffers(modules: list[nn.Module], group: Any) -> None:
+    """Buffers (BatchNorm's running statistics) from dp rank 0 to the dp group: each replica's follow its own batches,
+    and a checkpoint holds one copy (collective over the group)."""
+    if group is None or dist.get_world_size(group) == 1:
+        return
+    src = dist.get_global_rank(group, 0)
+    for m in modules:
+        for b in m.buffers():
+            dist.broadcast(b, src=src, group=group)
+
+
+class NoOptimizer:
+    """The optimizer of a chunk that has no parameters of its own (a pipeline stage holding only tables that train
+    in a table store): nothing to step."""
+
+    param_groups: list[dict[str, Any]] = []
+    state: dict[Any, Any] = {}
+
+    def register_step_pre_hook(self, hook: Any) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class Optimizers:
+    """One torch optimizer per model chunk, stepped together (torchtitan's OptimizersContainer): DCP names each
+    chunk's optimizer states by that chunk's parameter names. Pre-step hooks run once, before every optimizer."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        self.optimizers = optimizers
+        self._hooks: list[Any] = []
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    @property
+    def state(self) -> dict[Any, Any]:
+        return {p: s for o in self.optimizers for p, s in o.state.items()}
+
+    def register_step_pre_hook(self, hook: Any) -> None:
+        self._hooks.append(hook)
+
+    def step(self) -> None:
+        for hook in self._hooks:
+            hook(self, (), {})
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {str(k): o.state_dict() for k, o in enumerate(self.optimizers)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, o in enumerate(self.optimizers):
+            o.load_state_dict(state[str(k)])
+
+
+def per_chunk(optimizer: Any) -> list[torch.optim.Optimizer]:
+    return optimizer.optimizers if isinstance(optimizer, Optimizers) else [optimizer]
+
+
+def _options(**kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True, **kwargs)
+
+
+def save_dcp(modules: list[nn.Module], optimizer: Any, path: str) -> None:
+    """The modules' and the optimizers' states by the model's names (optimizer states flattened per parameter name,
+    so chunks merge), through DCP (collective over every rank)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    model: dict[str, Any] = {}
+    optim: dict[str, Any] = {}
+    for module, opt in zip(modules, per_chunk(optimizer)):
+        if module.state_dict():  # a stage of tables alone holds nothing here (its tables checkpoint themselves)
+            model.update(get_model_state_dict(module))
+        if opt.param_groups:
+            optim.update(get_optimizer_state_dict(module, opt, options=_options()))
+    dcp.save({"model": model, "optim": optim}, checkpoint_id=path)
+
+
+def load_dcp(modules: list[nn.Module], optimizer: Any, path: str) -> None:
+    """Read a DCP checkpoint into the live modules and optimizers, resharded to this rank's layout."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    pairs = list(zip(modules, per_chunk(optimizer)))
+    model: dict[str, Any] = {}
+    optim: dict[str, Any] = {}
+    for module, opt in pairs:
+        if module.state_dict():
+            model.update(get_model_state_dict(module))
+        if opt.param_groups:
+            optim.update(get_optimizer_state_dict(module, opt, options=_options()))
+    state = {"model": model, "optim": optim}
+    dcp.load(state, checkpoint_id=path)
+    for module, opt in pairs:
+        if module.state_dict():
+            set_model_state_dict(module, state["model"], options=_options(strict=False))
+        if opt.param_groups:
+            set_optimizer_state_dict(module, opt, state["optim"], options=_options())
+
+
+class TorchEngine(Unscaled):
+    """The model (one chunk) with torch-native parts applied, a torch optimizer, gradient accumulation: the loss is
+    divided by grad_accum and the optimizer steps at the boundary; the data-parallel part syncs gradients when it
+    should (torch DDP only in the boundary's backward)."""
+
+    def __init__(self, chunk: Any, optimizer: torch.optim.Optimizer, data_parallel: Any, grad_accum: int,
+                 dp_group: Any) -> None:
+        self.chunk, self.module, self.optimizer = chunk, chunk.module, optimizer
+        self._dp, self._accum, self._group, self._micro = data_parallel, grad_accum, dp_group, 0
+
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        self._dp.set_sync([self.chunk], (self._micro + 1) % self._accum == 0)
+        return self.chunk(*inputs, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self._accum if self._accum > 1 else loss).backward()
+
+    def step(self) -> None:
+        self._micro += 1
+        if self._micro % self._accum == 0:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def train(self, mode: bool = True) -> Any:
+        return self.module.train(mode)
+
+    def eval(self) -> Any:
+        return self.module.eval()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def save(self, ckpt: CheckpointDir) -> None:
+        broadcast_buffers([self.module], self._group)
+        save_dcp([self.module], self.optimizer, str(ckpt.dcp))
+
+    def load(self, ckpt: CheckpointDir) -> None:
+        load_dcp([self.module], self.optimizer, str(ckpt.dcp))

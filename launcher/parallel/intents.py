@@ -1,0 +1,95 @@
+"""What the parallel parts are planned from (pure, torch-free): the run's topology and the user's intents, after the
+batch, the placement of the tables and the pipeline's stages were planned.
+
+``Intents`` is the one typed input of every part's plan-side knowledge (its problems, memory and config) and of the
+choice between parts (``launcher.parallel.choose``); ``PartPlan`` is what the plan keeps of each chosen part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: launcher.plan imports this module
+    from launcher.plan.parallel import ParallelDims
+    from launcher.plan.pipeline import PipelinePlan
+    from launcher.plan.sharding import ShardingPlan
+
+
+@dataclass(frozen=True)
+class Intents:
+    dims: ParallelDims
+    zero: int
+    """zero.stage as asked (0-3)."""
+    offload_optimizer: bool
+    """optimizer.target=CPU."""
+    offload_params: bool
+    """placement.offload_params."""
+    precision: str
+    """fp32, bf16 or fp16."""
+    optimizer: str = "adam"
+    """optimizer.name (a DENSE_OPTIMIZERS key)."""
+    cpu_impl: str = "torch"
+    """optimizer.cpu_impl with the optimizer on the host: torch, or deepspeed (DeepSpeedCPUAdam)."""
+    pin_memory: bool = False
+    data_parallel: str = "auto"
+    """parallel.data_parallel: auto or a data-parallel part's name."""
+    sharding: ShardingPlan | None = None
+    """Op-level sharding / the recipe's tensor-parallel plan on the tp dim; None = no tensor parallel."""
+    recompute: tuple[str, ...] = ()
+    pipeline: PipelinePlan | None = None
+    schedule: str = "1f1b"
+    host_tables: bool = False
+    """Embedding tables train outside the parts, in a table store (placement.host_device_mix, tables.<path>)."""
+    device_type: str = "cpu"
+    dense_params: int = 0
+    """Parameters the parts train (tables outside them not counted)."""
+    batch: tuple[int, int, int] = (1, 1, 1)
+    """(global, micro, grad_accum)."""
+    log_every: int = 10
+    client_optimizer: bool = False
+    """A script's runtime.prepare() brings its own optimizer, built before any part applies."""
+
+    @property
+    def offload(self) -> bool:
+        return self.offload_optimizer or self.offload_params
+
+    @property
+    def needs(self) -> list[str]:
+        """What plain replicated fp32 data parallelism (DDP) does not do, in the user's keys."""
+        out = [f"zero.stage={self.zero}"] if self.zero > 0 else []
+        if self.offload_optimizer:
+            out.append("optimizer.target=CPU")
+        if self.offload_params:
+            out.append("placement.offload_params=true")
+        if self.precision != "fp32":
+            out.append(f"precision={self.precision}")
+        return out
+
+    @property
+    def layout_words(self) -> list[str]:
+        """The layout parts beyond data parallelism, in the user's keys."""
+        out = []
+        if self.sharding is not None:
+            out.append(self.sharding.source if self.sharding.source != "parallel.tp" else f"parallel.tp={self.dims.tp}")
+        if self.dims.pp > 1:
+            out.append(f"parallel.pipeline_stages={self.dims.pp}")
+        return out
+
+
+@dataclass(frozen=True)
+class PartPlan:
+    """One part of the run's parallelism, as planned: applied in the order of the plan's ``parts``."""
+
+    name: str
+    """Its registry name (launcher.parallel.registry.PARTS)."""
+    dims: tuple[str, ...]
+    """The mesh dims it uses."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """What it emits and the rank applies: DeepSpeed's config, FSDP2's policies, the pipeline's schedule, ..."""
+    why: str = ""
+    """Why it is in the run (the intent it compiles), in words."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PartPlan:
+        return cls(name=d["name"], dims=tuple(d["dims"]), config=d["config"], why=d["why"])

@@ -1,0 +1,145 @@
+"""The pipeline part's engine: this rank's stages in torch.distributed.pipelining's ``PipelineStage`` and the planned
+schedule, a torch optimizer over their parameters, DCP checkpoints (launcher/parallel/pipeline.py says what and why).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from launcher.parallel.engine import Unscaled, broadcast_buffers, load_dcp, save_dcp
+from launcher.parallel.pipeline_stages import stage_examples
+from launcher.rundir import CheckpointDir
+
+_SINGLE = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
+"""Schedules of one stage per rank; interleaved_1f1b runs several (ScheduleInterleaved1F1B)."""
+
+
+def _tied_parameter(chunk: Any, path: str) -> nn.Parameter | None:
+    """The parameter ``<layer name>.<attribute path>`` when ``chunk`` holds that layer."""
+    for name, layer in chunk.layers:
+        if path.startswith(name + "."):
+            return layer.get_parameter(path[len(name) + 1:])
+    return None
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return getattr(t, "_local_tensor", t)
+
+
+class PipelineEngine(Unscaled):
+    drives_schedule = True
+
+    def __init__(self, chunks: list[Any], optimizer: torch.optim.Optimizer, rt: Any) -> None:
+        plan = rt.plan.pipeline
+        self.chunks, self.optimizer, self.device = chunks, optimizer, rt.device
+        self.module = chunks[0].module if len(chunks) == 1 else nn.ModuleList(c.module for c in chunks)
+        self._dp_group = rt.dp_group
+        self._pp_group = rt.mesh["pp"].get_group()
+        self._last_rank = dist.get_global_rank(self._pp_group, plan.ranks - 1)
+        n, m, loss_fn = len(plan.stages), plan.micro_batches, rt.loss_fn
+        self._first = any(c.stage == 0 for c in chunks)
+        self._last = any(c.stage == n - 1 for c in chunks)
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[rt.plan.precision]
+        examples = stage_examples(rt.plan.model, rt.layers_of, plan, rt.example, dtype)
+        stages = [PipelineStage(c.call or c.module, c.stage, n, rt.device, input_args=examples[c.stage][0],
+                                output_args=examples[c.stage][1], group=self._pp_group) for c in chunks]
+
+        def mean_part(output: Any, labels: torch.Tensor) -> torch.Tensor:  # each micro-batch's share of the mean
+            return loss_fn(output, labels) / m
+
+        if plan.schedule in _SINGLE:
+            self._train = _SINGLE[plan.schedule](stages[0], m, loss_fn=mean_part, scale_grads=False)
+            self._eval = ScheduleGPipe(stages[0], 1)
+        else:
+            self._train = ScheduleInterleaved1F1B(stages, m, loss_fn=mean_part, scale_grads=False)
+            self._eval = ScheduleInterleaved1F1B(stages, 1)
+        self._sum_tied(plan, rt)
+
+    def _sum_tied(self, plan: Any, rt: Any) -> None:
+        """Before every optimizer step, sum each shared weight's gradient over its copies: this rank's stages and the
+        ranks of other stages with the same dp and tp coordinates. Every rank creates every group (``new_group`` is
+        collective), in the plan's order."""
+        dims, me = rt.plan.dims, rt.rank
+        coords = dims.coords(me)
+        mine = []
+        for tie in plan.tied:
+            holders = sorted({plan.rank_of(s) for s in tie.stages})
+            local = [p for c in self.chunks for path in tie.paths if (p := _tied_parameter(c, path)) is not None]
+            for dp in range(dims.dp):
+                for tp in range(dims.tp):
+                    ranks = [dims.rank_of({"pp": r, "dp": dp, "tp": tp}) for r in holders]
+                    group = dist.new_group(ranks) if len(ranks) > 1 else None
+                    if (dp, tp) == (coords["dp"], coords["tp"]) and local:
+                        mine.append((group, list({id(p): p for p in local}.values())))
+        if not mine:
+            return
+
+        def sum_copies(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
+            for group, params in mine:
+                for p in params:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                total = sum(_local(p.grad) for p in params)
+                if group is not None:
+                    dist.all_reduce(total, group=group)
+                for p in params:
+                    _local(p.grad).copy_(total)
+
+        self.optimizer.register_step_pre_hook(sum_copies)
+
+    # -- the step ---------------------------------------------------------------------------------------------------
+    def train_batch(self, micro_batches: list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]) -> torch.Tensor:
+        """One optimizer step over ``micro_batches`` ((inputs, labels) each, on the device) by the schedule: the mean
+        loss over them, on every stage."""
+        inputs = [torch.cat([mb[0][k] for mb in micro_batches]) for k in range(len(micro_batches[0][0]))]
+        labels = torch.cat([mb[1] for mb in micro_batches])
+        losses: list[torch.Tensor] = []
+        self._train.step(*(inputs if self._first else ()),
+                         **({"target": labels, "losses": losses} if self._last else {}))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = torch.stack(losses).sum().detach().float() if self._last else torch.zeros((), device=self.device)
+        dist.broadcast(loss, src=self._last_rank, group=self._pp_group)
+        return loss
+
+    def outputs(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+        """The model's output for one held-out micro-batch (on the rank of the last stage; None elsewhere)."""
+        out = self._eval.eval(*(inputs if self._first else ()))
+        return out if self._last else None
+
+    @property
+    def last_rank(self) -> int:
+        """The global rank of this pipeline's last stage (evaluation results are sent from it)."""
+        return self._last_rank
+
+    @property
+    def pp_group(self) -> Any:
+        return self._pp_group
+
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a pipeline runs whole steps: call train_batch() (one stage has no forward of the model)")
+
+    def train(self, mode: bool = True) -> Any:
+        return self.module.train(mode)
+
+    def eval(self) -> Any:
+        return self.module.eval()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def save(self, ckpt: CheckpointDir) -> None:
+        broadcast_buffers([c.module for c in self.chunks], self._dp_group)
+        save_dcp([c.module for c in self.chunks], self.optimizer, str(ckpt.dcp))
+
+    def load(self, ckpt: CheckpointDir) -> None:
+        load_dcp([c.module for c in self.chunks], self.optimizer, str(ckpt.dcp))

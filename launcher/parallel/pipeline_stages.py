@@ -1,0 +1,86 @@
+"""A rank's pipeline stages cut from the whole model (torchtitan's manual split): each stage's module is the model with
+the layers of other stages removed (set to None), so its parameters and buffers keep the whole model's names.
+
+How a stage runs (PipelinePlan.split): ``chain`` runs the stage's layers one after the other (the first takes every
+input the stage gets: the batch's inputs on stage 0, the previous stage's outputs after it), which is the forward of
+a sequential model; ``model`` keeps the model's own forward, which skips the layers set to None (wide_deep's).
+
+``stage_examples`` gives each stage the shapes and dtypes it receives and sends, from the model built on the meta
+device: torch's PipelineStage takes them up front (its static mode) instead of inferring them at the first step by
+running every stage's forward on uninitialised tensors, which a table lookup (garbage ids) or a BatchNorm (its
+running statistics) cannot take.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from launcher.parallel.rank import Chunk
+from launcher.plan.pipeline import PipelinePlan, StagePlan
+
+
+def _paths(model: nn.Module, layers: list[tuple[str, nn.Module]]) -> dict[str, str]:
+    """layer name -> its module path in ``model``."""
+    where = {id(m): path for path, m in model.named_modules()}
+    return {name: where[id(m)] for name, m in layers}
+
+
+def _remove(model: nn.Module, path: str) -> None:
+    parent, _, leaf = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, None)
+
+
+def _chain(layers: list[nn.Module]):
+    def forward(*args: Any) -> Any:
+        x = layers[0](*args)
+        for layer in layers[1:]:
+            x = layer(x)
+        return x
+
+    return forward
+
+
+def stage_chunk(module: nn.Module, paths: dict[str, str], plan: PipelinePlan, stage: StagePlan) -> Chunk:
+    """``module`` (the whole model, changed in place) cut down to ``stage``."""
+    for name, path in paths.items():
+        if name not in stage.layers:
+            _remove(module, path)
+    kept = [(name, module.get_submodule(paths[name])) for name in stage.layers]
+    if plan.split == "chain":
+        module.forward = _chain([m for _, m in kept])
+    return Chunk(module=module, layers=kept, stage=stage.index)
+
+
+def split_model(model: nn.Module, layers: list[tuple[str, nn.Module]], plan: PipelinePlan,
+                pp_rank: int) -> list[Chunk]:
+    """The chunks of pipeline rank ``pp_rank``: one per stage it runs (a copy of the model each when it runs
+    several), in stage order."""
+    paths = _paths(model, layers)
+    local = [s for s in plan.stages if plan.rank_of(s.index) == pp_rank]
+    return [stage_chunk(model if len(local) == 1 else copy.deepcopy(model), paths, plan, s) for s in local]
+
+
+def stage_examples(model_spec: dict[str, Any], layers_of: Any, plan: PipelinePlan, inputs: tuple[torch.Tensor, ...],
+                   dtype: torch.dtype) -> dict[int, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
+    """stage -> (what it receives, what it sends) for one micro-batch of ``inputs``, as meta tensors, by running the
+    model built on the meta device stage after stage in the run's compute ``dtype`` (floats)."""
+    from hydra.utils import instantiate
+
+    with torch.device("meta"):
+        whole = instantiate(model_spec)
+    whole.to(dtype)
+    paths = _paths(whole, layers_of(whole))
+    state = tuple(t.to("meta", dtype=dtype if t.is_floating_point() else t.dtype) for t in inputs)
+    out = {}
+    with torch.enable_grad():
+        for stage in plan.stages:
+            chunk = stage_chunk(copy.deepcopy(whole), paths, plan, stage)
+            sent = chunk.module(*state)
+            sent = sent if isinstance(sent, tuple) else (sent,)
+            out[stage.index] = (state, sent)
+            state = tuple(t.detach().requires_grad_(t.requires_grad) for t in sent)
+    return out

@@ -1,0 +1,64 @@
+"""What the parts share inside a rank: the model chunks they apply to and the rank's context.
+
+A chunk is the module one pipeline stage runs (a pruned copy of the model that keeps its parameter names), or the
+whole model without a pipeline. Every part applies to every chunk of the rank, in the plan's order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Chunk:
+    module: Any
+    """The nn.Module the parts change in place (its state_dict names are the whole model's)."""
+    layers: list[tuple[str, Any]]
+    """The recipe's layers() it holds, by name, in forward order."""
+    stage: int = 0
+    """Its pipeline stage (0 without a pipeline)."""
+    call: Callable[..., Any] | None = None
+    """What the forward goes through when a part wraps the module (torch DDP); None = the module itself."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return (self.call or self.module)(*args, **kwargs)
+
+
+@dataclass
+class RankContext:
+    """This rank's view of the plan, for the parts' ``apply``."""
+
+    plan: Any
+    """The LaunchPlan (or a script's RuntimePlan-derived stand-in with the same fields the parts read)."""
+    mesh: Any
+    """The DeviceMesh over (pp, dp_replicate, dp_shard, tp), with dp flattened; None in a script's runtime.prepare()."""
+    device: Any
+    dp_group: Any
+    """The data-parallel process group (every reduction of gradients, losses and tables runs on it)."""
+    rank: int = 0
+    loss_fn: Any = None
+    layers_of: Callable[[Any], list[tuple[str, Any]]] | None = None
+    """The recipe's layers(model) (a pipeline cuts a model built on the meta device the same way)."""
+    example: tuple[Any, ...] | None = None
+    """One micro-batch's inputs as the first stage gets them (a pipeline's stages are shaped from it)."""
+
+    def config(self, name: str) -> dict[str, Any]:
+        """The planned config of part ``name`` (its own module asks for itself by name)."""
+        return next((p.config for p in self.plan.parts if p.name == name), {})
+
+    @property
+    def dp_size(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_world_size(self.dp_group) if self.dp_group is not None else 1
+
+
+def held_module(model: Any, path: str) -> Any:
+    """The module at ``path`` in ``model``, or None when the model does not hold it (a pipeline stage whose other
+    stages' layers were removed)."""
+    node = model
+    for part in path.split("."):
+        node = node._modules.get(part) if node is not None else None
+    return node

@@ -1,0 +1,87 @@
+"""The parallel parts, one module each, and what every part says about itself (torchtitan's parallelize order).
+
+A part owns its knowledge: the intents it cannot take and why (``problems``; a data-parallel part also answers
+``cannot``, which the choice filters by), its config (what the plan shows and the rank applies), the memory it leaves
+on each rank, how a rank applies it (``apply``, which imports torch lazily) and the format of its part of a
+checkpoint. Parts apply in the order of ``SLOTS`` on one DeviceMesh: tensor parallel (tp) -> recompute ->
+data parallel (dp: ddp | fsdp | deepspeed) -> pipeline (pp). The pipeline cuts the model into its stages before the
+others apply (each part then applies to a stage's module, as torchtitan does) and drives the schedule last.
+
+Names are compared here and in the parts' own modules only; everywhere else a part is asked for what it knows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from launcher.parallel.intents import Intents
+
+SLOTS = ("tensor_parallel", "recompute", "data_parallel", "pipeline")
+"""The order parts apply in; a run has at most one part per slot and always one data-parallel part."""
+
+DCP = "dcp"
+"""torch.distributed.checkpoint: sharded tensors saved with their global shapes, loadable on another layout."""
+DEEPSPEED = "deepspeed"
+"""DeepSpeed's own checkpoint files: resumable on the layout they were saved with."""
+
+
+class Part(Protocol):
+    name: str
+    slot: str
+    """Where it applies: one of SLOTS."""
+    dims: tuple[str, ...]
+    """The mesh dims it uses."""
+    checkpoint: str
+    """The format of its part of a checkpoint: DCP or DEEPSPEED."""
+
+    def problems(self, i: Intents) -> list[str]:
+        """What it cannot do with these intents: true impossibilities, one sentence each with the reason and a fix."""
+
+    def config(self, i: Intents) -> dict[str, Any]:
+        """What it emits (shown in the dry run, applied in the ranks)."""
+
+    def why(self, i: Intents) -> str:
+        """The intent it compiles, in words."""
+
+    def apply(self, chunks: list[Any], rt: Any) -> None:
+        """In a rank: apply itself to each model chunk (a pipeline stage's module, or the whole model), in place."""
+
+
+class DataParallelPart(Part, Protocol):
+    """The extra questions the choice asks a data-parallel part."""
+
+    client_optimizer: bool
+    """It can wrap an optimizer the user built before it applied (a script's runtime.prepare())."""
+
+    def cannot(self, i: Intents) -> str:
+        """'' when it can run these intents, else why not (one clause)."""
+
+    def zero_stage(self, i: Intents) -> int:
+        """The ZeRO stage it runs (what the plan and the checkpoint record)."""
+
+    def memory(self, i: Intents, params: int) -> tuple[Any, Any]:
+        """(host, device) Bytes per rank of ``params`` dense parameters, their gradients and optimizer states."""
+
+    def ops(self, i: Intents) -> tuple[str, ...]:
+        """C++ ops its ranks JIT-load (built once by the launcher)."""
+
+
+def _parts() -> dict[str, Part]:
+    from launcher.parallel.ddp import PART as ddp
+    from launcher.parallel.deepspeed import PART as deepspeed
+    from launcher.parallel.fsdp import PART as fsdp
+    from launcher.parallel.pipeline import PART as pipeline
+    from launcher.parallel.recompute import PART as recompute
+    from launcher.parallel.tensor_parallel import PART as tensor_parallel
+
+    return {p.name: p for p in (tensor_parallel, recompute, ddp, fsdp, deepspeed, pipeline)}
+
+
+PARTS: dict[str, Part] = _parts()
+
+DATA_PARALLEL: tuple[str, ...] = tuple(n for n, p in PARTS.items() if p.slot == "data_parallel")
+"""The data-parallel parts, in the order auto prefers them when several can run the intents."""
+
+
+def slot_of(name: str) -> str:
+    return PARTS[name].slot

@@ -1,0 +1,85 @@
+"""``TableLookup``: what stands where a model's ``nn.Embedding`` / ``nn.EmbeddingBag`` was once its table trains in a
+table store, and ``build_tables``, which makes the swap (the model's own code does not change)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from launcher.parallel.rank import held_module
+
+from launcher.plan import TablePlan
+from launcher.tables.replicated import ReplicatedTables
+from launcher.tables.store import TableStore
+
+
+class TableLookup(nn.Module):
+    """Stands in for an ``nn.Embedding`` or ``nn.EmbeddingBag`` whose table lives in a TableStore: same call, same
+    result, no parameters."""
+
+    def __init__(self, tables: TableStore, name: str, bag_mode: str | None = None,
+                 include_last_offset: bool = False) -> None:
+        super().__init__()
+        self._tables = [tables]  # a list: not a submodule, not in state_dict
+        self.name, self.bag_mode, self.include_last_offset = name, bag_mode, include_last_offset
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        rows = self._tables[0].lookup(self.name, ids)
+        if self.bag_mode is None:
+            return rows
+        # EmbeddingBag: reduce the looked-up rows per bag on the compute device; each looked-up row is its own
+        # "table row" here, so the gradient comes back per lookup, as from nn.Embedding.
+        flat = rows.reshape(-1, rows.shape[-1])
+        if ids.dim() == 2:
+            if offsets is not None:
+                raise ValueError("if input is 2D, then offsets has to be None (as nn.EmbeddingBag says)")
+            offsets = torch.arange(0, ids.numel(), ids.shape[1], device=flat.device)
+        index = torch.arange(flat.shape[0], device=flat.device)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.reshape(-1).to(flat.device, flat.dtype)
+        return F.embedding_bag(index, flat, offsets.to(flat.device), mode=self.bag_mode,
+                               per_sample_weights=per_sample_weights, include_last_offset=self.include_last_offset)
+
+    def extra_repr(self) -> str:
+        t = self._tables[0].tables[self.name]
+        return f"{self.name}: {t.plan.rows}x{t.plan.dim} on {t.plan.location}, {t.plan.optimizer}"
+
+
+def movable(m: nn.Module) -> str:
+    """Why module ``m`` cannot be swapped for a TableLookup ('' when it can): the lookup reproduces nn.Embedding's
+    forward and backward and nn.EmbeddingBag's, not their extras."""
+    if not isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+        return f"it is a {type(m).__name__}, not an nn.Embedding or nn.EmbeddingBag"
+    if not m.weight.requires_grad:
+        return "its weight is frozen (requires_grad=False)"
+    if m.max_norm is not None:
+        return "it renormalises rows (max_norm)"
+    if m.scale_grad_by_freq:
+        return "it scales gradients by id frequency (scale_grad_by_freq)"
+    if isinstance(m, nn.EmbeddingBag) and m.padding_idx is not None:
+        return "an EmbeddingBag with padding_idx"
+    return ""
+
+
+def build_tables(models: list[nn.Module], plans: tuple[TablePlan, ...], compute: torch.device, dtype: torch.dtype,
+                 dp_group=None) -> ReplicatedTables | None:
+    """Take each planned table that ``models`` hold (by module path: a rank's pipeline stages, or the whole model)
+    out of them: its weight moves into a ReplicatedTables store, where the plan puts it, and a TableLookup takes
+    the module's place. The models are changed in place; None when they hold none of the tables."""
+    found = [(m, p, mod) for m in models for p in plans if (mod := held_module(m, p.name)) is not None]
+    if not found:
+        return None
+    for _, p, module in found:
+        why = movable(module)
+        if why:
+            raise TypeError(f"{p.name} cannot train outside the engine: {why}")
+    store = ReplicatedTables({p.name: mod.weight for _, p, mod in found}, tuple(p for _, p, _ in found), compute,
+                             dtype, dp_group, {p.name: mod.padding_idx for _, p, mod in found})
+    for model, p, module in found:
+        bag = module.mode if isinstance(module, nn.EmbeddingBag) else None
+        lookup = TableLookup(store, p.name, bag, getattr(module, "include_last_offset", False))
+        parent, _, leaf = p.name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, lookup)
+    return store

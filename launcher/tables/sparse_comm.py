@@ -1,0 +1,93 @@
+"""Average row-sparse gradients over data-parallel ranks: every rank ends with the same (rows, values) per table.
+
+``reduce_tables`` exchanges every table's gradient in one fixed sequence of three all-gathers (the counts, the rows,
+the values), whatever tables got gradients on this rank: a rank whose batch missed a table sends zero rows of it,
+so every rank issues the same collectives every step. Tables looked up with the same ids (Wide&Deep's two tables)
+travel and coalesce together when every rank says so: their rows are sent once and their values side by side.
+
+Coalescing is deterministic (CPU: index_add_ in index order; CUDA: stable sort + segment sum, no atomics) and every
+rank reduces the same gathered data in rank order, so every rank's copy of a table stays bit-identical.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def coalesce(rows: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique sorted rows and the sum of the values of each, in a deterministic order."""
+    if rows.numel() == 0:
+        return rows, values
+    if rows.device.type == "cpu":
+        # CPU index_add_ accumulates in index order (no atomics): deterministic, and 1.6x faster than the sort path.
+        unique, inverse = torch.unique(rows, sorted=True, return_inverse=True)
+        return unique, values.new_zeros(len(unique), *values.shape[1:]).index_add_(0, inverse, values)
+    order = torch.sort(rows, stable=True).indices
+    rows, values = rows[order], values[order]
+    unique, counts = torch.unique_consecutive(rows, return_counts=True)
+    summed = torch.segment_reduce(values, "sum", lengths=counts, axis=0)
+    return unique, summed
+
+
+def _all_gather(t: torch.Tensor, group, world: int) -> list[torch.Tensor]:
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t, group=group)
+    return out
+
+
+def _padded(parts: list[torch.Tensor], length: int, like: torch.Tensor) -> torch.Tensor:
+    flat = torch.cat(parts) if parts else like.new_zeros(0)
+    return torch.cat([flat, flat.new_zeros(length - flat.numel())])
+
+
+def reduce_tables(local: list[tuple[torch.Tensor, torch.Tensor] | None], dims: list[int], shares: list[int],
+                  group=None, device: torch.device | None = None) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+    """The mean over ``group`` of each table's row-sparse gradient. ``local[t]``: this rank's coalesced (rows,
+    values (rows, dims[t])) of table t, or None; ``shares[t]``: an earlier table whose rows table t's are on this
+    rank (-1: none). Returns per table its (rows, mean values), coalesced, or None when no rank had any."""
+    device = device or torch.device("cpu")
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    n_tables = len(local)
+    counts = [0 if x is None else len(x[0]) for x in local]
+    header = torch.tensor(counts + shares, dtype=torch.int64, device=device)
+    headers = torch.stack(_all_gather(header, group, world)) if world > 1 else header[None]
+    n, sh = headers[:, :n_tables].tolist(), headers[:, n_tables:].tolist()
+    fused = [s if s >= 0 and all(h[t] == s for h in sh) else -1 for t, s in enumerate(sh[0])]
+    send_rows = [t for t in range(n_tables) if fused[t] < 0]
+    empty_rows = torch.zeros(0, dtype=torch.int64, device=device)
+    empty_values = torch.zeros(0, dtype=torch.float32, device=device)
+    rows_len = max(sum(c[t] for t in send_rows) for c in n)
+    values_len = max(sum(c[t] * dims[t] for t in range(n_tables)) for c in n)
+    rows_out = _padded([local[t][0] for t in send_rows if local[t] is not None], rows_len, empty_rows)
+    values_out = _padded([x[1].reshape(-1) for x in local if x is not None], values_len, empty_values)
+    all_rows = _all_gather(rows_out, group, world) if world > 1 else [rows_out]
+    all_values = _all_gather(values_out, group, world) if world > 1 else [values_out]
+    per_rank = [_unpack(r, v, c, dims, send_rows) for r, v, c in zip(all_rows, all_values, n)]
+    out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_tables
+    for root in send_rows:
+        members = [root] + [t for t in range(n_tables) if fused[t] == root]
+        rows = torch.cat([rank_rows[root] for rank_rows, _ in per_rank])
+        if rows.numel() == 0:
+            continue
+        values = torch.cat([torch.cat([rank_values[t] for t in members], dim=1) for _, rank_values in per_rank])
+        rows, values = coalesce(rows, values)
+        values = values / world
+        start = 0
+        for t in members:
+            out[t] = (rows, values[:, start:start + dims[t]])
+            start += dims[t]
+    return out
+
+
+def _unpack(rows: torch.Tensor, values: torch.Tensor, counts: list[int], dims: list[int],
+            send_rows: list[int]) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+    """One rank's gathered buffers split back into each table's rows and values."""
+    out_rows, out_values, r, v = {}, {}, 0, 0
+    for t in send_rows:
+        out_rows[t] = rows[r:r + counts[t]]
+        r += counts[t]
+    for t, (c, d) in enumerate(zip(counts, dims)):
+        out_values[t] = values[v:v + c * d].view(c, d)
+        v += c * d
+    return out_rows, out_values

@@ -1,0 +1,40 @@
+"""The TableStore protocol: embedding tables trained outside the parallel parts, looked up from inside the model.
+
+A store owns its tables' weights and optimizer states, where the plan placed them (host or device): ``lookup`` gives
+a batch's rows to the model (as a leaf autograd tracks), ``collect`` keeps their gradients after a backward, ``step``
+exchanges them over the data-parallel group and updates the rows (or ``discard`` drops them when the network's step
+was skipped), and ``state_dict`` / ``load_state_dict`` hold everything a checkpoint needs. The model reaches a store
+through ``TableLookup`` modules (launcher/tables/lookup.py) that stand where its nn.Embedding / nn.EmbeddingBag were.
+
+``ReplicatedTables`` (replicated.py) keeps a whole copy of each table on every data-parallel rank, as MindSpore's
+host EmbeddingLookup does; a store that shards rows over ranks (a parameter server) implements the same protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+
+class TableStore(Protocol):
+    def lookup(self, name: str, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of table ``name`` on the compute device, shaped ids.shape + (dim,)."""
+
+    def collect(self, grad_scale: float = 1.0) -> None:
+        """After a backward: keep the looked-up rows' gradients, divided by ``grad_scale`` (an fp16 loss scale)."""
+
+    def step(self) -> bool:
+        """Exchange the kept gradients over the data-parallel group and update those rows (collective: every rank
+        calls it every step). False when nothing was updated (the gradients were not finite)."""
+
+    def discard(self) -> None:
+        """Drop the kept gradients (the network skipped its step)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Weights and optimizer states, by table name (references to the live tensors)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def digests(self) -> dict[str, str]:
+        """A hash of each table's weights (equal on every rank that holds a copy)."""

@@ -1,0 +1,51 @@
+"""Training precision in a rank: BatchNorm computes in fp32 when the rest of the model runs in bf16 or fp16.
+
+The parts that run bf16 (DeepSpeed, FSDP2's MixedPrecisionPolicy) cast parameters, not buffers, so a BatchNorm's
+weight arrives in bf16 beside its fp32 running statistics, which torch's batch_norm refuses ("expected scalar type
+BFloat16 but found Float"); low-precision running statistics would drift anyway. As MindSpore's amp O2 and Apex's
+keep_batchnorm_fp32 do, a BatchNorm here normalises in fp32 (input, weight, bias and running statistics) and hands
+its output on in the input's dtype; its gradients flow back in the parameters' dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+def _as_float(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.float() if t is not None and t.dtype != torch.float32 else t
+
+
+def _batchnorm_fp32(bn: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
+    """_BatchNorm.forward, in fp32 (its running statistics updated in place, in their own dtype)."""
+    factor = 0.0 if bn.momentum is None else bn.momentum
+    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+        factor = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+    use_batch = bn.training or (bn.running_mean is None and bn.running_var is None)
+    track = not bn.training or bn.track_running_stats
+    mean, var = (_as_float(bn.running_mean), _as_float(bn.running_var)) if track else (None, None)
+    y = F.batch_norm(x.float(), mean, var, _as_float(bn.weight), _as_float(bn.bias), use_batch, factor, bn.eps)
+    if track and mean is not None and mean is not bn.running_mean:  # low-precision buffers: the update lands there
+        bn.running_mean.copy_(mean)
+        bn.running_var.copy_(var)
+    return y.to(x.dtype)
+
+
+def keep_batchnorm_fp32(model: nn.Module) -> int:
+    """Make every BatchNorm of ``model`` compute in fp32 (in place); returns how many."""
+    count = 0
+    for m in model.modules():
+        if isinstance(m, _BatchNorm):
+            def forward(x: torch.Tensor, _bn: Any = m) -> torch.Tensor:
+                _bn._check_input_dim(x)
+                return _batchnorm_fp32(_bn, x)
+
+            m.forward = forward
+            count += 1
+    return count
