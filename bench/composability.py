@@ -11,8 +11,9 @@ the same way in one 1-rank job.
 
     .venv/bin/python bench/composability.py [--recipes gpt wide_deep] [--steps 3] [--json bench/results/matrix.json]
 
-Prints the matrix (markdown: per combination what ran, the data-parallel part chosen, the worst relative loss
-difference against one process) and the counts. The test (tests/integration/test_composability.py) runs the same and
+Prints the matrix (markdown: per combination the parts it ran on, the worst relative loss difference against one
+process, whether every rank holds the parameters, optimizer states and tables its plan estimates: a part that did
+not apply would train the one-process losses but hold the whole model) and the counts. The test (tests/integration/test_composability.py) runs the same and
 holds fp32 compositions to 1e-5 (1e-4 with tensor parallel) and bf16 ones to BF16_TOLERANCE.
 """
 
@@ -44,9 +45,10 @@ INTENTS: dict[str, list[str]] = {
 BASE = ["smoke=true", "batch.global_size=32", "batch.micro_batches=4", "eval.batches=1", "eval.max_batches=1"]
 """Every combination and its reference: the recipe's smoke shapes, one global batch of 32 in 4 micro-batches
 (dp 4: 2 samples each, one process: 8), one held-out batch."""
-FAST = {"gpt": ["optimizer.lr=0.05"], "wide_deep": ["optimizer.lr=0.02", "tables.deep_embedding.lr=0.05"]}
-"""Learning rates at which every step moves the loss by far more than the tolerances: a layout whose step did the
-wrong thing (or nothing) cannot hide inside them."""
+FAST = {"gpt": ["optimizer.lr=0.01"], "wide_deep": ["optimizer.lr=0.02", "tables.deep_embedding.lr=0.05"]}
+"""Learning rates at which every step moves the loss by far more than the fp32 tolerances (gpt ~0.3 % a step,
+wide_deep 2-3 %): a layout whose step did the wrong thing (or nothing) cannot hide inside them. In bf16 only
+wide_deep's steps move the loss by more than BF16_TOLERANCE."""
 WORLD = 4
 FP32_TOLERANCE, TP_TOLERANCE = 1e-5, 1e-4
 BF16_TOLERANCE = 5e-3
@@ -65,8 +67,9 @@ def combinations() -> list[tuple[str, ...]]:
     return [(n,) for n in names] + pairs
 
 
-LAYOUT = ("pp 2", "tp 2")
-"""Intents a one-process reference cannot have (they need several ranks)."""
+ONE_PROCESS = ["parallel.pipeline_stages=1", "parallel.tp=1"]
+"""What a one-process reference sets: the layout a single rank can have (a recipe's own pipeline goes too)."""
+LAYOUT_KEYS = ("parallel.pipeline_stages=", "parallel.tp=")
 
 
 def key(recipe: str, combo: tuple[str, ...], data_parallel: str = "") -> str:
@@ -74,14 +77,15 @@ def key(recipe: str, combo: tuple[str, ...], data_parallel: str = "") -> str:
     return f"{recipe}: {' + '.join(combo) or 'nothing'}{part}"
 
 
-def reference_of(combo: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(n for n in combo if n not in LAYOUT)
+def reference_of(combo: tuple[str, ...], intents: dict[str, list[str]]) -> tuple[str, ...]:
+    """The combination without the intents that need several ranks (tensor parallel, pipeline stages)."""
+    return tuple(n for n in combo if not any(o.startswith(LAYOUT_KEYS) for o in intents[n]))
 
 
-def plan_all(recipe: str, world: int, combos: list[tuple[str, ...]],
+def plan_all(recipe: str, world: int, combos: list[tuple[str, ...]], intents: dict[str, list[str]] = INTENTS,
              data_parallel: dict[tuple[str, ...], str] | None = None) -> tuple[dict, dict]:
     """({key: plan as a dict}, {key: the refusal's problems}) as the launcher plans them; ``data_parallel``: the
-    data-parallel part to force per combination (a reference runs the part its combination got)."""
+    data-parallel part to force per combination (a one-process reference runs the part its combination got)."""
     from launcher.config import compose_config
     from launcher.errors import ConfigError
     from launcher.launch.host import probe_host
@@ -92,8 +96,9 @@ def plan_all(recipe: str, world: int, combos: list[tuple[str, ...]],
     plans, refused = {}, {}
     for combo in combos:
         dp = (data_parallel or {}).get(combo, "")
+        reference = [*ONE_PROCESS, f"parallel.data_parallel={dp}"] if dp else []
         overrides = [f"recipe={recipe}", *BASE, *FAST.get(recipe, []), f"cluster.nproc_per_node={world}",
-                     *(o for name in combo for o in INTENTS[name]), *([f"parallel.data_parallel={dp}"] if dp else [])]
+                     *(o for name in combo for o in intents[name]), *reference]
         try:
             cfg = compose_config(overrides)
             plans[key(recipe, combo, dp)] = plan_launch(cfg, host, gather_facts(cfg)).to_dict()
@@ -126,31 +131,35 @@ def worst(losses: list[float], reference: list[float]) -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
 
 
-def tolerance(combo: tuple[str, ...]) -> float:
-    if "bf16" in combo:
+def tolerance(plan: dict) -> float:
+    if plan["precision"] != "fp32":
         return BF16_TOLERANCE
-    return TP_TOLERANCE if "tp 2" in combo else FP32_TOLERANCE
+    return TP_TOLERANCE if plan["dims"]["tp"] > 1 else FP32_TOLERANCE
 
 
-def run(recipes: list[str], steps: int, workdir: Path) -> dict:
-    """Plan, train and compare: {"rows": [...], "refused": {...}} for every recipe."""
-    combos = combinations()
+def run(recipes: list[str], steps: int, workdir: Path, intents: dict[str, list[str]] = INTENTS,
+        combos: list[tuple[str, ...]] | None = None, world: int = WORLD) -> dict:
+    """Plan, train and compare: {"rows": [...], "refused": {...}} for every recipe and combination of ``intents``
+    (by default each alone and every pair), on ``world`` ranks against one process."""
+    combos = combos if combos is not None else combinations()
     ref_plans, matrix_plans, refused, ref_key = {}, {}, {}, {}
     for recipe in recipes:
-        planned, no = plan_all(recipe, WORLD, combos)
+        planned, no = plan_all(recipe, world, combos, intents)
         matrix_plans.update(planned)
         refused.update(no)
+        pairs = set()
         for combo in combos:
             if key(recipe, combo) in planned:
-                ref_key[key(recipe, combo)] = key(recipe, reference_of(combo),
-                                                  data_parallel_of(planned[key(recipe, combo)]))
-        for combo, dp in sorted(_reference_pairs(planned, recipe, combos)):
-            refs_planned, refs_refused = plan_all(recipe, 1, [combo], {combo: dp})
+                pair = (reference_of(combo, intents), data_parallel_of(planned[key(recipe, combo)]))
+                ref_key[key(recipe, combo)] = key(recipe, *pair)
+                pairs.add(pair)
+        for combo, dp in sorted(pairs):
+            refs_planned, refs_refused = plan_all(recipe, 1, [combo], intents, {combo: dp})
             ref_plans.update(refs_planned)
             refused.update(refs_refused)
     t0 = time.perf_counter()
     refs = train(ref_plans, 1, steps, workdir)
-    results = train(matrix_plans, WORLD, steps, workdir)
+    results = train(matrix_plans, world, steps, workdir)
     rows = []
     for recipe in recipes:
         for combo in combos:
@@ -163,9 +172,34 @@ def run(recipes: list[str], steps: int, workdir: Path) -> dict:
             got = results[k]
             parts = "+".join(p["name"] for p in matrix_plans[k]["parts"])
             rows.append({**row, "status": "trained", "parts": parts, "losses": got["losses"], "reference": ref,
-                         "worst": worst(got["losses"], ref), "tolerance": tolerance(combo), "eval": got["eval"],
+                         "worst": worst(got["losses"], ref), "tolerance": tolerance(matrix_plans[k]),
+                         "eval": got["eval"], "held": got["held"], "planned": planned_bytes(matrix_plans[k]),
                          "seconds": got["seconds"]})
     return {"rows": rows, "refused": refused, "seconds": round(time.perf_counter() - t0, 1), "steps": steps}
+
+
+KINDS = ("params", "optimizer", "tables")
+
+
+def planned_bytes(plan: dict) -> list[dict[str, int]]:
+    """Per rank, the plan's estimate of the bytes of parameters, optimizer states and tables it holds (host and
+    device together): with a pipeline, its stages' (summed over the stages the rank runs)."""
+    m, p = plan["memory"], plan["pipeline"]
+    whole = {k: m["host"][k] + m["device"][k] for k in KINDS}
+    if p is None:
+        return [whole] * plan["world_size"]
+    out = []
+    for r in plan["ranks"]:
+        mine = [s for s in p["stages"] if s["index"] % p["ranks"] == r["coords"]["pp"]]
+        out.append({k: sum(s["bytes"][k] for s in mine) for k in KINDS})
+    return out
+
+
+def held_as_planned(row: dict, slack: float = 0.05) -> bool:
+    """Every rank holds the parameters, optimizer states and tables the plan says, within ``slack`` (FSDP2 pads a
+    shard to equal sizes; DeepSpeed pads its flat partitions)."""
+    return all(abs(h[k] - p[k]) <= slack * max(p[k], 1) + 64 for h, p in zip(row["held"], row["planned"])
+               for k in KINDS)
 
 
 def data_parallel_of(plan: dict) -> str:
@@ -174,28 +208,26 @@ def data_parallel_of(plan: dict) -> str:
     return next(p["name"] for p in plan["parts"] if p["name"] in DATA_PARALLEL)
 
 
-def _reference_pairs(planned: dict, recipe: str, combos: list[tuple[str, ...]]) -> set[tuple[tuple[str, ...], str]]:
-    """(combination without its layout intents, data-parallel part) of every planned combination: the one-process
-    runs its losses are compared with."""
-    return {(reference_of(c), data_parallel_of(planned[key(recipe, c)])) for c in combos if key(recipe, c) in planned}
-
-
 def table(result: dict) -> str:
-    lines = ["| combination | parts | losses (step 1 → last) | worst rel. Δloss vs 1 process | allowed | eval |",
-             "|---|---|---|---:|---:|---|"]
+    lines = ["| combination | parts | losses (step 1 → last) | worst rel. Δloss vs 1 process | allowed | holds what "
+             "the plan says | eval |", "|---|---|---|---:|---:|---|---|"]
     for r in result["rows"]:
         if r["status"] == "refused":
-            lines.append(f"| {r['key']} | refused: {' '.join(r['why'])} | | | | |")
+            lines.append(f"| {r['key']} | refused: {' '.join(r['why'])} | | | | | |")
             continue
         ev = r["eval"] or {}
         shown = ", ".join(f"{m} {ev[m]:.3f}" for m in ("loss", "auc") if m in ev)
+        mib = max(h["params"] + h["optimizer"] + h["tables"] for h in r["held"]) / 2**10
+        holds = f"yes ({mib:.0f} KiB/rank)" if held_as_planned(r) else "NO"
         lines.append(f"| {r['key']} | {r['parts']} | {r['losses'][0]:.4f} → {r['losses'][-1]:.4f} | "
-                     f"{r['worst']:.1e} | {r['tolerance']:.0e} | {shown} |")
+                     f"{r['worst']:.1e} | {r['tolerance']:.0e} | {holds} | {shown} |")
     trained = sum(r["status"] == "trained" for r in result["rows"])
     within = sum(r["status"] == "trained" and r["worst"] <= r["tolerance"] for r in result["rows"])
+    holding = sum(r["status"] == "trained" and held_as_planned(r) for r in result["rows"])
     lines.append(f"\n{len(result['rows'])} combinations: {trained} plan and train ({within} within their tolerance "
-                 f"of one process), {len(result['refused'])} refused; {result['steps']} steps each, "
-                 f"{result['seconds']} s to train them all")
+                 f"of one process, {holding} with every rank holding the bytes its plan estimates), "
+                 f"{len(result['refused'])} refused; {result['steps']} steps each, {result['seconds']} s to train "
+                 f"them all")
     return "\n".join(lines)
 
 

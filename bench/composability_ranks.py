@@ -6,7 +6,8 @@ DeepSpeed are set up once for all plans: that is what lets a test train some eig
 
     python bench/composability_ranks.py PLANS.json OUT.json STEPS
 
-Writes OUT.json (rank 0): {key: {"losses": [mean over dp, per step], "eval": {...}, "seconds": s}}. A plan that fails
+Writes OUT.json (rank 0): {key: {"losses": [mean over dp, per step], "eval": {...}, "held": [per rank: the bytes of
+parameters, optimizer states and tables it holds], "seconds": s}}. A plan that fails
 on a rank writes OUT.json.error.<rank> (the plan's key and the traceback) and ends the rank with exit code 1: the
 launcher then stops the others (which would wait in a collective the failed rank never issues).
 """
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.plan import LaunchPlan
+from launcher.worker.accounting import measure_memory
 from launcher.worker.evaluate import mean_over
 from launcher.worker.mesh import build_mesh
 from launcher.worker.train import build_trainer
@@ -35,9 +37,12 @@ def run_plan(plan: LaunchPlan, rank: int, steps: int) -> dict:
     mesh, dp = build_mesh(plan.dims, "cpu")
     trainer = build_trainer(plan, dp, torch.device("cpu"), rank, mesh)
     losses = [mean_over(trainer.train_step(), dp) for _ in range(steps)]
+    held = measure_memory(trainer.engine, trainer.tables, plan.placement)  # what this rank holds after a step
     result = {"losses": losses, "eval": trainer.evaluate() if plan.eval_batches else None}
-    dist.barrier()
-    return {**result, "seconds": round(time.perf_counter() - t0, 2)}
+    mine = {kind: held["host"][kind] + held["device"][kind] for kind in ("params", "optimizer", "tables")}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return {**result, "held": every, "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def main(plans_path: str, out_path: str, steps: int) -> None:

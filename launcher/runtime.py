@@ -169,7 +169,7 @@ def _build_engine(plan: RuntimePlan, model: nn.Module, optimizer: torch.optim.Op
         plan = dataclasses.replace(plan, parts=parts)
     rt = RankContext(plan=dataclasses.replace(plan, backend=dist.get_backend()), mesh=None, device=_S.device,
                      dp_group=dist.group.WORLD, rank=rank())
-    return apply_parts([Chunk(module=model, layers=[])], rt, lambda _params: optimizer)
+    return apply_parts([Chunk(module=model, paths=[])], rt, lambda _params: optimizer)
 
 
 def _with_group_settings(t, model: nn.Module, optimizer: torch.optim.Optimizer, configured: bool):
@@ -204,6 +204,7 @@ def _write_prepared(rank_dir: RankDir, tables) -> None:
     ds = getattr(_S.engine, "_ds", None)
     opt = _S.engine.optimizer
     info = {
+        "parts": [p.name for p in _S.plan.parts],
         "engine": type(_S.engine).__name__,
         "zero_stage": ds.zero_optimization_stage() if ds is not None else 0,
         "offload_optimizer": bool(getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)),
@@ -303,7 +304,7 @@ def backward(loss: torch.Tensor) -> None:
     _need_prepare()
     _S.engine.backward(loss)
     if _S.tables is not None:
-        _S.tables.collect_grads(_S.engine.loss_scale)
+        _S.tables.collect(_S.engine.loss_scale)
 
 
 def step() -> None:

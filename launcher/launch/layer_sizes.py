@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from launcher.parallel.rank import layer_paths
+
 
 def layer_sizes(layers: list[tuple[str, nn.Module]]) -> tuple[dict[str, int], tuple[tuple[tuple[str, ...], int], ...]]:
     """({layer: parameters}, ((paths of one shared weight, its elements), ...)). A weight used by two layers counts
@@ -22,12 +24,6 @@ def layer_sizes(layers: list[tuple[str, nn.Module]]) -> tuple[dict[str, int], tu
     return counts, tied
 
 
-def layer_paths(model: nn.Module, layers: list[tuple[str, nn.Module]]) -> dict[str, str]:
-    """layer name -> its module path in ``model``."""
-    where = {id(m): path for path, m in model.named_modules()}
-    return {name: where[id(m)] for name, m in layers}
-
-
 def layer_facts(recipe, model_spec: dict) -> tuple[dict[str, int], tuple[tuple[tuple[str, ...], int], ...],
                                                    dict[str, str]]:
     """``layer_sizes`` and ``layer_paths`` of a recipe's model (``model_spec``) built on meta."""
@@ -37,4 +33,4 @@ def layer_facts(recipe, model_spec: dict) -> tuple[dict[str, int], tuple[tuple[t
     with torch.device("meta"):
         model = instantiate(model_spec)
     layers = recipe.layers(model)
-    return (*layer_sizes(layers), layer_paths(model, layers))
+    return (*layer_sizes(layers), dict(layer_paths(model, layers)))

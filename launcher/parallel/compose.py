@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from launcher.parallel.engine import Engine, NoOptimizer, Optimizers, TorchEngine
-from launcher.parallel.rank import Chunk, RankContext
+from launcher.parallel.rank import Chunk, RankContext, layer_paths
 from launcher.parallel.registry import PARTS
 
 
@@ -31,7 +31,9 @@ def data_parallel_part(plan: Any) -> Any:
 def split(model: nn.Module, layers: list[tuple[str, nn.Module]], rt: RankContext) -> list[Chunk]:
     """This rank's chunks: its pipeline stages, or the whole model."""
     pipeline = next((p for p in _parts(rt.plan) if p.slot == "pipeline"), None)
-    return pipeline.split(model, layers, rt) if pipeline is not None else [Chunk(module=model, layers=list(layers))]
+    if pipeline is not None:
+        return pipeline.split(model, layers, rt)
+    return [Chunk(module=model, paths=layer_paths(model, layers))]
 
 
 def apply_parts(chunks: list[Chunk], rt: RankContext,

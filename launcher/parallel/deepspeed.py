@@ -23,7 +23,7 @@ from typing import Any
 from launcher.parallel.intents import Intents
 from launcher.parallel.registry import DEEPSPEED
 from launcher.plan.memory import WIDTH, Bytes, shard, state_floats
-from launcher.plan.registry import DENSE_OPTIMIZERS
+from launcher.plan.registry import CPU_OPTIMIZERS, DENSE_OPTIMIZERS
 
 _SKIP = object()  # a row that does not apply to this plan emits nothing
 
@@ -43,7 +43,8 @@ _ROWS: list[tuple[str, Callable[[Intents], Any]]] = [
      lambda i: {"device": "cpu", "pin_memory": i.pin_memory} if i.offload_params else _SKIP),
     # A torch optimizer stepping on DeepSpeed's host partitions (as fast as DeepSpeedCPUAdam, no JIT build: README
     # "Performance"); DeepSpeed refuses a client optimizer with offload unless told otherwise.
-    ("zero_force_ds_cpu_optimizer", lambda i: False if i.offload_optimizer and i.cpu_impl == "torch" else _SKIP),
+    ("zero_force_ds_cpu_optimizer",
+     lambda i: False if i.offload_optimizer and not CPU_OPTIMIZERS[i.cpu_impl].impl else _SKIP),
     ("zero_allow_untested_optimizer",
      lambda i: PART.zero_stage(i) > 0 and not DENSE_OPTIMIZERS.get(i.optimizer, DENSE_OPTIMIZERS["sgd"]).zero_tested),
     ("bf16.enabled", lambda i: i.precision == "bf16"),
@@ -109,8 +110,8 @@ class DeepSpeedZeRO:
 
     def ops(self, i: Intents) -> tuple[str, ...]:
         ops = ("deepspeed_shm_comm",) if i.device_type == "cpu" else ()  # DeepSpeed's CPU accelerator loads it
-        if i.offload_optimizer and i.cpu_impl == "deepspeed":
-            ops += ("cpu_adam",)
+        if i.offload_optimizer and CPU_OPTIMIZERS[i.cpu_impl].op:
+            ops += (CPU_OPTIMIZERS[i.cpu_impl].op,)
         return ops
 
     # -- in a rank ---------------------------------------------------------------------------------------------------

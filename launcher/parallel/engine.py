@@ -71,6 +71,15 @@ class Unscaled:
         return False
 
 
+def reshard(modules: list[nn.Module]) -> None:
+    """Back to sharded parameters after an evaluation: an FSDP2 unit that keeps its gathered parameters from forward
+    to backward (reshard_after_forward=False) would otherwise hold the whole layer until the next backward."""
+    for m in modules:
+        for sub in m.modules():
+            if hasattr(sub, "reshard") and hasattr(sub, "unshard"):  # FSDP2's FSDPModule
+                sub.reshard()
+
+
 def broadcast_buffers(modules: list[nn.Module], group: Any) -> None:
     """Buffers (BatchNorm's running statistics) from dp rank 0 to the dp group: each replica's follow its own batches,
     and a checkpoint holds one copy (collective over the group)."""
@@ -215,6 +224,7 @@ class TorchEngine(Unscaled):
             self.optimizer.zero_grad(set_to_none=True)
 
     def train(self, mode: bool = True) -> Any:
+        reshard([self.module])
         return self.module.train(mode)
 
     def eval(self) -> Any:

@@ -24,6 +24,7 @@ from typing import Any
 from launcher.parallel.intents import Intents
 from launcher.parallel.registry import DCP
 from launcher.plan.memory import Bytes, shard, state_floats
+from launcher.plan.registry import CPU_OPTIMIZERS
 
 
 class ShardedDataParallel:
@@ -36,7 +37,7 @@ class ShardedDataParallel:
     def cannot(self, i: Intents) -> str:
         if i.precision == "fp16":
             return "fp16 needs a loss scaler, which only the deepspeed part brings here"
-        if i.offload_optimizer and i.cpu_impl == "deepspeed":
+        if i.offload_optimizer and CPU_OPTIMIZERS[i.cpu_impl].flat_partitions:
             return ("optimizer.cpu_impl=deepspeed runs DeepSpeedCPUAdam on DeepSpeed's flat fp32 partitions, not on "
                     "FSDP2's DTensor shards")
         if i.client_optimizer:

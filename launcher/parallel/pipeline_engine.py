@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from launcher.parallel.engine import Unscaled, broadcast_buffers, load_dcp, save_dcp
+from launcher.parallel.engine import Unscaled, broadcast_buffers, load_dcp, reshard, save_dcp
 from launcher.parallel.pipeline_stages import stage_examples
 from launcher.rundir import CheckpointDir
 
@@ -125,6 +125,7 @@ class PipelineEngine(Unscaled):
         raise RuntimeError("a pipeline runs whole steps: call train_batch() (one stage has no forward of the model)")
 
     def train(self, mode: bool = True) -> Any:
+        reshard([c.module for c in self.chunks])
         return self.module.train(mode)
 
     def eval(self) -> Any:

@@ -19,14 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from launcher.parallel.rank import Chunk
+from launcher.parallel.rank import Chunk, layer_paths
 from launcher.plan.pipeline import PipelinePlan, StagePlan
-
-
-def _paths(model: nn.Module, layers: list[tuple[str, nn.Module]]) -> dict[str, str]:
-    """layer name -> its module path in ``model``."""
-    where = {id(m): path for path, m in model.named_modules()}
-    return {name: where[id(m)] for name, m in layers}
 
 
 def _remove(model: nn.Module, path: str) -> None:
@@ -34,8 +28,11 @@ def _remove(model: nn.Module, path: str) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, None)
 
 
-def _chain(layers: list[nn.Module]):
+def _chain(module: nn.Module, paths: list[str]):
+    """The stage's layers one after the other, each looked up at its path when it runs (a part may replace it)."""
+
     def forward(*args: Any) -> Any:
+        layers = [module.get_submodule(p) for p in paths]
         x = layers[0](*args)
         for layer in layers[1:]:
             x = layer(x)
@@ -49,17 +46,17 @@ def stage_chunk(module: nn.Module, paths: dict[str, str], plan: PipelinePlan, st
     for name, path in paths.items():
         if name not in stage.layers:
             _remove(module, path)
-    kept = [(name, module.get_submodule(paths[name])) for name in stage.layers]
+    kept = [(name, paths[name]) for name in stage.layers]
     if plan.split == "chain":
-        module.forward = _chain([m for _, m in kept])
-    return Chunk(module=module, layers=kept, stage=stage.index)
+        module.forward = _chain(module, [p for _, p in kept])
+    return Chunk(module=module, paths=kept, stage=stage.index)
 
 
 def split_model(model: nn.Module, layers: list[tuple[str, nn.Module]], plan: PipelinePlan,
                 pp_rank: int) -> list[Chunk]:
     """The chunks of pipeline rank ``pp_rank``: one per stage it runs (a copy of the model each when it runs
     several), in stage order."""
-    paths = _paths(model, layers)
+    paths = dict(layer_paths(model, layers))
     local = [s for s in plan.stages if plan.rank_of(s.index) == pp_rank]
     return [stage_chunk(model if len(local) == 1 else copy.deepcopy(model), paths, plan, s) for s in local]
 
@@ -73,7 +70,7 @@ def stage_examples(model_spec: dict[str, Any], layers_of: Any, plan: PipelinePla
     with torch.device("meta"):
         whole = instantiate(model_spec)
     whole.to(dtype)
-    paths = _paths(whole, layers_of(whole))
+    paths = dict(layer_paths(whole, layers_of(whole)))
     state = tuple(t.to("meta", dtype=dtype if t.is_floating_point() else t.dtype) for t in inputs)
     out = {}
     with torch.enable_grad():

@@ -15,12 +15,18 @@ from typing import Any
 class Chunk:
     module: Any
     """The nn.Module the parts change in place (its state_dict names are the whole model's)."""
-    layers: list[tuple[str, Any]]
-    """The recipe's layers() it holds, by name, in forward order."""
+    paths: list[tuple[str, str]]
+    """The recipe's layers() it holds: (name, module path), in forward order."""
     stage: int = 0
     """Its pipeline stage (0 without a pipeline)."""
     call: Callable[..., Any] | None = None
     """What the forward goes through when a part wraps the module (torch DDP); None = the module itself."""
+
+    @property
+    def layers(self) -> list[tuple[str, Any]]:
+        """(name, module) of its layers, looked up now: a part may have put another module at a layer's path (op-level
+        sharding replaces a Linear), so a module taken before is not the one that runs."""
+        return [(name, held_module(self.module, path)) for name, path in self.paths]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return (self.call or self.module)(*args, **kwargs)
@@ -62,3 +68,9 @@ def held_module(model: Any, path: str) -> Any:
     for part in path.split("."):
         node = node._modules.get(part) if node is not None else None
     return node
+
+
+def layer_paths(model: Any, layers: list[tuple[str, Any]]) -> list[tuple[str, str]]:
+    """(layer name, its module path in ``model``) of a recipe's layers() (gpt's block.0 is at blocks.0)."""
+    where = {id(m): path for path, m in model.named_modules()}
+    return [(name, where[id(m)]) for name, m in layers]

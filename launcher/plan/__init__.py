@@ -157,8 +157,14 @@ def _pipeline(cfg: DictConfig, dims: ParallelDims | None, batch: BatchPlan | Non
                             f"count its layers' parameters. Check the model's settings, or set "
                             f"parallel.pipeline_stages=1.")
         return None
+    schedule = par.schedule
+    if schedule == "1f1b" and batch.grad_accum < dims.pp:  # torch's Schedule1F1B needs M >= P
+        schedule = "gpipe"
+        notes.append(f"parallel.schedule=1f1b -> gpipe: with {batch.grad_accum} micro-batch(es) on {dims.pp} stages "
+                     f"1F1B never reaches its steady state and runs as GPipe does (torch's Schedule1F1B needs "
+                     f"batch.micro_batches >= {dims.pp})")
     pipeline, found = plan_pipeline(dims.pp, batch.grad_accum, dict(par.stages), par.partition, sizes.layers,
-                                    sizes.layer_params, sizes.tied, par.schedule, par.stages_per_rank,
+                                    sizes.layer_params, sizes.tied, schedule, par.stages_per_rank,
                                     getattr(recipe, "pipeline_split", "chain"))
     problems += found
     if pipeline is not None and batch.grad_accum < len(pipeline.stages) // pipeline.stages_per_rank:

@@ -44,7 +44,9 @@ def estimate_run(i: Any, dp_part: Any, placement: PlacementPlan, tp_saved: dict[
         if per_sample:
             act = s.in_flight * sum(round((per_sample[n]["inputs"] if n in recompute else per_sample[n]["saved"])
                                           * micro) for n in s.layers)
-        stages.append(dataclasses.replace(s, state_bytes=est.device.total + est.host.total, activation_bytes=act))
+        kinds = {k: getattr(est.host, k) + getattr(est.device, k) for k in dataclasses.asdict(est.host)}
+        stages.append(dataclasses.replace(s, state_bytes=est.device.total + est.host.total, bytes=kinds,
+                                          activation_bytes=act))
         r = pipeline.rank_of(s.index)  # a rank with several stages (interleaved) holds them all
         if r in per_rank:
             h, d = per_rank[r]

@@ -34,7 +34,9 @@ class StagePlan:
     """Micro-batches whose activations this stage keeps at once: M under GPipe, min(P - rank, M) under 1F1B, the
     warm-up's share of its rank under interleaved 1F1B."""
     state_bytes: int = 0
-    """Estimated bytes of its parameters, gradients and optimizer states, per rank."""
+    """Estimated bytes of its parameters, gradients, optimizer states, tables and table states, per rank."""
+    bytes: dict[str, int] | None = None
+    """The same by kind (params, grads, optimizer, tables, table_states), host and device together."""
     activation_bytes: int | None = None
     """Estimated bytes of the activations it keeps for the backward (in_flight micro-batches, recompute applied);
     None when not estimated."""

@@ -12,11 +12,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, unknown
+from launcher.plan.registry import CPU_OPTIMIZERS, DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, unknown
 from launcher.plan.values import number_problems
 from launcher.schema import TableConfig
 
-CPU_IMPLS = ("torch", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -150,13 +149,14 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, d
     target = o.target.lower()
     if target not in ("device", "cpu"):
         problems.append(f"optimizer.target={o.target} must be device or CPU.")
-    if o.cpu_impl not in CPU_IMPLS:
-        problems.append(unknown("optimizer.cpu_impl", o.cpu_impl, CPU_IMPLS))
+    if o.cpu_impl not in CPU_OPTIMIZERS:
+        problems.append(unknown("optimizer.cpu_impl", o.cpu_impl, CPU_OPTIMIZERS))
     offload_opt = target == "cpu"
     if offload_opt and stage == 0:
         stage = 2
         notes.append("optimizer.target=CPU needs ZeRO (offload_optimizer): zero.stage 0 -> 2")
-    if offload_opt and o.cpu_impl == "deepspeed" and not DENSE_OPTIMIZERS.get(o.name, DENSE_OPTIMIZERS["sgd"]).ds_cpu_adam:
+    cpu = CPU_OPTIMIZERS.get(o.cpu_impl)
+    if offload_opt and cpu is not None and cpu.impl and not DENSE_OPTIMIZERS.get(o.name, DENSE_OPTIMIZERS["sgd"]).ds_cpu_adam:
         problems.append(
             f"optimizer.cpu_impl=deepspeed runs DeepSpeedCPUAdam, which needs optimizer.name=adam or adamw; got "
             f"optimizer.name={o.name}. Set optimizer.cpu_impl=torch."

@@ -65,6 +65,24 @@ TABLE_OPTIMIZERS: dict[str, TableOptimizer] = {
 }
 
 
+@dataclass(frozen=True)
+class CpuOptimizer:
+    """optimizer.cpu_impl: what steps the dense optimizer when it lives on the host (optimizer.target=CPU)."""
+
+    impl: str
+    """Dotted path of the class; '' = the dense optimizer's own torch class (DENSE_OPTIMIZERS)."""
+    op: str
+    """The DeepSpeed C++ op it JIT-loads ('' = none)."""
+    flat_partitions: bool
+    """It steps DeepSpeed's flat fp32 partitions only (the deepspeed part's offload), not DTensor shards."""
+
+
+CPU_OPTIMIZERS: dict[str, CpuOptimizer] = {
+    "torch": CpuOptimizer("", "", False),  # torch's fused CPU kernel: as fast here, no JIT build (README P3)
+    "deepspeed": CpuOptimizer("deepspeed.ops.adam.DeepSpeedCPUAdam", "cpu_adam", True),
+}
+
+
 def unknown(key: str, value: str, known: Mapping[str, object] | tuple[str, ...]) -> str:
     """'key=value is not one of ...' with a did-you-mean, for any registry."""
     names = list(known)

@@ -17,6 +17,7 @@ from launcher.errors import ConfigError
 from launcher.parallel.intents import PartPlan
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, plan_placement
+from launcher.plan.registry import CPU_OPTIMIZERS
 from launcher.plan.ranks import plan_ranks, rank_table
 from launcher.plan.rules import check_cluster, check_launcher, check_output, device_and_backend, resolve_nproc
 from launcher.plan.types import HostFacts, ScriptPlan
@@ -73,7 +74,7 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str,
     from launcher import parallel
 
     placement, zero, problems, notes = plan_placement(cfg, None, 0, device_type)  # tables: found by prepare()
-    if placement.optimizer_location == "host" and placement.cpu_impl == "deepspeed":
+    if placement.optimizer_location == "host" and CPU_OPTIMIZERS[placement.cpu_impl].impl:
         problems.append("optimizer.cpu_impl=deepspeed builds DeepSpeedCPUAdam for a recipe; a script brings its own "
                         "optimizer, which DeepSpeed steps on the host partitions. Leave optimizer.cpu_impl=torch (or "
                         "pass deepspeed.ops.adam.DeepSpeedCPUAdam to runtime.prepare() yourself).")

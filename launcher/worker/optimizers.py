@@ -8,18 +8,17 @@ from typing import Any
 import torch
 from hydra.utils import get_class
 
-from launcher.plan.registry import DENSE_OPTIMIZERS
+from launcher.plan.registry import CPU_OPTIMIZERS, DENSE_OPTIMIZERS
 
 
 def build_optimizer(plan: Any, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """With ZeRO-Offload, DeepSpeed steps it on its host partitions: torch's fused CPU kernel by default, or
     DeepSpeedCPUAdam with optimizer.cpu_impl=deepspeed."""
     o = plan.optimizer
-    if plan.placement.optimizer_location == "host" and plan.placement.cpu_impl == "deepspeed":
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-        return DeepSpeedCPUAdam(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
-                                adamw_mode=o.name == "adamw")
+    cpu = CPU_OPTIMIZERS[plan.placement.cpu_impl]
+    if plan.placement.optimizer_location == "host" and cpu.impl:  # DeepSpeedCPUAdam (Adam or AdamW: planned)
+        return get_class(cpu.impl)(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                                   adamw_mode=o.name == "adamw")
     spec = DENSE_OPTIMIZERS[o.name]
     kwargs = {k: getattr(o, k) for k in spec.kwargs}
     if any(hasattr(p, "device_mesh") for p in params):  # DTensors: torch's fused and foreach kernels refuse

@@ -1,7 +1,9 @@
 """The composability matrix (bench/composability.py) at smoke shapes: each of nine intents alone and every pair of them,
 on gpt and on wide_deep, plans and trains on 4 gloo ranks (one launched job trains all 84 through the worker's own
 code) or is refused for a reason listed below as a real impossibility, and matches, per step, a one-process run of the
-same parts at the same global batch and micro-batches: 1e-5 relative (1e-4 with tensor parallel), 5e-3 in bf16."""
+same parts at the same global batch and micro-batches: 1e-5 relative (1e-4 with tensor parallel), 5e-3 in bf16. Every
+rank holds the parameter, optimizer-state and table bytes its plan estimates (a part that silently did not apply would
+give the one-process losses too, but hold the whole model)."""
 
 import math
 import sys
@@ -29,6 +31,7 @@ def test_every_pair_of_intents_plans_and_trains_as_one_process_does(tmp_path):
             continue
         assert all(math.isfinite(x) for x in r["losses"]) and len(r["losses"]) == 3, r
         assert r["worst"] <= r["tolerance"], (r["key"], r["losses"], r["reference"])
+        assert composability.held_as_planned(r), (r["key"], r["held"], r["planned"])  # the parts really split it
         if r["recipe"] == "wide_deep":  # its loss moves 2-3 % a step: a step that does nothing shows
             assert r["losses"][-1] < r["losses"][0] - 0.02, r
             assert {"auc", "accuracy", "logloss"} <= set(r["eval"]), r  # the recipe's own metrics, pipelines too

@@ -1,5 +1,6 @@
-"""Engines and topology in real runs: torch DDP, DeepSpeed ZeRO-0 and one process compute the same steps; the mesh
-builds the planned groups (resume: tests/integration/test_resume.py)."""
+"""Data-parallel parts and topology in real runs: torch DDP, DeepSpeed ZeRO-0 and one process compute the same steps;
+the mesh builds the planned groups (resume: tests/integration/test_resume.py; every other composition:
+test_composability.py)."""
 
 import json
 from pathlib import Path
@@ -39,15 +40,19 @@ def plan_of_run(run_dir: Path) -> dict:
     return json.loads((run_dir / "plan.json").read_text())
 
 
+def parts(run_dir: Path) -> list[str]:
+    return [p["name"] for p in plan_of_run(run_dir)["parts"]]
+
+
 def test_deepspeed_zero0_and_one_process_agree(tmp_path):
     """DeepSpeed's engine at ZeRO-0 with host tables computes the one-process (DDP) steps. Torch DDP on 2 ranks vs one
     process: tests/integration/test_user_recipe.py::test_two_ranks_match_one_process and the baselines of
     test_sharding_runs.py."""
     one = run(tmp_path, "one", [*WIDE_DEEP, "cluster.nproc_per_node=1"])
-    assert plan_of_run(one)["engine"] == "ddp" and not (one / "ds_config.json").exists()
-    two = run(tmp_path, "two", [*WIDE_DEEP, "cluster.nproc_per_node=2", "parallel.engine=deepspeed",
+    assert parts(one) == ["ddp"] and not (one / "ds_config.json").exists()
+    two = run(tmp_path, "two", [*WIDE_DEEP, "cluster.nproc_per_node=2", "parallel.data_parallel=deepspeed",
                                 "placement.host_device_mix=1"])
-    assert plan_of_run(two)["engine"] == "deepspeed" and (two / "ds_config.json").exists()
+    assert parts(two) == ["deepspeed"] and (two / "ds_config.json").exists()
     assert_close(losses(one), losses(two), rel=1e-5)
 
 

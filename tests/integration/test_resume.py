@@ -1,6 +1,8 @@
 """Resume and restart: a run that failed after step 8 (checkpoints every 4), resumed from its newest complete
 checkpoint (step 4), logs the same per-step losses for steps 5-8 as the failed run did before it failed: model,
-optimizer states, tables and their optimizers, data position and RNG all came back (fp32, <= 1e-6 relative)."""
+optimizer states, tables and their optimizers, data position and RNG all came back (fp32, <= 1e-6 relative). A DCP
+checkpoint (the torch-native parts) resumes on another layout: saved on FSDP over dp 4, resumed on dp 2; saved with
+tensor parallel 2, resumed with tp 1. DeepSpeed's own checkpoint resumes on its layout only (refused otherwise)."""
 
 import json
 import shutil
@@ -64,9 +66,10 @@ def test_resume_latest_brings_back_host_tables_and_their_optimizers(tmp_path):
     assert after != before  # a new run dir; the old one is untouched
     assert json.loads((after / "plan.json").read_text())["resume_from"] == str(before / "checkpoints" / "step4")
     _assert_same(_losses(after / "rank.0"), _losses(before / "rank.0"))
-    # Another layout is refused before anything starts, naming what differs.
+    # Another layout is refused before anything starts, naming what differs and why (DeepSpeed's own files).
     other = run_cli([*common, f"trainer.resume_from={before}/checkpoints/step4", "cluster.nproc_per_node=1"], tmp_path)
-    assert other.returncode == 2 and "saved with world_size 2 (now 1)" in other.stderr, other.stderr
+    assert other.returncode == 2 and "world_size 2 (now 1)" in other.stderr, other.stderr
+    assert "DeepSpeed's checkpoint files hold each rank's own partitions" in other.stderr
 
 
 def test_resume_from_a_run_dir_brings_back_zero_offload_state(tmp_path):
@@ -77,5 +80,25 @@ def test_resume_from_a_run_dir_brings_back_zero_offload_state(tmp_path):
     resumed = run_cli([*common, "trainer.resume=log_output/first"], tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     after = (tmp_path / "log_output" / "latest").resolve()
-    assert json.loads((after / "plan.json").read_text())["engine"] == "deepspeed"
+    assert [p["name"] for p in json.loads((after / "plan.json").read_text())["parts"]] == ["deepspeed"]
+    _assert_same(_losses(after / "rank.0"), _losses(tmp_path / "log_output" / "first" / "rank.0"))
+
+
+@pytest.mark.parametrize("first, then", [
+    (["cluster.nproc_per_node=4", "zero.stage=3", "parallel.data_parallel=fsdp"],
+     ["cluster.nproc_per_node=2", "zero.stage=3", "parallel.data_parallel=fsdp"]),
+    (["cluster.nproc_per_node=4", "parallel.tp=2"], ["cluster.nproc_per_node=2"]),
+], ids=["fsdp_dp4_to_dp2", "tp2_to_tp1"])
+def test_a_dcp_checkpoint_resumes_on_another_layout(tmp_path, first, then):
+    """gpt: the checkpoint at step 4 of a run on 4 ranks (FSDP2 shards over dp 4; or dp 2 × tp 2, the attention and
+    MLP split over tp) loads on 2 ranks (FSDP2 over dp 2; or plain DDP, tp 1): DCP reshards the saved tensors by their
+    names and global shapes. The global batch (8) and its micro-batches are the same, so the data position is."""
+    common = ["recipe=gpt", "smoke=true", *STEPS]
+    failed = run_cli([*common, *first, *FAIL_AFTER_STEP_8, "output.run_name=first"], tmp_path)
+    assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
+    resumed = run_cli([*common, *then, "trainer.resume=log_output/first"], tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    after = (tmp_path / "log_output" / "latest").resolve()
+    plan = json.loads((after / "plan.json").read_text())
+    assert plan["world_size"] == 2 and plan["dims"]["tp"] == 1
     _assert_same(_losses(after / "rank.0"), _losses(tmp_path / "log_output" / "first" / "rank.0"))

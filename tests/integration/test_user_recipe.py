@@ -52,7 +52,7 @@ def test_optimizer_on_cpu_matches_the_device_optimizer(project):
     device = train(project, "as_written", [])
     cpu = train(project, "cpu", ["optimizer.target=CPU"])
     assert json.loads((cpu / "rank.0" / "memory.json").read_text())["offload"]["optimizer"]
-    assert json.loads((cpu / "plan.json").read_text())["engine"] == "deepspeed"
+    assert [p["name"] for p in json.loads((cpu / "plan.json").read_text())["parts"]] == ["deepspeed"]
     assert_close(losses(device), losses(cpu), rel=1e-4)
 
 
@@ -72,14 +72,14 @@ def run_script(project: Path, name: str, overrides: list[str]) -> dict:
 
 def test_prepare_trains_the_scripts_tables_on_the_host(project):
     built = run_script(project, "script_host", ["placement.host_device_mix=1"])
-    assert built["engine"] == "DDPEngine" and built["engine_params"] == 36 * 64 + 64 + 64 + 1
+    assert built["parts"] == ["ddp"] and built["engine_params"] == 36 * 64 + 64 + 64 + 1
     assert built["tables"] == {n: {"location": "host", "optimizer": "lazy_adam", "lr": 0.001, "torch_device": "cpu"}
                                for n in ("user_emb", "item_emb")}
 
 
 def test_prepare_gets_zero_offload(project):
     built = run_script(project, "script_offload", ["optimizer.target=CPU"])
-    assert built["engine"] == "DeepSpeedEngine" and built["zero_stage"] == 2 and built["offload_optimizer"]
+    assert built["parts"] == ["deepspeed"] and built["zero_stage"] == 2 and built["offload_optimizer"]
     assert {t["location"] for t in built["tables"].values()} == {"engine"}
 
 
@@ -122,18 +122,21 @@ def test_prepare_keeps_the_users_optimizer_for_schedulers_and_saves_the_tables(p
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     run = project / "log_output" / "scheduled"
     out = (run / "rank.0" / "stdout").read_text()
-    # StepLR halves the SGD lr 3 times; the engine trains 2,433 dense parameters; the tables are in the state
-    assert "RESULT [0.0625] 2433 {'user_emb': [1000, 16], 'item_emb': [100, 16]}" in out, out
+    # StepLR halves the SGD lr 3 times; the engine trains 2,433 dense parameters; the tables (by name) are in the state
+    assert "RESULT [0.0625] 2433 {'item_emb': [100, 16], 'user_emb': [1000, 16]}" in out, out
     built = json.loads((run / "rank.0" / "prepared.json").read_text())
     assert {t["lr"] for t in built["tables"].values()} == {0.001}  # SGD's lr is no Adam lr: lazy Adam's default
 
 
 def test_a_pipeline_of_the_users_model_matches_one_process(project):
-    """Two stages of a model of the user's whose first child takes three inputs: the same losses as one process."""
+    """Two stages of a model of the user's whose first child takes three inputs: the same losses as one process, and
+    the held-out AUC of its 0/1 labels through the pipeline."""
     write_project(project, extra=True)
     staged = ["model._target_=my_ctr.extra.Staged", "trainer.steps=8", "batch.micro_batches=2"]
     one = train(project, "staged_one", [*staged, "cluster.nproc_per_node=1"])
     pipe = train(project, "staged_pipe", [*staged, "parallel.pipeline_stages=2"])
     plan = json.loads((pipe / "plan.json").read_text())
-    assert plan["engine"] == "pipeline" and plan["eval_metrics"] == "loss"
+    assert [p["name"] for p in plan["parts"]] == ["ddp", "pipeline"] and plan["eval_metrics"] == "binary"
     assert_close(losses(one), losses(pipe), rel=1e-6)
+    evals = [json.loads((run / "summary.json").read_text())["eval"] for run in (one, pipe)]
+    assert abs(evals[0]["auc"] - evals[1]["auc"]) <= 1e-6 and evals[1]["n"] == evals[0]["n"], evals
