@@ -24,6 +24,7 @@ Writes bench/results/lookup.json. Not a test: numbers depend on the machine.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -91,7 +92,10 @@ def measure(a: argparse.Namespace) -> dict:
     except ImportError:  # later trees: one gather_facts for the data and the model
         from launcher.launch.preflight import gather_facts as gather
     from launcher.plan import plan_launch
-    from launcher.worker import tables as tables_mod
+    try:
+        from launcher import tables as tables_mod  # later trees: the table store package
+    except ImportError:
+        from launcher.worker import tables as tables_mod
     from launcher.worker.mesh import build_mesh
     from launcher.worker.train import build_trainer
 
@@ -110,15 +114,17 @@ def measure(a: argparse.Namespace) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    _, dp = build_mesh(plan.dims, "cpu")
+    mesh, dp = build_mesh(plan.dims, "cpu")
     t0 = time.perf_counter()
-    trainer = build_trainer(plan, dp, torch.device("cpu"), 0)
+    with_mesh = "mesh" in inspect.signature(build_trainer).parameters  # later trees build the parts on the mesh
+    trainer = build_trainer(plan, dp, torch.device("cpu"), 0, *([mesh] if with_mesh else []))
     build_s = time.perf_counter() - t0
+    model = trainer.model if hasattr(trainer, "model") else trainer.engine.module  # later trees: the engine's
     # The code really is the variant's: old WideDeep keeps model.tables; new swaps deep_embedding for a TableLookup.
-    code = "old" if hasattr(trainer.model, "tables") else \
-        "new" if type(trainer.model.deep_embedding).__name__ == "TableLookup" else "unknown"
+    code = "old" if hasattr(model, "tables") else \
+        "new" if type(model.deep_embedding).__name__ == "TableLookup" else "unknown"
     if code != a.measure:
-        raise RuntimeError(f"asked for {a.measure}, the model looks {code}: {type(trainer.model)}")
+        raise RuntimeError(f"asked for {a.measure}, the model looks {code}: {type(model)}")
     times, losses = [], []
     for step in range(a.warmup + a.steps):
         if step == a.warmup:  # the machine's busy time, less ours: other work during the timed steps

@@ -1,4 +1,4 @@
-"""Pipeline step time against one process, with the bubble fraction (P-1)/(M+P-1) beside it.
+"""Pipeline and tensor-parallel step time against one process, with the bubble fraction (P-1)/(M+P-1) beside it.
 
     .venv/bin/python bench/pipeline_bench.py [--rounds 3] [--steps 60] [--recipe gpt]
 
@@ -7,6 +7,7 @@ same micro-batches (one process accumulates them):
   one process      cluster.nproc_per_node=1, grad_accum M
   pipeline M=4     2 ranks, 2 stages, 4 micro-batches per step
   pipeline M=8     2 ranks, 2 stages, 8 micro-batches per step
+  tensor parallel  2 ranks, tp 2 (the recipe's tensor-parallel plan), M micro-batches accumulated (gpt only)
   data parallel    2 ranks, torch DDP, for reference
 Step time = the median over 10-step windows after the first 10 steps (metrics.jsonl's wall_s), per run; the table
 gives the median over rounds, the spread (min-max over rounds) and the ratio to one process. With 2 stages the
@@ -61,6 +62,10 @@ def main() -> None:
         "data parallel 2 ranks (DDP)": ([*base, "cluster.nproc_per_node=2", "batch.grad_accum=2",
                                          "parallel.pipeline_stages=1"], None),
     }
+    if args.recipe == "gpt":  # a recipe with a tensor-parallel plan
+        variants["tensor parallel 2 ranks (tp 2, M=4 accumulated)"] = (
+            [*base, "cluster.nproc_per_node=2", "parallel.tp=2", "batch.grad_accum=4", "parallel.pipeline_stages=1"],
+            None)
     times: dict[str, list[float]] = {k: [] for k in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):

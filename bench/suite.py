@@ -7,7 +7,7 @@ P1 launch overhead: a trivial 2-rank gloo job via hetero-launch script=, torchru
 P2 wide_deep host placement: samples/s of host sparse tables vs dense tables (both through hetero-launch, 1 rank),
    lookups/s vs a plain gather's bound.
 P3 offloaded optimizer step: DeepSpeedCPUAdam vs torch.optim.Adam(fused) at 32 M parameters.
-P4 quickstart step time: hetero-launch's engine=auto (torch DDP) and engine=deepspeed (ZeRO-0) vs a hand-written DDP
+P4 quickstart step time: hetero-launch's data_parallel=auto (torch DDP) and data_parallel=deepspeed (ZeRO-0) vs a hand-written DDP
    loop, over the same 20-step windows.
 P5 cost growth: plan time for 10 / 100 / 1,000 / 10,000 tables; launch-to-first-step for 1 / 2 / 4 / 8 ranks.
 Runs of one comparison are interleaved (a, b, c, a, b, c, ...) and each figure is the median of --runs runs.
@@ -175,12 +175,12 @@ def p4(runs: int) -> list[tuple]:
                               str(BENCH / "ddp_quickstart.py"), str(steps)], capture_output=True, text=True)
         return float(re.search(r"window_step_ms=([\d.]+)", res.stdout).group(1))
 
-    r = interleaved({"auto": launcher, "deepspeed": lambda: launcher("parallel.engine=deepspeed"), "ddp": ddp}, runs)
+    r = interleaved({"auto": launcher, "deepspeed": lambda: launcher("parallel.data_parallel=deepspeed"), "ddp": ddp}, runs)
     a, d, b = med(r["auto"]), med(r["deepspeed"]), med(r["ddp"])
     spread = {k: f"{min(v):.2f}-{max(v):.2f}" for k, v in r.items()}
-    return [("P4", f"quickstart step, 2 ranks: hetero-launch parallel.engine=auto (torch DDP) [{spread['auto']}]",
+    return [("P4", f"quickstart step, 2 ranks: hetero-launch parallel.data_parallel=auto (torch DDP) [{spread['auto']}]",
              f"{a:.2f} ms", f"{a / b:.2f}x hand DDP"),
-            ("P4", f"... hetero-launch parallel.engine=deepspeed (ZeRO-0) [{spread['deepspeed']}]", f"{d:.2f} ms",
+            ("P4", f"... hetero-launch parallel.data_parallel=deepspeed (ZeRO-0) [{spread['deepspeed']}]", f"{d:.2f} ms",
              f"{d / b:.2f}x hand DDP"),
             ("P4", f"... hand-written DDP loop (torchrun) [{spread['ddp']}]", f"{b:.2f} ms", "1.00x")]
 

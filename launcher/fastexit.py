@@ -3,7 +3,8 @@
 With torch imported, Python's own finalization (clearing every module, collecting their objects) takes 0.6-0.9 s on
 this 2-core machine after the work is done and every file is closed: each run paid it three times (the launcher and
 its two ranks). ``fast_exit`` runs the atexit handlers (logging's flush included), flushes stdout and stderr, and ends
-the process with ``os._exit``. Only for a process that finished normally; a failure exits the usual way."""
+the process with ``os._exit``: for a process that finished normally, and for a rank whose error is recorded (its
+teardown could abort it while a peer still talks to it)."""
 
 from __future__ import annotations
 

@@ -162,13 +162,8 @@ def _build_engine(plan: RuntimePlan, model: nn.Module, optimizer: torch.optim.Op
     from launcher.parallel.compose import apply_parts
     from launcher.parallel.rank import Chunk, RankContext
 
-    if plan.zero_stage > 0 and type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
-        # DeepSpeed has tested Adam with ZeRO; the plan could not know the script's optimizer class
-        parts = tuple(dataclasses.replace(p, config={**p.config, "zero_allow_untested_optimizer": True})
-                      if "zero_optimization" in p.config else p for p in plan.parts)
-        plan = dataclasses.replace(plan, parts=parts)
     rt = RankContext(plan=dataclasses.replace(plan, backend=dist.get_backend()), mesh=None, device=_S.device,
-                     dp_group=dist.group.WORLD, rank=rank())
+                     dp_group=dist.group.WORLD, rank=rank(), grad_accum=plan.grad_accum)
     return apply_parts([Chunk(module=model, paths=[])], rt, lambda _params: optimizer)
 
 
@@ -201,17 +196,17 @@ def _drop_from_optimizer(optimizer: torch.optim.Optimizer, ids: set[int]) -> Non
 
 
 def _write_prepared(rank_dir: RankDir, tables) -> None:
-    ds = getattr(_S.engine, "_ds", None)
     opt = _S.engine.optimizer
+    held = _S.tables.held() if _S.tables is not None else {}
     info = {
         "parts": [p.name for p in _S.plan.parts],
         "engine": type(_S.engine).__name__,
-        "zero_stage": ds.zero_optimization_stage() if ds is not None else 0,
+        "zero_stage": getattr(_S.engine, "zero_stage", 0),  # what DeepSpeed's engine says it runs
         "offload_optimizer": bool(getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)),
         "precision": _S.plan.precision,
         "tables": {t.name: {"location": t.location, "optimizer": t.optimizer, "lr": t.lr,
-                            "torch_device": _S.tables.tables[t.name].weight.device.type if t.location != "engine"
-                            else None} for t in tables},
+                            "torch_device": held[t.name][1].device.type if t.name in held else None}
+                   for t in tables},
         "engine_params": sum(p.numel() for p in _S.engine.module.parameters()),
     }
     rank_dir.prepared.write_text(json.dumps(info, indent=2))

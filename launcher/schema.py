@@ -45,19 +45,22 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     """L2 (sgd/adam) or decoupled (adamw) weight decay."""
     target: str = "device"
-    """Where the dense optimizer and its fp32 states live: device, or CPU (ZeRO-Offload; needs zero.stage>=1,
-    and zero.stage=0 becomes 2)."""
+    """Where the dense optimizer and its fp32 states live: device, or CPU (zero.stage=0 becomes 2): DeepSpeed's
+    ZeRO-Offload on plain data parallelism; with tensor parallel or pipeline stages FSDP2's CPUOffloadPolicy, which
+    keeps the fp32 parameters and their gradients on the host too (each layer's parameters come to the device to
+    compute)."""
     cpu_impl: str = "torch"
     """With target=CPU: torch (torch.optim, fused kernel, no JIT build) or deepspeed (DeepSpeedCPUAdam, adam/adamw)."""
 
 
 @dataclass
 class TableConfig:
-    """How one embedding table trains. Tables with a sparse optimizer live outside the DeepSpeed engine."""
+    """How one embedding table trains. Tables with a sparse optimizer train outside the parallel parts, in a table
+    store (launcher/tables/)."""
 
     optimizer: str = "lazy_adam"
     """lazy_adam (row-fused lazy Adam), sparse_adam (the same algorithm by torch.optim.SparseAdam, slower),
-    ftrl (FTRL-Proximal), or dense (inside the DeepSpeed engine with optimizer.name)."""
+    ftrl (FTRL-Proximal), or dense (with the rest of the model, by the parallel parts, with optimizer.name)."""
     lr: float = 1e-3
     """Learning rate of the table's optimizer."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -136,8 +139,9 @@ class ParallelConfig:
     """With parallel.stages empty: parameters (contiguous stages balancing their parameter counts) or uniform (the
     same number of layers per stage)."""
     schedule: str = "1f1b"
-    """A pipeline's schedule: 1f1b (one forward, one backward in the steady state), gpipe (every forward, then every
-    backward) or interleaved_1f1b (parallel.stages_per_rank >= 2 stages per rank, looped: a smaller bubble)."""
+    """A pipeline's schedule: 1f1b (one forward, one backward in the steady state; with fewer micro-batches than
+    stages it is GPipe, and runs as gpipe), gpipe (every forward, then every backward) or interleaved_1f1b
+    (parallel.stages_per_rank >= 2 stages per rank, looped: a smaller bubble)."""
     stages_per_rank: int = 1
     """Virtual stages per pipeline rank (interleaved_1f1b): stage s runs on pipeline rank s mod P."""
     tp: int = 1
@@ -161,14 +165,17 @@ class ParallelConfig:
 @dataclass
 class ZeroConfig:
     stage: int = 0
-    """ZeRO stage 0-3: 0 = plain data parallel, 1 = shard optimizer states, 2 = + gradients, 3 = + parameters."""
+    """ZeRO stage 0-3: 0 = plain data parallel, 1 = shard optimizer states, 2 = + gradients, 3 = + parameters. On
+    DeepSpeed exactly so; on FSDP2 (with tensor parallel or pipeline stages) 1-3 shard the parameters too, and 1 and 2
+    keep each layer's gathered parameters from its forward to its backward."""
 
 
 @dataclass
 class PlacementConfig:
     host_device_mix: int = 0
     """1 = every embedding table with a sparse optimizer lives on the host (looked up and updated there);
-    0 = on the device. The dense network always trains on the device inside the DeepSpeed engine."""
+    0 = on the device. The dense network trains where the parallel parts put it (optimizer.target,
+    placement.offload_params)."""
     offload_params: bool = False
     """ZeRO-3 parameter offload (offload_param: device cpu); needs zero.stage=3."""
     tables: dict[str, str] = field(default_factory=dict)
@@ -289,7 +296,7 @@ class HeteroConfig:
     instead of kept; [all] = every layer. A launcher key, not model.recompute: model keys are the model's arguments."""
     smoke: bool = False
     """A smoke run of the recipe: its smoke_profile (tiny shapes), 2 steps, 2 gloo ranks on the CPU, 2 held-out
-    batches, a checkpoint written and read back; the recipe's structure (placement, engine, ZeRO) is kept. Any
+    batches, a checkpoint written and read back; the recipe's structure (placement, parallel parts, ZeRO) is kept. Any
     override on the command line still applies on top."""
     smoke_profile: dict[str, Any] = field(default_factory=dict)
     """The recipe's tiny shapes for smoke=true, as nested keys (e.g. {model: {rows_per_table: 100}}). Every

@@ -8,7 +8,7 @@ contract in ``launcher/contract.py`` (checked here, when it is registered):
   facts, the resolved model spec, table sizes and parameter counts for the plan, recipe-specific checks, ``layers``.
 - ``model.py``: the ``nn.Module`` named by the model's ``_target_``; ``forward(*inputs)`` returns what the loss takes.
   Its ``nn.Embedding`` tables are ordinary modules: the launcher swaps them for host or device lookups when the plan
-  trains them outside the engine (``launcher/worker/tables.py``), by the module paths ``tables()`` names.
+  trains them outside the engine (``launcher/tables/lookup.py``), by the module paths ``tables()`` names.
 - ``data.py``: the data source named by the data's ``_target_`` (``contract.DataSource``).
 
 ``conf/recipe/<name>.yaml`` picks the schemas and sets the recipe's defaults.

@@ -5,10 +5,10 @@ Plan-side modules import no torch; rank-side code (compose.py, the engines, the 
 or is imported only inside a rank.
 """
 
-from launcher.parallel.choose import (checkpoint_format, choose_data_parallel, config_file, estimate, plan_parts,
-                                      run_facts)
-from launcher.parallel.intents import Intents, PartPlan
+from launcher.parallel.choose import (checkpoint_format, choose_data_parallel, config_file, data_parallel_name,
+                                      estimate, plan_parts, run_facts)
+from launcher.parallel.intents import Intents, PartPlan, intents_of
 from launcher.parallel.registry import DATA_PARALLEL, PARTS, SLOTS
 
 __all__ = ["DATA_PARALLEL", "Intents", "PARTS", "PartPlan", "SLOTS", "checkpoint_format", "choose_data_parallel",
-           "config_file", "estimate", "plan_parts", "run_facts"]
+           "config_file", "data_parallel_name", "estimate", "intents_of", "plan_parts", "run_facts"]

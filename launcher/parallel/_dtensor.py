@@ -25,22 +25,18 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from launcher.parallel.rank import held_module
+from launcher.parallel.rank import held_module, local_tensor, set_module
 from launcher.plan.sharding import OpShard, ShardingPlan
 
 LAYOUTS = {"R": Replicate(), "S": Shard(-1)}
 
 
-def _local(t: Any) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
-
-
 def _record(module: nn.Module, x: Any, w: torch.Tensor | None, out: Any) -> None:
     if getattr(module, "hl_local_shapes", None) is None:
-        shapes = {"x": list(_local(x).shape)}
+        shapes = {"x": list(local_tensor(x).shape)}
         if w is not None:
-            shapes["w"] = list(_local(w).t().shape)  # (in, out), as the plan writes it
-            shapes["out"] = list(_local(out).shape)
+            shapes["w"] = list(local_tensor(w).t().shape)  # (in, out), as the plan writes it
+            shapes["out"] = list(local_tensor(out).shape)
         module.hl_local_shapes = shapes
 
 
@@ -54,13 +50,13 @@ class _Redistributing(nn.Module):
 
     def _input(self, x: Any) -> DTensor:
         if not isinstance(x, DTensor):  # data (or a plain tensor) is whole on every tp rank
-            x = DTensor.from_local(x, self.mesh, [Replicate()], run_check=False)
+            x = DTensor.fromlocal_tensor(x, self.mesh, [Replicate()], run_check=False)
         return x.redistribute(self.mesh, [LAYOUTS[self.op.input_layout]])
 
     def _output(self, y: DTensor) -> Any:
         if not self.last:
             return y
-        return y.redistribute(self.mesh, [Replicate()]).to_local()
+        return y.redistribute(self.mesh, [Replicate()]).tolocal_tensor()
 
 
 class ShardedLinear(_Redistributing):
@@ -98,11 +94,6 @@ class ShardedElementwise(_Redistributing):
         return self._output(self.inner(x))
 
 
-def _replace(model: nn.Module, path: str, new: nn.Module) -> None:
-    parent, _, leaf = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, new)
-
-
 def _record_hook(module: nn.Module, args: tuple, output: Any) -> None:
     _record(module, args[0], module.weight, output)
 
@@ -115,7 +106,7 @@ def shard_model(model: nn.Module, sharding: ShardingPlan, mesh: DeviceMesh) -> N
         for i, (op, module) in enumerate(held):
             last = i == len(held) - 1
             new = ShardedLinear(module, op, mesh, last) if op.kind == "matmul" else ShardedElementwise(module, op, mesh, last)
-            _replace(model, op.name, new)
+            set_module(model, op.name, new)
         return
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     for op, module in held:

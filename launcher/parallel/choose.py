@@ -9,6 +9,8 @@ DeepSpeed cannot go (with tensor parallel or pipeline stages). The plan says whi
 
 from __future__ import annotations
 
+from typing import Any
+
 from launcher.parallel.intents import Intents, PartPlan
 from launcher.parallel.registry import DATA_PARALLEL, DCP, PARTS
 from launcher.plan.estimate import estimate_run
@@ -61,11 +63,19 @@ def _data_parallel(parts: tuple[PartPlan, ...]):
     return next(PARTS[p.name] for p in parts if PARTS[p.name].slot == "data_parallel")
 
 
-def run_facts(i: Intents, parts: tuple[PartPlan, ...]) -> tuple[int, int, tuple[str, ...]]:
-    """(the ZeRO stage the run has, the ranks of dp its parameters are sharded over (the mesh's dp_shard dim),
-    the C++ ops its ranks load) as its data-parallel part says."""
+def data_parallel_name(parts: tuple[PartPlan, ...]) -> str:
+    """The name of the run's data-parallel part."""
+    return _data_parallel(parts).name
+
+
+def run_facts(i: Intents, parts: tuple[PartPlan, ...]) -> dict[str, Any]:
+    """What the run's data-parallel part says of it: the ZeRO stage it runs (zero), the ranks of dp its parameters are
+    sharded over (dp_shard: the mesh's dim), the C++ ops its ranks load (ops), where parameters and optimizer live
+    (param_location, optimizer_location) and its name (data_parallel: what a checkpoint's format depends on)."""
     dp = _data_parallel(parts)
-    return dp.zero_stage(i), getattr(dp, "shard_ways", lambda _: 1)(i), dp.ops(i)
+    params, optimizer = dp.locations(i)
+    return {"zero": dp.zero_stage(i), "dp_shard": dp.shard_ways(i), "ops": dp.ops(i), "param_location": params,
+            "optimizer_location": optimizer, "data_parallel": dp.name}
 
 
 def estimate(i: Intents, parts: tuple[PartPlan, ...], placement, layer_paths, per_sample, recompute, micro):

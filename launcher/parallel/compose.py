@@ -41,6 +41,9 @@ def apply_parts(chunks: list[Chunk], rt: RankContext,
     """Every part applied to every chunk in order; the optimizer; the engine that drives them."""
     parts = _parts(rt.plan)
     trained = [c for c in chunks if any(True for _ in c.module.parameters())]  # a stage of tables alone has none
+    for c in chunks:
+        if c not in trained:  # its buffers; the data-parallel part places the others
+            c.module.to(rt.device)
     for part in parts:
         part.apply(trained if part.slot == "data_parallel" else chunks, rt)
     optimizers = [optimizer_factory(list(c.module.parameters())) if c in trained else NoOptimizer() for c in chunks]
@@ -51,4 +54,4 @@ def apply_parts(chunks: list[Chunk], rt: RankContext,
     driver = next((p for p in reversed(parts) if hasattr(p, "engine")), None)
     if driver is not None:
         return driver.engine(chunks, optimizer, rt)
-    return TorchEngine(chunks[0], optimizer, dp, rt.plan.batch.grad_accum, rt.dp_group)
+    return TorchEngine(chunks[0], optimizer, dp, rt.grad_accum, rt.dp_group)

@@ -38,6 +38,13 @@ class ReplicatedDataParallel:
     def zero_stage(self, i: Intents) -> int:
         return 0
 
+    def shard_ways(self, i: Intents) -> int:
+        return 1
+
+    def locations(self, i: Intents) -> tuple[str, str]:
+        """(where the parameters live, where the optimizer steps): the device."""
+        return "device", "device"
+
     def why(self, i: Intents) -> str:
         return "data parallel with replicated fp32 parameters (zero.stage=0, no offload, fp32)"
 
@@ -84,21 +91,32 @@ class ReplicatedDataParallel:
 
 
 def average_gradients(params: list[Any], group: Any, size: int) -> None:
-    """The mean over ``group`` of each parameter's gradient (a DTensor's local shard), in one all-reduce."""
+    """The mean over ``group`` of each parameter's gradient (a DTensor's local shard), in one all-reduce of every
+    parameter, with a flag per parameter saying whether this rank has its gradient: every rank reduces the same
+    buffer even when a parameter got no gradient on some of them, and one that got none anywhere keeps none (the
+    optimizer skips it, as in one process)."""
     import torch
     import torch.distributed as dist
 
-    grads = [getattr(p.grad, "_local_tensor", p.grad) for p in params if p.grad is not None]
-    if not grads:
+    if not params:
         return
+    from launcher.parallel.rank import local_tensor
+
+    local = [local_tensor(p) for p in params]
     with torch.no_grad():
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        parts = [local_tensor(p.grad).reshape(-1) if p.grad is not None
+                 else torch.zeros(t.numel(), dtype=t.dtype, device=t.device) for p, t in zip(params, local)]
+        present = torch.tensor([p.grad is not None for p in params], dtype=parts[0].dtype, device=parts[0].device)
+        flat = torch.cat([*parts, present])
         dist.all_reduce(flat, group=group)
-        flat.div_(size)
+        flat[:-len(params)].div_(size)
         offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        for p, t, anywhere in zip(params, local, flat[-len(params):].tolist()):
+            if anywhere and p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if anywhere:
+                local_tensor(p.grad).copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
 
 
 PART = ReplicatedDataParallel()

@@ -88,6 +88,13 @@ class DeepSpeedZeRO:
     def zero_stage(self, i: Intents) -> int:
         return max(i.zero, 2) if i.offload_optimizer and i.zero == 0 else i.zero
 
+    def shard_ways(self, i: Intents) -> int:
+        return 1
+
+    def locations(self, i: Intents) -> tuple[str, str]:
+        """offload_param and offload_optimizer, each as asked."""
+        return "host" if i.offload_params else "device", "host" if i.offload_optimizer else "device"
+
     def why(self, i: Intents) -> str:
         return f"DeepSpeed ZeRO-{self.zero_stage(i)} for {', '.join(i.needs) or 'zero.stage=0'}"
 
@@ -128,7 +135,11 @@ class DeepSpeedZeRO:
     def engine(self, chunks: list[Any], optimizer: Any, rt: Any) -> Any:
         from launcher.parallel.deepspeed_engine import DeepSpeedEngine
 
-        return DeepSpeedEngine(chunks[0].module, optimizer, config=rt.config(self.name), backend=rt.plan.backend)
+        config = dict(rt.config(self.name))
+        tested = {c for spec in DENSE_OPTIMIZERS.values() if spec.zero_tested for c in [spec.impl.rsplit(".", 1)[1]]}
+        if config["zero_optimization"]["stage"] > 0 and type(optimizer).__name__ not in tested:
+            config["zero_allow_untested_optimizer"] = True  # a script's own optimizer, which the plan could not know
+        return DeepSpeedEngine(chunks[0].module, optimizer, config=config, backend=rt.plan.backend)
 
 
 PART = DeepSpeedZeRO()

@@ -1,5 +1,5 @@
 """The deepspeed part in a rank: ``deepspeed.initialize`` with the planned config and a client torch optimizer, behind
-the Engine seam (launcher/worker/engine.py); DeepSpeed's own checkpoints."""
+the Engine seam (launcher/parallel/engine.py); DeepSpeed's own checkpoints."""
 
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ class DeepSpeedEngine:
         self.module = self._ds.module
         self.optimizer = self._ds.optimizer
         self._boundary = False
+
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage DeepSpeed's engine runs (what it did, not what was asked)."""
+        return self._ds.zero_optimization_stage()
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
         return self._ds(*inputs, **kwargs)

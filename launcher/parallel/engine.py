@@ -7,9 +7,7 @@ steps the optimizer at the accumulation boundary); a pipeline's engine runs a wh
 fsdp were applied to, with a torch optimizer; the deepspeed part brings DeepSpeed's engine, the pipeline part the
 schedule's.
 
-Torch-native parts checkpoint through ``torch.distributed.checkpoint`` (DCP): each rank writes the tensors it holds
-with their global shapes and names (``get_state_dict`` turns DDP wrappers, FSDP2 shards and DTensor operators into
-the model's own names), so a checkpoint saved on dp 4 loads on dp 2, and one saved with tp 2 loads with tp 1.
+Torch-native parts checkpoint through ``torch.distributed.checkpoint`` (launcher/parallel/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -20,7 +18,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.parallel.checkpoint import load_dcp, save_dcp
 from launcher.rundir import CheckpointDir
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The torch dtype of each training precision."""
 
 
 class Engine(Protocol):
@@ -155,76 +158,19 @@ def per_chunk(optimizer: Any) -> list[torch.optim.Optimizer]:
     return optimizer.optimizers if isinstance(optimizer, Optimizers) else [optimizer]
 
 
-def _options(**kwargs: Any) -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
+class ChunkEngine(Unscaled):
+    """What the torch-native engines share: this rank's chunks, their optimizer(s) (one per chunk), the in-memory state
+    dict, train/eval (back to sharded parameters after an evaluation) and the DCP checkpoint."""
 
-    return StateDictOptions(flatten_optimizer_state_dict=True, **kwargs)
+    def __init__(self, chunks: list[Any], optimizer: Any, dp_group: Any) -> None:
+        self.chunks, self.optimizer, self._dp_group = chunks, optimizer, dp_group
+        self.module = chunks[0].module if len(chunks) == 1 else nn.ModuleList(c.module for c in chunks)
 
-
-def save_dcp(modules: list[nn.Module], optimizer: Any, path: str) -> None:
-    """The modules' and the optimizers' states by the model's names (optimizer states flattened per parameter name,
-    so chunks merge), through DCP (collective over every rank)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-    model: dict[str, Any] = {}
-    optim: dict[str, Any] = {}
-    for module, opt in zip(modules, per_chunk(optimizer)):
-        if module.state_dict():  # a stage of tables alone holds nothing here (its tables checkpoint themselves)
-            model.update(get_model_state_dict(module))
-        if opt.param_groups:
-            optim.update(get_optimizer_state_dict(module, opt, options=_options()))
-    dcp.save({"model": model, "optim": optim}, checkpoint_id=path)
-
-
-def load_dcp(modules: list[nn.Module], optimizer: Any, path: str) -> None:
-    """Read a DCP checkpoint into the live modules and optimizers, resharded to this rank's layout."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                         set_model_state_dict, set_optimizer_state_dict)
-
-    pairs = list(zip(modules, per_chunk(optimizer)))
-    model: dict[str, Any] = {}
-    optim: dict[str, Any] = {}
-    for module, opt in pairs:
-        if module.state_dict():
-            model.update(get_model_state_dict(module))
-        if opt.param_groups:
-            optim.update(get_optimizer_state_dict(module, opt, options=_options()))
-    state = {"model": model, "optim": optim}
-    dcp.load(state, checkpoint_id=path)
-    for module, opt in pairs:
-        if module.state_dict():
-            set_model_state_dict(module, state["model"], options=_options(strict=False))
-        if opt.param_groups:
-            set_optimizer_state_dict(module, opt, state["optim"], options=_options())
-
-
-class TorchEngine(Unscaled):
-    """The model (one chunk) with torch-native parts applied, a torch optimizer, gradient accumulation: the loss is
-    divided by grad_accum and the optimizer steps at the boundary; the data-parallel part syncs gradients when it
-    should (torch DDP only in the boundary's backward)."""
-
-    def __init__(self, chunk: Any, optimizer: torch.optim.Optimizer, data_parallel: Any, grad_accum: int,
-                 dp_group: Any) -> None:
-        self.chunk, self.module, self.optimizer = chunk, chunk.module, optimizer
-        self._dp, self._accum, self._group, self._micro = data_parallel, grad_accum, dp_group, 0
-
-    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
-        self._dp.set_sync([self.chunk], (self._micro + 1) % self._accum == 0)
-        return self.chunk(*inputs, **kwargs)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        (loss / self._accum if self._accum > 1 else loss).backward()
-
-    def step(self) -> None:
-        self._micro += 1
-        if self._micro % self._accum == 0:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+    def _modules(self) -> list[nn.Module]:
+        return [c.module for c in self.chunks]
 
     def train(self, mode: bool = True) -> Any:
-        reshard([self.module])
+        reshard(self._modules())
         return self.module.train(mode)
 
     def eval(self) -> Any:
@@ -238,8 +184,33 @@ class TorchEngine(Unscaled):
         self.optimizer.load_state_dict(state["optimizer"])
 
     def save(self, ckpt: CheckpointDir) -> None:
-        broadcast_buffers([self.module], self._group)
-        save_dcp([self.module], self.optimizer, str(ckpt.dcp))
+        broadcast_buffers(self._modules(), self._dp_group)
+        save_dcp(list(zip(self._modules(), per_chunk(self.optimizer))), str(ckpt.dcp))
 
     def load(self, ckpt: CheckpointDir) -> None:
-        load_dcp([self.module], self.optimizer, str(ckpt.dcp))
+        load_dcp(list(zip(self._modules(), per_chunk(self.optimizer))), str(ckpt.dcp))
+
+
+class TorchEngine(ChunkEngine):
+    """The model (one chunk) with torch-native parts applied, a torch optimizer, gradient accumulation: the loss is
+    divided by grad_accum and the optimizer steps at the boundary; the data-parallel part syncs gradients when it
+    should (torch DDP only in the boundary's backward)."""
+
+    def __init__(self, chunk: Any, optimizer: torch.optim.Optimizer, data_parallel: Any, grad_accum: int,
+                 dp_group: Any) -> None:
+        super().__init__([chunk], optimizer, dp_group)
+        self.chunk = chunk
+        self._dp, self._accum, self._micro = data_parallel, grad_accum, 0
+
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        self._dp.set_sync([self.chunk], (self._micro + 1) % self._accum == 0)
+        return self.chunk(*inputs, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self._accum if self._accum > 1 else loss).backward()
+
+    def step(self) -> None:
+        self._micro += 1
+        if self._micro % self._accum == 0:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 from launcher.parallel.intents import Intents
 from launcher.parallel.registry import DCP
-from launcher.plan.memory import Bytes, shard, state_floats
+from launcher.plan.memory import WIDTH, Bytes, shard, state_floats
 from launcher.plan.registry import CPU_OPTIMIZERS
 
 
@@ -51,12 +51,19 @@ class ShardedDataParallel:
     def zero_stage(self, i: Intents) -> int:
         return i.zero
 
+    def locations(self, i: Intents) -> tuple[str, str]:
+        """FSDP2's CPUOffloadPolicy keeps the fp32 parameters, their gradients and the optimizer step on the host
+        together: optimizer.target=CPU moves the parameters too (each layer's come to the device for its compute)."""
+        return ("host", "host") if i.offload else ("device", "device")
+
     def shard_ways(self, i: Intents) -> int:
         return i.dims.dp if i.zero >= 1 else 1
 
     def why(self, i: Intents) -> str:
         wants = i.needs or ["zero.stage=0"]
-        return f"torch FSDP2 for {', '.join(wants)}"
+        moved = "; CPUOffloadPolicy keeps the parameters on the host as well" if i.offload_optimizer and \
+            not i.offload_params else ""
+        return f"torch FSDP2 for {', '.join(wants)}{moved}"
 
     def config(self, i: Intents) -> dict[str, Any]:
         ways = self.shard_ways(i)
@@ -70,12 +77,19 @@ class ShardedDataParallel:
         }
 
     def memory(self, i: Intents, params: int) -> tuple[Bytes, Bytes]:
-        """At rest: fp32 parameter shards (the master weights), fp32 gradient shards, optimizer state shards; a
-        layer's whole compute-dtype parameters exist only while it runs (not counted)."""
+        """At rest: fp32 parameter shards (the master weights), fp32 gradient shards, optimizer state shards. During
+        a step (``gathered``, on the device): the whole compute-dtype parameters of every unit when they stay
+        gathered from forward to backward (below ZeRO-3, and in pipelines), and in a pipeline the whole gradients a
+        stage accumulates until its last micro-batch; at ZeRO-3 one unit's at a time (not counted)."""
         ways = self.shard_ways(i)
         n = shard(params * 4, ways)
         dense = Bytes(params=n, grads=n, optimizer=shard(params * state_floats(i.optimizer) * 4, ways))
-        return (dense, Bytes()) if i.offload else (Bytes(), dense)
+        width = WIDTH.get(i.precision, 4)
+        whole = params * width if ways > 1 and self.config(i)["reshard_after_forward"] is False else 0
+        whole += params * width if ways > 1 and i.dims.pp > 1 else 0
+        if i.offload:
+            return dense, Bytes(gathered=whole)
+        return Bytes(), Bytes(**{**dense.__dict__, "gathered": whole})
 
     def ops(self, i: Intents) -> tuple[str, ...]:
         return ()
@@ -94,7 +108,8 @@ class ShardedDataParallel:
         kwargs = {"mesh": mesh, "mp_policy": policy, "offload_policy": offload,
                   "reshard_after_forward": cfg["reshard_after_forward"]}
         for c in chunks:
-            c.module.to(rt.device)
+            if not cfg["offload"]:  # with offload each unit goes to the device one at a time
+                c.module.to(rt.device)  # (fully_shard moves it, shards it, offloads the shards): never the whole model
             for layer in _units(c):
                 fully_shard(layer, **kwargs)
             fully_shard(c.module, **kwargs)

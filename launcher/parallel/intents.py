@@ -38,12 +38,7 @@ class Intents:
     """Op-level sharding / the recipe's tensor-parallel plan on the tp dim; None = no tensor parallel."""
     recompute: tuple[str, ...] = ()
     pipeline: PipelinePlan | None = None
-    schedule: str = "1f1b"
-    host_tables: bool = False
-    """Embedding tables train outside the parts, in a table store (placement.host_device_mix, tables.<path>)."""
     device_type: str = "cpu"
-    dense_params: int = 0
-    """Parameters the parts train (tables outside them not counted)."""
     batch: tuple[int, int, int] = (1, 1, 1)
     """(global, micro, grad_accum)."""
     log_every: int = 10
@@ -70,11 +65,25 @@ class Intents:
     def layout_words(self) -> list[str]:
         """The layout parts beyond data parallelism, in the user's keys."""
         out = []
-        if self.sharding is not None:
-            out.append(self.sharding.source if self.sharding.source != "parallel.tp" else f"parallel.tp={self.dims.tp}")
+        if self.sharding is not None and self.sharding.source == "parallel.tp":
+            out.append(f"parallel.tp={self.dims.tp}")
+        elif self.sharding is not None:
+            given = ",".join(f"{op.alias}:{op.strategy}".replace(" ", "") for op in self.sharding.ops if op.given)
+            out.append(f"parallel.sharding={{{given}}}")
         if self.dims.pp > 1:
             out.append(f"parallel.pipeline_stages={self.dims.pp}")
         return out
+
+
+def intents_of(cfg: Any, dims: ParallelDims, placement: Any, zero: int, device_type: str,
+               batch: tuple[int, int, int], **layout: Any) -> Intents:
+    """The Intents of a composed config after its placement was planned (``layout``: sharding, recompute, pipeline,
+    client_optimizer)."""
+    return Intents(dims=dims, zero=zero, offload_optimizer=placement.optimizer_location == "host",
+                   offload_params=placement.param_location == "host", precision=cfg.precision,
+                   optimizer=cfg.optimizer.name, cpu_impl=placement.cpu_impl, pin_memory=placement.pin_memory,
+                   data_parallel=cfg.parallel.data_parallel, device_type=device_type, batch=batch,
+                   log_every=cfg.trainer.log_every, **layout)
 
 
 @dataclass(frozen=True)

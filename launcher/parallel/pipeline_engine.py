@@ -11,9 +11,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from launcher.parallel.engine import Unscaled, broadcast_buffers, load_dcp, reshard, save_dcp
+from launcher.parallel.engine import DTYPES, ChunkEngine
 from launcher.parallel.pipeline_stages import stage_examples
-from launcher.rundir import CheckpointDir
+from launcher.parallel.rank import local_tensor
 
 _SINGLE = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
 """Schedules of one stage per rank; interleaved_1f1b runs several (ScheduleInterleaved1F1B)."""
@@ -27,25 +27,19 @@ def _tied_parameter(chunk: Any, path: str) -> nn.Parameter | None:
     return None
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return getattr(t, "_local_tensor", t)
-
-
-class PipelineEngine(Unscaled):
+class PipelineEngine(ChunkEngine):
     drives_schedule = True
 
     def __init__(self, chunks: list[Any], optimizer: torch.optim.Optimizer, rt: Any) -> None:
+        super().__init__(chunks, optimizer, rt.dp_group)
         plan = rt.plan.pipeline
-        self.chunks, self.optimizer, self.device = chunks, optimizer, rt.device
-        self.module = chunks[0].module if len(chunks) == 1 else nn.ModuleList(c.module for c in chunks)
-        self._dp_group = rt.dp_group
+        self.device = rt.device
         self._pp_group = rt.mesh["pp"].get_group()
         self._last_rank = dist.get_global_rank(self._pp_group, plan.ranks - 1)
         n, m, loss_fn = len(plan.stages), plan.micro_batches, rt.loss_fn
         self._first = any(c.stage == 0 for c in chunks)
         self._last = any(c.stage == n - 1 for c in chunks)
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[rt.plan.precision]
-        examples = stage_examples(rt.plan.model, rt.layers_of, plan, rt.example, dtype)
+        examples = stage_examples(rt.plan.model, rt.layers_of, plan, rt.example, DTYPES[rt.plan.precision])
         stages = [PipelineStage(c.call or c.module, c.stage, n, rt.device, input_args=examples[c.stage][0],
                                 output_args=examples[c.stage][1], group=self._pp_group) for c in chunks]
 
@@ -84,11 +78,13 @@ class PipelineEngine(Unscaled):
                 for p in params:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
-                total = sum(_local(p.grad) for p in params)
-                if group is not None:
-                    dist.all_reduce(total, group=group)
+                total = sum(local_tensor(p.grad) for p in params)
+                if group is not None:  # on the compute device: an offloaded gradient lives on the host (nccl)
+                    reduced = total.to(self.device)
+                    dist.all_reduce(reduced, group=group)
+                    total = reduced.to(total.device)
                 for p in params:
-                    _local(p.grad).copy_(total)
+                    local_tensor(p.grad).copy_(total)
 
         self.optimizer.register_step_pre_hook(sum_copies)
 
@@ -99,7 +95,7 @@ class PipelineEngine(Unscaled):
         inputs = [torch.cat([mb[0][k] for mb in micro_batches]) for k in range(len(micro_batches[0][0]))]
         labels = torch.cat([mb[1] for mb in micro_batches])
         losses: list[torch.Tensor] = []
-        self._train.step(*(inputs if self._first else ()),
+        self._train.step(*(inputs if self._first else ()), return_outputs=False,  # only the losses are wanted
                          **({"target": labels, "losses": losses} if self._last else {}))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -113,6 +109,11 @@ class PipelineEngine(Unscaled):
         return out if self._last else None
 
     @property
+    def is_last(self) -> bool:
+        """This rank runs the last stage (it has the model's outputs and scores the held-out batches)."""
+        return self._last
+
+    @property
     def last_rank(self) -> int:
         """The global rank of this pipeline's last stage (evaluation results are sent from it)."""
         return self._last_rank
@@ -123,24 +124,3 @@ class PipelineEngine(Unscaled):
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a pipeline runs whole steps: call train_batch() (one stage has no forward of the model)")
-
-    def train(self, mode: bool = True) -> Any:
-        reshard([c.module for c in self.chunks])
-        return self.module.train(mode)
-
-    def eval(self) -> Any:
-        return self.module.eval()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.module.load_state_dict(state["module"])
-        self.optimizer.load_state_dict(state["optimizer"])
-
-    def save(self, ckpt: CheckpointDir) -> None:
-        broadcast_buffers([c.module for c in self.chunks], self._dp_group)
-        save_dcp([c.module for c in self.chunks], self.optimizer, str(ckpt.dcp))
-
-    def load(self, ckpt: CheckpointDir) -> None:
-        load_dcp([c.module for c in self.chunks], self.optimizer, str(ckpt.dcp))

@@ -19,13 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from launcher.parallel.rank import Chunk, layer_paths
+from launcher.parallel.rank import Chunk, layer_paths, set_module
 from launcher.plan.pipeline import PipelinePlan, StagePlan
-
-
-def _remove(model: nn.Module, path: str) -> None:
-    parent, _, leaf = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, None)
 
 
 def _chain(module: nn.Module, paths: list[str]):
@@ -45,7 +40,7 @@ def stage_chunk(module: nn.Module, paths: dict[str, str], plan: PipelinePlan, st
     """``module`` (the whole model, changed in place) cut down to ``stage``."""
     for name, path in paths.items():
         if name not in stage.layers:
-            _remove(module, path)
+            set_module(module, path, None)
     kept = [(name, paths[name]) for name in stage.layers]
     if plan.split == "chain":
         module.forward = _chain(module, [p for _, p in kept])

@@ -44,6 +44,8 @@ class RankContext:
     dp_group: Any
     """The data-parallel process group (every reduction of gradients, losses and tables runs on it)."""
     rank: int = 0
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
     loss_fn: Any = None
     layers_of: Callable[[Any], list[tuple[str, Any]]] | None = None
     """The recipe's layers(model) (a pipeline cuts a model built on the meta device the same way)."""
@@ -74,3 +76,14 @@ def layer_paths(model: Any, layers: list[tuple[str, Any]]) -> list[tuple[str, st
     """(layer name, its module path in ``model``) of a recipe's layers() (gpt's block.0 is at blocks.0)."""
     where = {id(m): path for path, m in model.named_modules()}
     return [(name, where[id(m)]) for name, m in layers]
+
+
+def set_module(model: Any, path: str, module: Any) -> None:
+    """Put ``module`` (or None) at ``path`` in ``model``."""
+    parent, _, leaf = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, module)
+
+
+def local_tensor(t: Any) -> Any:
+    """This rank's shard of a DTensor (its local tensor); any other tensor as it is."""
+    return getattr(t, "_local_tensor", t)

@@ -26,6 +26,11 @@ DEEPSPEED = "deepspeed"
 
 
 class Part(Protocol):
+    """Every part. A part that drives the step also has ``engine(chunks, optimizer, rt)`` (deepspeed, pipeline); the
+    pipeline has ``split(model, layers, rt)``, which cuts the model into this rank's stages before the others apply;
+    tensor_parallel has ``saved_params(i)`` (what its split takes off a rank, for the memory estimate); a part whose
+    config is a file of its own has ``config_file = True`` (DeepSpeed's ds_config.json)."""
+
     name: str
     slot: str
     """Where it applies: one of SLOTS."""
@@ -58,6 +63,18 @@ class DataParallelPart(Part, Protocol):
 
     def zero_stage(self, i: Intents) -> int:
         """The ZeRO stage it runs (what the plan and the checkpoint record)."""
+
+    def locations(self, i: Intents) -> tuple[str, str]:
+        """(where the parameters live, where the optimizer states live and step): host or device."""
+
+    def shard_ways(self, i: Intents) -> int:
+        """The ranks of dp its DTensor shards span (the mesh's dp_shard dim); 1 = it does not shard on the mesh."""
+
+    def set_sync(self, chunks: list[Any], on: bool) -> None:
+        """Gradient accumulation: whether the next micro-batch's backward reduces gradients over dp."""
+
+    def attach(self, optimizer: Any, chunks: list[Any], rt: Any) -> None:
+        """Hook the optimizer once it exists (e.g. average gradients before each step)."""
 
     def memory(self, i: Intents, params: int) -> tuple[Any, Any]:
         """(host, device) Bytes per rank of ``params`` dense parameters, their gradients and optimizer states."""

@@ -160,17 +160,16 @@ def _pipeline(cfg: DictConfig, dims: ParallelDims | None, batch: BatchPlan | Non
     schedule = par.schedule
     if schedule == "1f1b" and batch.grad_accum < dims.pp:  # torch's Schedule1F1B needs M >= P
         schedule = "gpipe"
-        notes.append(f"parallel.schedule=1f1b -> gpipe: with {batch.grad_accum} micro-batch(es) on {dims.pp} stages "
-                     f"1F1B never reaches its steady state and runs as GPipe does (torch's Schedule1F1B needs "
-                     f"batch.micro_batches >= {dims.pp})")
     pipeline, found = plan_pipeline(dims.pp, batch.grad_accum, dict(par.stages), par.partition, sizes.layers,
                                     sizes.layer_params, sizes.tied, schedule, par.stages_per_rank,
                                     getattr(recipe, "pipeline_split", "chain"))
     problems += found
-    if pipeline is not None and batch.grad_accum < len(pipeline.stages) // pipeline.stages_per_rank:
-        notes.append(f"batch.micro_batches={batch.grad_accum} with {dims.pp} pipeline stages: each rank idles "
-                     f"{pipeline.bubble:.0%} of a step (the bubble). More micro-batches (batch.micro_batches=4 or "
-                     f"more) fill it.")
+    if pipeline is not None and batch.grad_accum < dims.pp:
+        runs = ("; with fewer micro-batches than stages 1F1B is GPipe (torch's Schedule1F1B refuses it): "
+                "parallel.schedule=1f1b runs as gpipe") if schedule != par.schedule else ""
+        notes.append(f"batch.micro_batches={batch.grad_accum} on {dims.pp} pipeline stages: each rank idles "
+                     f"{pipeline.bubble:.0%} of a step (the bubble); batch.micro_batches={4 * dims.pp} would cut it "
+                     f"to {(dims.pp - 1) / (4 * dims.pp + dims.pp - 1):.0%}{runs}")
     return pipeline
 
 
@@ -239,27 +238,22 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
     if cfg.debug.fail_rank >= world:
         problems.append(f"debug.fail_rank={cfg.debug.fail_rank} is not a rank of this run (world size {world}). "
                         f"Set debug.fail_rank to 0 .. {world - 1}, or -1 (off).")
-    parts, intents = (), None
+    intents, parts = None, ()
     if dims is not None and batch is not None and (dims.pp == 1 or pipeline is not None):
-        intents = parallel.Intents(
-            dims=dims, zero=zero, offload_optimizer=placement.optimizer_location == "host",
-            offload_params=placement.param_location == "host", precision=cfg.precision, optimizer=cfg.optimizer.name,
-            cpu_impl=placement.cpu_impl, pin_memory=placement.pin_memory, data_parallel=cfg.parallel.data_parallel,
-            sharding=sharding, recompute=recompute, pipeline=pipeline, schedule=cfg.parallel.schedule,
-            host_tables=placement.sparse_tables, device_type=device_type, dense_params=placement.dense_params,
-            batch=(batch.global_size, batch.micro_size, batch.grad_accum), log_every=cfg.trainer.log_every)
+        intents = parallel.intents_of(cfg, dims, placement, zero, device_type,
+                                      (batch.global_size, batch.micro_size, batch.grad_accum), sharding=sharding,
+                                      recompute=recompute, pipeline=pipeline)
         parts, part_problems, part_notes = parallel.plan_parts(intents)
         problems += part_problems
         notes += part_notes
     if problems or intents is None:
         raise ConfigError(list(dict.fromkeys(problems)))  # a rule checked twice says it once
-    zero, dp_shard, ds_ops = parallel.run_facts(intents, parts)
-    dims = dataclasses.replace(dims, dp_shard=dp_shard)
+    run = parallel.run_facts(intents, parts)
+    zero, dims = run["zero"], dataclasses.replace(dims, dp_shard=run["dp_shard"])
+    placement = dataclasses.replace(placement, param_location=run["param_location"],
+                                    optimizer_location=run["optimizer_location"])
     memory, pipeline = parallel.estimate(intents, parts, placement, sizes.layer_paths, facts.activations, recompute,
                                          batch.micro_size)
-    if sharding is not None and pipeline is None:
-        notes.append("the memory estimate takes the tensor-parallel operators' shares off each rank "
-                     "(rank.N/memory.json measures what they hold)")
     ranks = plan_ranks(nnodes=nnodes, nproc_per_node=nproc, device_type=device_type,
                        master_addr=cfg.cluster.master_addr, master_port=cfg.cluster.master_port,
                        cpu_count=host.cpu_count, extensions_dir=host.extensions_dir, dims=dims,
@@ -281,7 +275,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
                                    OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data else None)
               if user else OmegaConf.to_container(cfg.data, resolve=True)),
         loss=OmegaConf.to_container(cfg.loss, resolve=True), reference=dict(data_facts.reference), ranks=ranks,
-        rank_table=rank_table(ranks, hosts), ds_ops=ds_ops, notes=tuple(notes), resume_from=cfg.trainer.resume_from,
+        rank_table=rank_table(ranks, hosts), ds_ops=run["ops"], notes=tuple(notes), resume_from=cfg.trainer.resume_from,
         code_paths=facts.code_paths, debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step), sharding=sharding,
     )
 

@@ -27,7 +27,8 @@ def estimate_run(i: Any, dp_part: Any, placement: PlacementPlan, tp_saved: dict[
                  micro: int) -> tuple[MemoryEstimate, PipelinePlan | None]:
     """(the estimate per rank, the pipeline with each stage's state and activation bytes). ``tp_saved``: parameters
     tensor parallel takes from one rank, per operator path; ``layer_paths``: layer name -> module path (which stage
-    holds a table or an operator)."""
+    holds a table or an operator). With a pipeline the host and device figures are each the busiest rank's there
+(a stage with large host tables and one with a large network may be different ranks)."""
     pipeline = i.pipeline
     if pipeline is None:
         return with_tables(placement, dp_part.memory(i, placement.dense_params - sum(tp_saved.values()))), None
@@ -53,6 +54,7 @@ def estimate_run(i: Any, dp_part: Any, placement: PlacementPlan, tp_saved: dict[
             per_rank[r] = (h.plus(**dataclasses.asdict(est.host)), d.plus(**dataclasses.asdict(est.device)))
         else:
             per_rank[r] = (est.host, est.device)
-    host, device = max(per_rank.values(), key=lambda hd: hd[0].total + hd[1].total)
+    host = max((hd[0] for hd in per_rank.values()), key=lambda b: b.total)  # each location's busiest rank: what
+    device = max((hd[1] for hd in per_rank.values()), key=lambda b: b.total)  # one rank may need there at most
     whole = with_tables(placement, dp_part.memory(i, placement.dense_params))
     return dataclasses.replace(whole, host=host, device=device), dataclasses.replace(pipeline, stages=tuple(stages))

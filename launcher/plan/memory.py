@@ -29,10 +29,13 @@ class Bytes:
     """Sparse embedding tables (fp32)."""
     table_states: int = 0
     """Their optimizers' states (fp32)."""
+    gathered: int = 0
+    """Whole parameters and gradients a sharding part holds during a step only, beyond its shards (FSDP2 keeps a
+    unit's gathered parameters from its forward to its backward below ZeRO-3 and in pipelines)."""
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.tables + self.table_states
+        return self.params + self.grads + self.optimizer + self.tables + self.table_states + self.gathered
 
     def plus(self, **more: int) -> Bytes:
         return Bytes(**{k: getattr(self, k) + more.get(k, 0) for k in self.__dataclass_fields__})

@@ -15,6 +15,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from launcher.plan.registry import unknown
+
 PARTITIONS = ("parameters", "uniform")
 SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
 SPLITS = ("chain", "model")
@@ -210,9 +212,7 @@ def schedule_problems(schedule: str, per_rank: int, ranks: int, micro: int) -> l
     """parallel.schedule is one of SCHEDULES and fits parallel.stages_per_rank and the micro-batches (checked
     whether or not a pipeline uses it)."""
     if schedule not in SCHEDULES:
-        close = difflib.get_close_matches(schedule, SCHEDULES, n=1)
-        hint = f" Did you mean parallel.schedule={close[0]}?" if close else ""
-        return [f"parallel.schedule={schedule} is not one of {', '.join(SCHEDULES)}.{hint}"]
+        return [unknown("parallel.schedule", schedule, SCHEDULES)]
     if per_rank < 1:
         return [f"parallel.stages_per_rank={per_rank} must be >= 1."]
     if schedule == "interleaved_1f1b" and ranks > 1:
@@ -233,11 +233,7 @@ def schedule_problems(schedule: str, per_rank: int, ranks: int, micro: int) -> l
 
 def partition_problems(partition: str) -> list[str]:
     """parallel.partition is one of PARTITIONS (checked whether or not a pipeline uses it)."""
-    if partition in PARTITIONS:
-        return []
-    close = difflib.get_close_matches(partition, PARTITIONS, n=1)
-    hint = f" Did you mean parallel.partition={close[0]}?" if close else ""
-    return [f"parallel.partition={partition} is not one of {', '.join(PARTITIONS)}.{hint}"]
+    return [] if partition in PARTITIONS else [unknown("parallel.partition", partition, PARTITIONS)]
 
 
 def _layer_of(path: str, layers: tuple[str, ...]) -> str:

@@ -24,7 +24,8 @@ class TablePlan:
     rows: int
     dim: int
     location: str
-    """host or device: where the table, its lookups and its optimizer state live; engine: inside the engine (dense)."""
+    """host or device: where the table, its lookups and its optimizer state live; engine: trained with the rest of
+    the model by the parallel parts (dense)."""
     optimizer: str
     """lazy_adam, ftrl or dense."""
     lr: float
@@ -40,9 +41,9 @@ class TablePlan:
 class PlacementPlan:
     tables: tuple[TablePlan, ...]
     sparse_tables: bool
-    """True: tables train outside the DeepSpeed engine with their sparse optimizers."""
+    """True: tables train outside the parallel parts (in a table store) with their sparse optimizers."""
     dense_params: int
-    """Parameters inside the engine (tables included when they are dense)."""
+    """Parameters the parallel parts train (tables included when they are dense)."""
     param_location: str
     """device, or host (ZeRO-3 offload_param)."""
     optimizer_location: str

@@ -54,13 +54,6 @@ class RuntimePlan:
 
         return config_file(self.parts)
 
-    @property
-    def batch(self) -> Any:
-        """What the parts read of a plan's batch: the micro-batches per step."""
-        from types import SimpleNamespace
-
-        return SimpleNamespace(grad_accum=self.grad_accum)
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RuntimePlan:
         return cls(**{**d, "parts": tuple(PartPlan.from_dict(p) for p in d["parts"]),
@@ -85,16 +78,13 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str,
     micro, accum = (b.micro_size if b.micro_size > 0 else 1), (b.grad_accum if b.grad_accum > 0 else 1)
     if problems:
         return None, (), problems, notes
-    intents = parallel.Intents(
-        dims=dims, zero=zero, offload_optimizer=placement.optimizer_location == "host",
-        offload_params=placement.param_location == "host", precision=cfg.precision, optimizer=cfg.optimizer.name,
-        cpu_impl=placement.cpu_impl, pin_memory=placement.pin_memory, data_parallel=cfg.parallel.data_parallel,
-        device_type=device_type, batch=(micro * accum * dims.dp, micro, accum), log_every=cfg.trainer.log_every,
-        client_optimizer=True)
+    intents = parallel.intents_of(cfg, dims, placement, zero, device_type, (micro * accum * dims.dp, micro, accum),
+                                  client_optimizer=True)
     parts, part_problems, part_notes = parallel.plan_parts(intents)
     if part_problems:
         return None, (), part_problems, notes
-    zero, _, ds_ops = parallel.run_facts(intents, parts)
+    run = parallel.run_facts(intents, parts)
+    zero, ds_ops = run["zero"], run["ops"]
     runtime = RuntimePlan(
         parts=parts, zero_stage=zero, precision=cfg.precision, grad_accum=accum, placement=placement,
         host_device_mix=cfg.placement.host_device_mix, table_locations=OmegaConf.to_container(cfg.placement.tables),

@@ -122,7 +122,7 @@ class LaunchPlan:
     """Estimated bytes kept for the backward per micro-batch: per_layer, kept_bytes (no recompute),
     kept_bytes_with_recompute; {} when not estimated (only runs that recompute or pipeline are)."""
     pipeline: PipelinePlan | None = None
-    """The stages of a pipeline (engine ``pipeline``); None without one."""
+    """The stages of a pipeline (the pipeline part); None without one."""
     code_paths: tuple[str, ...] = ()
     """Folders of the user's code (a recipe in their folder): put on sys.path in every rank before building."""
     debug_fail: tuple[int, int] = (-1, -1)
@@ -218,7 +218,7 @@ def checkpoint_layout(plan: LaunchPlan) -> dict[str, Any]:
     A DCP checkpoint (torch-native parts) is saved by the model's names with global shapes, so the layout (world
     size, dp, tp, pp, the data-parallel part) may change; DeepSpeed's own files resume on the layout they were
     saved with."""
-    from launcher.parallel import checkpoint_format
+    from launcher.parallel import checkpoint_format, data_parallel_name
 
     fmt = checkpoint_format(plan.parts)
     out = {"format": fmt, "recipe": plan.recipe, "precision": plan.precision,
@@ -228,6 +228,7 @@ def checkpoint_layout(plan: LaunchPlan) -> dict[str, Any]:
            "optimizer": {**dataclasses.asdict(plan.optimizer), "betas": list(plan.optimizer.betas)},
            "model": plan.model, "data": plan.data}
     if fmt != "dcp":
-        out |= {"engine": plan.engine, "zero_stage": plan.zero_stage, "world_size": plan.world_size,
+        out |= {"data_parallel": data_parallel_name(plan.parts), "zero_stage": plan.zero_stage,
+                "world_size": plan.world_size,
                 "dims": {n: getattr(plan.dims, n) for n in plan.dims.names}}
     return out

@@ -22,7 +22,7 @@ def placement_table(plan: LaunchPlan) -> Table:
         t.add_column(col)
     for tb in pl.tables:
         if tb.location == "engine":
-            t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", "device, engine", f"{o.name} dense", pl.optimizer_location)
+            t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", "device, with the model", f"{o.name} dense", pl.optimizer_location)
         else:
             t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", tb.location, f"{tb.optimizer} rows", tb.location)
     impl = f" ({pl.cpu_impl})" if pl.optimizer_location == "host" else ""
@@ -44,9 +44,10 @@ def sharding_table(sh: ShardingPlan) -> Table:
 
 
 def _bytes_line(where: str, b: Bytes, ranks: int) -> str:
+    gathered = f" + gathered during a step {_mib(b.gathered)}" if b.gathered else ""
     return (f"{where}: {_mib(b.total)}/rank, {_mib(b.total * ranks)}/host = params {_mib(b.params)} + grads "
             f"{_mib(b.grads)} + optimizer {_mib(b.optimizer)} + tables {_mib(b.tables)} + table states "
-            f"{_mib(b.table_states)}")
+            f"{_mib(b.table_states)}{gathered}")
 
 
 def pipeline_tree(plan: LaunchPlan) -> Tree:
@@ -102,7 +103,7 @@ def plan_tree(plan: LaunchPlan) -> Tree:
     root.add(f"trainer: {plan.steps} steps, log every {plan.log_every}, seed {plan.seed}, precision {plan.precision}")
     root.add(f"optimizer: {o.name} lr {o.lr} on {plan.placement.optimizer_location}")
     per_rank = "; per rank: the largest stage's" if plan.pipeline is not None else ""
-    mem = root.add(f"memory (estimate; {m.params:,} parameters, {m.dense_params:,} in the engine{per_rank})")
+    mem = root.add(f"memory (estimate; {m.params:,} parameters, {m.dense_params:,} trained by the parts{per_rank})")
     mem.add(_bytes_line("host", m.host, plan.nproc_per_node))
     mem.add(_bytes_line("device", m.device, plan.nproc_per_node))
     if plan.activations:

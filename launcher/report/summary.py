@@ -12,6 +12,11 @@ from rich.text import Text
 from launcher.rundir import RunDir
 
 
+def _parts(plan: dict) -> list[dict]:
+    """The parallel parts of a run's plan.json (a script's are its runtime.prepare()'s)."""
+    return plan.get("parts") or (plan.get("runtime") or {}).get("parts") or []
+
+
 def signal_name(exit_code: int | None) -> str | None:
     if exit_code is None or exit_code >= 0:
         return None
@@ -58,7 +63,8 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
         "status": status,
         "run_id": run_dir.name,
         "recipe": plan.get("recipe") or plan.get("name"),
-        "engine": plan.get("engine"),
+        "engine": "+".join(p["name"] for p in _parts(plan)) or None,
+        "parts": [p["name"] for p in _parts(plan)],
         "world_size": plan.get("world_size"),
         "steps": plan.get("steps"),
         "completed_steps": min((r["last_step"] for r in ranks), default=0),

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.parallel.rank import held_module
+from launcher.parallel.rank import held_module, set_module
 
 from launcher.plan import TablePlan
 from launcher.tables.replicated import ReplicatedTables
@@ -74,12 +74,12 @@ def build_tables(models: list[nn.Module], plans: tuple[TablePlan, ...], compute:
     for _, p, module in found:
         why = movable(module)
         if why:
-            raise TypeError(f"{p.name} cannot train outside the engine: {why}")
+            raise TypeError(f"{p.name} cannot train outside the parallel parts: {why}. Set "
+                            f"tables.{p.name}.optimizer=dense (it then trains with the rest of the model).")
     store = ReplicatedTables({p.name: mod.weight for _, p, mod in found}, tuple(p for _, p, _ in found), compute,
                              dtype, dp_group, {p.name: mod.padding_idx for _, p, mod in found})
     for model, p, module in found:
         bag = module.mode if isinstance(module, nn.EmbeddingBag) else None
         lookup = TableLookup(store, p.name, bag, getattr(module, "include_last_offset", False))
-        parent, _, leaf = p.name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, lookup)
+        set_module(model, p.name, lookup)
     return store

@@ -79,7 +79,7 @@ class ReplicatedTables:
             looked_up = [(n, a) for n, a in looked_up if a.grad is not None]
             if not looked_up:
                 continue
-            rows = ids.reshape(-1).to(self.compute)
+            rows = ids.reshape(-1).to(self.compute, torch.int64)  # int32 ids too: every rank sends int64 rows
             values = torch.cat([a.grad.float() for _, a in looked_up], dim=1)  # (n, dim_a + dim_b ...)
             start = 0
             for name, _ in looked_up:
@@ -141,6 +141,9 @@ class ReplicatedTables:
 
     def digests(self) -> dict[str, str]:
         return {name: hashlib.sha256(t.weight.cpu().numpy().tobytes()).hexdigest() for name, t in self.tables.items()}
+
+    def held(self) -> dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]:
+        return {name: (t.plan.location, t.weight, t.optimizer.state_tensors()) for name, t in self.tables.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """Each table's weights and its optimizer's state, step counts included (identical on every rank).

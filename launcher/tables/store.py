@@ -38,3 +38,7 @@ class TableStore(Protocol):
 
     def digests(self) -> dict[str, str]:
         """A hash of each table's weights (equal on every rank that holds a copy)."""
+
+    def held(self) -> dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]:
+        """Per table this rank holds: (where the plan put it: host or device, its weight or this rank's rows of it,
+        its optimizer's state tensors): what the memory accounting measures."""

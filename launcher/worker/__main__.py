@@ -1,6 +1,7 @@
 """One rank: ``python -m launcher.worker <run_dir>``, started by the launcher with the rank's env from plan.json."""
 
 import sys
+import traceback
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -18,5 +19,12 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception:  # recorded in error.json by @record; printed here, as the interpreter would
+        traceback.print_exc()
+        # Without the interpreter's teardown: it destroys gloo's threads while a peer may still be talking to this
+        # rank ("terminate called without an active exception"), and the rank would die of SIGABRT instead of
+        # ending with its error's exit code (a blame that names a crash, not the error).
+        fast_exit(1)
     fast_exit(0)  # the rank's work is done and its files are closed: skip the interpreter's teardown

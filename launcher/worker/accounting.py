@@ -14,11 +14,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from launcher.parallel.rank import local_tensor
+
 KINDS = ("params", "optimizer", "tables", "table_states")
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    t = getattr(t, "_local_tensor", t)  # a DTensor: this rank's shard
+    t = local_tensor(t)  # a DTensor: this rank's shard
     return t.numel() * t.element_size()
 
 
@@ -56,15 +58,15 @@ def measure_memory(engine, tables, placement) -> dict:
     per_table = {}
     if tables is not None:
         engine_ids = {p.data_ptr() for p in module_params}
-        for name, t in tables.tables.items():
-            add(t.plan.location, "tables", t.weight)
-            for s in t.optimizer.state_tensors():
-                add(t.plan.location, "table_states", s)
+        for name, (location, weight, states) in tables.held().items():
+            add(location, "tables", weight)
+            for s in states:
+                add(location, "table_states", s)
             per_table[name] = {
-                "planned": t.plan.location,
-                "torch_device": t.weight.device.type,
-                "state_devices": sorted({s.device.type for s in t.optimizer.state_tensors()}),
-                "in_engine": t.weight.data_ptr() in engine_ids,
+                "planned": location,
+                "torch_device": weight.device.type,
+                "state_devices": sorted({s.device.type for s in states}),
+                "in_engine": weight.data_ptr() in engine_ids,
             }
     # What DeepSpeed's ZeRO optimizer actually switched on (stage 1/2: cpu_offload; stage 3: offload_*).
     offload = {
@@ -76,7 +78,7 @@ def measure_memory(engine, tables, placement) -> dict:
 
 def _storage(t: torch.Tensor):
     """The storage of a tensor, or of this rank's shard of a DTensor (which has none of its own)."""
-    return getattr(t, "_local_tensor", t).untyped_storage()
+    return local_tensor(t).untyped_storage()
 
 
 class SavedActivations:

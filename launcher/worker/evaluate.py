@@ -27,6 +27,11 @@ def _gather_cat(t: torch.Tensor, dp: DataParallel) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """One flat tensor of a rank's scored values (empty when it scored no batch: its dp peers still gather)."""
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
 def _padded(inputs: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
     """Each input with its rows repeated up to ``rows`` (a pipeline's stages were shaped by full micro-batches)."""
     n = len(inputs[0])
@@ -42,6 +47,8 @@ def _outputs(trainer, batch) -> tuple[torch.Tensor | None, torch.Tensor]:
     if not getattr(trainer.engine, "drives_schedule", False):
         return trainer.forward(batch)
     inputs, labels = trainer._move(batch)
+    if len(labels) == 0:  # every stage of this pipeline got the same empty batch: none of them runs it
+        return None, labels
     out = trainer.engine.outputs(_padded(inputs, trainer.plan.batch.micro_size))
     return (out[:len(labels)] if out is not None else None), labels
 
@@ -56,14 +63,12 @@ def evaluate(trainer) -> dict:
     sums = torch.zeros(2, device=trainer.device)  # (loss × samples, samples): batches may differ in size
     outputs, labels, truth = [], [], []
     knows_truth = hasattr(data, "true_logits")
-    scored = False
     batches = data.eval_batches(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches)
     for batch in itertools.islice(batches, plan.eval_max_batches or None):
         trainer.alive()
         out, y = _outputs(trainer, batch)
         if out is None:
             continue
-        scored = True
         sums += torch.stack([trainer.loss_fn(out, y).float() * len(y), sums.new_tensor(float(len(y)))])
         if plan.eval_metrics == "binary":
             outputs.append(out.float().cpu().flatten())
@@ -72,7 +77,8 @@ def evaluate(trainer) -> dict:
                 truth.append(data.true_logits(*batch[0]).flatten())
     trainer.engine.train()
     pipelined = getattr(trainer.engine, "drives_schedule", False)
-    result = _reduce(sums, outputs, labels, truth, plan.eval_metrics, dp) if scored or not pipelined else None
+    scores = not pipelined or trainer.engine.is_last  # the same on every rank of a dp group: its reductions match
+    result = _reduce(sums, outputs, labels, truth if knows_truth else None, plan.eval_metrics, dp) if scores else None
     if pipelined:
         box = [result]
         dist.broadcast_object_list(box, src=trainer.engine.last_rank, group=trainer.engine.pp_group)
@@ -87,8 +93,8 @@ def _reduce(sums, outputs, labels, truth, metrics: str, dp: DataParallel) -> dic
     result = {"loss": (sums[0] / sums[1].clamp(min=1)).item()}
     if metrics != "binary":
         return result | {"n": int(sums[1].item())}
-    scores, ys = _gather_cat(torch.cat(outputs), dp), _gather_cat(torch.cat(labels), dp)
+    scores, ys = _gather_cat(_cat(outputs), dp), _gather_cat(_cat(labels), dp)
     result |= binary_metrics(scores, ys)
-    if truth:
-        result["bayes_auc"] = auc(_gather_cat(torch.cat(truth), dp), ys)
+    if truth is not None:  # the data knows it on every rank: each rank gathers, also one that scored no batch
+        result["bayes_auc"] = auc(_gather_cat(_cat(truth), dp), ys)
     return result

@@ -1,8 +1,8 @@
 """Training precision in a rank: BatchNorm computes in fp32 when the rest of the model runs in bf16 or fp16.
 
-The parts that run bf16 (DeepSpeed, FSDP2's MixedPrecisionPolicy) cast parameters, not buffers, so a BatchNorm's
-weight arrives in bf16 beside its fp32 running statistics, which torch's batch_norm refuses ("expected scalar type
-BFloat16 but found Float"); low-precision running statistics would drift anyway. As MindSpore's amp O2 and Apex's
+The parts that run bf16 cast a BatchNorm's weight to bf16 (FSDP2's MixedPrecisionPolicy leaves its buffers in fp32,
+DeepSpeed casts them too), and torch's batch_norm refuses a bf16 weight beside fp32 running statistics ("expected
+scalar type BFloat16 but found Float"); running statistics kept in bf16 would drift anyway. As MindSpore's amp O2 and Apex's
 keep_batchnorm_fp32 do, a BatchNorm here normalises in fp32 (input, weight, bias and running statistics) and hands
 its output on in the input's dtype; its gradients flow back in the parameters' dtype.
 """
@@ -38,10 +38,12 @@ def _batchnorm_fp32(bn: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
 
 
 def keep_batchnorm_fp32(model: nn.Module) -> int:
-    """Make every BatchNorm of ``model`` compute in fp32 (in place); returns how many."""
+    """Make every BatchNorm of ``model`` that runs torch's own _BatchNorm.forward (BatchNorm1d/2d/3d) compute in fp32,
+    in place; returns how many. A subclass with a forward of its own (SyncBatchNorm's cross-rank statistics, a
+    user's) is left as it is."""
     count = 0
     for m in model.modules():
-        if isinstance(m, _BatchNorm):
+        if isinstance(m, _BatchNorm) and type(m).forward is _BatchNorm.forward:
             def forward(x: torch.Tensor, _bn: Any = m) -> torch.Tensor:
                 _bn._check_input_dim(x)
                 return _batchnorm_fp32(_bn, x)

@@ -70,7 +70,8 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
     data = instantiate(plan.data)
     layers_of = recipe_for(plan.recipe).layers
     example = next(iter(data.train_batches(dp.rank, dp.size, plan.batch.micro_size, plan.seed)))[0]
-    rt = RankContext(plan=plan, mesh=mesh, device=device, dp_group=dp.group, rank=rank, loss_fn=loss_fn,
+    rt = RankContext(plan=plan, mesh=mesh, device=device, dp_group=dp.group, rank=rank,
+                     grad_accum=plan.batch.grad_accum, loss_fn=loss_fn,
                      layers_of=layers_of, example=tuple(host_to_device(t, device, DTYPES[plan.precision])
                                                         for t in example))
     chunks = split(model, layers_of(model), rt)

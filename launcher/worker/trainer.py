@@ -22,7 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.parallel.engine import Engine
+from launcher.parallel.engine import DTYPES, Engine
+from launcher.parallel.rank import local_tensor
 from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.rundir import CheckpointDir, MetricsWriter, RankDir, RunDir
 from launcher.tables import TableStore
@@ -31,7 +32,6 @@ from launcher.worker.accounting import SavedActivations, measure_memory
 from launcher.worker.evaluate import evaluate, mean_over
 from launcher.worker.mesh import DataParallel
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _flat(node: Any, prefix: str):
@@ -87,7 +87,7 @@ class Trainer:
     def train_step(self) -> torch.Tensor:
         """grad_accum micro-batches and one optimizer step; returns this rank's mean loss (a tensor, not synced)."""
         accum = self.plan.batch.grad_accum
-        if getattr(self.engine, "drives_schedule", False):  # a pipeline: DeepSpeed runs the step's micro-batches
+        if getattr(self.engine, "drives_schedule", False):  # a pipeline: its schedule runs the step's micro-batches
             return self._pipeline_step(accum)
         total = None
         for _ in range(accum):
@@ -247,7 +247,7 @@ class Trainer:
         out = {}
         for k, v in _flat(state, "state"):
             if torch.is_tensor(v):
-                v = getattr(v, "_local_tensor", v)  # a DTensor: this rank's shard
+                v = local_tensor(v)  # a DTensor: this rank's shard
                 out[k] = hashlib.sha256(v.detach().float().cpu().numpy().tobytes()).hexdigest()
             elif isinstance(v, (int, float, bool)):
                 out[k] = repr(v)
@@ -259,10 +259,10 @@ class Trainer:
             for p in self.engine.module.parameters():
                 t = getattr(p, "ds_tensor", None)
                 t = t if t is not None else p
-                getattr(t, "_local_tensor", t).add_(1.0)
+                local_tensor(t).add_(1.0)
             if self.tables is not None:
-                for t in self.tables.tables.values():
-                    t.weight.add_(1.0)
+                for _, weight, _ in self.tables.held().values():
+                    weight.add_(1.0)
         self.step, self.data_position = self.step + 1000, self.data_position + 1000
 
     def verify_checkpoint(self, ckpt: CheckpointDir) -> None:

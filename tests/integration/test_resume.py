@@ -88,11 +88,14 @@ def test_resume_from_a_run_dir_brings_back_zero_offload_state(tmp_path):
     (["cluster.nproc_per_node=4", "zero.stage=3", "parallel.data_parallel=fsdp"],
      ["cluster.nproc_per_node=2", "zero.stage=3", "parallel.data_parallel=fsdp"]),
     (["cluster.nproc_per_node=4", "parallel.tp=2"], ["cluster.nproc_per_node=2"]),
-], ids=["fsdp_dp4_to_dp2", "tp2_to_tp1"])
+    (["cluster.nproc_per_node=2"], ["cluster.nproc_per_node=2", "parallel.pipeline_stages=2"]),
+], ids=["fsdp_dp4_to_dp2", "tp2_to_tp1", "whole_to_2_stages"])
 def test_a_dcp_checkpoint_resumes_on_another_layout(tmp_path, first, then):
     """gpt: the checkpoint at step 4 of a run on 4 ranks (FSDP2 shards over dp 4; or dp 2 × tp 2, the attention and
-    MLP split over tp) loads on 2 ranks (FSDP2 over dp 2; or plain DDP, tp 1): DCP reshards the saved tensors by their
-    names and global shapes. The global batch (8) and its micro-batches are the same, so the data position is."""
+    MLP split over tp) loads on 2 ranks (FSDP2 over dp 2; or plain DDP, tp 1), and one of the whole model loads into
+    2 pipeline stages (the last stage holds the tied head under its own name, whose Adam state was saved under both):
+    DCP reshards the saved tensors by their names and global shapes. The global batch (8) and its micro-batches are
+    the same, so the data position is."""
     common = ["recipe=gpt", "smoke=true", *STEPS]
     failed = run_cli([*common, *first, *FAIL_AFTER_STEP_8, "output.run_name=first"], tmp_path)
     assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]

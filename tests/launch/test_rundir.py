@@ -8,7 +8,7 @@ from launcher.rundir import MetricsWriter, RunDir
 def _checkpoint(run: RunDir, step: int, complete: bool) -> None:
     ckpt = run.checkpoint(step)
     ckpt.path.mkdir(parents=True)
-    (ckpt.path / "engine.pt").write_bytes(b"weights")
+    (ckpt.path / "model").mkdir()
     if complete:
         ckpt.meta.write_text(json.dumps({"step": step}))
 

@@ -107,7 +107,8 @@ W8 = "world_size: cluster.nnodes 1 × nproc_per_node 8"
         (["parallel.search_mode=recursive_programming"], r"parallel.search_mode=recursive_programming is not supported"),
         (["parallel.data_parallel=deepspeed", "zero.stage=1"],
          r"parallel.data_parallel=deepspeed: DeepSpeed's engine .* composes with neither tensor parallel nor "
-         r"torch.distributed.pipelining \(parallel.sharding\)\. Set parallel.data_parallel=auto \(it picks fsdp\)\."),
+         r"torch.distributed.pipelining \(parallel.sharding=\{matmul:\[\[2,4\],\[4,1\]\]\}\)\. Set "
+         r"parallel.data_parallel=auto \(it picks fsdp\)\."),
     ],
     ids=["product", "product_elementwise", "divisible", "unknown_op", "x_w_mismatch", "two_d_tp", "batch_factors", "tp_contradicts",
          "form", "search_mode", "deepspeed"],

@@ -71,7 +71,7 @@ def test_lookups_under_no_grad_leave_nothing_to_collect():
 
 
 def test_a_path_that_is_not_a_table_is_refused():
-    with pytest.raises(TypeError, match="head cannot train outside the engine: it is a Linear, not an nn.Embedding"):
+    with pytest.raises(TypeError, match="head cannot train outside the parallel parts: it is a Linear, not an nn.Embedding"):
         build_tables([Towers()], (_plan("head", 9, 1),), torch.device("cpu"), torch.float32)
 
 
@@ -109,7 +109,7 @@ def test_embeddings_the_lookup_cannot_reproduce_stay_in_the_engine(module, why):
     model = nn.ModuleDict({"t": module, "ok": nn.Embedding(5, 2)})
     facts = model_facts_on_meta(model)
     assert list(facts.tables) == ["ok"] and why in facts.lines[-1]
-    with pytest.raises(TypeError, match=f"t cannot train outside the engine: .*{why}"):
+    with pytest.raises(TypeError, match=f"t cannot train outside the parallel parts: .*{why}"):
         build_tables([model], (_plan("t", 5, 2),), torch.device("cpu"), torch.float32)
 
 

@@ -3,11 +3,14 @@ collectives on every rank every step, also when one rank's batch missed a table 
 sequence of collectives there, and hang or pair the wrong data)."""
 
 import datetime
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from launcher.plan import TablePlan
 from launcher.tables import ReplicatedTables
@@ -20,13 +23,22 @@ def test_coalesce_sums_duplicates_in_row_order():
     assert values.tolist() == [[10.0, 12.0], [6.0, 7.0], [4.0, 6.0]]
 
 
-def _spawn(fn, world: int = 2) -> dict:
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _spawn(fn, tmp_path: Path, world: int = 2) -> dict:
+    """Run ``fn(rank, port, world, out)`` in ``world`` subprocesses (plain ones: multiprocessing's spawn would leave
+    its resource tracker running beside pytest); {rank: what it put in out[rank]}."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = mp.Manager().dict()
-    mp.start_processes(fn, args=(port, world, out), nprocs=world, start_method="spawn")
-    return dict(out)
+    code = ("import sys, torch; from tests.tables.test_sparse_comm import {fn}; out = {{}}; "
+            "{fn}(int(sys.argv[1]), {port}, {world}, out); torch.save(out, sys.argv[2])").format(
+        fn=fn.__name__, port=port, world=world)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(tmp_path / f"out{r}.pt")], cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}) for r in range(world)]
+    assert [p.wait(timeout=180) for p in procs] == [0] * world
+    return {r: torch.load(tmp_path / f"out{r}.pt", weights_only=False)[r] for r in range(world)}
 
 
 def _join(rank: int, port: int, world: int) -> None:
@@ -50,8 +62,8 @@ def _reduce_rank(rank: int, port: int, world: int, out) -> None:
     dist.destroy_process_group()
 
 
-def test_the_mean_of_each_table_is_the_same_on_every_rank_whatever_each_rank_got():
-    out = _spawn(_reduce_rank)
+def test_the_mean_of_each_table_is_the_same_on_every_rank_whatever_each_rank_got(tmp_path):
+    out = _spawn(_reduce_rank, tmp_path)
     (local0, got0), (local1, got1) = out[0], out[1]
     for t, dim in enumerate((3, 1, 2)):
         r0, v0 = got0[t]
@@ -116,8 +128,8 @@ def _reference_weights() -> dict:
     return {n: p.detach() for n, p in params.items()}
 
 
-def test_a_batch_that_misses_a_table_on_one_rank_neither_hangs_nor_pairs_the_wrong_rows():
-    out = _spawn(_missed_table_rank)
+def test_a_batch_that_misses_a_table_on_one_rank_neither_hangs_nor_pairs_the_wrong_rows(tmp_path):
+    out = _spawn(_missed_table_rank, tmp_path)
     reference = _reference_weights()
     for name in ("items", "users"):
         assert torch.equal(out[0][name], out[1][name]), name  # the copies stay bit-identical
