@@ -4,7 +4,8 @@ gradients are averaged over the dp group before each step.
 On a plain model it is torch's ``DistributedDataParallel`` (bucketed all-reduces overlapping the backward; the
 all-reduce runs only in an accumulation boundary's backward). A model whose parameters are DTensors (tensor
 parallel) or a pipeline stage (whose backward the schedule runs) gets the same average as one flat all-reduce of
-every local gradient before the optimizer steps.
+every local gradient before the optimizer steps. One data-parallel rank has nothing to average: no wrapper (a
+script's runtime.prepare() keeps torch DDP's there, as under plain torchrun).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from launcher.plan.memory import Bytes, state_floats
 
 TORCH_DDP = "torch DistributedDataParallel"
 FLAT = "one flat all-reduce of every local gradient before each step"
+ALONE = "none: one data-parallel rank has nothing to average"
 
 
 class ReplicatedDataParallel:
@@ -50,7 +52,8 @@ class ReplicatedDataParallel:
 
     def config(self, i: Intents) -> dict[str, Any]:
         flat = i.sharding is not None or i.dims.pp > 1
-        return {"gradients": f"averaged over dp {i.dims.dp}", "implementation": FLAT if flat else TORCH_DDP}
+        how = ALONE if i.dims.dp == 1 and not i.client_optimizer else FLAT if flat else TORCH_DDP
+        return {"gradients": f"averaged over dp {i.dims.dp}", "implementation": how}
 
     def memory(self, i: Intents, params: int) -> tuple[Bytes, Bytes]:
         n = params * 4

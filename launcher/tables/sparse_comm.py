@@ -48,10 +48,12 @@ def reduce_tables(local: list[tuple[torch.Tensor, torch.Tensor] | None], dims: l
     rank (-1: none). Returns per table its (rows, mean values), coalesced, or None when no rank had any."""
     device = device or torch.device("cpu")
     world = dist.get_world_size(group) if dist.is_initialized() else 1
+    if world == 1:  # each table's gradient is coalesced already: nothing to exchange, nothing to sum
+        return list(local)
     n_tables = len(local)
     counts = [0 if x is None else len(x[0]) for x in local]
     header = torch.tensor(counts + shares, dtype=torch.int64, device=device)
-    headers = torch.stack(_all_gather(header, group, world)) if world > 1 else header[None]
+    headers = torch.stack(_all_gather(header, group, world))
     n, sh = headers[:, :n_tables].tolist(), headers[:, n_tables:].tolist()
     fused = [s if s >= 0 and all(h[t] == s for h in sh) else -1 for t, s in enumerate(sh[0])]
     send_rows = [t for t in range(n_tables) if fused[t] < 0]
@@ -61,8 +63,7 @@ def reduce_tables(local: list[tuple[torch.Tensor, torch.Tensor] | None], dims: l
     values_len = max(sum(c[t] * dims[t] for t in range(n_tables)) for c in n)
     rows_out = _padded([local[t][0] for t in send_rows if local[t] is not None], rows_len, empty_rows)
     values_out = _padded([x[1].reshape(-1) for x in local if x is not None], values_len, empty_values)
-    all_rows = _all_gather(rows_out, group, world) if world > 1 else [rows_out]
-    all_values = _all_gather(values_out, group, world) if world > 1 else [values_out]
+    all_rows, all_values = _all_gather(rows_out, group, world), _all_gather(values_out, group, world)
     per_rank = [_unpack(r, v, c, dims, send_rows) for r, v, c in zip(all_rows, all_values, n)]
     out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_tables
     for root in send_rows:

@@ -97,7 +97,11 @@ class LazyAdam:
         self.moments.index_copy_(0, rows, state)
         # SparseAdam's step: lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)
         step_size = self.lr * math.sqrt(1 - self.beta2**self.steps) / (1 - self.beta1**self.steps)
-        self.weight.index_add_(0, rows, exp_avg.div_(exp_avg_sq.sqrt_().add_(self.eps)), alpha=-step_size)
+        # rows are unique: gather, add, write back (index_copy_) is the same as index_add_ here and 8-24x faster on
+        # a CPU (index_add_ into a large table runs serially: 3.4 ms vs 0.43 ms for 58k rows of a 4 M x 16 table)
+        w = self.weight.index_select(0, rows)
+        w.add_(exp_avg.div_(exp_avg_sq.sqrt_().add_(self.eps)), alpha=-step_size)
+        self.weight.index_copy_(0, rows, w)
 
 
 class SparseAdam:
