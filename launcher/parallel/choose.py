@@ -1,10 +1,10 @@
 """Which parts a run is made of (pure): a filter over the registry's parts by what each says it can do.
 
 Tensor parallel, recompute and the pipeline join when their intents are given. The data-parallel part is
-``parallel.data_parallel``, or with auto the first of ``PREFERENCE`` that can run the intents: ddp when nothing asks
-for more than replicated fp32 (it is the lightest); deepspeed for ZeRO, offload and bf16 on plain data parallelism
-(its ZeRO-1/2 and ZeRO-Offload are the tools this launcher measured best there: README "Performance"); fsdp where
-DeepSpeed cannot go (with tensor parallel or pipeline stages). The plan says which and why.
+``parallel.data_parallel``, or with auto the first part of ``preference(intents)`` that can run the intents: ddp when
+nothing asks for more than replicated fp32 (it is the lightest); deepspeed for ZeRO-1/2, offload and bf16 on plain data
+parallelism, fsdp for ZeRO-3 without offload (bench/zero_bench.py measured each faster there: README "Performance");
+fsdp where DeepSpeed cannot go (with tensor parallel or pipeline stages). The plan says which and why.
 """
 
 from __future__ import annotations
@@ -18,6 +18,13 @@ from launcher.plan.registry import unknown
 
 PREFERENCE = ("ddp", "deepspeed", "fsdp")
 """auto's order among the data-parallel parts that can run the intents."""
+SHARDED_PREFERENCE = ("ddp", "fsdp", "deepspeed")
+"""auto's order for ZeRO-3 without offload: FSDP2 stepped 0.91x DeepSpeed's ZeRO-3 time (bench/zero_bench.py)."""
+
+
+def preference(i: Intents) -> tuple[str, ...]:
+    """auto's order among the data-parallel parts for these intents."""
+    return SHARDED_PREFERENCE if i.zero == 3 and not i.offload else PREFERENCE
 
 
 def choose_data_parallel(i: Intents) -> tuple[str | None, list[str], list[str]]:
@@ -28,19 +35,21 @@ def choose_data_parallel(i: Intents) -> tuple[str | None, list[str], list[str]]:
             return None, [unknown("parallel.data_parallel", i.data_parallel, ("auto", *DATA_PARALLEL))], []
         why_not = PARTS[i.data_parallel].cannot(i)
         if why_not:
-            able = [n for n in PREFERENCE if not PARTS[n].cannot(i)]
+            able = [n for n in preference(i) if not PARTS[n].cannot(i)]
             fix = f"Set parallel.data_parallel=auto (it picks {able[0]})" if able else "Change the intents"
             return None, [f"{key}: {why_not}. {fix}."], []
         return i.data_parallel, [], []
-    reasons = {n: PARTS[n].cannot(i) for n in PREFERENCE}
-    able = [n for n in PREFERENCE if not reasons[n]]
+    order = preference(i)
+    reasons = {n: PARTS[n].cannot(i) for n in order}
+    able = [n for n in order if not reasons[n]]
     if not able:
         why = "; ".join(f"{n}: {r}" for n, r in reasons.items())
         return None, [f"no data-parallel part can run {', '.join(i.needs + i.layout_words) or 'this run'} ({why}). "
                       f"Drop one of those settings."], []
     pick = able[0]
-    passed = "".join(f"; not {n}: {reasons[n]}" for n in PREFERENCE[:PREFERENCE.index(pick)])
-    why = PARTS[pick].why(i) + passed
+    passed = "".join(f"; not {n}: {reasons[n]}" for n in order[:order.index(pick)])
+    over = f"; auto prefers it to {', '.join(able[1:])} (bench/zero_bench.py)" if pick != order[0] and able[1:] else ""
+    why = PARTS[pick].why(i) + passed + over
     return pick, [], [f"{key} -> {pick} ({why})"]
 
 
