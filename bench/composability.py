@@ -42,7 +42,7 @@ INTENTS: dict[str, list[str]] = {
     "tp 2": ["parallel.tp=2"],
     "recompute": ["recompute=[all]"],
 }
-BASE = ["smoke=true", "batch.global_size=32", "batch.micro_batches=4", "eval.batches=1", "eval.max_batches=1"]
+BASE = ["smoke=true", "batch.global_size=32", "batch.micro_batches=4", "eval.batches=4", "eval.max_batches=4"]
 """Every combination and its reference: the recipe's smoke shapes, one global batch of 32 in 4 micro-batches
 (dp 4: 2 samples each, one process: 8), one held-out batch."""
 FAST = {"gpt": ["optimizer.lr=0.01"], "wide_deep": ["optimizer.lr=0.02", "tables.deep_embedding.lr=0.05"]}
@@ -168,13 +168,13 @@ def run(recipes: list[str], steps: int, workdir: Path, intents: dict[str, list[s
             if k in refused:
                 rows.append({**row, "status": "refused", "why": refused[k]})
                 continue
-            ref = refs[ref_key[k]]["losses"]
+            ref, ref_eval = refs[ref_key[k]]["losses"], refs[ref_key[k]]["eval"]
             got = results[k]
             parts = "+".join(p["name"] for p in matrix_plans[k]["parts"])
             rows.append({**row, "status": "trained", "parts": parts, "losses": got["losses"], "reference": ref,
                          "worst": worst(got["losses"], ref), "tolerance": tolerance(matrix_plans[k]),
-                         "eval": got["eval"], "held": got["held"], "planned": planned_bytes(matrix_plans[k]),
-                         "seconds": got["seconds"]})
+                         "eval": got["eval"], "reference_eval": ref_eval, "held": got["held"],
+                         "planned": planned_bytes(matrix_plans[k]), "seconds": got["seconds"]})
     return {"rows": rows, "refused": refused, "seconds": round(time.perf_counter() - t0, 1), "steps": steps}
 
 
@@ -217,6 +217,8 @@ def table(result: dict) -> str:
             continue
         ev = r["eval"] or {}
         shown = ", ".join(f"{m} {ev[m]:.3f}" for m in ("loss", "auc") if m in ev)
+        if r.get("reference_eval"):
+            shown += f" (1 process: loss {r['reference_eval']['loss']:.3f})"
         mib = max(h["params"] + h["optimizer"] + h["tables"] for h in r["held"]) / 2**10
         holds = f"yes ({mib:.0f} KiB/rank)" if held_as_planned(r) else "NO"
         lines.append(f"| {r['key']} | {r['parts']} | {r['losses'][0]:.4f} → {r['losses'][-1]:.4f} | "

@@ -47,7 +47,7 @@ def choose_data_parallel(i: Intents) -> tuple[str | None, list[str], list[str]]:
         return None, [f"no data-parallel part can run {', '.join(i.needs + i.layout_words) or 'this run'} ({why}). "
                       f"Drop one of those settings."], []
     pick = able[0]
-    passed = "".join(f"; not {n}: {reasons[n]}" for n in order[:order.index(pick)])
+    passed = "".join(f"; not {n}: {reasons[n]}" for n in order if reasons[n])
     over = f"; auto prefers it to {', '.join(able[1:])} (bench/zero_bench.py)" if pick != order[0] and able[1:] else ""
     why = PARTS[pick].why(i) + passed + over
     return pick, [], [f"{key} -> {pick} ({why})"]

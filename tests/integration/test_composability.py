@@ -32,6 +32,8 @@ def test_every_pair_of_intents_plans_and_trains_as_one_process_does(tmp_path):
         assert all(math.isfinite(x) for x in r["losses"]) and len(r["losses"]) == 3, r
         assert r["worst"] <= r["tolerance"], (r["key"], r["losses"], r["reference"])
         assert composability.held_as_planned(r), (r["key"], r["held"], r["planned"])  # the parts really split it
+        held_out = composability.worst([r["eval"]["loss"]], [r["reference_eval"]["loss"]])
+        assert held_out <= r["tolerance"], (r["key"], r["eval"], r["reference_eval"])  # evaluation as one process
         if r["recipe"] == "wide_deep":  # its loss moves 2-3 % a step: a step that does nothing shows
             assert r["losses"][-1] < r["losses"][0] - 0.02, r
             assert {"auc", "accuracy", "logloss"} <= set(r["eval"]), r  # the recipe's own metrics, pipelines too

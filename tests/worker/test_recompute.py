@@ -35,7 +35,8 @@ def _train(overrides, host, steps=3):
     return losses, trainer.saved_activation_bytes
 
 
-@pytest.mark.parametrize("engine", [[], ["zero.stage=3"]], ids=["ddp", "deepspeed_zero3"])
+@pytest.mark.parametrize("engine", [[], ["zero.stage=3", "parallel.data_parallel=deepspeed"]],
+                         ids=["ddp", "deepspeed_zero3"])
 def test_recompute_gives_the_same_losses_and_keeps_fewer_bytes(cpu_host, engine):
     plain, plain_bytes = _train(engine, cpu_host)
     blocks, blocks_bytes = _train([*engine, "recompute=[block.0,block.1]"], cpu_host)
