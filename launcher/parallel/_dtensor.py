@@ -50,13 +50,13 @@ class _Redistributing(nn.Module):
 
     def _input(self, x: Any) -> DTensor:
         if not isinstance(x, DTensor):  # data (or a plain tensor) is whole on every tp rank
-            x = DTensor.fromlocal_tensor(x, self.mesh, [Replicate()], run_check=False)
+            x = DTensor.from_local(x, self.mesh, [Replicate()], run_check=False)
         return x.redistribute(self.mesh, [LAYOUTS[self.op.input_layout]])
 
     def _output(self, y: DTensor) -> Any:
         if not self.last:
             return y
-        return y.redistribute(self.mesh, [Replicate()]).tolocal_tensor()
+        return y.redistribute(self.mesh, [Replicate()]).to_local()
 
 
 class ShardedLinear(_Redistributing):

@@ -1,0 +1,112 @@
+"""The same runs on the code before the parallel parts (issue 19) and after: step times, interleaved in one invocation.
+
+    .venv/bin/python bench/before_after.py [--old aa97f2f] [--new .] [--rounds 3] [--steps 60]
+
+"old" is commit aa97f2f (four exclusive engines: torch DDP, DeepSpeed, DeepSpeed's PipelineModule, the DTensor tp
+engine); "new" is this checkout as it is ("."; or a revision). Each revision runs from its own source tree (a detached
+git worktree at /tmp/hl-old-<sha>, created when missing) through a package dir that maps it as the editable install
+maps this checkout (launcher -> launcher/, launcher.recipes -> recipes/, launcher.conf -> conf/), put first on
+PYTHONPATH: the launcher and its ranks import that tree's code. The variants (each on both trees, rounds alternating
+the order of the trees):
+
+  gpt one process   gpt, global batch 32, 1 rank, 4 micro-batches accumulated
+  gpt pp 2, M=4     2 ranks, 2 pipeline stages, 4 micro-batches (old: DeepSpeed's pipeline engine)
+  gpt tp 2          2 ranks, tp 2 (old: the DTensor tp engine), 4 micro-batches accumulated
+  quickstart DDP    quickstart, 2 ranks, torch DDP
+
+Step time = the median over 10-step windows after the first 10 steps (metrics.jsonl's wall_s) per run; printed per
+variant: the median over rounds [min-max], new / old. Not a test: the figures belong to the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pipeline_bench import step_time  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT = ["recipe=gpt", "batch.global_size=32", "batch.micro_size=-1"]
+VARIANTS = {
+    "gpt one process (M=4 accumulated)": [*GPT, "cluster.nproc_per_node=1", "batch.grad_accum=4",
+                                          "parallel.pipeline_stages=1"],
+    "gpt pp 2, M=4": [*GPT, "cluster.nproc_per_node=2", "parallel.pipeline_stages=2", "batch.micro_batches=4"],
+    "gpt tp 2 (M=4 accumulated)": [*GPT, "cluster.nproc_per_node=2", "parallel.tp=2", "batch.grad_accum=4",
+                                   "parallel.pipeline_stages=1"],
+    "quickstart DDP, 2 ranks": ["recipe=quickstart", "cluster.nproc_per_node=2"],
+}
+
+
+def source_tree(rev: str) -> Path:
+    """The tree of ``rev`` ("." = this checkout): a detached worktree, added when missing."""
+    if rev == ".":
+        return ROOT
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    tree = Path(f"/tmp/hl-old-{sha}")
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha], check=True,
+                       capture_output=True)
+        print(f"created git worktree {tree} at {sha} (remove: git worktree remove {tree})", file=sys.stderr)
+    return tree
+
+
+def package_dir(tree: Path, into: Path) -> Path:
+    """A dir whose ``launcher`` package is ``tree``'s, with its recipes/ and conf/ inside, as the install maps them."""
+    pkg = into / "launcher"
+    pkg.mkdir(parents=True)
+    for entry in (tree / "launcher").iterdir():
+        (pkg / entry.name).symlink_to(entry)
+    (pkg / "recipes").symlink_to(tree / "recipes")
+    (pkg / "conf").symlink_to(tree / "conf")
+    return into
+
+
+def run(pythonpath: Path, cwd: Path, name: str, overrides: list[str], steps: int, parts: bool) -> float:
+    cmd = [sys.executable, "-m", "launcher.cli", *overrides, f"trainer.steps={steps}", f"output.run_name={name}",
+           "trainer.checkpoint_every=-1", "eval.batches=0", "trainer.log_every=10"]
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+    summary = json.loads((cwd / "log_output" / name / "summary.json").read_text())
+    if ("parts" in summary) != parts:  # the ranks ran the tree asked for (the old summary has no parts)
+        raise RuntimeError(f"{name}: expected the {'new' if parts else 'old'} code, got summary {summary}")
+    return step_time(cwd / "log_output" / name, 10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old", default="aa97f2f")
+    ap.add_argument("--new", default=".")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=60)
+    args = ap.parse_args()
+    times = {(v, t): [] for v in VARIANTS for t in ("old", "new")}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {t: package_dir(source_tree(rev), Path(tmp) / t) for t, rev in (("old", args.old), ("new", args.new))}
+        for r in range(args.rounds):
+            order = ("old", "new") if r % 2 == 0 else ("new", "old")
+            for i, (variant, overrides) in enumerate(VARIANTS.items()):
+                for t in order:
+                    times[(variant, t)].append(run(paths[t], Path(tmp), f"r{r}v{i}{t}", overrides, args.steps,
+                                                     parts=t == "new"))
+                    print(f"round {r + 1}: {variant} ({t}): {times[(variant, t)][-1] * 1e3:.1f} ms", file=sys.stderr)
+    print(f"old = {args.old}, new = {args.new}; {args.steps} steps, median of {args.rounds} interleaved rounds\n")
+    print("| run | old ms/step [rounds] | new ms/step [rounds] | new / old |")
+    print("|---|---:|---:|---:|")
+    for variant in VARIANTS:
+        old, new = times[(variant, "old")], times[(variant, "new")]
+        cell = lambda t: f"{statistics.median(t) * 1e3:.1f} [{min(t) * 1e3:.1f}-{max(t) * 1e3:.1f}]"  # noqa: E731
+        print(f"| {variant} | {cell(old)} | {cell(new)} | {statistics.median(new) / statistics.median(old):.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
