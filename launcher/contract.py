@@ -73,7 +73,7 @@ class Operator:
     parallel style: colwise or rowwise; problems), what ``parallel.tp`` alone does (gpt)."""
 
     name: str
-    """Module path in the model (``fc1``, ``blocks.0.attn.q``)."""
+    """Module path in the model (``fc1``, ``blocks.0.attn.qkv``)."""
     kind: str
     """matmul | elementwise (operators), or colwise | rowwise (tp_plan)."""
     primitive: str

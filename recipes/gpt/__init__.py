@@ -112,9 +112,9 @@ class GPTRecipe:
         return model.named_layers()
 
     def tp_plan(self, model: dict, tp: int) -> tuple[list[Operator], list[str]]:
-        """parallel.tp: Megatron-style tensor parallel in every block. Attention's q, k and v are column-split (a rank
-        keeps whole heads), its out row-split; the MLP's first Linear column-split, its second row-split. Embeddings,
-        norms and the head stay replicated."""
+        """parallel.tp: Megatron-style tensor parallel in every block. Attention's qkv is column-split (its rows are
+        grouped by head: a rank keeps whole heads), its out row-split; the MLP's first Linear column-split, its second
+        row-split. Embeddings, norms and the head stay replicated."""
         w, r, t = model["width"], model["mlp_ratio"], model["seq_len"] - 1
         problems = []
         if model["heads"] % tp:
@@ -124,8 +124,7 @@ class GPTRecipe:
         ops = []
         for i in range(model["layers"]):
             p = f"blocks.{i}"
-            ops += [Operator(f"{p}.attn.{n}", "colwise", "matmul", w, w, ("model.width", "model.width"), t)
-                    for n in ("q", "k", "v")]
+            ops += [Operator(f"{p}.attn.qkv", "colwise", "matmul", w, 3 * w, ("model.width", "model.width"), t)]
             ops += [Operator(f"{p}.attn.out", "rowwise", "matmul", w, w, ("model.width", "model.width"), t),
                     Operator(f"{p}.mlp.0", "colwise", "matmul", w, r * w, ("model.width", "model.mlp_ratio"), t),
                     Operator(f"{p}.mlp.2", "rowwise", "matmul", r * w, w, ("model.mlp_ratio", "model.width"), t)]

@@ -62,9 +62,9 @@ def test_gpt_tp_plan_is_megatron_with_whole_heads_per_rank():
     assert (plan.dims.dp, plan.dims.tp, plan.sharding.source) == (2, 2, "parallel.tp")
     assert [p.name for p in plan.parts] == ["tensor_parallel", "ddp"]
     r = rows(plan)
-    assert r["blocks.0.attn.q (matmul)"][:3] == ["[[2,1],[1,2]] colwise", "x (32, 63, 64), w (64, 64), "
-                                                 "out (32, 63, 64)", "x (16, 63, 64), w (64, 32), out (16, 63, 32)"]
-    assert r["blocks.1.mlp.2 (matmul_11)"][2:] == [
+    assert r["blocks.0.attn.qkv (matmul)"][:3] == ["[[2,1],[1,2]] colwise", "x (32, 63, 64), w (64, 192), "
+                                                   "out (32, 63, 192)", "x (16, 63, 64), w (64, 96), out (16, 63, 96)"]
+    assert r["blocks.1.mlp.2 (matmul_7)"][2:] == [
         "x (16, 63, 128), w (128, 64), out (16, 63, 64) partial",
         "all-reduce over tp (2 ranks): Partial → Replicate of blocks.1.mlp.2's output (16, 63, 64)"]
 
