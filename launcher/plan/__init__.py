@@ -187,96 +187,150 @@ def _eval_metrics(cfg: DictConfig, data_facts, notes: list[str]) -> str:
     return "binary" if data_facts.binary_labels else "loss"
 
 
+@dataclasses.dataclass
+class _Draft:
+    """What ``plan_launch`` has decided so far; every step adds its problems and notes here."""
+
+    problems: list[str]
+    notes: list[str]
+    nproc: int = 1
+    world: int = 1
+    dims: ParallelDims | None = None
+    batch: BatchPlan | None = None
+    recipe: object = None
+    user: bool = False
+    steps: int = 0
+    model: dict = dataclasses.field(default_factory=dict)
+    sizes: ModelFacts | None = None
+    sharding: ShardingPlan | None = None
+    device_type: str = "cpu"
+    backend: str = "gloo"
+    placement: PlacementPlan | None = None
+    zero: int = 0
+    recompute: tuple[str, ...] = ()
+    pipeline: PipelinePlan | None = None
+
+
 def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout | None = None) -> LaunchPlan:
     """Plan a run of ``cfg`` on ``host`` with the ``facts`` gathered about its data and model, on the hosts and
     devices ``layout`` describes (a rank table, hostfile or Slurm allocation; None: cluster.* alone); raise
     ConfigError listing every problem."""
-    from launcher import parallel
+    d = _Draft(problems=check_config(cfg, host), notes=_smoke_notes(cfg))
+    _plan_shape(cfg, host, facts, d)
+    _plan_where(cfg, host, d)
+    intents, parts = _plan_parts(cfg, d)
+    if d.problems or intents is None:
+        raise ConfigError(list(dict.fromkeys(d.problems)))  # a rule checked twice says it once
+    return _launch_plan(cfg, host, facts, layout, d, intents, parts)
+
+
+def _smoke_notes(cfg: DictConfig) -> list[str]:
+    if not cfg.smoke:
+        return []
+    changed = "; ".join(cfg.smoke_changes) or "nothing"
+    return [f"smoke=true: a smoke run of the recipe's structure at a tiny size (a checkpoint is written and read "
+            f"back); the profile changed {changed}"]
+
+
+def _plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: _Draft) -> None:
+    """Ranks, mesh dims, batch split, steps, the recipe's model and its sizes, op-level sharding."""
     from launcher.usercode import UserRecipe, recipe_for
 
-    problems = check_config(cfg, host)
-    notes: list[str] = []
-    if cfg.smoke:
-        changed = "; ".join(cfg.smoke_changes) or "nothing"
-        notes.append(f"smoke=true: a smoke run of the recipe's structure at a tiny size (a checkpoint is written and "
-                     f"read back); the profile changed {changed}")
-    nproc, nproc_note = resolve_nproc(cfg.cluster.nproc_per_node, host)
-    notes += [nproc_note] if nproc_note else []
+    d.nproc, nproc_note = resolve_nproc(cfg.cluster.nproc_per_node, host)
+    d.notes += [nproc_note] if nproc_note else []
     nnodes = cfg.cluster.nnodes
-    world = nnodes * nproc
-    dims, sharding_cfg, degrees_ok = _topology(cfg, world, f"cluster.nnodes {nnodes} × nproc_per_node {nproc}",
-                                               problems, notes)
-    dp = dims.dp if dims is not None else 1
+    d.world = nnodes * d.nproc
+    d.dims, sharding_cfg, degrees_ok = _topology(cfg, d.world, f"cluster.nnodes {nnodes} × nproc_per_node {d.nproc}",
+                                                 d.problems, d.notes)
+    dp = d.dims.dp if d.dims is not None else 1
     accum, accum_problems, accum_notes = _grad_accum(cfg.batch.grad_accum, cfg.batch.micro_batches)
-    problems += accum_problems
-    notes += accum_notes
-    batch, batch_problems = plan_batch(cfg.batch.global_size, cfg.batch.micro_size, accum, dp)
-    problems += batch_problems
-    recipe = recipe_for(cfg.recipe.name)
-    user = isinstance(recipe, UserRecipe)
-    data_facts = facts.data
-    steps = _steps(cfg, batch, dp, data_facts, problems, notes)
-    model = recipe.model_spec(OmegaConf.to_object(cfg.model), data_facts)
-    sizes = facts.model or model_facts(recipe, model)
-    if batch is not None:
-        problems += recipe.problems(model, OmegaConf.to_object(cfg.data), batch.micro_size * dp)
-    sharding = None
-    if dims is not None and batch is not None and degrees_ok and (sharding_cfg or dims.tp > 1):
-        sharding, sharding_problems = _plan_sharding(recipe, model, sharding_cfg, cfg.parallel.search_mode, dims,
-                                                     batch.micro_size)
-        problems += sharding_problems
-    device_type, backend = device_and_backend(cfg.cluster.backend, host, cfg.cluster.device)
-    placement, zero, placement_problems, placement_notes = plan_placement(
-        cfg, sizes.tables, sizes.dense_params, device_type, _table_default(cfg, user, notes))
-    problems += placement_problems
-    notes += placement_notes
-    outside = {t.name for t in placement.tables if t.location != "engine"}
-    recompute, recompute_problems, recompute_notes = plan_recompute(list(cfg.recompute), sizes.layers, outside)
-    problems += recompute_problems
-    notes += recompute_notes
-    pipeline = _pipeline(cfg, dims, batch, sizes, recipe, problems, notes)
-    if cfg.debug.fail_rank >= world:
-        problems.append(f"debug.fail_rank={cfg.debug.fail_rank} is not a rank of this run (world size {world}). "
-                        f"Set debug.fail_rank to 0 .. {world - 1}, or -1 (off).")
-    intents, parts = None, ()
-    if dims is not None and batch is not None and (dims.pp == 1 or pipeline is not None):
-        intents = parallel.intents_of(cfg, dims, placement, zero, device_type,
-                                      (batch.global_size, batch.micro_size, batch.grad_accum), sharding=sharding,
-                                      recompute=recompute, pipeline=pipeline)
-        parts, part_problems, part_notes = parallel.plan_parts(intents)
-        problems += part_problems
-        notes += part_notes
-    if problems or intents is None:
-        raise ConfigError(list(dict.fromkeys(problems)))  # a rule checked twice says it once
+    d.problems += accum_problems
+    d.notes += accum_notes
+    d.batch, batch_problems = plan_batch(cfg.batch.global_size, cfg.batch.micro_size, accum, dp)
+    d.problems += batch_problems
+    d.recipe = recipe_for(cfg.recipe.name)
+    d.user = isinstance(d.recipe, UserRecipe)
+    d.steps = _steps(cfg, d.batch, dp, facts.data, d.problems, d.notes)
+    d.model = d.recipe.model_spec(OmegaConf.to_object(cfg.model), facts.data)
+    d.sizes = facts.model or model_facts(d.recipe, d.model)
+    if d.batch is not None:
+        d.problems += d.recipe.problems(d.model, OmegaConf.to_object(cfg.data), d.batch.micro_size * dp)
+    if d.dims is not None and d.batch is not None and degrees_ok and (sharding_cfg or d.dims.tp > 1):
+        d.sharding, sharding_problems = _plan_sharding(d.recipe, d.model, sharding_cfg, cfg.parallel.search_mode,
+                                                       d.dims, d.batch.micro_size)
+        d.problems += sharding_problems
+    if cfg.debug.fail_rank >= d.world:
+        d.problems.append(f"debug.fail_rank={cfg.debug.fail_rank} is not a rank of this run (world size {d.world}). "
+                          f"Set debug.fail_rank to 0 .. {d.world - 1}, or -1 (off).")
+
+
+def _plan_where(cfg: DictConfig, host: HostFacts, d: _Draft) -> None:
+    """Device and backend, where tables and parameters live, what is recomputed, the pipeline's stages."""
+    d.device_type, d.backend = device_and_backend(cfg.cluster.backend, host, cfg.cluster.device)
+    d.placement, d.zero, placement_problems, placement_notes = plan_placement(
+        cfg, d.sizes.tables, d.sizes.dense_params, d.device_type, _table_default(cfg, d.user, d.notes))
+    d.problems += placement_problems
+    d.notes += placement_notes
+    outside = {t.name for t in d.placement.tables if t.location != "engine"}
+    d.recompute, recompute_problems, recompute_notes = plan_recompute(list(cfg.recompute), d.sizes.layers, outside)
+    d.problems += recompute_problems
+    d.notes += recompute_notes
+    d.pipeline = _pipeline(cfg, d.dims, d.batch, d.sizes, d.recipe, d.problems, d.notes)
+
+
+def _plan_parts(cfg: DictConfig, d: _Draft) -> tuple:
+    """The intents gathered so far, and the parallel parts that compile them (None, () when the shape failed)."""
+    from launcher import parallel
+
+    if d.dims is None or d.batch is None or (d.dims.pp > 1 and d.pipeline is None):
+        return None, ()
+    intents = parallel.intents_of(cfg, d.dims, d.placement, d.zero, d.device_type,
+                                  (d.batch.global_size, d.batch.micro_size, d.batch.grad_accum), sharding=d.sharding,
+                                  recompute=d.recompute, pipeline=d.pipeline)
+    parts, part_problems, part_notes = parallel.plan_parts(intents)
+    d.problems += part_problems
+    d.notes += part_notes
+    return intents, parts
+
+
+def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout | None, d: _Draft, intents,
+                 parts) -> LaunchPlan:
+    """The frozen plan: what the parts decided (ZeRO stage, sharded dp, where parameters live), memory, ranks."""
+    from launcher import parallel
+    from launcher.usercode import UserRecipe
+
     run = parallel.run_facts(intents, parts)
-    zero, dims = run["zero"], dataclasses.replace(dims, dp_shard=run["dp_shard"])
-    placement = dataclasses.replace(placement, param_location=run["param_location"],
+    zero, dims = run["zero"], dataclasses.replace(d.dims, dp_shard=run["dp_shard"])
+    placement = dataclasses.replace(d.placement, param_location=run["param_location"],
                                     optimizer_location=run["optimizer_location"])
-    memory, pipeline = parallel.estimate(intents, parts, placement, sizes.layer_paths, facts.activations, recompute,
-                                         batch.micro_size)
-    ranks = plan_ranks(nnodes=nnodes, nproc_per_node=nproc, device_type=device_type,
+    memory, pipeline = parallel.estimate(intents, parts, placement, d.sizes.layer_paths, facts.activations,
+                                         d.recompute, d.batch.micro_size)
+    nnodes = cfg.cluster.nnodes
+    ranks = plan_ranks(nnodes=nnodes, nproc_per_node=d.nproc, device_type=d.device_type,
                        master_addr=cfg.cluster.master_addr, master_port=cfg.cluster.master_port,
                        cpu_count=host.cpu_count, extensions_dir=host.extensions_dir, dims=dims,
-                       devices=visible_devices(layout, device_type, cfg.cluster.launch, problems))
-    if problems:
-        raise ConfigError(problems)
+                       devices=visible_devices(layout, d.device_type, cfg.cluster.launch, d.problems))
+    if d.problems:
+        raise ConfigError(d.problems)
     hosts = (list(layout.hosts) if layout is not None else
              [cfg.cluster.master_addr] if nnodes == 1 else [f"node{n}" for n in range(nnodes)])
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    if d.user:
+        eval_data = OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data else None
+        data = UserRecipe.data_spec(data, eval_data)
     return LaunchPlan(
-        recipe=cfg.recipe.name, dims=dims, parts=parts, world_size=world, nnodes=nnodes, nproc_per_node=nproc,
-        zero_stage=zero, backend=backend, device_type=device_type, precision=cfg.precision, steps=steps,
+        recipe=cfg.recipe.name, dims=dims, parts=parts, world_size=d.world, nnodes=nnodes, nproc_per_node=d.nproc,
+        zero_stage=zero, backend=d.backend, device_type=d.device_type, precision=cfg.precision, steps=d.steps,
         log_every=cfg.trainer.log_every, checkpoint_every=cfg.trainer.checkpoint_every, eval_every=cfg.eval.every,
-        eval_batches=0 if data_facts.eval_samples == 0 else cfg.eval.batches,
-        eval_metrics=_eval_metrics(cfg, data_facts, notes), eval_max_batches=cfg.eval.max_batches, smoke=cfg.smoke,
-        recompute=recompute, activations=_activations(facts.activations, recompute, batch.micro_size),
-        pipeline=pipeline, seed=cfg.trainer.seed, batch=batch, optimizer=_optimizer(cfg), placement=placement,
-        memory=memory, model=model,
-        data=(UserRecipe.data_spec(OmegaConf.to_container(cfg.data, resolve=True),
-                                   OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data else None)
-              if user else OmegaConf.to_container(cfg.data, resolve=True)),
-        loss=OmegaConf.to_container(cfg.loss, resolve=True), reference=dict(data_facts.reference), ranks=ranks,
-        rank_table=rank_table(ranks, hosts), ds_ops=run["ops"], notes=tuple(notes), resume_from=cfg.trainer.resume_from,
-        code_paths=facts.code_paths, debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step), sharding=sharding,
+        eval_batches=0 if facts.data.eval_samples == 0 else cfg.eval.batches,
+        eval_metrics=_eval_metrics(cfg, facts.data, d.notes), eval_max_batches=cfg.eval.max_batches,
+        smoke=cfg.smoke, recompute=d.recompute,
+        activations=_activations(facts.activations, d.recompute, d.batch.micro_size), pipeline=pipeline,
+        seed=cfg.trainer.seed, batch=d.batch, optimizer=_optimizer(cfg), placement=placement, memory=memory,
+        model=d.model, data=data, loss=OmegaConf.to_container(cfg.loss, resolve=True),
+        reference=dict(facts.data.reference), ranks=ranks, rank_table=rank_table(ranks, hosts), ds_ops=run["ops"],
+        notes=tuple(d.notes), resume_from=cfg.trainer.resume_from, code_paths=facts.code_paths,
+        debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step), sharding=d.sharding,
     )
 
 
