@@ -64,11 +64,16 @@ def read_summary(cwd: Path) -> dict:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether pid runs: a zombie (it ended; its parent, init for an orphan, has yet to reap it) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc here: kill(pid, 0) is all there is
+    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def group_alive(pgid: int) -> bool:

@@ -144,6 +144,19 @@ class ExternalJob:
         send_signals([pid for rank, pid in local.items() if self._run_dir.rank(rank).read_exit() is None],
                      (signal.SIGKILL,), os.kill)
         self._proc.wait()
+        _wait_ended(list(local.values()))
+
+
+def _wait_ended(pids: list[int], timeout_s: float = 10.0) -> None:
+    """Return once none of pids runs (gone, or a zombie: ended, its parent yet to reap it). A rank whose
+    rank_start mpirun killed dies by its parent-death signal a moment later: the launcher must not return before."""
+    from launcher.launch.supervise import send_signals
+    from launcher.launch.watchdog import process_state
+
+    deadline = time.monotonic() + timeout_s
+    while (running := [p for p in pids if process_state(p) not in ("", "Z")]) and time.monotonic() < deadline:
+        send_signals(running, (signal.SIGKILL,), os.kill)
+        time.sleep(0.02)
 
 
 def start_job(command: list[str], plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> ExternalJob:
