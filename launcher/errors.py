@@ -18,5 +18,7 @@ class ConfigError(Exception):
 
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message, without its final period (to quote inside a problem sentence)."""
-    text = str(e).strip().splitlines()
+    text = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if len(text) > 1 and text[0].endswith(":"):  # Hydra's "... raised while composing config:" then the cause
+        return f"{text[0]} {text[1]}".rstrip(".")
     return text[0].rstrip(".") if text else type(e).__name__

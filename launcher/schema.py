@@ -274,7 +274,18 @@ class HeteroConfig:
     eval_data: Any = None
     """A recipe in your folder: a held-out Dataset like data, evaluated at the end (and every eval.every steps);
     null = no evaluation. Built-in recipes bring their own held-out data."""
-    loss: TargetConfig = field(default_factory=TargetConfig)
+    loss: Any = MISSING
+    """The loss by _target_ with its constructor's arguments (``{_target_: launcher.losses.TokenCrossEntropy,
+    shift: true}``), called as loss(output, label)."""
+    model_output: str = "auto"
+    """What of the model's output the loss and evaluation take: auto (a tensor as it is; a dict's or HuggingFace
+    ModelOutput's ``logits``, else its first value; a tuple's first element), or a key/attribute path (``logits``,
+    ``out.0``)."""
+    data_inputs: list[str] = field(default_factory=list)
+    """A recipe in your folder whose items are dicts: the keys passed to the model as keyword inputs, in order;
+    [] = every key but the label."""
+    data_label: str = ""
+    """A recipe in your folder whose items are dicts: the label's key; "" = ``labels``, else ``label``."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     tables: dict[str, TableConfig] = field(default_factory=dict)
     """Per embedding table of the recipe: its optimizer. A table not listed uses TableConfig's defaults."""

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from launcher.usercode.items import call, map_inputs
+
 
 def _bytes(t: Any) -> int:
     return t.numel() * t.element_size() if torch.is_tensor(t) else 0
@@ -48,7 +50,7 @@ def estimate_activations(model: nn.Module, layers: list[tuple[str, nn.Module]], 
         handles += [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.enable_grad():
-            model(*inputs)
+            call(model, inputs)
     finally:
         for h in handles:
             h.remove()
@@ -62,7 +64,7 @@ def activation_facts(recipe, model_spec: dict, batch: tuple) -> dict[str, dict[s
 
     with torch.device("meta"):
         model = instantiate(model_spec)
-    inputs = tuple(t.to("meta") for t in batch[0])
+    inputs = map_inputs(batch[0], lambda t: t.to("meta"))
     try:
         return estimate_activations(model, recipe.layers(model), inputs, len(batch[1]))
     except (NotImplementedError, RuntimeError):

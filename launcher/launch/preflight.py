@@ -82,6 +82,18 @@ def check_resume(plan: LaunchPlan) -> None:
         raise ConfigError(f"{key}: saved with {', '.join(diff)}.{why} Resume with the settings it was saved with.")
 
 
+def _check_loss_arguments(cfg: DictConfig, recipe: str) -> None:
+    """A built-in recipe's loss with arguments (``loss.label_smoothing=0.1``): they are its constructor's. Only then
+    is the loss's module imported (a plain ``_target_`` costs a dry run no torch import)."""
+    spec = OmegaConf.to_container(cfg.loss, resolve=True)
+    if isinstance(spec, dict) and set(spec) - {"_target_"}:
+        from launcher.usercode.check import check_target
+
+        _, problems = check_target("loss", spec, f"recipe {recipe}")
+        if problems:
+            raise ConfigError(problems)
+
+
 def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool = True) -> Facts:
     """The facts of cfg's recipe before planning. A built-in recipe: its data_facts hook (which may read the user's
     files and raise ConfigError). A recipe in the user's folder: its folder made importable, then every check of
@@ -93,6 +105,7 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
         if cfg.eval_data is not None:
             raise ConfigError(f"eval_data is for recipes in your own folder; recipe {recipe.name} brings its own "
                               f"held-out data. Remove eval_data (see eval.batches).")
+        _check_loss_arguments(cfg, recipe.name)
         data = recipe.data_facts(OmegaConf.to_object(cfg.data))
         model = _layers(recipe, cfg, data) if cfg.parallel.pipeline_stages > 1 else None
         if not ((cfg.recompute or cfg.parallel.pipeline_stages > 1) and estimate):

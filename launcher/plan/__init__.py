@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError
-from launcher.plan.batch import BatchPlan, plan_batch
+from launcher.plan.batch import DEFAULT_MICRO_SIZE, BatchPlan, plan_batch
 from launcher.plan.layout import ClusterLayout
 from launcher.plan.memory import Bytes, MemoryEstimate
 from launcher.plan.parallel import ParallelDims, plan_parallel
@@ -248,6 +248,9 @@ def _plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: _Draft) -> No
     d.notes += accum_notes
     d.batch, batch_problems = plan_batch(cfg.batch.global_size, cfg.batch.micro_size, accum, dp)
     d.problems += batch_problems
+    if d.batch is not None and cfg.batch.global_size == -1 and cfg.batch.micro_size == -1:
+        d.notes.append(f"batch: no size set; {DEFAULT_MICRO_SIZE} samples per rank and micro-batch (HuggingFace "
+                       f"Trainer's default), global {d.batch.global_size}. Set batch.global_size or batch.micro_size.")
     d.recipe = recipe_for(cfg.recipe.name)
     d.user = isinstance(d.recipe, UserRecipe)
     d.steps = _steps(cfg, d.batch, dp, facts.data, d.problems, d.notes)
@@ -317,7 +320,7 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     data = OmegaConf.to_container(cfg.data, resolve=True)
     if d.user:
         eval_data = OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data else None
-        data = UserRecipe.data_spec(data, eval_data)
+        data = UserRecipe.data_spec(data, eval_data, list(cfg.data_inputs), cfg.data_label)
     return LaunchPlan(
         recipe=cfg.recipe.name, dims=dims, parts=parts, world_size=d.world, nnodes=nnodes, nproc_per_node=d.nproc,
         zero_stage=zero, backend=d.backend, device_type=d.device_type, precision=cfg.precision, steps=d.steps,
@@ -330,7 +333,7 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
         model=d.model, data=data, loss=OmegaConf.to_container(cfg.loss, resolve=True),
         reference=dict(facts.data.reference), ranks=ranks, rank_table=rank_table(ranks, hosts), ds_ops=run["ops"],
         notes=tuple(d.notes), resume_from=cfg.trainer.resume_from, code_paths=facts.code_paths,
-        debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step), sharding=d.sharding,
+        debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step), sharding=d.sharding, model_output=cfg.model_output,
     )
 
 
@@ -339,6 +342,7 @@ def _plan_sharding(recipe, model: dict, sharding_cfg: dict, search_mode: str, di
     """parallel.sharding over the recipe's operators(), or parallel.tp alone with its tp_plan()."""
     if sharding_cfg:
         ops = recipe.operators(model) if hasattr(recipe, "operators") else None
-        return plan_sharding(sharding_cfg, search_mode, ops, recipe.name, dims.dp, dims.tp, micro)
+        return plan_sharding(sharding_cfg, search_mode, ops, recipe.name, dims.dp, dims.tp, micro,
+                             has_tp_plan=hasattr(recipe, "tp_plan"))
     ops, recipe_problems = recipe.tp_plan(model, dims.tp) if hasattr(recipe, "tp_plan") else (None, [])
     return plan_tensor_parallel(ops, recipe_problems, recipe.name, dims.dp, dims.tp, micro)

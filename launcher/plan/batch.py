@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEFAULT_MICRO_SIZE = 8
+"""Samples per rank when a recipe sets neither batch.global_size nor batch.micro_size: HuggingFace Trainer's
+per_device_train_batch_size default."""
+
 
 @dataclass(frozen=True)
 class BatchPlan:
@@ -23,7 +27,7 @@ def plan_batch(global_size: int, micro_size: int, grad_accum: int, dp: int) -> t
         return None, bad
     g, m, a = global_size, micro_size, grad_accum
     if g == -1 and m == -1:
-        return None, ["batch.global_size and batch.micro_size are both -1 (infer). Set at least one, e.g. batch.global_size=256."]
+        m = DEFAULT_MICRO_SIZE  # the plan says so (plan_launch's note)
     if a == -1 and (g == -1 or m == -1):
         a = 1  # only one size given: no accumulation
     if g == -1:

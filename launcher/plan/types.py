@@ -129,6 +129,8 @@ class LaunchPlan:
     """(rank, step) where a rank raises on purpose, for testing supervision; (-1, -1) = off."""
     sharding: ShardingPlan | None = None
     """Op-level sharding / tensor parallel: per operator its strategy, shapes and collectives; None = none."""
+    model_output: str = "auto"
+    """What of the model's output the loss and evaluation take (launcher.usercode.items.select_output)."""
     kind: str = "recipe"
 
     @property

@@ -21,6 +21,14 @@ from launcher.contract import DataFacts, ModelFacts
 from launcher.errors import ConfigError
 from launcher.launch.layer_sizes import layer_sizes
 from launcher.tables import movable
+from launcher.usercode.items import call, describe_output, input_tensors, map_inputs, select_output, split_item
+
+HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
+"""Keys of a _target_ spec that are Hydra's, not the constructor's arguments."""
+
+CPU_CHECK_PARAMS = 50_000_000
+"""A model whose forward cannot run on the meta device (a data-dependent branch: HuggingFace's masks) is checked on
+the CPU, built for real, when it has at most this many parameters; a larger one is checked by its first step."""
 
 LABEL_SCAN = 256
 """Dataset items read to decide whether the labels are binary (eval.metrics=auto)."""
@@ -28,7 +36,7 @@ LABEL_SCAN = 256
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+    return f"{type(e).__name__}: {text[0].rstrip('.')}" if text else type(e).__name__
 
 
 def locate(path: str) -> Any:
@@ -65,11 +73,11 @@ def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple
         return cls, []
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return cls, []
-    given = [k for k in spec if k != "_target_" and not k.startswith("_")]
+    given = [k for k in spec if k not in HYDRA_KEYS]
     problems = []
     for k in given:
         if k not in params:
-            close = difflib.get_close_matches(k, list(params), n=1)
+            close = difflib.get_close_matches(k, [*params, *HYDRA_KEYS], n=1)
             hint = f" Did you mean {key}.{close[0]}?" if close else ""
             problems.append(f"{key}.{k}={spec[k]!r} ({where}): {target}() has no argument {k}.{hint} "
                             f"Its arguments: {', '.join(params) or 'none'}.")
@@ -79,12 +87,29 @@ def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple
     return cls, problems
 
 
-def _is_item(item: Any) -> bool:
-    return isinstance(item, (tuple, list)) and len(item) >= 2 and all(torch.is_tensor(t) for t in item)
+def _item_problem(item: Any, keys: tuple[tuple[str, ...], str]) -> str:
+    """Why ``item`` is not one the ranks can batch and split ('' when it is): a tuple/list of at least an input and
+    a label, or a dict with a label key, of what default_collate batches."""
+    from torch.utils.data import default_collate
+
+    if not isinstance(item, (tuple, list, Mapping)) or (not isinstance(item, Mapping) and len(item) < 2):
+        got = type(item).__name__ if not isinstance(item, (tuple, list)) else f"a {len(item)}-element {type(item).__name__}"
+        return (f"is {got}; an item is (input_1, ..., input_k, label) or a dict of inputs and a label "
+                f"({{'input_ids': ..., 'labels': ...}}), of tensors, numbers or numpy arrays")
+    try:
+        split_item(default_collate([item]), *keys)
+    except KeyError as e:
+        missing = [k for k in keys[0] if k not in item]
+        what = f"has no key {', '.join(missing)} (data_inputs)" if missing else f"has {e.args[0]}"
+        return f"{what}. Set data_label (and data_inputs) to its keys: {', '.join(map(str, item))}"
+    except TypeError as e:
+        return f"does not batch with DataLoader's default_collate: {_first_line(e)}"
+    return ""
 
 
-def dataset_facts(key: str, spec: Mapping[str, Any], source: str) -> tuple[Any, list[str]]:
-    """(the built dataset, problems): it builds, has a length, and its items are tuples of tensors."""
+def dataset_facts(key: str, spec: Mapping[str, Any], source: str,
+                  keys: tuple[tuple[str, ...], str] = ((), "")) -> tuple[Any, list[str]]:
+    """(the built dataset, problems): it builds, has a length, and its items batch and split (_item_problem)."""
     try:
         ds = instantiate(spec, _convert_="all")
     except Exception as e:  # noqa: BLE001
@@ -97,11 +122,9 @@ def dataset_facts(key: str, spec: Mapping[str, Any], source: str) -> tuple[Any, 
                       f"{_first_line(e)}. Give a torch.utils.data.Dataset with __len__ and __getitem__."]
     if n == 0:
         return None, [f"{key} ({source}): {spec['_target_']} has no items. Give a non-empty dataset."]
-    if not _is_item(item):
-        got = type(item).__name__ if not isinstance(item, (tuple, list)) else \
-            f"({', '.join(type(t).__name__ for t in item)})"
-        return None, [f"{key} ({source}): item 0 of {spec['_target_']} is {got}; each item must be a tuple of "
-                      f"tensors (input_1, ..., input_k, label). Return e.g. (torch.tensor(x), torch.tensor(y))."]
+    why = _item_problem(item, keys)
+    if why:
+        return None, [f"{key} ({source}): item 0 of {spec['_target_']} {why}."]
     return ds, []
 
 
@@ -135,56 +158,78 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
                       layer_paths={n: n for n in layers}, lines=tuple(lines))
 
 
-def _two_items(dataset: Any) -> tuple[tuple, Any]:
+def _two_items(dataset: Any, keys: tuple[tuple[str, ...], str]) -> tuple[Any, Any]:
     """The dataset's first two items batched as the ranks' DataLoader does: (inputs, label)."""
     from torch.utils.data import default_collate
 
-    items = default_collate([dataset[i] for i in range(min(2, len(dataset)))])
-    return tuple(items[:-1]), items[-1]
+    return split_item(default_collate([dataset[i] for i in range(min(2, len(dataset)))]), *keys)
 
 
-def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[tuple, Any],
-                         source: str) -> tuple[list[str], bool]:
-    """One micro-batch of two items, on the meta device: the model takes the inputs, the loss takes its output
-    and the label. Returns (problems, whether the output has one score per label element: what binary metrics
-    need). A model that cannot run on meta is not checked here (its first step will tell)."""
-    inputs, label = [t.to("meta") for t in batch[0]], batch[1].to("meta")
+def _labels(dataset: Any, keys: tuple[tuple[str, ...], str], count: int) -> list:
+    """The labels of the first ``count`` items, each batched alone as the ranks' DataLoader batches it."""
+    from torch.utils.data import default_collate
+
+    return [split_item(default_collate([dataset[i]]), *keys)[1] for i in range(min(count, len(dataset)))]
+
+
+def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[Any, Any], source: str,
+                         model_output: str = "auto", device: str = "meta") -> tuple[list[str], bool, str]:
+    """One micro-batch of two items, on the model's device (meta: no memory): the model takes the inputs, the loss
+    takes what ``model_output`` selects of its output and the label. Returns (problems, whether the output has one
+    score per label element: what binary metrics need, a line saying what the loss takes; all empty when the model
+    cannot run on meta)."""
+    inputs, label = map_inputs(batch[0], lambda t: t.to(device)), batch[1].to(device)
     try:
         with torch.no_grad():
-            out = model(*inputs)
+            out = call(model, inputs)
     except NotImplementedError:
-        return [], False
+        return [], False, ""
     except Exception as e:  # noqa: BLE001
         if "meta" in str(e).lower():
-            return [], False
-        shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
+            return [], False, ""
+        if isinstance(inputs, Mapping):
+            shapes, how = ", ".join(f"{k}={tuple(v.shape)}" for k, v in inputs.items()), "model(**inputs)"
+        else:
+            shapes, how = ", ".join(str(tuple(t.shape)) for t in inputs), "model(input_1, ..., input_k)"
         return [f"model ({source}): its forward fails on a batch of 2 dataset items (inputs {shapes}): "
-                f"{_first_line(e)}. The model is called as model(input_1, ..., input_k) with every item's tensors but "
-                f"the last, batched."], False
-    if not torch.is_tensor(out):
-        return [f"model ({source}): forward returned {type(out).__name__}; it must return one tensor for the "
-                f"loss."], False
+                f"{_first_line(e)}. The model is called as {how} with every item's inputs (all but the label), "
+                f"batched."], False, ""
+    try:
+        picked = select_output(out, model_output)
+    except (KeyError, IndexError, AttributeError) as e:
+        return [f"model_output={model_output}: the model's output ({type(out).__name__}) has no {e}. Set "
+                f"model_output to one of its keys or attributes, or auto."], False, ""
+    if not torch.is_tensor(picked):
+        fields = f" (its keys: {', '.join(out)})" if isinstance(out, Mapping) else ""
+        return [f"model_output={model_output}: the loss would get a {type(picked).__name__} of the model's "
+                f"{type(out).__name__}{fields}, not a tensor. Set model_output to the key or attribute path of the "
+                f"tensor the loss takes (e.g. model_output=logits)."], False, ""
+    line = describe_output(out, model_output)
+    out = picked
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)  # e.g. MSELoss broadcasting a target of another size
             loss_fn(out, label)
     except Exception as e:  # noqa: BLE001
         if "meta" in str(e).lower() and "size" not in str(e).lower():
-            return [], False
+            return [], False, line
         return [f"loss ({source}): {type(loss_fn).__name__} rejects the model's output {tuple(out.shape)} "
                 f"{str(out.dtype).removeprefix('torch.')} against the label {tuple(label.shape)} "
                 f"{str(label.dtype).removeprefix('torch.')}: {_first_line(e)}. Make the model's output and the "
-                f"dataset's label the shapes and dtypes the loss expects."], False
-    return [], out.numel() == label.numel()
+                f"dataset's label the shapes and dtypes the loss expects."], False, line
+    return [], out.numel() == label.numel(), line
 
 
 def check_sequential(model: nn.Module, batch: tuple[tuple, Any], source: str, stages: int) -> list[str]:
     """A pipeline runs the model's top-level children one after the other: on the meta device, that chain must run
     on a batch and give the output the model's own forward gives (shape and dtype; values are not compared, so a
     functional op between children that keeps the shape is not caught)."""
-    inputs = [t.to("meta") for t in batch[0]]
     children = list(model.named_children())
     key = f"parallel.pipeline_stages={stages}"
+    if isinstance(batch[0], Mapping):
+        return [f"{key}: model ({source}) takes keyword inputs ({', '.join(batch[0])}), and a pipeline stages a model "
+                f"as its top-level children called in order on positional tensors. Set parallel.pipeline_stages=1."]
+    inputs = [t.to("meta") for t in batch[0]]
     try:
         with torch.no_grad():
             want = model(*inputs)
@@ -213,6 +258,7 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
     data_spec = OmegaConf.to_container(cfg.data, resolve=True)
     eval_spec = OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data is not None else None
     loss_spec = OmegaConf.to_container(cfg.loss, resolve=True)
+    keys = (tuple(cfg.data_inputs), cfg.data_label)
     problems: list[str] = []
     checked = {}
     for key, spec in (("model", model_spec), ("data", data_spec), ("eval_data", eval_spec), ("loss", loss_spec)):
@@ -223,10 +269,10 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
         checked[key] = cls is not None and not found
     train = evaluation = model = loss_fn = None
     if checked.get("data"):
-        train, found = dataset_facts("data", data_spec, source)
+        train, found = dataset_facts("data", data_spec, source, keys)
         problems += found
     if checked.get("eval_data"):
-        evaluation, found = dataset_facts("eval_data", eval_spec, source)
+        evaluation, found = dataset_facts("eval_data", eval_spec, source, keys)
         problems += found
     if checked.get("model"):
         try:
@@ -244,27 +290,29 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
             loss_fn = instantiate(loss_spec, _convert_="all")
         except Exception as e:  # noqa: BLE001
             problems.append(f"loss ({source}): building {loss_spec['_target_']} failed: {_first_line(e.__cause__ or e)}.")
-    scores, batch = False, None
+    scores, batch, output_line = False, None, ""
     if train is not None:
         try:
-            batch = _two_items(train)
+            batch = _two_items(train, keys)
         except Exception as e:  # noqa: BLE001
             problems.append(f"data ({source}): items 0 and 1 do not batch together: {_first_line(e)}. Every item "
                             f"needs the same number of tensors, each of the same shape in every item.")
     if model is not None and loss_fn is not None and batch is not None:
-        found, scores = check_model_and_loss(model, loss_fn, batch, source)
+        found, scores, output_line = check_model_and_loss(model, loss_fn, batch, source, cfg.model_output)
+        if not (found or output_line) and sum(p.numel() for p in model.parameters()) <= CPU_CHECK_PARAMS:
+            found, scores, output_line = check_model_and_loss(instantiate(model_spec, _convert_="all"), loss_fn,
+                                                              batch, source, cfg.model_output, device="cpu")
         problems += found
         if cfg.parallel.pipeline_stages > 1 and not found:
             problems += check_sequential(model, batch, source, cfg.parallel.pipeline_stages)
     labels = []
     if train is not None:
         try:
-            labels = [train[i][-1] for i in range(min(LABEL_SCAN, len(train)))]
+            labels = _labels(train, keys, LABEL_SCAN)
         except Exception as e:  # noqa: BLE001
-            problems.append(f"data ({source}): reading its first {LABEL_SCAN} items failed: {_first_line(e)}.")
-        if not all(torch.is_tensor(y) for y in labels):
-            problems.append(f"data ({source}): not every item's last element (the label) is a tensor. Return "
-                            f"(input_1, ..., input_k, label) tensors from every item.")
+            problems.append(f"data ({source}): reading and batching its first {LABEL_SCAN} items failed: "
+                            f"{_first_line(e)}. Every item needs the same structure (the same keys or number of "
+                            f"elements).")
     if problems:
         raise ConfigError(problems)
     facts = model_facts_on_meta(model)
@@ -272,7 +320,9 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
     # BCE-style model. Integer class labels (CrossEntropyLoss) keep the loss only.
     binary = scores and all(y.is_floating_point() and bool(((y == 0) | (y == 1)).all()) for y in labels)
     n_eval = len(evaluation) if evaluation is not None else 0
-    line = (f"data: {data_spec['_target_']}: {len(train):,} items of {len(train[0]) - 1} input(s) + label"
+    inputs = (f"keyword inputs {', '.join(batch[0])}" if isinstance(batch[0], Mapping) else
+              f"{len(batch[0])} input(s)")
+    line = (f"data: {data_spec['_target_']}: {len(train):,} items of {inputs} + label"
             f"{', binary labels' if binary else ''}; eval_data: "
             f"{f'{n_eval:,} items' if evaluation is not None else 'none (no evaluation)'}")
     activations = None
@@ -281,5 +331,6 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
         from launcher.usercode.recipe import UserRecipe
 
         activations = activation_facts(UserRecipe(cfg.recipe.name), model_spec, batch)
-    data = DataFacts(train_samples=len(train), lines=(line,), binary_labels=binary, eval_samples=n_eval)
+    data = DataFacts(train_samples=len(train), lines=(line, output_line) if output_line else (line,),
+                     binary_labels=binary, eval_samples=n_eval)
     return data, facts, activations

@@ -1,5 +1,5 @@
-"""The data source around a user's map-style ``torch.utils.data.Dataset``: each item is a tuple of tensors
-``(input_1, ..., input_k, label)``; ranks batch it with ``DataLoader`` and shard it by dp rank with
+"""The data source around a user's map-style ``torch.utils.data.Dataset``: each item is what ``default_collate``
+batches, ``(input_1, ..., input_k, label)`` or a dict of keyword inputs and a label (``launcher.usercode.items``); ranks batch it with ``DataLoader`` and shard it by dp rank with
 ``DistributedSampler`` (seeded, reshuffled every epoch, the last partial batch dropped), as PyTorch users expect.
 
 Global micro-batch k is the same samples however it is split over ranks: rank r of dp takes every dp-th index of
@@ -15,16 +15,21 @@ from hydra.utils import instantiate
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from launcher.contract import Batch
-
-
-def _split(items: list[Any]) -> Batch:
-    return tuple(items[:-1]), items[-1]
+from launcher.usercode.items import split_item
 
 
 class MapData:
-    def __init__(self, train: dict[str, Any], eval: dict[str, Any] | None = None) -> None:  # noqa: A002 (YAML key)
+    _keys: tuple[tuple[str, ...], str] = ((), "")
+    """(data_inputs, data_label) for dict items."""
+
+    def __init__(self, train: dict[str, Any], eval: dict[str, Any] | None = None,  # noqa: A002 (YAML key)
+                 data_inputs: list[str] | None = None, data_label: str = "") -> None:
         self.train = instantiate(train, _convert_="all")
         self.eval = instantiate(eval, _convert_="all") if eval else None
+        self._keys = (tuple(data_inputs or ()), data_label)
+
+    def _split(self, items: Any) -> Batch:
+        return split_item(items, *self._keys)
 
     def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[Batch]:
         sampler = DistributedSampler(self.train, num_replicas=dp_size, rank=dp_rank, shuffle=True, seed=seed,
@@ -36,7 +41,7 @@ class MapData:
             order = list(sampler)[skip * micro_size : per_epoch * micro_size]
             loader = DataLoader(self.train, batch_sampler=BatchSampler(order, micro_size, drop_last=True))
             for items in loader:
-                yield _split(items)
+                yield self._split(items)
             epoch, skip = epoch + 1, 0
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
@@ -50,4 +55,4 @@ class MapData:
         order = [i % n for i in range(total)]
         mine = order[dp_rank:total:dp_size]
         for items in DataLoader(self.eval, batch_sampler=BatchSampler(mine, micro_size, drop_last=False)):
-            yield _split(items)
+            yield self._split(items)

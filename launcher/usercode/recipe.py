@@ -32,10 +32,13 @@ class UserRecipe:
         return list(model.named_children())
 
     @staticmethod
-    def data_spec(data: Mapping[str, Any], eval_data: Mapping[str, Any] | None) -> dict[str, Any]:
-        """What every rank instantiates: the user's Dataset(s) inside a MapData source."""
+    def data_spec(data: Mapping[str, Any], eval_data: Mapping[str, Any] | None, data_inputs: list[str] | None = None,
+                  data_label: str = "") -> dict[str, Any]:
+        """What every rank instantiates: the user's Dataset(s) inside a MapData source (with how its dict items
+        split into keyword inputs and a label)."""
         return {"_target_": DATA_TARGET, "_recursive_": False, "train": dict(data),
-                "eval": dict(eval_data) if eval_data else None}
+                "eval": dict(eval_data) if eval_data else None, "data_inputs": list(data_inputs or []),
+                "data_label": data_label}
 
 
 def recipe_for(name: str) -> Recipe | UserRecipe:

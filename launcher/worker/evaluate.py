@@ -8,6 +8,7 @@ import itertools
 import torch
 import torch.distributed as dist
 
+from launcher.usercode.items import select_output
 from launcher.worker.eval_metrics import auc, binary_metrics
 from launcher.worker.mesh import DataParallel
 
@@ -71,7 +72,7 @@ def evaluate(trainer) -> dict:
             continue
         sums += torch.stack([trainer.loss_fn(out, y).float() * len(y), sums.new_tensor(float(len(y)))])
         if plan.eval_metrics == "binary":
-            outputs.append(out.float().cpu().flatten())
+            outputs.append(select_output(out, plan.model_output).float().cpu().flatten())
             labels.append(y.float().cpu().flatten())
             if knows_truth:
                 truth.append(data.true_logits(*batch[0]).flatten())

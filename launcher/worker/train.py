@@ -22,6 +22,7 @@ from launcher.rundir import CheckpointDir, MetricsWriter, RunDir
 from launcher.tables import build_tables
 from launcher.tables.transfer import host_to_device
 from launcher.usercode import recipe_for
+from launcher.usercode.items import OutputLoss, map_inputs
 from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh
 from launcher.worker.optimizers import build_optimizer
 from launcher.worker.precision import keep_batchnorm_fp32
@@ -66,14 +67,14 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
     applied in order; the engine that drives them. Needs the process group and the mesh."""
     torch.manual_seed(plan.seed)
     model = instantiate(plan.model)
-    loss_fn = instantiate(plan.loss)
+    loss_fn = OutputLoss(instantiate(plan.loss), plan.model_output)
     data = instantiate(plan.data)
     layers_of = recipe_for(plan.recipe).layers
     example = next(iter(data.train_batches(dp.rank, dp.size, plan.batch.micro_size, plan.seed)))[0]
     rt = RankContext(plan=plan, mesh=mesh, device=device, dp_group=dp.group, rank=rank,
                      grad_accum=plan.batch.grad_accum, loss_fn=loss_fn,
-                     layers_of=layers_of, example=tuple(host_to_device(t, device, DTYPES[plan.precision])
-                                                        for t in example))
+                     layers_of=layers_of,
+                     example=map_inputs(example, lambda t: host_to_device(t, device, DTYPES[plan.precision])))
     chunks = split(model, layers_of(model), rt)
     if plan.precision != "fp32":
         for c in chunks:

@@ -28,6 +28,7 @@ from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.rundir import CheckpointDir, MetricsWriter, RankDir, RunDir
 from launcher.tables import TableStore
 from launcher.tables.transfer import host_to_device
+from launcher.usercode.items import call, map_inputs
 from launcher.worker.accounting import SavedActivations, measure_memory
 from launcher.worker.evaluate import evaluate, mean_over
 from launcher.worker.mesh import DataParallel
@@ -68,12 +69,13 @@ class Trainer:
         """One micro-batch forward: inputs to the device (tables outside the engine look their rows up where they
         live, inside the model's forward). Returns (output, labels on the device)."""
         inputs, labels = self._move(batch)
-        return self.engine(*inputs), labels
+        return call(self.engine, inputs), labels
 
     def _move(self, batch):
-        """(inputs, labels) of a micro-batch on the device, floats in the run's dtype."""
+        """(inputs, labels) of a micro-batch on the device, floats in the run's dtype; inputs a tuple (positional)
+        or a dict (keyword)."""
         inputs, labels = batch
-        return (tuple(host_to_device(t, self.device, self.dtype) for t in inputs),
+        return (map_inputs(inputs, lambda t: host_to_device(t, self.device, self.dtype)),
                 host_to_device(labels, self.device, self.dtype))
 
     def _next_batch(self):

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator
 
 import torch
+from torch.utils.data import Dataset
 
 from launcher.contract import dp_share, endless_shares
 from launcher.recipes.gpt.markov import profile, uniform_loss
@@ -83,3 +84,23 @@ class MarkovTokens:
         """``count`` held-out micro-batches of rank dp_rank, from a stream seeded by the source's own seed."""
         for k in range(count):
             yield dp_share(self.global_micro_batch("eval", self.seed, k, micro_size * dp_size), dp_rank, micro_size)
+
+
+class MarkovTokenDataset(Dataset):
+    """The same chain as a map-style Dataset of ``samples`` sequences, for a recipe of yours that names a model and
+    no data code (e.g. a HuggingFace causal LM): item i is ``{"input_ids": seq, "labels": seq}`` (HuggingFace's
+    convention: the loss shifts, ``launcher.losses.TokenCrossEntropy(shift=true)``), or ``(seq[:-1], seq[1:])``
+    with ``as_dict=false``. ``split_seed`` picks the sequences (another one for held-out data)."""
+
+    def __init__(self, vocab_size: int, seq_len: int, samples: int, candidates: int = 4, skew: float = 1.0,
+                 seed: int = 0, split_seed: int = 0, as_dict: bool = True) -> None:
+        chain = MarkovTokens(vocab_size, seq_len, candidates, skew, seed)
+        self.tokens = chain.sequences(samples, torch.Generator().manual_seed(split_seed))
+        self.as_dict = as_dict
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, i: int):
+        seq = self.tokens[i]
+        return {"input_ids": seq, "labels": seq} if self.as_dict else (seq[:-1], seq[1:])

@@ -33,9 +33,9 @@ def test_indivisible_global_names_multiple():
     assert "batch.global_size=96" in problems[0]
 
 
-def test_needs_a_size():
-    _, problems = plan_batch(-1, -1, 4, 2)
-    assert "Set at least one" in problems[0]
+def test_no_size_takes_huggingface_trainers_default_per_rank():
+    plan, problems = plan_batch(-1, -1, 4, 2)
+    assert problems == [] and (plan.micro_size, plan.grad_accum, plan.global_size) == (8, 4, 64)
 
 
 @pytest.mark.parametrize("field, value", [("global_size", 0), ("micro_size", -5)])

@@ -58,8 +58,13 @@ def test_a_dotted_table_path_is_one_key(project, cpu_host):
     (["~model.users"], r"model.users \(model in conf/recipe/my_ctr.yaml\) is required by my_ctr.model.Net\(\)"),
     (["+placement.tables.user_embb=host"], r"placement.tables.user_embb: recipe my_ctr has no table user_embb. "
                                            r"Did you mean placement.tables.user_emb\? Its tables: user_emb, item_emb."),
-    (["data._target_=my_ctr.extra.DictItems"], r"data \(conf/recipe/my_ctr.yaml\): item 0 of my_ctr.extra.DictItems "
-                                               r"is dict; each item must be a tuple of tensors"),
+    (["data._target_=my_ctr.extra.DictItems"], r"model \(conf/recipe/my_ctr.yaml\): its forward fails on a batch of 2 "
+                                               r"dataset items \(inputs user=\(2,\)\): TypeError: .*missing 2 required "
+                                               r"positional arguments: 'item' and 'dense'. The model is called as "
+                                               r"model\(\*\*inputs\)"),
+    (["data._target_=my_ctr.extra.DictItems", "data_label=click"], r"data \(conf/recipe/my_ctr.yaml\): item 0 of "
+                                                                   r"my_ctr.extra.DictItems has no label key click. Set "
+                                                                   r"data_label \(and data_inputs\) to its keys: user, label"),
     (["data._target_=my_ctr.extra.ColumnLabels"],
      r"loss \(conf/recipe/my_ctr.yaml\): BCEWithLogitsLoss rejects the model's output \(2,\) float32 against the "
      r"label \(2, 1\) float32: ValueError: Target size"),
