@@ -19,6 +19,12 @@ if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('to
   # shellcheck disable=SC2086  # unquoted on purpose: the spec may carry pip options (--index-url ...)
   "$PY" -m pip install -q $spec
 fi
+# pyproject's floor (the oldest torch anything here ran on): refuse an older one rather than let pip replace it.
+if ! "$PY" -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(v < (2, 11))"; then
+  echo "run.sh: $("$PY" -c 'import torch; print(torch.__version__)') in $VENV is older than torch 2.11, the oldest hetero-launch was tested on." >&2
+  echo "run.sh: upgrade it yourself (pip install 'torch>=2.11' with your CUDA index), or use another venv (HL_VENV=path)." >&2
+  exit 2
+fi
 # Reinstall the project only when its metadata changed (the install is editable: code edits need none).
 stamp="$VENV/.hetero-launch-installed"
 want="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"

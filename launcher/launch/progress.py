@@ -45,8 +45,9 @@ class ProgressView:
             if "event" in record:
                 if not self._live:
                     shown = ("loss", "auc", "bayes_auc", "logloss", "accuracy", "n")
-                    self._console.print(f"{record['event']} at step {record['step']}: " + ", ".join(
-                        f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k in shown))
+                    fields = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                                       for k, v in record.items() if k in shown)
+                    self._console.print(f"{record['event']} at step {record['step']}" + (f": {fields}" if fields else ""))
                 continue
             loss, rate = record.get("loss"), record.get("samples_per_s")  # a script's runtime.log may give neither
             self._progress.update(self._task, loss="-" if loss is None else f"{loss:.4f}",

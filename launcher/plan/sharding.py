@@ -172,14 +172,15 @@ def search_mode_problems(search_mode: str) -> list[str]:
 
 
 def plan_sharding(sharding: dict[str, Any], search_mode: str, ops: list[Operator] | None, recipe: str, dp: int,
-                  tp: int, micro: int) -> tuple[ShardingPlan | None, list[str]]:
+                  tp: int, micro: int, has_tp_plan: bool = True) -> tuple[ShardingPlan | None, list[str]]:
     """The operators of the recipe's chain with the given strategies, the rest propagated; (plan, problems)."""
     if search_mode not in SEARCH_MODES:
         return None, search_mode_problems(search_mode)
     if not ops:
+        instead = (f"Use parallel.tp=N for {recipe}'s tensor-parallel plan, or remove parallel.sharding" if has_tp_plan
+                   else "Remove parallel.sharding (data parallelism, ZeRO and pipeline stages need no operator list)")
         return None, [f"parallel.sharding: recipe {recipe} does not list its operators for op-level sharding "
-                      f"(quickstart does; parallel=semi_auto is its strategy). Use parallel.tp=N for {recipe}'s "
-                      f"tensor-parallel plan, or remove parallel.sharding."]
+                      f"(quickstart does; parallel=semi_auto is its strategy). {instead}."]
     aliases = _aliases(ops)
     alias_of = {n: a for a, n in aliases.items()}
     by_name = {op.name: op for op in ops}
