@@ -63,6 +63,8 @@ class ModelFacts:
     tensor-parallel operator; None when not gathered (with layer_params)."""
     lines: tuple[str, ...] = ()
     """What to tell the user about the model before the plan."""
+    kept: tuple[tuple[str, str], ...] = ()
+    """Embeddings that always train inside the parts: (module path, why: a tied weight, max_norm, ...)."""
 
 
 @dataclass(frozen=True)

@@ -271,7 +271,8 @@ def _plan_where(cfg: DictConfig, host: HostFacts, d: _Draft) -> None:
     """Device and backend, where tables and parameters live, what is recomputed, the pipeline's stages."""
     d.device_type, d.backend = device_and_backend(cfg.cluster.backend, host, cfg.cluster.device)
     d.placement, d.zero, placement_problems, placement_notes = plan_placement(
-        cfg, d.sizes.tables, d.sizes.dense_params, d.device_type, _table_default(cfg, d.user, d.notes))
+        cfg, d.sizes.tables, d.sizes.dense_params, d.device_type, _table_default(cfg, d.user, d.notes),
+        dict(d.sizes.kept))
     d.problems += placement_problems
     d.notes += placement_notes
     outside = {t.name for t in d.placement.tables if t.location != "engine"}

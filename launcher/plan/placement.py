@@ -66,26 +66,34 @@ def takes_tables_out(host_device_mix: int, locations: Any, table_configs: Any) -
 
 
 def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableConfig], wanted: dict[str, str],
-                host_device_mix: int, default: TableConfig, owner: str,
-                known: bool = True) -> tuple[list[TablePlan], list[str], list[str]]:
+                host_device_mix: int, default: TableConfig, owner: str, known: bool = True,
+                kept: dict[str, str] | None = None) -> tuple[list[TablePlan], list[str], list[str]]:
     """(tables, problems, notes): where each table (module path -> (rows, dim)) lives and how it trains, from the
     ``tables`` section (table_cfgs), ``placement.tables`` (wanted) and ``placement.host_device_mix``. ``default``:
     how a table without a ``tables.<path>`` entry trains. ``owner`` names the model in messages. Also what a
     script's ``runtime.prepare()`` calls, with its live model's tables. ``known=False``: the tables are not known yet
-    (a script's, before it runs): names are not checked."""
+    (a script's, before it runs): names are not checked. ``kept``: embeddings that stay inside the parts, and why."""
     problems: list[str] = []
     notes: list[str] = []
+    kept = kept or {}
     for section, keys in (("tables", table_cfgs.keys()), ("placement.tables", wanted.keys())):
         for name in keys:
-            if known and name not in shapes:
-                close = difflib.get_close_matches(name, list(shapes), n=1)
+            if known and name in kept:
+                problems.append(f"{section}.{name}: {owner}'s embedding {name} trains inside the parts: {kept[name]}. "
+                                f"Untie or change it in the model (a HuggingFace config: tie_word_embeddings: false) "
+                                f"to place it, or remove {section}.{name}.")
+            elif known and name not in shapes:
+                close = difflib.get_close_matches(name, [*shapes, *kept], n=1)
                 hint = f" Did you mean {section}.{close[0]}?" if close else ""
-                known = ", ".join(shapes) or "none"
-                problems.append(f"{section}.{name}: {owner} has no table {name}.{hint} Its tables: {known}.")
+                listing = ", ".join(shapes) or "none"
+                problems.append(f"{section}.{name}: {owner} has no table {name}.{hint} Its tables: {listing}.")
     if host_device_mix not in (0, 1):
         problems.append(f"placement.host_device_mix={host_device_mix} must be 0 (tables on the device) or 1 (tables on the host).")
     if host_device_mix == 1 and not shapes and known:
         notes.append(f"placement.host_device_mix=1: {owner} has no embedding tables; nothing moves to the host")
+    if host_device_mix == 1 and kept:
+        notes.append(f"placement.host_device_mix=1 leaves inside the parts: "
+                     f"{'; '.join(f'{n} ({why})' for n, why in kept.items())}")
 
     tables = []
     for name, (rows, dim) in shapes.items():
@@ -131,7 +139,8 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
 
 
 def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, dense_count: int, device_type: str,
-                   default: TableConfig | None = None) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
+                   default: TableConfig | None = None,
+                   kept: dict[str, str] | None = None) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
     """(placement, effective ZeRO stage, problems, notes) for the recipe's tables (module path -> (rows, dim)) and
     its dense_count parameters outside them. ``default`` is how a table without a ``tables.<path>`` entry trains
     (TableConfig's defaults: lazy_adam). ``shapes=None``: the tables are not known yet (a script run)."""
@@ -142,7 +151,8 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, d
     table_cfgs = {name: TableConfig(**t) for name, t in OmegaConf.to_container(cfg.tables).items()}
     owner = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
     tables, problems, notes = plan_tables(shapes, table_cfgs, OmegaConf.to_container(pl.tables), pl.host_device_mix,
-                                          default or TableConfig(), f"recipe {owner}" if owner else "the model", known)
+                                          default or TableConfig(), f"recipe {owner}" if owner else "the model", known,
+                                          kept)
     dense = [t.name for t in tables if t.optimizer == "dense"]
     sparse = bool(tables) and not dense
 

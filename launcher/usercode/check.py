@@ -134,7 +134,7 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
     names_of: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(p), []).append(name)
-    tables, kept_inside = {}, []
+    tables, kept_inside, kept = {}, [], []
     for path, m in model.named_modules():
         if not isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
             continue
@@ -143,6 +143,7 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
             why = f"its weight is shared with {', '.join(n for n in names_of[id(m.weight)] if n != path + '.weight')}"
         if why:
             kept_inside.append(f"{path} ({why})")
+            kept.append((path, why))
         else:
             tables[path] = (m.num_embeddings, m.embedding_dim)
     table_ids = {id(model.get_submodule(p).weight) for p in tables}
@@ -155,7 +156,7 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
     if kept_inside:
         lines.append(f"model: embeddings that always train inside the engine: {'; '.join(kept_inside)}")
     return ModelFacts(tables=tables, dense_params=dense, layers=layers, layer_params=layer_params, tied=tied,
-                      layer_paths={n: n for n in layers}, lines=tuple(lines))
+                      layer_paths={n: n for n in layers}, lines=tuple(lines), kept=tuple(kept))
 
 
 def _two_items(dataset: Any, keys: tuple[tuple[str, ...], str]) -> tuple[Any, Any]:

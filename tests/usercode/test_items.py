@@ -78,14 +78,20 @@ def test_a_huggingface_causal_lm_plans_from_yaml_alone(hf_folder, cpu_host):
     os.chdir(hf_folder)
     try:
         plan = plan_of(["recipe=hf_gpt2", "placement.host_device_mix=1"], cpu_host, config_dir="conf")
-        with pytest.raises(ConfigError, match=r"model_output=loss: the loss would get a NoneType|"
-                                              r"model_output=loss: the model's output .* has no"):
+        with pytest.raises(ConfigError, match=r"model_output=loss: the model's output "
+                                              r"\(CausalLMOutputWithCrossAttentions\) has no 'loss'"):
             plan_of(["recipe=hf_gpt2", "model_output=loss"], cpu_host, config_dir="conf")
+        with pytest.raises(ConfigError, match=r"placement.tables.transformer.wte: recipe hf_gpt2's embedding "
+                                              r"transformer.wte trains inside the parts: its weight is shared with "
+                                              r"lm_head.weight. Untie"):
+            plan_of(["recipe=hf_gpt2", "+placement.tables.transformer.wte=host"], cpu_host, config_dir="conf")
     finally:
         os.chdir(cwd)
     notes = "\n".join(plan.notes)
     assert "8 samples per rank and micro-batch" in notes and plan.batch.micro_size == 8
-    assert {t.name: t.location for t in plan.placement.tables} == {"transformer.wpe": "host"}  # wte is tied
+    assert {t.name: t.location for t in plan.placement.tables} == {"transformer.wpe": "host"}
+    assert ("placement.host_device_mix=1 leaves inside the parts: transformer.wte (its weight is shared with "
+            "lm_head.weight)") in notes
     assert plan.data["data_inputs"] == [] and plan.model_output == "auto"
 
 
