@@ -43,6 +43,10 @@ class _State:
     metrics: MetricsWriter | None = None
     device: torch.device = torch.device("cpu")
     dtype: torch.dtype = torch.float32
+    schedule: tuple = ()
+    """(table, its lr at prepare(), index of the engine optimizer's param group it follows, that group's base lr)
+    for each host table that trains with your optimizer's settings: its lr moves with that group's (an LR
+    scheduler's) every step."""
 
 
 _S = _State()
@@ -145,11 +149,14 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     if problems:
         raise ValueError("runtime.prepare(): " + " ".join(problems))
     sparse = [_with_group_settings(t, model, optimizer, t.name in table_cfgs) for t in tables if t.location != "engine"]
+    followed = {}
     if sparse:
         weights = [model.get_submodule(t.name).weight for t in sparse]  # before the swap takes the modules out
+        followed = {t.name: _group_of(optimizer, w) for t, w in zip(sparse, weights) if t.name not in table_cfgs}
         _S.tables = build_tables([model], tuple(sparse), _S.device, _S.dtype, dist.group.WORLD)
         _drop_from_optimizer(optimizer, {id(w) for w in weights})
     _S.engine = _build_engine(plan, model, optimizer)
+    _S.schedule = _schedule_of(sparse, followed, optimizer, _S.engine.optimizer.param_groups)
     if run_dir:
         rank_dir = RunDir(run_dir).rank(rank())
         _S.metrics = MetricsWriter(rank_dir)
@@ -173,12 +180,40 @@ def _with_group_settings(t, model: nn.Module, optimizer: torch.optim.Optimizer, 
     if configured:
         return t
     weight = model.get_submodule(t.name).weight
-    group = next((g for g in optimizer.param_groups if any(p is weight for p in g["params"])), optimizer.defaults)
+    group = _group_of(optimizer, weight) or optimizer.defaults
     if "betas" not in group:
         return t
     betas = tuple(group["betas"])
-    return dataclasses.replace(t, lr=float(group.get("lr", t.lr)), betas=(float(betas[0]), float(betas[1])),
+    lr = group.get("initial_lr", group.get("lr", t.lr))  # a scheduler made before prepare() set initial_lr
+    return dataclasses.replace(t, lr=float(lr), betas=(float(betas[0]), float(betas[1])),
                                eps=float(group.get("eps", t.eps)))
+
+
+def _group_of(optimizer: torch.optim.Optimizer, weight: torch.Tensor) -> dict | None:
+    return next((g for g in optimizer.param_groups if any(p is weight for p in g["params"])), None)
+
+
+def _schedule_of(sparse: list, followed: dict[str, dict | None], optimizer: torch.optim.Optimizer,
+                 engine_groups: list[dict]) -> tuple:
+    """What ``_follow_schedule`` needs: each followed table follows the group that held it, or the first group
+    when that group held only tables (it left the optimizer with them)."""
+    out = []
+    for t in sparse:
+        if t.name not in followed:
+            continue
+        held = followed[t.name]
+        index = next((i for i, g in enumerate(optimizer.param_groups) if g is held), 0)
+        group = engine_groups[min(index, len(engine_groups) - 1)]
+        out.append((t.name, t.lr, index, float(group.get("initial_lr", group["lr"]))))
+    return tuple(out)
+
+
+def _follow_schedule() -> None:
+    """Before the tables step: each followed table's lr = its lr at prepare() x (its group's lr now / then)."""
+    groups = _S.engine.optimizer.param_groups
+    for name, lr, index, base in _S.schedule:
+        now = groups[min(index, len(groups) - 1)]["lr"]
+        _S.tables.set_lr(name, lr * now / base if base > 0 else now)
 
 
 def _drop_from_optimizer(optimizer: torch.optim.Optimizer, ids: set[int]) -> None:
@@ -311,6 +346,7 @@ def step() -> None:
         if _S.engine.step_skipped:
             _S.tables.discard()
         else:
+            _follow_schedule()
             _S.tables.step()
 
 

@@ -61,6 +61,9 @@ class ReplicatedTables:
         self.skipped_steps = 0
         """Steps whose table gradients were not finite (nothing was updated)."""
 
+    def set_lr(self, name: str, lr: float) -> None:
+        self.tables[name].optimizer.lr = lr
+
     def lookup(self, name: str, ids: torch.Tensor) -> torch.Tensor:
         t = self.tables[name]
         rows = torch.index_select(t.weight, 0, ids.reshape(-1).to(t.weight.device))  # 4.6x weight[ids] at dim 16

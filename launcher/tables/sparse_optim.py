@@ -112,6 +112,14 @@ class SparseAdam:
         self._param = torch.nn.Parameter(weight, requires_grad=True)  # shares storage with weight
         self._opt = torch.optim.SparseAdam([self._param], lr=lr, betas=betas, eps=eps)
 
+    @property
+    def lr(self) -> float:
+        return self._opt.param_groups[0]["lr"]
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._opt.param_groups[0]["lr"] = value
+
     def state_tensors(self) -> list[torch.Tensor]:
         state = self._opt.state.get(self._param, {})
         return [t for t in (state.get("exp_avg"), state.get("exp_avg_sq")) if t is not None]

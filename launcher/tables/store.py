@@ -31,6 +31,9 @@ class TableStore(Protocol):
     def discard(self) -> None:
         """Drop the kept gradients (the network skipped its step)."""
 
+    def set_lr(self, name: str, lr: float) -> None:
+        """Table ``name``'s learning rate from its next step on (an LR schedule)."""
+
     def state_dict(self) -> dict[str, Any]:
         """Weights and optimizer states, by table name (references to the live tensors)."""
 
