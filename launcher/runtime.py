@@ -175,8 +175,9 @@ def _build_engine(plan: RuntimePlan, model: nn.Module, optimizer: torch.optim.Op
 
 
 def _with_group_settings(t, model: nn.Module, optimizer: torch.optim.Optimizer, configured: bool):
-    """A table without a ``tables.<path>`` entry trains with lazy Adam: with lr, betas and eps of the Adam group
-    that held it, or Adam's defaults (lr 1e-3) when your optimizer is not Adam (an SGD lr is no Adam lr)."""
+    """A table without a ``tables.<path>`` entry trains with lazy Adam: with lr, betas, eps and weight decay (Adam's
+    L2 or AdamW's decoupled, on the rows each step updates) of the Adam group that held it, or Adam's defaults (lr
+    1e-3, no decay) when your optimizer is not Adam (an SGD lr is no Adam lr)."""
     if configured:
         return t
     weight = model.get_submodule(t.name).weight
@@ -185,8 +186,10 @@ def _with_group_settings(t, model: nn.Module, optimizer: torch.optim.Optimizer, 
         return t
     betas = tuple(group["betas"])
     lr = group.get("initial_lr", group.get("lr", t.lr))  # a scheduler made before prepare() set initial_lr
+    decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay", False))
     return dataclasses.replace(t, lr=float(lr), betas=(float(betas[0]), float(betas[1])),
-                               eps=float(group.get("eps", t.eps)))
+                               eps=float(group.get("eps", t.eps)), weight_decay=float(group.get("weight_decay", 0.0)),
+                               decoupled_decay=decoupled)
 
 
 def _group_of(optimizer: torch.optim.Optimizer, weight: torch.Tensor) -> dict | None:

@@ -35,6 +35,10 @@ class TablePlan:
     l2: float
     lr_power: float
     initial_accumulator: float
+    weight_decay: float = 0.0
+    """lazy_adam: weight decay of the rows it updates (runtime.prepare(): your Adam/AdamW group's)."""
+    decoupled_decay: bool = True
+    """True: AdamW's decoupled decay (w -= lr * weight_decay * w); False: Adam's L2 (g += weight_decay * w)."""
 
 
 @dataclass(frozen=True)

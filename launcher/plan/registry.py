@@ -57,7 +57,8 @@ class TableOptimizer:
 
 
 TABLE_OPTIMIZERS: dict[str, TableOptimizer] = {
-    "lazy_adam": TableOptimizer("launcher.tables.sparse_optim.LazyAdam", ("lr", "betas", "eps"), 2),  # m and v
+    "lazy_adam": TableOptimizer("launcher.tables.sparse_optim.LazyAdam",
+                                ("lr", "betas", "eps", "weight_decay", "decoupled_decay"), 2),  # m and v
     "sparse_adam": TableOptimizer("launcher.tables.sparse_optim.SparseAdam", ("lr", "betas", "eps"), 2),
     "ftrl": TableOptimizer("launcher.tables.sparse_optim.SparseFTRL",
                            ("lr", "l1", "l2", "lr_power", "initial_accumulator"), 2),  # accumulator + linear

@@ -1,5 +1,6 @@
-"""runtime.prepare(): host tables follow the user's LR schedule (a warm-up LambdaLR made after prepare()), against the
-same loop with the tables inside the engine. Every row is looked up every step, so lazy Adam on the host is Adam."""
+"""runtime.prepare(): host tables follow the user's LR schedule (a warm-up LambdaLR made after prepare()) and AdamW's
+decoupled weight decay, against the same loop with the tables inside the engine. Every row is looked up every step,
+so lazy Adam on the host is AdamW."""
 
 import json
 
@@ -16,7 +17,7 @@ from launcher import runtime
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Embedding(6, 4), nn.Flatten(), nn.Linear(24, 1))
-optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
 model, optimizer = runtime.prepare(model, optimizer)
 warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))
 ids = torch.arange(6).repeat(8, 1)            # every row, every step
