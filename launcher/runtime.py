@@ -205,8 +205,8 @@ def _schedule_of(sparse: list, followed: dict[str, dict | None], optimizer: torc
         if t.name not in followed:
             continue
         held = followed[t.name]
-        index = next((i for i, g in enumerate(optimizer.param_groups) if g is held), 0)
-        group = engine_groups[min(index, len(engine_groups) - 1)]
+        index = min(next((i for i, g in enumerate(optimizer.param_groups) if g is held), 0), len(engine_groups) - 1)
+        group = engine_groups[index]
         out.append((t.name, t.lr, index, float(group.get("initial_lr", group["lr"]))))
     return tuple(out)
 
@@ -215,7 +215,7 @@ def _follow_schedule() -> None:
     """Before the tables step: each followed table's lr = its lr at prepare() x (its group's lr now / then)."""
     groups = _S.engine.optimizer.param_groups
     for name, lr, index, base in _S.schedule:
-        now = groups[min(index, len(groups) - 1)]["lr"]
+        now = groups[index]["lr"]
         _S.tables.set_lr(name, lr * now / base if base > 0 else now)
 
 

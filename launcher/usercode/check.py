@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, first_line
 from launcher.launch.layer_sizes import layer_sizes
 from launcher.tables import movable
 from launcher.usercode.items import call, describe_output, input_tensors, map_inputs, select_output, split_item
@@ -35,8 +35,8 @@ LABEL_SCAN = 256
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0].rstrip('.')}" if text else type(e).__name__
+    """``Type: first line`` of an exception (errors.first_line with the exception's type in front)."""
+    return f"{type(e).__name__}: {first_line(e)}" if str(e).strip() else type(e).__name__
 
 
 def locate(path: str) -> Any:

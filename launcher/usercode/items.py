@@ -56,17 +56,21 @@ def input_tensors(inputs: Any) -> list:
     return list(inputs.values()) if isinstance(inputs, Mapping) else list(inputs)
 
 
+def auto_choice(out: Any) -> tuple[str, Any]:
+    """(what model_output=auto takes of ``out``, as a path: '' for all of it; that value)."""
+    if isinstance(out, Mapping) and out:  # a ModelOutput is an OrderedDict of its non-None fields
+        key = "logits" if "logits" in out else next(iter(out))
+        return key, out[key]
+    if isinstance(out, (tuple, list)) and out:
+        return "0", out[0]
+    return "", out
+
+
 def select_output(out: Any, path: str = "auto") -> Any:
     """What of ``out`` the loss takes (module docstring). KeyError/IndexError/AttributeError on a path that is not
     there."""
     if path == "auto":
-        if torch.is_tensor(out):
-            return out
-        if isinstance(out, Mapping):  # a ModelOutput is an OrderedDict of its non-None fields
-            return out["logits"] if "logits" in out else next(iter(out.values()))
-        if isinstance(out, (tuple, list)) and out:
-            return out[0]
-        return out
+        return auto_choice(out)[1]
     for part in path.split("."):
         if isinstance(out, Mapping):
             out = out[part]
@@ -82,12 +86,10 @@ def describe_output(out: Any, path: str) -> str:
     kind = type(out).__name__
     if isinstance(out, Mapping):
         kind += f" ({', '.join(out)})"
-    picked = select_output(out, path)
+    which, picked = auto_choice(out) if path == "auto" else (path, select_output(out, path))
     shape = tuple(picked.shape) if torch.is_tensor(picked) else type(picked).__name__
-    if path == "auto" and torch.is_tensor(out):
+    if not which:
         return f"model output: a tensor {shape}, to the loss as it is"
-    which = path if path != "auto" else ("logits" if isinstance(out, Mapping) and "logits" in out else
-                                         next(iter(out)) if isinstance(out, Mapping) else "0")
     how = "model_output=auto took" if path == "auto" else "model_output took"
     return f"model output: {kind}; {how} `{which}` {shape} for the loss (set model_output=<key or path> for another)"
 
