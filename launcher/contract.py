@@ -65,6 +65,9 @@ class ModelFacts:
     """What to tell the user about the model before the plan."""
     kept: tuple[tuple[str, str], ...] = ()
     """Embeddings that always train inside the parts: (module path, why: a tied weight, max_norm, ...)."""
+    split: str = ""
+    """How a pipeline cuts a user's model (launcher/plan/pipeline.py SPLITS: chain or trace); '' = the recipe's
+    own ``pipeline_split``."""
 
 
 @dataclass(frozen=True)

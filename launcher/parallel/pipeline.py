@@ -48,7 +48,7 @@ class Pipeline:
         """This rank's stages of ``model`` as chunks (before the other parts apply)."""
         from launcher.parallel.pipeline_stages import split_model
 
-        return split_model(model, layers, rt.plan.pipeline, rt.mesh["pp"].get_local_rank())
+        return split_model(model, layers, rt.plan.pipeline, rt.mesh["pp"].get_local_rank(), rt)
 
     def apply(self, chunks: list[Any], rt: Any) -> None:
         """The split happened first (``split``); the schedule is built with the engine, once the optimizer exists."""

@@ -14,6 +14,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from launcher.parallel.engine import DTYPES, ChunkEngine
 from launcher.parallel.pipeline_stages import stage_examples
 from launcher.parallel.rank import local_tensor
+from launcher.usercode.items import input_tensors
 
 _SINGLE = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
 """Schedules of one stage per rank; interleaved_1f1b runs several (ScheduleInterleaved1F1B)."""
@@ -39,7 +40,8 @@ class PipelineEngine(ChunkEngine):
         n, m, loss_fn = len(plan.stages), plan.micro_batches, rt.loss_fn
         self._first = any(c.stage == 0 for c in chunks)
         self._last = any(c.stage == n - 1 for c in chunks)
-        examples = stage_examples(rt.plan.model, rt.layers_of, plan, rt.example, DTYPES[rt.plan.precision])
+        examples = ({c.stage: c.io for c in chunks} if all(c.io for c in chunks) else
+                    stage_examples(rt.plan.model, rt.layers_of, plan, rt.example, DTYPES[rt.plan.precision]))
         stages = [PipelineStage(c.call or c.module, c.stage, n, rt.device, input_args=examples[c.stage][0],
                                 output_args=examples[c.stage][1], group=self._pp_group) for c in chunks]
 
@@ -92,7 +94,8 @@ class PipelineEngine(ChunkEngine):
     def train_batch(self, micro_batches: list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]) -> torch.Tensor:
         """One optimizer step over ``micro_batches`` ((inputs, labels) each, on the device) by the schedule: the mean
         loss over them, on every stage."""
-        inputs = [torch.cat([mb[0][k] for mb in micro_batches]) for k in range(len(micro_batches[0][0]))]
+        parts = [input_tensors(mb[0]) for mb in micro_batches]  # dict inputs: their values in key order (traced)
+        inputs = [torch.cat([p[k] for p in parts]) for k in range(len(parts[0]))]
         labels = torch.cat([mb[1] for mb in micro_batches])
         losses: list[torch.Tensor] = []
         self._train.step(*(inputs if self._first else ()), return_outputs=False,  # only the losses are wanted
@@ -105,7 +108,7 @@ class PipelineEngine(ChunkEngine):
 
     def outputs(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
         """The model's output for one held-out micro-batch (on the rank of the last stage; None elsewhere)."""
-        out = self._eval.eval(*(inputs if self._first else ()))
+        out = self._eval.eval(*(input_tensors(inputs) if self._first else ()))
         return out if self._last else None
 
     @property

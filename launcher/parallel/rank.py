@@ -21,6 +21,8 @@ class Chunk:
     """Its pipeline stage (0 without a pipeline)."""
     call: Callable[..., Any] | None = None
     """What the forward goes through when a part wraps the module (torch DDP); None = the module itself."""
+    io: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
+    """A traced pipeline stage's (inputs, outputs) as meta tensors (launcher/parallel/pipeline_trace.py)."""
 
     @property
     def layers(self) -> list[tuple[str, Any]]:

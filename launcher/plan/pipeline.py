@@ -1,8 +1,8 @@
 """Pipeline stages from intent (pure): which of the model's ``layers()`` each stage runs, what each stage holds, and
 how much of a step the schedule idles.
 
-Stages come from ``parallel.stages`` in MindSpore's form (``{head: 0, layer1: 0, ..., fc: 1}``: every layer named,
-stage numbers in layer order), or, when it is empty, from ``parallel.partition``: ``parameters`` (contiguous
+Stages come from ``parallel.stages``: the layer each stage begins at (``{transformer.h.6: 1}``; MindSpore's form,
+``{head: 0, layer1: 0, ..., fc: 1}`` with every layer named, reads the same; stage numbers in layer order), or, when it is empty, from ``parallel.partition``: ``parameters`` (contiguous
 stages with the largest stage's parameter count as small as it can be, what DeepSpeed's ``partition_method=
 "parameters"`` aims at) or ``uniform`` (the same number of layers per stage). There are P × V stages: V
 (``parallel.stages_per_rank``) per pipeline rank with the interleaved schedule, stage s on pipeline rank s mod P.
@@ -19,10 +19,11 @@ from launcher.plan.registry import unknown
 
 PARTITIONS = ("parameters", "uniform")
 SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
-SPLITS = ("chain", "model")
+SPLITS = ("chain", "model", "trace")
 """How a stage runs its layers: chain (the layers one after the other, the first taking every input: the forward of
-a sequential model) or model (the model's own forward, which skips the layers another stage holds, set to None:
-torchtitan's manual split)."""
+a sequential model), model (the model's own forward, which skips the layers another stage holds, set to None:
+torchtitan's manual split) or trace (torch.distributed.pipelining's tracer cuts the model's traced forward before
+each stage's first layer: any model torch.export captures)."""
 
 
 @dataclass(frozen=True)
@@ -125,32 +126,37 @@ def _uniform(n: int, parts: int) -> list[int]:
 
 
 def _from_yaml(stages: dict[str, int], layers: tuple[str, ...], pp: int) -> tuple[list[int], list[str]]:
-    """Stage of each layer from parallel.stages, and the problems (unknown layer, missing layer, out of range, out of
-    order, empty stage)."""
+    """Stage of each layer from parallel.stages, and the problems (unknown layer, out of range, out of order, empty
+    stage). Each named layer begins its stage: the layers after it up to the next named one run on the same stage,
+    those before the first named one on stage 0 (MindSpore's form, every layer named, reads the same)."""
     problems = []
     for name, s in stages.items():
         if name not in layers:
             close = difflib.get_close_matches(name, layers, n=1)
             hint = f" Did you mean {close[0]}?" if close else ""
-            problems.append(f"parallel.stages: the model has no layer {name}.{hint} Its layers: {', '.join(layers)}.")
+            shown = ", ".join(layers[:24]) + (f", … ({len(layers)} in all)" if len(layers) > 24 else "")
+            problems.append(f"parallel.stages: the model has no layer {name}.{hint} Its layers, in forward order: "
+                            f"{shown}.")
         elif not (isinstance(s, int) and 0 <= s < pp):
             problems.append(f"parallel.stages.{name}={s} must be a stage number from 0 to {pp - 1} ({pp} stages: "
                             f"parallel.pipeline_stages × parallel.stages_per_rank).")
-    missing = [n for n in layers if n not in stages]
-    if missing:
-        problems.append(f"parallel.stages names no stage for {', '.join(missing)}: give every layer a stage "
-                        f"(or leave parallel.stages empty for parallel.partition to choose).")
     if problems:
         return [], problems
-    order = [stages[n] for n in layers]
-    for a, b, (na, nb) in zip(order, order[1:], zip(layers, layers[1:])):
-        if b < a:
-            problems.append(f"parallel.stages: layer {nb} is on stage {b} after {na} on stage {a}; stages must follow "
-                            f"the forward order (each stage a run of consecutive layers).")
+    order, current, named = [], 0, []
+    for n in layers:
+        if n in stages:
+            if stages[n] < current:
+                problems.append(f"parallel.stages: layer {n} is on stage {stages[n]} after {named[-1]} on stage "
+                                f"{current}; stages must follow the forward order (each stage a run of consecutive "
+                                f"layers).")
+            current = stages[n]
+            named.append(n)
+        order.append(current)
     empty = sorted(set(range(pp)) - set(order))
-    if empty:
+    if empty and not problems:
         problems.append(f"parallel.stages puts no layer on stage {', '.join(map(str, empty))} of the {pp} stages. "
-                        f"Give every stage a layer or lower parallel.pipeline_stages.")
+                        f"Name the layer each stage begins at (e.g. parallel.stages={{{layers[len(layers) // 2]}: 1}}) "
+                        f"or lower parallel.pipeline_stages.")
     return order, problems
 
 

@@ -5,6 +5,7 @@ reported at once (ConfigError: exit 2), naming the YAML file and the key."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import inspect
@@ -21,6 +22,8 @@ from launcher.contract import DataFacts, ModelFacts
 from launcher.errors import ConfigError, first_line
 from launcher.launch.layer_sizes import layer_sizes
 from launcher.tables import movable
+from launcher.usercode.pipeline_check import check_pipeline
+from launcher.usercode.recipe import units
 from launcher.usercode.items import call, describe_output, input_tensors, map_inputs, select_output, split_item
 
 HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
@@ -129,8 +132,8 @@ def dataset_facts(key: str, spec: Mapping[str, Any], source: str,
 
 
 def model_facts_on_meta(model: nn.Module) -> ModelFacts:
-    """Tables (every nn.Embedding / nn.EmbeddingBag that can train outside the engine), dense parameters, top-level
-    children, of a model built on the meta device."""
+    """Tables (every nn.Embedding / nn.EmbeddingBag that can train outside the engine), dense parameters, layers
+    (``units``: top-level children, a ModuleList opened to its items), of a model built on the meta device."""
     names_of: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(p), []).append(name)
@@ -148,8 +151,8 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
             tables[path] = (m.num_embeddings, m.embedding_dim)
     table_ids = {id(model.get_submodule(p).weight) for p in tables}
     dense = sum(p.numel() for p in model.parameters() if id(p) not in table_ids)
-    layers = tuple(n for n, _ in model.named_children())
-    layer_params, tied = layer_sizes(list(model.named_children()))
+    layers = tuple(n for n, _ in units(model))
+    layer_params, tied = layer_sizes(units(model))
     lines = [f"model: {type(model).__module__}.{type(model).__name__}, {dense + sum(r * d for r, d in tables.values()):,} "
              f"parameters: tables {', '.join(f'{p} {r:,}×{d}' for p, (r, d) in tables.items()) or 'none'}; "
              f"dense {dense:,}; layers {', '.join(layers) or '-'}"]
@@ -221,38 +224,6 @@ def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[Any, Any],
     return [], out.numel() == label.numel(), line
 
 
-def check_sequential(model: nn.Module, batch: tuple[tuple, Any], source: str, stages: int) -> list[str]:
-    """A pipeline runs the model's top-level children one after the other: on the meta device, that chain must run
-    on a batch and give the output the model's own forward gives (shape and dtype; values are not compared, so a
-    functional op between children that keeps the shape is not caught)."""
-    children = list(model.named_children())
-    key = f"parallel.pipeline_stages={stages}"
-    if isinstance(batch[0], Mapping):
-        return [f"{key}: model ({source}) takes keyword inputs ({', '.join(batch[0])}), and a pipeline stages a model "
-                f"as its top-level children called in order on positional tensors. Set parallel.pipeline_stages=1."]
-    inputs = [t.to("meta") for t in batch[0]]
-    try:
-        with torch.no_grad():
-            want = model(*inputs)
-            x = children[0][1](*inputs)
-            for _, child in children[1:]:
-                x = child(x)
-    except NotImplementedError:
-        return []
-    except Exception as e:  # noqa: BLE001
-        if "meta" in str(e).lower():
-            return []
-        return [f"{key}: model ({source}) is staged over its top-level children ({', '.join(n for n, _ in children)})"
-                f" run in order, and that chain fails: {_first_line(e)}. Write the model so that its forward is its "
-                f"children called one after the other (e.g. an nn.Sequential), or set parallel.pipeline_stages=1."]
-    if not (torch.is_tensor(x) and torch.is_tensor(want) and x.shape == want.shape and x.dtype == want.dtype):
-        got = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
-        return [f"{key}: model ({source}) run as its top-level children in order gives {got}, its forward gives "
-                f"{tuple(want.shape)}: its forward is not its children in order. Make it so (e.g. an nn.Sequential), "
-                f"or set parallel.pipeline_stages=1."]
-    return []
-
-
 def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelFacts, dict | None]:
     """Every check of a user recipe, then its facts; ConfigError listing all problems."""
     model_spec = OmegaConf.to_container(cfg.model, resolve=True)
@@ -305,7 +276,9 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
                                                               batch, source, cfg.model_output, device="cpu")
         problems += found
         if cfg.parallel.pipeline_stages > 1 and not found:
-            problems += check_sequential(model, batch, source, cfg.parallel.pipeline_stages)
+            found, split, order = check_pipeline(model_spec, model, batch, source, cfg.parallel.pipeline_stages,
+                                                 cfg.model_output)
+            problems += found
     labels = []
     if train is not None:
         try:
@@ -317,6 +290,8 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
     if problems:
         raise ConfigError(problems)
     facts = model_facts_on_meta(model)
+    if cfg.parallel.pipeline_stages > 1:
+        facts = dataclasses.replace(facts, layers=order, split=split)
     # Binary metrics (AUC, accuracy) when each label element is a 0/1 float with one score from the model: a
     # BCE-style model. Integer class labels (CrossEntropyLoss) keep the loss only.
     binary = scores and all(y.is_floating_point() and bool(((y == 0) | (y == 1)).all()) for y in labels)

@@ -71,6 +71,8 @@ def select_output(out: Any, path: str = "auto") -> Any:
     there."""
     if path == "auto":
         return auto_choice(out)[1]
+    if torch.is_tensor(out):  # already chosen: a traced pipeline's last stage applies model_output itself
+        return out
     for part in path.split("."):
         if isinstance(out, Mapping):
             out = out[part]

@@ -29,7 +29,7 @@ class UserRecipe:
         return []
 
     def layers(self, model: Any) -> list[tuple[str, Any]]:
-        return list(model.named_children())
+        return units(model)
 
     @staticmethod
     def data_spec(data: Mapping[str, Any], eval_data: Mapping[str, Any] | None, data_inputs: list[str] | None = None,
@@ -39,6 +39,25 @@ class UserRecipe:
         return {"_target_": DATA_TARGET, "_recursive_": False, "train": dict(data),
                 "eval": dict(eval_data) if eval_data else None, "data_inputs": list(data_inputs or []),
                 "data_label": data_label}
+
+
+def units(model: Any) -> list[tuple[str, Any]]:
+    """A user model's layers: its top-level children, where a child holding a ModuleList (HF's ``transformer.h``,
+    ``model.layers``) is opened down to that list's items: (module path, module) in registration order. A pipeline
+    stage begins at one of them, recompute and FSDP units name them."""
+    out: list[tuple[str, Any]] = []
+    for name, child in model.named_children():
+        if type(child).__name__ == "ModuleList" and len(child) > 1:
+            out += [(f"{name}.{n}", m) for n, m in child.named_children()]
+        elif _holds_list(child):
+            out += [(f"{name}.{n}", m) for n, m in units(child)]
+        else:
+            out.append((name, child))
+    return out
+
+
+def _holds_list(module: Any) -> bool:
+    return any(type(m).__name__ == "ModuleList" and len(m) > 1 for m in module.modules())
 
 
 def recipe_for(name: str) -> Recipe | UserRecipe:

@@ -8,7 +8,7 @@ import itertools
 import torch
 import torch.distributed as dist
 
-from launcher.usercode.items import select_output
+from launcher.usercode.items import input_tensors, select_output
 from launcher.worker.eval_metrics import auc, binary_metrics
 from launcher.worker.mesh import DataParallel
 
@@ -50,7 +50,7 @@ def _outputs(trainer, batch) -> tuple[torch.Tensor | None, torch.Tensor]:
     inputs, labels = trainer._move(batch)
     if len(labels) == 0:  # every stage of this pipeline got the same empty batch: none of them runs it
         return None, labels
-    out = trainer.engine.outputs(_padded(inputs, trainer.plan.batch.micro_size))
+    out = trainer.engine.outputs(_padded(tuple(input_tensors(inputs)), trainer.plan.batch.micro_size))
     return (out[:len(labels)] if out is not None else None), labels
 
 

@@ -50,12 +50,21 @@ def test_a_weight_shared_across_stages_is_held_by_each_and_once_within_one():
          r"layer block.1 is on stage 0 after block.0 on stage 1; stages must follow the forward order"),
         ({"embedding": 0, "block.0": 0, "block.1": 2, "head": 1},
          r"parallel.stages.block.1=2 must be a stage number from 0 to 1"),
-        ({"embedding": 0, "block.0": 0}, r"parallel.stages names no stage for block.1, head"),
+        ({"embedding": 0, "block.0": 0}, r"parallel.stages puts no layer on stage 1 of the 2 stages\. Name the layer "
+                                         r"each stage begins at"),
     ],
 )
 def test_bad_stages(stages, message):
     plan, problems = plan_pipeline(2, 4, stages, "parameters", LAYERS, PARAMS, ())
     assert plan is None and any(re.search(message, p) for p in problems), problems
+
+
+def test_a_named_layer_begins_its_stage():
+    """parallel.stages may name only where each stage begins (a split point): the layers before the first named one
+    are on stage 0, each later one on the stage of the last named layer before it."""
+    plan, problems = plan_pipeline(2, 4, {"block.1": 1}, "parameters", LAYERS, PARAMS, ())
+    assert not problems
+    assert [s.layers for s in plan.stages] == [LAYERS[:LAYERS.index("block.1")], LAYERS[LAYERS.index("block.1"):]]
 
 
 def test_resnet_default_is_the_seeds_two_stages_and_round_trips(cpu_host):

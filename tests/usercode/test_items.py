@@ -101,19 +101,30 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_a_huggingface_gpt2_trains_on_two_ranks_with_host_tables_as_on_one(hf_folder, tmp_path):
+    """GPT-2 from YAML alone, with its position table on the host, on 1 rank, on 2 data-parallel ranks, and as 2
+    pipeline stages cut by torch's tracer at a block (it is no chain: its blocks sit in a ModuleList; its head is
+    tied to the token embedding across the stages): the same loss at every step."""
     runs = {}
-    for nproc in (1, 2):
-        cwd = tmp_path / f"n{nproc}"
+    layouts = {"one": ["cluster.nproc_per_node=1"], "dp2": ["cluster.nproc_per_node=2"],
+               "pp2": ["cluster.nproc_per_node=2", "parallel.pipeline_stages=2", "+parallel.stages={transformer.h.1: 1}",
+                       "batch.micro_batches=4"]}
+    for name, args in layouts.items():
+        cwd = tmp_path / name
         cwd.mkdir()
         (cwd / "conf").symlink_to(hf_folder / "conf")
         res = run_cli(["--config-dir", "conf", "recipe=hf_gpt2", "placement.host_device_mix=1",
-                       "batch.global_size=32", f"cluster.nproc_per_node={nproc}"], cwd)
+                       "batch.global_size=32", *args], cwd)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert "model_output=auto took `logits`" in res.stdout.replace("\n", " ")
-        runs[nproc] = (cwd / "log_output" / "latest").resolve()
-    one, two = _losses(runs[1]), _losses(runs[2])
-    worst = max(abs(one[s] - two[s]) / abs(one[s]) for s in one)
-    assert one.keys() == two.keys() and worst <= 1e-5, (worst, one, two)
-    assert two[20] < two[1] - 0.5  # it learns (ln 32 = 3.47 at the start; the chain is deterministic)
-    summary = json.loads((runs[2] / "summary.json").read_text())
+        runs[name] = (cwd / "log_output" / "latest").resolve()
+    one = _losses(runs["one"])
+    for name in ("dp2", "pp2"):
+        other = _losses(runs[name])
+        worst = max(abs(one[s] - other[s]) / abs(one[s]) for s in one)
+        assert one.keys() == other.keys() and worst <= 1e-5, (name, worst, one, other)
+    plan = json.loads((runs["pp2"] / "plan.json").read_text())
+    assert plan["pipeline"]["split"] == "trace"
+    assert [s["layers"][0] for s in plan["pipeline"]["stages"]] == ["transformer.wte", "transformer.h.1"]
+    two = _losses(runs["dp2"])
+    summary = json.loads((runs["dp2"] / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["eval"]["n"] == 64

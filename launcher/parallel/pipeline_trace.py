@@ -1,0 +1,141 @@
+"""Pipeline stages of a model that is not a chain (HF's GPT-2 and Llama keep their blocks in a ModuleList; torchvision's
+ResNet flattens between two children), cut by torch.distributed.pipelining's own tracer at split points.
+
+The plan's stages begin at module paths (``transformer.h.6``); ``pipeline(model, example, split_spec)`` traces the
+forward with torch.export and splits its graph before each stage's first module. Whatever a later stage needs (the
+hidden state, HF's attention mask, Llama's rotary tables, a skip connection) is sent to it; a weight two stages use
+(GPT-2's head tied to its token embedding) is replicated to both, and the pipeline engine sums the copies' gradients
+(the plan's ``tied``). A stage's module keeps the original parameter names (the export unflattens to the model's
+module paths), so DCP checkpoints move between layouts.
+
+The traced forward is the model's forward on positional tensors (dict items: their values in the dataset's key
+order, passed as keywords) followed by ``model_output``'s choice, so the last stage sends the one tensor the loss
+takes. Parameters a stage's graph never uses (the export leaves GPT-2's head on stage 0 as an alias of the embedding)
+are removed from it. Each stage's inputs and outputs are found by tracing the model built on the meta device the same
+way and running the stages one after the other. A table the plan trains outside the parts is the model's own
+``nn.Embedding`` again in its stage (the export made it a graph module), for the table store to take out.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import SplitPoint, pipeline
+
+from launcher.parallel.rank import Chunk, set_module
+from launcher.plan.pipeline import PipelinePlan
+from launcher.usercode.items import select_output
+
+
+def _positional_forward(model: nn.Module, keys: tuple[str, ...], output: str) -> None:
+    """Make ``model``'s forward take positional tensors (the keyword inputs ``keys`` in order, when the items are
+    dicts) and return what ``output`` (model_output) selects of its output."""
+    forward = model.forward
+
+    def positional(self: nn.Module, *inputs: torch.Tensor) -> Any:
+        out = forward(**dict(zip(keys, inputs))) if keys else forward(*inputs)
+        return select_output(out, output)
+
+    model.forward = types.MethodType(positional, model)
+
+
+def trace(model: nn.Module, plan: PipelinePlan, example: Any, output: str) -> Any:
+    """torch's Pipe of ``model`` split before the first layer of each stage after the first."""
+    keys = tuple(example) if isinstance(example, Mapping) else ()
+    args = tuple(example.values()) if keys else tuple(example)
+    _positional_forward(model, keys, output)
+    spec = {s.layers[0]: SplitPoint.BEGINNING for s in plan.stages[1:]}
+    pipe = pipeline(model, args, split_spec=spec)
+    if pipe.num_stages != len(plan.stages):
+        raise RuntimeError(f"torch's tracer cut the model into {pipe.num_stages} stages where the plan has "
+                           f"{len(plan.stages)} (split before {', '.join(spec)})")
+    return pipe
+
+
+def stage_io(model_spec: dict[str, Any], plan: PipelinePlan, example: Any, output: str,
+             dtype: torch.dtype) -> tuple[dict[int, tuple[tuple, tuple]], dict[int, set[str]]]:
+    """(stage -> (what it receives, what it sends), stage -> names of parameters its graph never uses), from the
+    model built on the meta device in the compute ``dtype``, traced and run stage after stage (forward and
+    backward) on one meta micro-batch."""
+    from hydra.utils import instantiate
+
+    with torch.device("meta"):
+        whole = instantiate(model_spec)
+    whole.to(dtype)
+    items = example.values() if isinstance(example, Mapping) else example
+    meta = {k: _meta(t, dtype) for k, t in example.items()} if isinstance(example, Mapping) else tuple(
+        _meta(t, dtype) for t in items)
+    pipe = trace(whole, plan, meta, output)
+    state = tuple(meta.values()) if isinstance(meta, Mapping) else meta
+    io, unused = {}, {}
+    with torch.enable_grad():
+        for stage in plan.stages:
+            module = pipe.get_stage_module(stage.index)
+            sent = module(*state)
+            sent = sent if isinstance(sent, tuple) else (sent,)
+            floats = [t for t in sent if t.requires_grad]
+            if floats:
+                torch.autograd.backward(floats, [torch.ones_like(t) for t in floats])
+            unused[stage.index] = {n for n, p in module.named_parameters(remove_duplicate=False)
+                                   if p.requires_grad and p.grad is None}
+            io[stage.index] = (state, sent)
+            state = tuple(t.detach().requires_grad_(t.requires_grad) for t in sent)
+    return io, unused
+
+
+def _meta(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to("meta", dtype=dtype if t.is_floating_point() else t.dtype)
+
+
+def _drop(module: nn.Module, names: set[str]) -> None:
+    """Remove the parameters ``names`` (unused by the stage's graph) from ``module``."""
+    for name in names:
+        owner, _, leaf = name.rpartition(".")
+        holder = module.get_submodule(owner) if owner else module
+        holder._parameters.pop(leaf, None)
+
+
+def traced_chunks(model: nn.Module, plan: PipelinePlan, pp_rank: int, rt: Any) -> list[Chunk]:
+    """The chunks of pipeline rank ``pp_rank``, cut from ``model`` by the tracer, each with its stage's inputs and
+    outputs (``Chunk.io``) for torch's PipelineStage."""
+    from torch.distributed.pipelining._IR import _modify_graph_op_device
+
+    from launcher.parallel.engine import DTYPES
+
+    dtype = DTYPES[rt.plan.precision]
+    io, unused = stage_io(rt.plan.model, plan, rt.example, rt.plan.model_output, dtype)
+    host = {k: t.cpu() for k, t in rt.example.items()} if isinstance(rt.example, Mapping) else tuple(
+        t.cpu() for t in rt.example)
+    pipe = trace(model, plan, host, rt.plan.model_output)
+    chunks = []
+    for stage in plan.stages:
+        if plan.rank_of(stage.index) != pp_rank:
+            continue
+        module = pipe.get_stage_module(stage.index)
+        _drop(module, unused[stage.index])
+        if rt.device.type != "cpu":  # ops the trace recorded on the CPU (an arange, a mask) run on the device
+            _modify_graph_op_device(module, rt.device)
+        _restore_tables(module, model, rt.plan.placement.tables)
+        held = [(n, n) for n in stage.layers if _holds(module, n)]
+        chunks.append(Chunk(module=module, paths=held, stage=stage.index, io=io[stage.index]))
+    return chunks
+
+
+def _restore_tables(stage: nn.Module, model: nn.Module, tables: Any) -> None:
+    """Put the model's own nn.Embedding back where the stage holds a planned table (the export made it a graph
+    module): the table store takes it out as it does from an untraced model; the graph calls it the same way."""
+    for table in tables:
+        if _holds(stage, table.name):
+            set_module(stage, table.name, model.get_submodule(table.name))
+
+
+def _holds(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
