@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.config import compose_config
-from launcher.launch.host import extensions_dir
+from launcher.launch.host import extensions_dir, toolchain_path
 from launcher.plan import HostFacts, plan_launch
 from launcher.recipes import RECIPES
 from launcher.rundir import RunDir
@@ -48,6 +48,7 @@ def init_one_process_group():
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):  # DeepSpeed's engine reads them
         os.environ.setdefault(key, value)
     os.environ["TORCH_EXTENSIONS_DIR"] = str(extensions_dir())
+    os.environ["PATH"] = toolchain_path()  # the ninja the launcher and the ranks build and check the ops with
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -14,11 +18,13 @@ from launcher.plan.types import HostFacts
 
 
 def probe_host() -> HostFacts:
+    toolchain = probe_toolchain()
     return HostFacts(
         hostname=platform.node() or "localhost",
         cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
         accelerators=count_cuda_devices(),
-        extensions_dir=str(extensions_dir()),
+        extensions_dir=str(extensions_dir(toolchain)),
+        toolchain_path=toolchain.path,
     )
 
 
@@ -39,8 +45,65 @@ def count_cuda_devices() -> int:
         return 0
 
 
-def extensions_dir() -> Path:
-    """hetero-launch's own cache of DeepSpeed's JIT-built ops, one folder per (python, torch, deepspeed).
+@dataclass(frozen=True)
+class Toolchain:
+    """What a JIT build of a DeepSpeed op depends on besides its sources. torch writes each of these into the op's
+    build.ninja (absolute include paths, the compiler) or runs it (ninja); when one differs between two builds of
+    one folder, ninja sees a changed command line and rebuilds everything (minutes), so they key the cache."""
+
+    prefix: str
+    """The interpreter's environment (sys.prefix): one venv's build never lands in another's folder."""
+    torch_include: str
+    """torch's headers, found without importing torch (fast dry runs)."""
+    deepspeed_dir: str
+    """DeepSpeed's package dir: the op sources compiled (csrc/)."""
+    ninja: str
+    """The ninja found on ``path`` and its version ('' when none): ninja 1.11 and 1.13 rebuild each other's output."""
+    cxx: str
+    """$CXX, else the c++ found on ``path`` (resolved: an upgraded compiler is a new key)."""
+    path: str
+    """PATH for the build and for the ranks: the interpreter's bin dir first (pip's ninja), then the launcher's."""
+
+
+def toolchain_path(environ: Mapping[str, str] | None = None, executable: str | None = None) -> str:
+    """The one PATH both the launcher's pre-build and the ranks run with. torch's JIT build calls ``ninja`` and
+    ``c++`` from PATH, so a launcher started from a venv that is not activated would otherwise build with one ninja
+    and start ranks that build again with another."""
+    environ = os.environ if environ is None else environ
+    first = str(Path(executable or sys.executable).parent)  # the venv's bin, not resolved (a venv's python links out)
+    rest = [p for p in environ.get("PATH", "").split(os.pathsep) if p and p != first]
+    return os.pathsep.join([first, *rest])
+
+
+def probe_toolchain(environ: Mapping[str, str] | None = None, executable: str | None = None,
+                    prefix: str | None = None) -> Toolchain:
+    """This interpreter's build toolchain (``environ``, ``executable``, ``prefix``: another's, for tests)."""
+    environ = os.environ if environ is None else environ
+    path = toolchain_path(environ, executable)
+    ninja = shutil.which("ninja", path=path) or ""
+    cxx = environ.get("CXX") or shutil.which("c++", path=path) or ""
+    torch_dir = _package_dir("torch")
+    return Toolchain(
+        prefix=os.path.realpath(prefix or sys.prefix),
+        torch_include=os.path.join(torch_dir, "include") if torch_dir else "",
+        deepspeed_dir=_package_dir("deepspeed"),
+        ninja=f"{ninja} {_ninja_version(ninja)}" if ninja else "",
+        cxx=os.path.realpath(cxx) if os.sep in cxx else cxx,
+        path=path,
+    )
+
+
+def cache_key(toolchain: Toolchain) -> str:
+    """The op cache folder's name: readable versions, then a digest of the paths and tools of ``toolchain`` (not
+    its whole PATH: unrelated entries must not invalidate the cache). Stable across processes (sha256, not hash())."""
+    py = f"py{sys.version_info.major}{sys.version_info.minor}"
+    parts = (toolchain.prefix, toolchain.torch_include, toolchain.deepspeed_dir, toolchain.ninja, toolchain.cxx)
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:10]
+    return f"{py}-torch{_version('torch')}-deepspeed{_version('deepspeed')}-{digest}"
+
+
+def extensions_dir(toolchain: Toolchain | None = None) -> Path:
+    """hetero-launch's own cache of DeepSpeed's JIT-built ops, one folder per ``cache_key``.
 
     Other venvs on the machine write ~/.cache/torch_extensions too and can force a rebuild; ours is separate.
     HL_CACHE_DIR moves it (default: $XDG_CACHE_HOME/hetero-launch or ~/.cache/hetero-launch).
@@ -48,9 +111,25 @@ def extensions_dir() -> Path:
     root = os.environ.get("HL_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hetero-launch"
     )
-    py = f"py{sys.version_info.major}{sys.version_info.minor}"
-    tag = f"{py}-torch{_version('torch')}-deepspeed{_version('deepspeed')}"
-    return Path(root) / "torch_extensions" / tag
+    return Path(root) / "torch_extensions" / cache_key(toolchain or probe_toolchain())
+
+
+def _package_dir(name: str) -> str:
+    """Where an installed package lives, without importing it ('' when absent)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return ""
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return os.path.realpath(locations[0]) if locations else ""
+
+
+def _ninja_version(ninja: str) -> str:
+    try:
+        out = subprocess.run([ninja, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return out.stdout.strip() or "?"
 
 
 def _version(dist: str) -> str:

@@ -32,10 +32,13 @@ def plan_ranks(
     extensions_dir: str,
     dims: ParallelDims | None = None,
     devices: tuple[str, ...] = (),
+    path: str = "",
 ) -> tuple[RankPlan, ...]:
     """One RankPlan per global rank. MASTER_PORT "0" means: picked at launch. OMP_NUM_THREADS shares the host's
     cores among its local ranks. ``devices[n]``: node n's CUDA_VISIBLE_DEVICES (its ranks' devices in local-rank
-    order, so local rank i uses cuda:i = the i-th of them); () = leave CUDA_VISIBLE_DEVICES as the host has it."""
+    order, so local rank i uses cuda:i = the i-th of them); () = leave CUDA_VISIBLE_DEVICES as the host has it.
+    ``path``: the ranks' PATH, the one the launcher pre-builds DeepSpeed's ops with (HostFacts.toolchain_path), so
+    a rank's JIT load finds the same ninja and compiler and has nothing to rebuild; "" = the launcher's PATH."""
     world = nnodes * nproc_per_node
     omp_threads = max(1, cpu_count // nproc_per_node)
     ranks = []
@@ -58,6 +61,8 @@ def plan_ranks(
                 "TORCH_EXTENSIONS_DIR": extensions_dir,
                 "PYTHONUNBUFFERED": "1",
             }
+            if path:
+                env["PATH"] = path
             if device_type == "cpu":
                 env["DS_ACCELERATOR"] = "cpu"
                 env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks on a GPU host (cluster.device=cpu) see no GPU
