@@ -1,13 +1,17 @@
-"""Placement: which tables live on the host or the device, where the dense optimizer and parameters live.
+"""Placement: which tables live on the host or the device, how each trains, where the dense optimizer and parameters
+live.
 
 Intents (placement.host_device_mix, placement.tables.<name>, optimizer.target, placement.offload_params) become
-concrete decisions here; DeepSpeed's offload keys and the memory accounting follow from them.
+concrete decisions here; DeepSpeed's offload keys and the memory accounting follow from them. A table that trains
+outside the engine with no ``tables.<path>`` entry keeps the dense optimizer's kind: the row-sparse twin the registry
+names for it (sgd, momentum, lazy_adam for adam/adamw) with its settings, and the plan says how the twin differs.
 """
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -27,7 +31,7 @@ class TablePlan:
     """host or device: where the table, its lookups and its optimizer state live; engine: trained with the rest of
     the model by the parallel parts (dense)."""
     optimizer: str
-    """lazy_adam, ftrl or dense."""
+    """A TABLE_OPTIMIZERS name: lazy_adam, sparse_adam, ftrl, sgd, momentum, or dense."""
     lr: float
     betas: tuple[float, float]
     eps: float
@@ -36,9 +40,39 @@ class TablePlan:
     lr_power: float
     initial_accumulator: float
     weight_decay: float = 0.0
-    """lazy_adam: weight decay of the rows it updates (runtime.prepare(): your Adam/AdamW group's)."""
+    """lazy_adam, sgd, momentum: weight decay of the rows it updates (the dense optimizer's when the table follows
+    it)."""
     decoupled_decay: bool = True
     """True: AdamW's decoupled decay (w -= lr * weight_decay * w); False: Adam's L2 (g += weight_decay * w)."""
+    momentum: float = 0.0
+    """momentum: the buffer's factor (the dense optimizer's: optimizer.momentum, or your SGD group's)."""
+    dampening: float = 0.0
+    nesterov: bool = False
+    follows: str = ""
+    """The dense optimizer whose kind and settings the table took (sgd, momentum, adam, adamw, or in
+    runtime.prepare() your optimizer's class when it has none of those); '' = its tables.<path> entry chose."""
+    differs: str = ""
+    """With ``follows``: '<kind>: how', kind exact, lazy, stand-in or fallback: how the table's training differs from
+    what the dense optimizer would do to it."""
+
+
+@dataclass(frozen=True)
+class DenseSettings:
+    """The dense network's optimizer as a table with no tables.<path> entry follows it: a recipe's optimizer.*, or in
+    runtime.prepare() your torch optimizer's class and the param group that held the table."""
+
+    name: str
+    """A DENSE_OPTIMIZERS name (sgd, momentum, adam, adamw), or the class of one that is none of them (Adagrad)."""
+    lr: float
+    momentum: float = 0.0
+    dampening: float = 0.0
+    nesterov: bool = False
+    betas: tuple[float, float] | None = None
+    """Adam's (beta1, beta2); None: the optimizer has none."""
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    decoupled_decay: bool = False
+    """AdamW's decoupled weight decay (else L2, as torch's SGD and Adam)."""
 
 
 @dataclass(frozen=True)
@@ -142,12 +176,119 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
     return tables, problems, notes
 
 
+def recipe_dense(o: Any) -> DenseSettings:
+    """A recipe's optimizer section as the tables follow it (optimizer.name=sgd takes no momentum: DENSE_OPTIMIZERS;
+    ``momentum`` is kept for a tables.<path>.optimizer=momentum entry's factor)."""
+    betas = (o.betas[0], o.betas[1]) if len(o.betas) == 2 else (0.9, 0.999)  # another length: check_config names it
+    return DenseSettings(name=o.name, lr=o.lr, momentum=o.momentum, betas=betas, eps=o.eps,
+                         weight_decay=o.weight_decay, decoupled_decay=o.name == "adamw")
+
+
+def follow_dense(t: TablePlan, d: DenseSettings) -> TablePlan:
+    """Table t (no tables.<path> entry) trained by the row-sparse twin of the dense optimizer d, with d's settings:
+    sgd, momentum (momentum 0 is sgd), lazy_adam for adam/adamw; lazy Adam with d's lr, betas and eps stands in for
+    an optimizer with betas (NAdam, RAdam); lazy Adam's own defaults for any other (Adagrad, RMSprop)."""
+    twin = next((n for n, spec in TABLE_OPTIMIZERS.items() if d.name in spec.twin_of), "")
+    if twin == "momentum" and d.momentum == 0:
+        twin = "sgd"
+    if twin in ("sgd", "momentum"):
+        m = twin == "momentum"
+        t = replace(t, optimizer=twin, lr=d.lr, momentum=d.momentum if m else 0.0, dampening=d.dampening if m else 0.0,
+                    nesterov=d.nesterov and m, weight_decay=d.weight_decay)
+    elif twin or d.betas is not None:
+        t = replace(t, optimizer="lazy_adam", lr=d.lr, betas=d.betas or t.betas, eps=d.eps,
+                    weight_decay=d.weight_decay if twin else 0.0, decoupled_decay=d.decoupled_decay)
+    else:
+        t = replace(t, optimizer="lazy_adam")
+    return replace(t, follows=d.name, differs=_differs(t, d.name, twin, d.betas is not None))
+
+
+def _differs(t: TablePlan, name: str, twin: str, stand_in: bool) -> str:
+    decay = " Weight decay, too, applies to the rows a step looks up only." if t.weight_decay else ""
+    if t.optimizer == "sgd":
+        if t.weight_decay:
+            return ("lazy: weight decay applies to the rows a step looks up only (torch's SGD decays every row every "
+                    "step); the gradient step is torch's")
+        return "exact: torch's SGD update on the rows looked up; the others get no gradient and stay put there too"
+    if t.optimizer == "momentum":
+        return ("lazy: a row's momentum buffer decays, and the row moves, only on steps it is looked up (torch's dense "
+                "momentum decays every buffer and moves every row with one every step)." + decay)
+    if twin:
+        return ("lazy: a row's Adam moments update, and the row moves, only on steps it is looked up (torch's Adam "
+                "updates every row every step)." + decay)
+    if stand_in:
+        return (f"stand-in: {name} has no row-sparse twin here; lazy Adam with its lr, betas and eps trains the table "
+                f"(set tables.<path>.optimizer and .lr to choose another)")
+    return (f"fallback: {name} has no row-sparse twin here; lazy Adam with its own defaults trains the table (set "
+            f"tables.<path>.optimizer (sgd, momentum, lazy_adam, ftrl) and .lr to choose)")
+
+
+def twin_words(t: TablePlan) -> str:
+    """A few words for the placement view: 'exact twin of sgd', 'lazy twin of momentum', 'stand-in for NAdam',
+    'fallback for Adagrad'; '' when the table's tables.<path> entry chose its optimizer."""
+    if not t.follows:
+        return ""
+    kind = t.differs.partition(":")[0]
+    return f"{kind} twin of {t.follows}" if kind in ("exact", "lazy") else f"{kind} for {t.follows}"
+
+
+def plan_table_optimizers(tables: list[TablePlan], configured: set[str], dense_of: Callable[[str], DenseSettings],
+                          source: str) -> tuple[list[TablePlan], list[str], list[str]]:
+    """(tables, problems, notes): each table outside the engine with no tables.<path> entry (not in ``configured``)
+    follows the dense optimizer that ``dense_of(its name)`` describes (follow_dense); a tables.<path>.optimizer=
+    momentum entry takes that optimizer's momentum factor (the entry has no key for one). ``source`` names the dense
+    optimizer in messages (optimizer.name=sgd; your SGD)."""
+    out, problems = [], []
+    for t in tables:
+        if t.location != "engine" and t.name not in configured:
+            t = follow_dense(t, dense_of(t.name))
+        elif t.location != "engine" and t.optimizer == "momentum":
+            factor = dense_of(t.name).momentum
+            if factor <= 0:
+                problems.append(f"tables.{t.name}.optimizer=momentum takes its momentum factor from the dense "
+                                f"optimizer ({source}), whose momentum is {factor}. Give it one (optimizer.momentum=0.9;"
+                                f" SGD(..., momentum=0.9) in a script), or set tables.{t.name}.optimizer=sgd.")
+            t = replace(t, momentum=factor)
+        out.append(t)
+    return out, problems, follow_notes(out, source)
+
+
+def follow_notes(tables: list[TablePlan], source: str) -> list[str]:
+    """One line per way the following tables train (a recipe may have thousands of tables): which tables, their
+    optimizer and settings, and how it differs from the dense one."""
+    groups: dict[str, list[str]] = {}
+    for t in tables:
+        if t.follows and t.location != "engine":
+            groups.setdefault(f"{t.optimizer} ({settings_words(t)}) — {t.differs}", []).append(t.name)
+    notes = []
+    for how, names in groups.items():
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        notes.append(f"{'tables' if len(names) > 1 else 'table'} {shown} follow{'' if len(names) > 1 else 's'} "
+                     f"{source}: {how}")
+    return notes
+
+
+def settings_words(t: TablePlan) -> str:
+    """'row-sparse, lr 0.1, momentum 0.9, weight decay 0.01': what a table's optimizer runs with."""
+    words = ["row-sparse", f"lr {t.lr:g}"]
+    if t.optimizer == "momentum":
+        words.append(f"momentum {t.momentum:g}" + (f", dampening {t.dampening:g}" if t.dampening else "")
+                     + (", nesterov" if t.nesterov else ""))
+    if t.optimizer in ("lazy_adam", "sparse_adam"):
+        words.append(f"betas ({t.betas[0]:g}, {t.betas[1]:g})")
+    if t.weight_decay:
+        words.append(f"weight decay {t.weight_decay:g}" + (" decoupled" if t.optimizer == "lazy_adam"
+                                                            and t.decoupled_decay else ""))
+    return ", ".join(words)
+
+
 def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, dense_count: int, device_type: str,
                    default: TableConfig | None = None,
                    kept: dict[str, str] | None = None) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
     """(placement, effective ZeRO stage, problems, notes) for the recipe's tables (module path -> (rows, dim)) and
-    its dense_count parameters outside them. ``default`` is how a table without a ``tables.<path>`` entry trains
-    (TableConfig's defaults: lazy_adam). ``shapes=None``: the tables are not known yet (a script run)."""
+    its dense_count parameters outside them. ``default`` is how a table without a ``tables.<path>`` entry trains:
+    dense, or outside the engine (then with optimizer.name's twin: plan_table_optimizers). ``shapes=None``: the
+    tables are not known yet (a script run)."""
     known = shapes is not None
     shapes = shapes or {}
     pl, o = cfg.placement, cfg.optimizer
@@ -157,6 +298,11 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, d
     tables, problems, notes = plan_tables(shapes, table_cfgs, OmegaConf.to_container(pl.tables), pl.host_device_mix,
                                           default or TableConfig(), f"recipe {owner}" if owner else "the model", known,
                                           kept)
+    dense_settings = recipe_dense(o)
+    tables, follow_problems, follow = plan_table_optimizers(tables, set(table_cfgs), lambda _: dense_settings,
+                                                            f"optimizer.name={o.name}")
+    problems += follow_problems
+    notes += follow
     dense = [t.name for t in tables if t.optimizer == "dense"]
     sparse = bool(tables) and not dense
 

@@ -49,6 +49,9 @@ class TableOptimizer:
     """Which TablePlan fields it takes, in its constructor's order after the weight."""
     state_floats: int
     """fp32 state values per table value."""
+    twin_of: tuple[str, ...] = ()
+    """The dense optimizers (DENSE_OPTIMIZERS names) it stands for: a table with no ``tables.<path>`` entry of a
+    model trained with one of them gets this one (launcher/plan/placement.py says how it differs)."""
 
     @property
     def sparse(self) -> bool:
@@ -56,12 +59,15 @@ class TableOptimizer:
         return bool(self.impl)
 
 
+_SGD = ("lr", "momentum", "dampening", "nesterov", "weight_decay")
 TABLE_OPTIMIZERS: dict[str, TableOptimizer] = {
-    "lazy_adam": TableOptimizer("launcher.tables.sparse_optim.LazyAdam",
-                                ("lr", "betas", "eps", "weight_decay", "decoupled_decay"), 2),  # m and v
+    "lazy_adam": TableOptimizer("launcher.tables.sparse_optim.LazyAdam",  # m and v
+                                ("lr", "betas", "eps", "weight_decay", "decoupled_decay"), 2, ("adam", "adamw")),
     "sparse_adam": TableOptimizer("launcher.tables.sparse_optim.SparseAdam", ("lr", "betas", "eps"), 2),
     "ftrl": TableOptimizer("launcher.tables.sparse_optim.SparseFTRL",
                            ("lr", "l1", "l2", "lr_power", "initial_accumulator"), 2),  # accumulator + linear
+    "sgd": TableOptimizer("launcher.tables.sparse_optim.SparseSGD", _SGD, 0, ("sgd",)),
+    "momentum": TableOptimizer("launcher.tables.sparse_optim.SparseSGD", _SGD, 1, ("momentum",)),  # the buffer
     "dense": TableOptimizer("", (), 0),  # a dense table is a parameter of the engine; its state is optimizer.name's
 }
 

@@ -40,7 +40,7 @@ class Table:
     plan: TablePlan
     weight: torch.Tensor
     optimizer: Any
-    """LazyAdam, SparseAdam or SparseFTRL: step(rows, grads), state_tensors(), state_dict()."""
+    """LazyAdam, SparseAdam, SparseFTRL or SparseSGD: step(rows, grads), lr, state_tensors(), state_dict()."""
     padding_idx: int | None = None
     """nn.Embedding's padding_idx: that row gets no gradient."""
 

@@ -11,6 +11,12 @@
   reference); ``LazyAdam`` computes the same update with one gather and one scatter of the moments, stored
   interleaved per row, which makes the host step several times faster (bench/placement_bench.py). The tests hold
   it to SparseAdam's results.
+- SGD and SGD with momentum (``SparseSGD``): torch.optim.SGD's update on the rows a step has gradients for. Plain
+  SGD without weight decay is torch's SGD exactly (a row with no gradient does not move there either); with momentum
+  the buffer of a row decays, and the row moves, only on steps it is looked up (lazy momentum: torch's dense buffer
+  decays and moves every row every step); weight decay, like lazy Adam's, applies to the rows a step updates.
+
+``dense_settings`` reads a user's torch optimizer for runtime.prepare(): which twin its tables get.
 
 ``state_dict()`` returns references to the live state tensors, as torch's optimizers do: deep-copy it to keep a
 snapshot while training goes on.
@@ -21,6 +27,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from launcher.plan.placement import DenseSettings
 
 
 class SparseFTRL:
@@ -112,6 +120,53 @@ class LazyAdam:
         self.weight.index_copy_(0, rows, w)
 
 
+class SparseSGD:
+    """torch.optim.SGD (momentum, dampening, Nesterov, L2 weight decay) on the rows ``step(rows, grads)`` names, in
+    torch's order of operations: with every row stepping every step it is torch's SGD bit for bit. The momentum
+    buffer starts as the first step's gradient, as torch's (rows without one start at zero there too)."""
+
+    def __init__(self, weight: torch.Tensor, lr: float, momentum: float = 0.0, dampening: float = 0.0,
+                 nesterov: bool = False, weight_decay: float = 0.0) -> None:
+        if lr < 0 or momentum < 0 or weight_decay < 0:
+            raise ValueError(f"SGD needs lr >= 0, momentum >= 0, weight_decay >= 0; got lr={lr}, momentum={momentum}, "
+                             f"weight_decay={weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum needs momentum > 0 and dampening = 0 (as torch.optim.SGD says)")
+        self.weight = weight
+        self.lr, self.momentum, self.dampening, self.nesterov = lr, momentum, dampening, nesterov
+        self.weight_decay = weight_decay
+        self.buffer = torch.zeros_like(weight) if momentum else None
+        self.steps = 0
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [] if self.buffer is None else [self.buffer]
+
+    def state_dict(self) -> dict:
+        """The step count and, with momentum, the buffer of every row."""
+        return {"steps": self.steps} if self.buffer is None else {"steps": self.steps, "momentum_buffer": self.buffer}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+        if self.buffer is not None:
+            self.buffer.copy_(state["momentum_buffer"])
+
+    @torch.no_grad()
+    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        self.steps += 1
+        w = self.weight.index_select(0, rows)
+        if self.weight_decay:
+            grads = grads.add(w, alpha=self.weight_decay)
+        if self.buffer is not None:
+            if self.steps == 1:
+                buf = grads.clone()
+            else:
+                buf = self.buffer.index_select(0, rows).mul_(self.momentum).add_(grads, alpha=1 - self.dampening)
+            self.buffer.index_copy_(0, rows, buf)
+            grads = grads.add(buf, alpha=self.momentum) if self.nesterov else buf
+        w.add_(grads, alpha=-self.lr)
+        self.weight.index_copy_(0, rows, w)  # rows are unique (see LazyAdam.step)
+
+
 class SparseAdam:
     """torch.optim.SparseAdam on one table, fed with a sparse gradient built from (rows, grads): the reference."""
 
@@ -148,3 +203,29 @@ class SparseAdam:
         )
         self._opt.step()
         self._param.grad = None
+
+
+def dense_settings(optimizer: torch.optim.Optimizer, weight: torch.Tensor) -> DenseSettings:
+    """A user's torch optimizer as runtime.prepare()'s table ``weight`` follows it (plan_table_optimizers picks the
+    twin): its kind (SGD with or without momentum, Adam, AdamW, else its class) and the settings of the param group
+    that held the weight: lr (its initial_lr when a scheduler came first), momentum, dampening, nesterov, betas, eps,
+    weight decay."""
+    group = next((g for g in optimizer.param_groups if any(p is weight for p in g["params"])), optimizer.defaults)
+    cls = type(optimizer).__name__
+    if group.get("maximize", False):
+        raise ValueError(f"runtime.prepare(): your {cls} maximizes (maximize=True); the tables' row-sparse optimizers "
+                         f"minimize. Minimize the negated objective, or leave the tables inside the engine "
+                         f"(placement.host_device_mix=0, no placement.tables / tables entries).")
+    lr = float(group.get("initial_lr", group.get("lr", 1e-3)))
+    decay = float(group.get("weight_decay", 0.0))
+    if isinstance(optimizer, torch.optim.SGD):
+        m = float(group.get("momentum", 0.0))
+        return DenseSettings("momentum" if m else "sgd", lr, momentum=m, dampening=float(group.get("dampening", 0.0)),
+                             nesterov=bool(group.get("nesterov", False)), weight_decay=decay)
+    decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay", False))
+    name = cls
+    if isinstance(optimizer, torch.optim.Adam):
+        name = f"{cls}(amsgrad=True)" if group.get("amsgrad", False) else "adamw" if decoupled else "adam"
+    betas = (float(group["betas"][0]), float(group["betas"][1])) if "betas" in group else None
+    return DenseSettings(name, lr, betas=betas, eps=float(group.get("eps", 1e-8)), weight_decay=decay,
+                         decoupled_decay=decoupled)

@@ -125,7 +125,10 @@ def test_prepare_keeps_the_users_optimizer_for_schedulers_and_saves_the_tables(p
     # StepLR halves the SGD lr 3 times; the engine trains 2,433 dense parameters; the tables (by name) are in the state
     assert "RESULT [0.0625] 2433 {'item_emb': [100, 16], 'user_emb': [1000, 16]}" in out, out
     built = json.loads((run / "rank.0" / "prepared.json").read_text())
-    assert {t["lr"] for t in built["tables"].values()} == {0.001}  # SGD's lr is no Adam lr: lazy Adam's default
+    # the tables keep the user's optimizer: row-sparse SGD at SGD's lr (issue 20: it was lazy Adam at 1e-3)
+    assert {(t["optimizer"], t["lr"]) for t in built["tables"].values()} == {("sgd", 0.5)}
+    [note] = built["table_notes"]
+    assert "follow your SGD: sgd (row-sparse, lr 0.5) — exact: torch's SGD update on the rows looked up" in note, note
 
 
 def test_a_pipeline_of_the_users_model_matches_one_process(project):
