@@ -5,6 +5,7 @@ Launch, worker and report ask this module for paths, so the layout can change he
     <log_dir>/<run>/                      RunDir
         config.yaml plan.json ds_config.json rank_table.json rank_env.json versions.json
         ops_build.log summary.json junit.xml loss.png throughput.png backend.log job.sbatch
+        tensorboard/                      rank 0's TensorBoard event files (logger=tensorboard, the default)
         checkpoints/step<N>/              CheckpointDir: the parts' files (model/ through DCP, or DeepSpeed's),
                                           tables/ (DCP), trainer.<rank>.pt, checkpoint.json (written last)
         rank.<N>/                         RankDir
@@ -175,6 +176,8 @@ class RunDir:
         self.junit = self.path / "junit.xml"
         """The run's result for CI systems (launcher/report/junit.py)."""
         self.checkpoints = self.path / "checkpoints"
+        self.tensorboard = self.path / "tensorboard"
+        """Rank 0's TensorBoard event files (launcher.loggers.tensorboard; ``tensorboard --logdir``)."""
 
     def rank(self, rank: int) -> RankDir:
         return RankDir(self.path / f"rank.{rank}")

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 from launcher.errors import ConfigError
 from launcher.launch.preflight import (check_resume, check_script, gather_facts, read_cluster_files, resume_checkpoint,
                                       slurm_allocation)
+from launcher.loggers import check_loggers
 from launcher.plan import HostFacts, RunPlan, plan_launch
 from launcher.plan.layout import ClusterLayout
 from launcher.plan.script import plan_script
@@ -23,6 +24,9 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
              estimate: bool = True) -> tuple[RunPlan, list[str]]:
     """(the plan, lines about the data and model to show before it); ConfigError for bad input. ``estimate=False``
     (``check``) leaves out the activation estimate, which needs torch."""
+    logger_problems = check_loggers(cfg.logger)  # the loggers' classes import, before anything slower
+    if logger_problems:
+        raise ConfigError(logger_problems)
     if cfg.script:
         if cfg.trainer.resume or cfg.trainer.resume_from:
             key = "trainer.resume" if cfg.trainer.resume else "trainer.resume_from"

@@ -15,10 +15,11 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from torch.distributed.device_mesh import DeviceMesh
 
+from launcher.loggers.sink import open_metrics
 from launcher.parallel.compose import apply_parts, split
 from launcher.parallel.rank import RankContext
 from launcher.plan import LaunchPlan
-from launcher.rundir import CheckpointDir, MetricsWriter, RunDir
+from launcher.rundir import CheckpointDir, RunDir
 from launcher.tables import build_tables
 from launcher.tables.transfer import host_to_device
 from launcher.usercode import recipe_for
@@ -48,7 +49,7 @@ def run_rank(path: str | Path) -> None:
     trainer = build_trainer(plan, dp, device, rank, mesh)
     if plan.resume_from:
         trainer.load(CheckpointDir(plan.resume_from))
-    metrics = MetricsWriter(rank_dir)
+    metrics = open_metrics(rank_dir, plan.loggers, rank)  # rank 0's also feeds the loggers
     try:
         trainer.fit(run_dir, rank_dir, metrics)
         if plan.sharding is not None:

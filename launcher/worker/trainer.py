@@ -138,6 +138,14 @@ class Trainer:
     def evaluate(self) -> dict[str, Any]:
         return evaluate(self)
 
+    def _lr(self) -> dict[str, float]:
+        """{"lr": the dense optimizer's learning rate now (its first param group's)}; {} when it has none (a
+        pipeline stage that holds only tables)."""
+        try:
+            return {"lr": float(self.engine.optimizer.param_groups[0]["lr"])}
+        except (AttributeError, IndexError, KeyError, TypeError):
+            return {}
+
     # -- the loop ---------------------------------------------------------------------------------------------------
     def fit(self, run_dir: RunDir, rank_dir: RankDir, metrics: MetricsWriter) -> None:
         """Train from self.step to plan.steps: metrics, evaluations and checkpoints as planned."""
@@ -161,7 +169,7 @@ class Trainer:
                 local, mean = loss.item(), mean_over(loss, self.dp)
                 now = time.perf_counter()
                 rate = (step - tick_step) * p.batch.global_size / (now - tick)
-                metrics.write(step=step, loss=mean, local_loss=local, samples_per_s=round(rate, 1))
+                metrics.write(step=step, loss=mean, local_loss=local, samples_per_s=round(rate, 1), **self._lr())
                 tick, tick_step = now, step
             if p.eval_every > 0 and step % p.eval_every == 0 and step != p.steps and p.eval_batches > 0:
                 metrics.write(event="eval", step=step, **self.evaluate())
