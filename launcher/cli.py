@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from launcher.launch import launch_run, write_dry_run
     from launcher.launch.host import probe_host
     from launcher.launch.planning import plan_run
-    from launcher.report.plan_view import placement_table, plan_tree
+    from launcher.report.plan_view import placement_table, plan_tree, script_plan_view
 
     console = Console()
     try:
@@ -75,15 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in lines:
             console.print(line, highlight=False)
         if plan.kind == "script":
-            console.print(f"[bold]plan[/bold]: script {plan.script} {' '.join(plan.args)} on {plan.world_size} "
-                          f"rank(s), {plan.device_type}, torchrun environment")
-            rt = plan.runtime
-            parts = "+".join(p["name"] for p in rt["parts"])
-            console.print(f"runtime.prepare() builds: {parts}, ZeRO {rt['zero_stage']}, {rt['precision']}, "
-                          f"optimizer on {rt['placement']['optimizer_location']}; tables: host_device_mix="
-                          f"{rt['host_device_mix']}, placement.tables {rt['table_locations'] or '-'}", highlight=False)
-            for note in plan.notes:
-                console.print(f"note: {note}", highlight=False)
+            console.print(script_plan_view(plan), highlight=False)
         else:
             console.print(plan_tree(plan))
             console.print(placement_table(plan))

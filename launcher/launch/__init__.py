@@ -176,7 +176,8 @@ def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: lis
 
         envs = rank_envs(plan, run_dir, nodes.master_port, node=nodes.node_rank, master_addr=nodes.master_addr)
         write_rank_env(run_dir, envs)
-        attempts = [run_attempt(plan, run_dir, envs, 0, float(cfg.launcher.watchdog_s), console, nodes)]
+        attempts = [run_attempt(plan, run_dir, envs, 0, float(cfg.launcher.watchdog_s), console, nodes,
+                                console_mode=cfg.output.console)]
     else:
         hosts = _external_hosts(cfg) if cfg.cluster.launch in ("mpi", "slurm") else ()
         if hosts:  # the rank table of the hosts mpirun / srun start the ranks on
@@ -225,7 +226,7 @@ def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, stores: list, con
                          node=None if start_job is not None else 0)
         write_rank_env(run_dir, envs)
         attempt = run_attempt(plan, run_dir, envs, len(attempts), float(cfg.launcher.watchdog_s), console,
-                              start_job=start_job)
+                              start_job=start_job, console_mode=cfg.output.console)
         attempts.append(attempt)
         if attempt.status in ("ok", "interrupted") or len(attempts) > max_restarts:
             return attempts

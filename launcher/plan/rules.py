@@ -14,6 +14,8 @@ from launcher.plan.types import HostFacts
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 BACKENDS = ("auto", "gloo", "nccl")
+CONSOLE_MODES = ("rank0", "all", "none")
+"""output.console: whose output a script= run streams to the launcher's terminal (launch/tee.py)."""
 
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -26,7 +28,7 @@ index < 2**64)."""
 
 def check_output(o: DictConfig) -> list[str]:
     """output.run_name is one folder name inside output.log_dir: no separators, no '..', not 'latest', not longer
-    than RUN_NAME_MAX; output.stderr_tail >= 0."""
+    than RUN_NAME_MAX; output.stderr_tail >= 0; output.console one of CONSOLE_MODES."""
     p = []
     name = str(o.run_name)
     if name and (not RUN_NAME.fullmatch(name) or name == "latest" or ".." in name or len(name) > RUN_NAME_MAX):
@@ -37,6 +39,9 @@ def check_output(o: DictConfig) -> list[str]:
                  f"characters. E.g. output.run_name=exp1.")
     if "stderr_tail" in o and o.stderr_tail < 0:
         p.append(f"output.stderr_tail={o.stderr_tail} must be >= 0 (lines of a failed rank's stderr to print).")
+    if "console" in o and o.console not in CONSOLE_MODES:
+        p.append(unknown("output.console", o.console, CONSOLE_MODES) + " Set output.console=rank0 (rank 0's output "
+                 "on the terminal), all (every rank's, prefixed [rank N]) or none (only in rank.N/stdout and stderr).")
     return p
 
 

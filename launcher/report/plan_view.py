@@ -1,17 +1,33 @@
-"""The plan as a rich tree, for dry runs and the start of every run."""
+"""The plan as a rich tree (a script= run's as a few lines), for dry runs and the start of every run."""
 
 from __future__ import annotations
 
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
-from launcher.plan import Bytes, LaunchPlan
+from launcher.plan import Bytes, LaunchPlan, ScriptPlan
+from launcher.plan.placement import twin_words
 from launcher.plan.sharding import ShardingPlan, shapes_words, strategy_words
 
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
+
+
+def script_plan_view(plan: ScriptPlan) -> Text:
+    """A script= run's plan: the ranks, what runtime.prepare() builds if the script calls it, the notes."""
+    rt = plan.runtime
+    parts = "+".join(p["name"] for p in rt["parts"])
+    return Text("\n").join([
+        Text.from_markup(f"[bold]plan[/bold]: script {escape(plan.script)} {escape(' '.join(plan.args))} on "
+                         f"{plan.world_size} rank(s), {plan.device_type}, torchrun environment"),
+        Text(f"if the script calls runtime.prepare(), it builds: {parts}, ZeRO {rt['zero_stage']}, {rt['precision']}, "
+             f"optimizer on {rt['placement']['optimizer_location']}; tables: host_device_mix={rt['host_device_mix']}, "
+             f"placement.tables {rt['table_locations'] or '-'}"),
+        *(Text(f"note: {note}") for note in plan.notes),
+    ])
 
 
 def placement_table(plan: LaunchPlan) -> Table:
@@ -24,7 +40,9 @@ def placement_table(plan: LaunchPlan) -> Table:
         if tb.location == "engine":
             t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", "device, with the model", f"{o.name} dense", pl.optimizer_location)
         else:
-            t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", tb.location, f"{tb.optimizer} rows", tb.location)
+            twin = twin_words(tb)  # how it relates to the dense optimizer whose settings it took
+            t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", tb.location, f"{tb.optimizer} rows{f' ({twin})' if twin else ''}",
+                      tb.location)
     impl = f" ({pl.cpu_impl})" if pl.optimizer_location == "host" else ""
     t.add_row("dense network", f"{pl.dense_params:,}", f"{pl.param_location}, {plan.engine}, ZeRO-{plan.zero_stage}",
               f"{o.name}{impl}", pl.optimizer_location)

@@ -17,6 +17,13 @@ def _parts(plan: dict) -> list[dict]:
     return plan.get("parts") or (plan.get("runtime") or {}).get("parts") or []
 
 
+BOOKKEEPING = ("step", "loss", "local_loss", "samples_per_s", "time", "wall_s")
+"""Keys of a step's metrics.jsonl record that the summary shows on their own; the others are its metrics (lr, a
+script's runtime.log(acc=...))."""
+
+NOT_LOGGED = "the script did not call runtime.log: no step or loss was recorded"
+
+
 def signal_name(exit_code: int | None) -> str | None:
     if exit_code is None or exit_code >= 0:
         return None
@@ -43,6 +50,7 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
                 "first_failure": e.get("first_failure", False),
                 "stalled": e.get("stalled", False),
                 "last_step": int(beat.get("step", 0)),
+                "logged": bool(steps),
                 "rss_bytes": beat.get("rss"),
                 "host_available_bytes": beat.get("host_available"),
                 "final_loss": steps[-1].get("loss") if steps else None,
@@ -59,23 +67,41 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
     measured = evals[-1]["loss"] if evals else final_loss
     if measured is not None and floor is not None and uniform is not None and uniform > floor:
         reference["gap_closed"] = round((uniform - measured) / (uniform - floor), 4)
-    return {
+    parts = _built_parts(run_dir, plan, rank_exits)
+    summary = {
         "status": status,
         "run_id": run_dir.name,
         "recipe": plan.get("recipe") or plan.get("name"),
-        "engine": "+".join(p["name"] for p in _parts(plan)) or None,
-        "parts": [p["name"] for p in _parts(plan)],
+        "engine": "+".join(parts) or None,
+        "parts": parts,
         "world_size": plan.get("world_size"),
         "steps": plan.get("steps"),
         "completed_steps": min((r["last_step"] for r in ranks), default=0),
         "first_loss": steps0[0].get("loss") if steps0 else None,
         "final_loss": final_loss,
         "samples_per_s": steps0[-1].get("samples_per_s") if steps0 else None,
+        "final_metrics": {k: v for k, v in steps0[-1].items() if k not in BOOKKEEPING} if steps0 else {},
         "wall_s": round(wall_s, 2),
         "ranks": ranks,
         "eval": {k: v for k, v in evals[-1].items() if k not in ("event", "time", "wall_s")} if evals else {},
         "reference": reference,
     }
+    if plan.get("kind") == "script" and not any(r["logged"] for r in ranks):
+        summary["note"] = NOT_LOGGED
+    return summary
+
+
+def _built_parts(run_dir: RunDir, plan: dict, rank_exits: list[dict]) -> list[str]:
+    """The parallel parts the run trained with: a recipe's plan's; a script's, what its runtime.prepare() built
+    (rank.N/prepared.json), none when the script did not call it."""
+    if plan.get("kind") != "script":
+        return [p["name"] for p in _parts(plan)]
+    for e in rank_exits:
+        try:
+            return list(run_dir.read_json(run_dir.rank(e["rank"]).prepared)["parts"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return []
 
 
 def summary_table(summary: dict) -> Table:
@@ -89,14 +115,22 @@ def summary_table(summary: dict) -> Table:
         t.add_row(
             str(r["rank"]),
             code,
-            f"{r['last_step']}/{summary['steps']}",
+            _last_step(summary, r),
             "-" if r["final_loss"] is None else f"{r['final_loss']:.5f}",
             "-" if r["samples_per_s"] is None else f"{r['samples_per_s']:.0f}",
         )
     lines = [f"{what}: " + ", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
-             for what, d in (("eval", summary.get("eval")), ("reference", summary.get("reference"))) if d]
-    t.caption = "\n".join(lines) or None
+             for what, d in (("metrics", summary.get("final_metrics")), ("eval", summary.get("eval")),
+                             ("reference", summary.get("reference"))) if d]
+    t.caption = "\n".join(lines + ([f"note: {summary['note']}"] if summary.get("note") else [])) or None
     return t
+
+
+def _last_step(summary: dict, r: dict) -> str:
+    """'12/50' of a recipe's; a script's has no planned total: '12', or '-' for a rank that never logged."""
+    if summary["steps"]:
+        return f"{r['last_step']}/{summary['steps']}"
+    return str(r["last_step"]) if r.get("logged", True) else "-"
 
 
 def rank_failure(run_dir: RunDir, summary: dict, r: dict, tail_lines: int) -> tuple[str, str, str]:
