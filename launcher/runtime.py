@@ -7,7 +7,7 @@
         loss = loss_fn(model(*runtime.move(x)), runtime.move(y)[0])
         runtime.backward(loss)
         runtime.step()
-        runtime.log(step=step, loss=loss)                  # progress, metrics.jsonl, summary.json
+        runtime.log(step=step, loss=loss)                  # progress, metrics.jsonl, summary.json, loggers
 
 Under ``hetero-launch script=train.py`` the run dir's plan says what to build (``RuntimePlan``: torch DDP or
 DeepSpeed with its config; tables to the host with ``placement.host_device_mix=1``; ZeRO-Offload with
@@ -22,13 +22,15 @@ import dataclasses
 import json
 import os
 import socket
+import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.plan.placement import plan_tables, takes_tables_out
+from launcher.loggers.sink import open_metrics
+from launcher.plan.placement import follow_notes, plan_table_optimizers, plan_tables, takes_tables_out
 from launcher.plan.script import RuntimePlan
 from launcher.rundir import RUN_DIR_ENV, MetricsWriter, RankDir, RunDir, register_stack_dump
 from launcher.schema import TableConfig
@@ -85,11 +87,15 @@ def _init_process_group(backend: str | None = None) -> None:
     dist.init_process_group(backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"))
 
 
-def _finish() -> None:
-    """At exit of a script whose group prepare() created: records closed, the group torn down."""
+def _close_metrics() -> None:
     if _S.metrics is not None:
         _S.metrics.close()
         _S.metrics = None
+
+
+def _finish() -> None:
+    """At exit of a script whose group prepare() created: records closed, the group torn down."""
+    _close_metrics()
     if dist.is_initialized():
         # Every rank reaches the end before any tears its connections down: a rank that destroyed its group while a
         # peer's gloo thread still talked to it aborted ("terminate called without an active exception", SIGABRT) at
@@ -128,6 +134,7 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     """(model, optimizer) as the plan compiles them: call the model as before; use ``runtime.backward(loss)`` and
     ``runtime.step()`` (or the returned optimizer's ``step()``) instead of ``loss.backward()`` / ``optimizer.step()``."""
     from launcher.tables import build_tables
+    from launcher.tables.sparse_optim import dense_settings
     from launcher.worker.trainer import DTYPES
 
     run_dir = os.environ.get(RUN_DIR_ENV)
@@ -146,9 +153,16 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     tables, problems, _ = plan_tables(shapes, table_cfgs, plan.table_locations, plan.host_device_mix,
                                       TableConfig(optimizer="lazy_adam" if intent else "dense"),
                                       f"the model ({type(model).__name__})")
+    yours = f"your {type(optimizer).__name__}"
+    tables, follow_problems, table_notes = plan_table_optimizers(
+        tables, set(table_cfgs), lambda name: dense_settings(optimizer, model.get_submodule(name).weight), yours)
+    problems += follow_problems
     if problems:
         raise ValueError("runtime.prepare(): " + " ".join(problems))
-    sparse = [_with_group_settings(t, model, optimizer, t.name in table_cfgs) for t in tables if t.location != "engine"]
+    sparse = [t for t in tables if t.location != "engine"]
+    untwinned = [t for t in sparse if t.differs.startswith(("fallback", "stand-in"))]
+    if untwinned and rank() == 0:  # your optimizer has no row-sparse twin: said on stderr, not only in prepared.json
+        warnings.warn("runtime.prepare(): " + "; ".join(follow_notes(untwinned, yours)), stacklevel=2)
     followed = {}
     if sparse:
         weights = [model.get_submodule(t.name).weight for t in sparse]  # before the swap takes the modules out
@@ -159,8 +173,8 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     _S.schedule = _schedule_of(sparse, followed, optimizer, _S.engine.optimizer.param_groups)
     if run_dir:
         rank_dir = RunDir(run_dir).rank(rank())
-        _S.metrics = MetricsWriter(rank_dir)
-        _write_prepared(rank_dir, [*sparse, *(t for t in tables if t.location == "engine")])
+        _S.metrics = open_metrics(rank_dir, planned.get("loggers", ()), rank())  # rank 0's feeds the loggers
+        _write_prepared(rank_dir, [*sparse, *(t for t in tables if t.location == "engine")], table_notes)
     return _PreparedModel(_S.engine), _PreparedOptimizer(_S.engine.optimizer)
 
 
@@ -172,24 +186,6 @@ def _build_engine(plan: RuntimePlan, model: nn.Module, optimizer: torch.optim.Op
     rt = RankContext(plan=dataclasses.replace(plan, backend=dist.get_backend()), mesh=None, device=_S.device,
                      dp_group=dist.group.WORLD, rank=rank(), grad_accum=plan.grad_accum)
     return apply_parts([Chunk(module=model, paths=[])], rt, lambda _params: optimizer)
-
-
-def _with_group_settings(t, model: nn.Module, optimizer: torch.optim.Optimizer, configured: bool):
-    """A table without a ``tables.<path>`` entry trains with lazy Adam: with lr, betas, eps and weight decay (Adam's
-    L2 or AdamW's decoupled, on the rows each step updates) of the Adam group that held it, or Adam's defaults (lr
-    1e-3, no decay) when your optimizer is not Adam (an SGD lr is no Adam lr)."""
-    if configured:
-        return t
-    weight = model.get_submodule(t.name).weight
-    group = _group_of(optimizer, weight) or optimizer.defaults
-    if "betas" not in group:
-        return t
-    betas = tuple(group["betas"])
-    lr = group.get("initial_lr", group.get("lr", t.lr))  # a scheduler made before prepare() set initial_lr
-    decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay", False))
-    return dataclasses.replace(t, lr=float(lr), betas=(float(betas[0]), float(betas[1])),
-                               eps=float(group.get("eps", t.eps)), weight_decay=float(group.get("weight_decay", 0.0)),
-                               decoupled_decay=decoupled)
 
 
 def _group_of(optimizer: torch.optim.Optimizer, weight: torch.Tensor) -> dict | None:
@@ -233,7 +229,7 @@ def _drop_from_optimizer(optimizer: torch.optim.Optimizer, ids: set[int]) -> Non
                          "(placement.host_device_mix=0).")
 
 
-def _write_prepared(rank_dir: RankDir, tables) -> None:
+def _write_prepared(rank_dir: RankDir, tables, table_notes: list[str]) -> None:
     opt = _S.engine.optimizer
     held = _S.tables.held() if _S.tables is not None else {}
     info = {
@@ -245,6 +241,7 @@ def _write_prepared(rank_dir: RankDir, tables) -> None:
         "tables": {t.name: {"location": t.location, "optimizer": t.optimizer, "lr": t.lr,
                             "torch_device": held[t.name][1].device.type if t.name in held else None}
                    for t in tables},
+        "table_notes": table_notes,  # which optimizer each table follows and how it differs (plan_table_optimizers)
         "engine_params": sum(p.numel() for p in _S.engine.module.parameters()),
     }
     rank_dir.prepared.write_text(json.dumps(info, indent=2))
@@ -354,20 +351,34 @@ def step() -> None:
 
 
 def log(step: int, loss: float | torch.Tensor | None = None, **values: float) -> None:
-    """Record a step (call it on every rank: the loss is averaged over them). Under hetero-launch it feeds the
-    progress view, rank.N/metrics.jsonl and summary.json; under torchrun rank 0 prints it."""
+    """Record a step (call it on every rank: the loss is averaged over them), with or without ``prepare()``. Under
+    hetero-launch it feeds the progress view, rank.N/metrics.jsonl (the channel a recipe's steps take) and
+    summary.json (last step, final loss, the other values); under torchrun rank 0 prints it."""
     record: dict[str, Any] = {"step": step}
     if loss is not None:
         t = loss.detach().float().clone() if torch.is_tensor(loss) else torch.tensor(float(loss))
         record["local_loss"] = t.item()
         if dist.is_initialized() and world_size() > 1:
-            t = t.to(_S.device)
+            t = t.to(_reduce_device())
             dist.all_reduce(t)
             t /= world_size()
         record["loss"] = t.item()
     record.update({k: float(v.item() if torch.is_tensor(v) else v) for k, v in values.items()})
+    if "lr" not in record and _S.engine is not None and _S.engine.optimizer.param_groups:  # as a recipe's steps
+        record["lr"] = float(_S.engine.optimizer.param_groups[0]["lr"])
+    if _S.metrics is None and os.environ.get(RUN_DIR_ENV):  # a script that logs without prepare(): as prepare() opens
+        run_dir = RunDir(os.environ[RUN_DIR_ENV])
+        _S.metrics = open_metrics(run_dir.rank(rank()), run_dir.read_plan().get("loggers", ()), rank())
+        atexit.register(_close_metrics)
     if _S.metrics is not None:
         _S.metrics.step_done(step)
         _S.metrics.write(**record)
     elif rank() == 0:
         print(json.dumps(record), flush=True)
+
+
+def _reduce_device() -> torch.device:
+    """Where log() averages the loss: the prepared device, or (a group the script made itself) cuda with nccl."""
+    if _S.engine is None and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return _S.device

@@ -240,6 +240,11 @@ class OutputConfig:
     """Run dir name; empty = <recipe>-<YYYYmmdd-HHMMSS>. An existing run dir is never overwritten."""
     stderr_tail: int = 20
     """Lines of a failed rank's stderr printed by the launcher."""
+    console: str = "rank0"
+    """A script= run's output on the launcher's terminal as it runs (torchrun's --tee): rank0 = rank 0's stdout and
+    stderr lines, all = every rank's, each line prefixed [rank N], none = nothing. Either way every rank's output is
+    written in full to rank.N/{stdout,stderr}; a line over 4 KiB is cut on the terminal with a marker. A recipe's
+    ranks report through the progress view and the failure report instead: their output stays in rank.N/."""
 
 
 @dataclass
@@ -301,6 +306,10 @@ class HeteroConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    logger: Any = "tensorboard"
+    """Where rank 0 sends the metrics as they are logged (training loss, throughput, lr, evaluation): a class by
+    _target_ with its constructor's arguments (launcher/loggers: log_metrics(step, metrics) and close()), a list of
+    them, or null / none = no logger. Default: TensorBoard event files in log_output/<run>/tensorboard/."""
     recompute: list[str] = field(default_factory=list)
     """Activation checkpointing (MindSpore's cell.recompute()): layers, by the names of the recipe's layers() (gpt:
     embedding, block.0, ...; your model: its top-level children), whose activations are recomputed in the backward
@@ -320,6 +329,10 @@ class HeteroConfig:
     """Run this Python script on every rank instead of a recipe, with torchrun's environment."""
     script_args: list[str] = field(default_factory=list)
     """Arguments for the script (on the command line: everything after --)."""
+    script_ops: list[str] = field(default_factory=list)
+    """DeepSpeed JIT ops the script= loads itself (e.g. [fused_adam] for deepspeed.ops.adam.FusedAdam): the launcher
+    builds them once per venv, before the ranks start, as it does the ops of the engine it plans; otherwise each
+    rank compiles them on first use (minutes). Names as in launcher/worker/build_ops.py BUILDERS; script= only."""
 
 
 def register_schemas(names: Iterable[str] | None = None) -> None:

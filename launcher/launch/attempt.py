@@ -50,20 +50,33 @@ class Attempt:
 
 
 def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]], number: int, watchdog_s: float,
-                console: Console, nodes: NodeGroup | None = None, start_job: StartJob | None = None) -> Attempt:
+                console: Console, nodes: NodeGroup | None = None, start_job: StartJob | None = None,
+                console_mode: str = "none") -> Attempt:
     """Start the ranks in envs (start_job: mpirun or srun; default: torch elastic's processes on this host),
-    supervise them, judge the end. With nodes (cluster.launch=elastic), a failure on another node stops this
-    node's ranks too, and every node names the same first failure."""
+    supervise them (progress; output.console=console_mode: a script's rank output on the console), judge the end.
+    With nodes (cluster.launch=elastic), a failure on another node stops this node's ranks too, and every node
+    names the same first failure."""
     from launcher.launch.engine import spawn_ranks
+    from launcher.launch.ops import RankBuildWatch
     from launcher.launch.progress import ProgressView
     from launcher.launch.supervise import supervise
+    from launcher.launch.tee import RankTee, streamed_ranks
     from launcher.launch.watchdog import Watchdog
 
     job = (start_job or spawn_ranks)(plan, run_dir, envs)
     watchdog = Watchdog({r: run_dir.rank(r) for r in job.ranks}, job.pids, watchdog_s) if watchdog_s > 0 else None
     other_failed = (lambda: nodes.remote_failure() is not None) if nodes is not None else None
+    tee = RankTee(console, run_dir, streamed_ranks(plan.kind, console_mode, job.ranks), console_mode == "all")
+    builds = RankBuildWatch(plan, console)  # a rank compiling an op the launcher did not prebuild is announced
     with ProgressView(console, run_dir.rank(min(job.ranks)), plan.steps) as view:
-        outcome = supervise(job, view.tick, watchdog, other_failed)
+
+        def tick() -> None:
+            tee.tick()
+            view.tick()
+            builds.tick()
+
+        outcome = supervise(job, tick, watchdog, other_failed)
+        tee.drain()  # the ranks are reaped: the rest of their output, before the bar's last state
     blamed = first_failure(_endings(run_dir, outcome))
     remote = None
     if nodes is not None and (blamed is not None or outcome.stopped_for_another_node):

@@ -82,6 +82,7 @@ def stage_io(model_spec: dict[str, Any], plan: PipelinePlan, example: Any, outpu
                 torch.autograd.backward(floats, [torch.ones_like(t) for t in floats])
             unused[stage.index] = {n for n, p in module.named_parameters(remove_duplicate=False)
                                    if p.requires_grad and p.grad is None}
+            sent = tuple(t.contiguous() for t in sent)  # p2p buffers are made like these: dense (Llama's cos/sin is not)
             io[stage.index] = (state, sent)
             state = tuple(t.detach().requires_grad_(t.requires_grad) for t in sent)
     return io, unused
@@ -120,9 +121,21 @@ def traced_chunks(model: nn.Module, plan: PipelinePlan, pp_rank: int, rt: Any) -
         if rt.device.type != "cpu":  # ops the trace recorded on the CPU (an arange, a mask) run on the device
             _modify_graph_op_device(module, rt.device)
         _restore_tables(module, model, rt.plan.placement.tables)
+        _dense_outputs(module)
         held = [(n, n) for n in stage.layers if _holds(module, n)]
         chunks.append(Chunk(module=module, paths=held, stage=stage.index, io=io[stage.index]))
     return chunks
+
+
+def _dense_outputs(module: nn.Module) -> None:
+    """The stage sends its outputs contiguous (a p2p send takes no view: Llama's cos/sin are expanded)."""
+    forward = module.forward
+
+    def dense(*args: Any) -> Any:
+        out = forward(*args)
+        return tuple(t.contiguous() for t in out) if isinstance(out, tuple) else out.contiguous()
+
+    module.forward = dense
 
 
 def _restore_tables(stage: nn.Module, model: nn.Module, tables: Any) -> None:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError
+from launcher.loggers import logger_specs
 from launcher.plan.batch import DEFAULT_MICRO_SIZE, BatchPlan, plan_batch
 from launcher.plan.layout import ClusterLayout
 from launcher.plan.memory import Bytes, MemoryEstimate
@@ -23,6 +24,7 @@ from launcher.plan.pipeline import PipelinePlan, plan_pipeline
 from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement, takes_tables_out
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table, visible_devices
 from launcher.plan.rules import check_config, device_and_backend, resolve_nproc
+from launcher.plan.script import check_script_ops
 from launcher.plan.sharding import ShardingPlan, plan_sharding, plan_tensor_parallel, sharding_degrees
 from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan, RunPlan, ScriptPlan, checkpoint_layout
 from launcher.plan.values import INT64
@@ -125,23 +127,15 @@ def _steps(cfg: DictConfig, batch: BatchPlan | None, dp: int, data_facts, proble
     return steps
 
 
-def _table_default(cfg: DictConfig, user: bool, notes: list[str]):
-    """How a table without a tables.<path> entry trains: a recipe in the user's folder trains its model as written
-    (inside the parts, with optimizer) unless a placement intent takes the tables out."""
+def _table_default(cfg: DictConfig, user: bool):
+    """How a table without a tables.<path> entry trains: outside the parts with optimizer.name's row-sparse twin
+    (plan/placement.py: plan_table_optimizers, which notes how it differs); a recipe in the user's folder trains its
+    model as written (inside the parts, with optimizer) unless a placement intent takes the tables out."""
     from launcher.schema import TableConfig
 
-    if not user:
-        return TableConfig()
-    if not takes_tables_out(cfg.placement.host_device_mix, cfg.placement.tables, cfg.tables):
+    if user and not takes_tables_out(cfg.placement.host_device_mix, cfg.placement.tables, cfg.tables):
         return TableConfig(optimizer="dense")
-    o = cfg.optimizer
-    adam = o.name in ("adam", "adamw")  # an SGD lr is no Adam lr: then lazy Adam's own defaults
-    default = TableConfig(optimizer="lazy_adam", lr=o.lr, betas=list(o.betas), eps=o.eps) if adam \
-        else TableConfig(optimizer="lazy_adam")
-    notes.append(f"tables out of the engine train with lazy_adam, lr {default.lr} "
-                 f"({'optimizer.lr' if adam else 'its default: optimizer.name=' + o.name + ' is not Adam'}) "
-                 f"unless tables.<path>.optimizer / .lr say otherwise")
-    return default
+    return TableConfig()
 
 
 def _pipeline(cfg: DictConfig, dims: ParallelDims | None, batch: BatchPlan | None, sizes: ModelFacts, recipe,
@@ -162,7 +156,7 @@ def _pipeline(cfg: DictConfig, dims: ParallelDims | None, batch: BatchPlan | Non
         schedule = "gpipe"
     pipeline, found = plan_pipeline(dims.pp, batch.grad_accum, dict(par.stages), par.partition, sizes.layers,
                                     sizes.layer_params, sizes.tied, schedule, par.stages_per_rank,
-                                    getattr(recipe, "pipeline_split", "chain"))
+                                    sizes.split or getattr(recipe, "pipeline_split", "chain"))
     problems += found
     if pipeline is not None and batch.grad_accum < dims.pp:
         runs = ("; with fewer micro-batches than stages 1F1B is GPipe (torch's Schedule1F1B refuses it): "
@@ -215,7 +209,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
     """Plan a run of ``cfg`` on ``host`` with the ``facts`` gathered about its data and model, on the hosts and
     devices ``layout`` describes (a rank table, hostfile or Slurm allocation; None: cluster.* alone); raise
     ConfigError listing every problem."""
-    d = _Draft(problems=check_config(cfg, host), notes=_smoke_notes(cfg))
+    d = _Draft(problems=check_config(cfg, host) + check_script_ops(cfg), notes=_smoke_notes(cfg))
     _plan_shape(cfg, host, facts, d)
     _plan_where(cfg, host, d)
     intents, parts = _plan_parts(cfg, d)
@@ -271,7 +265,7 @@ def _plan_where(cfg: DictConfig, host: HostFacts, d: _Draft) -> None:
     """Device and backend, where tables and parameters live, what is recomputed, the pipeline's stages."""
     d.device_type, d.backend = device_and_backend(cfg.cluster.backend, host, cfg.cluster.device)
     d.placement, d.zero, placement_problems, placement_notes = plan_placement(
-        cfg, d.sizes.tables, d.sizes.dense_params, d.device_type, _table_default(cfg, d.user, d.notes),
+        cfg, d.sizes.tables, d.sizes.dense_params, d.device_type, _table_default(cfg, d.user),
         dict(d.sizes.kept))
     d.problems += placement_problems
     d.notes += placement_notes
@@ -312,8 +306,10 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     nnodes = cfg.cluster.nnodes
     ranks = plan_ranks(nnodes=nnodes, nproc_per_node=d.nproc, device_type=d.device_type,
                        master_addr=cfg.cluster.master_addr, master_port=cfg.cluster.master_port,
-                       cpu_count=host.cpu_count, extensions_dir=host.extensions_dir, dims=dims,
-                       devices=visible_devices(layout, d.device_type, cfg.cluster.launch, d.problems))
+                       cpu_count=host.cpu_count, extensions_dir=host.extensions_dir, path=host.toolchain_path,
+                       dims=dims, devices=visible_devices(layout, d.device_type, cfg.cluster.launch, d.problems))
+    loggers, logger_problems = logger_specs(cfg.logger)
+    d.problems += logger_problems
     if d.problems:
         raise ConfigError(d.problems)
     hosts = (list(layout.hosts) if layout is not None else
@@ -335,6 +331,7 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
         reference=dict(facts.data.reference), ranks=ranks, rank_table=rank_table(ranks, hosts), ds_ops=run["ops"],
         notes=tuple(d.notes), resume_from=cfg.trainer.resume_from, code_paths=facts.code_paths,
         debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step), sharding=d.sharding, model_output=cfg.model_output,
+        loggers=loggers,
     )
 
 

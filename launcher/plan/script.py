@@ -1,5 +1,5 @@
-"""PURE planning of a user's own script: ranks, environment and rank table, and the ``RuntimePlan`` that the
-script's ``runtime.prepare(model, optimizer)`` builds (engine, its DeepSpeed config, placement intents).
+"""PURE planning of a user's own script: ranks, environment and rank table, and the ``RuntimePlan`` that
+``runtime.prepare(model, optimizer)`` builds if the script calls it (engine, its DeepSpeed config, placement intents).
 
 What depends on the script's model (which tables it has) is decided inside the rank, by the same pure
 ``plan_tables`` a recipe's plan uses, from the intents recorded here.
@@ -8,12 +8,14 @@ What depends on the script's model (which tables it has) is decided inside the r
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import ConfigError
+from launcher.loggers import logger_specs
 from launcher.parallel.intents import PartPlan
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, plan_placement
@@ -93,9 +95,37 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str,
     return runtime, ds_ops, problems, notes + part_notes
 
 
+def check_script_ops(cfg: DictConfig, device_type: str = "") -> list[str]:
+    """Problems with ``script_ops``: set without script= (a recipe's ops come from its parts), a name DeepSpeed's
+    builders do not have, or one the ``device_type``'s accelerator does not offer (DeepSpeed's CPU accelerator has
+    no fused_lamb, for one). Known names: launcher/worker/build_ops.py BUILDERS (torch-free)."""
+    from launcher.worker.build_ops import BUILDERS
+
+    names = list(cfg.script_ops)
+    if names and not cfg.script:
+        return [f"script_ops=[{', '.join(names)}] without script=: a recipe's DeepSpeed ops come from its plan and "
+                f"are built before its ranks start. Remove script_ops, or run a script (script=train.py)."]
+    problems = []
+    for name in names:
+        op = BUILDERS.get(name)
+        if op is None:
+            close = difflib.get_close_matches(str(name), BUILDERS, n=1)
+            hint = f"Did you mean {close[0]}? " if close else ""
+            problems.append(f"script_ops: {name!r} is not a DeepSpeed op the launcher can build. {hint}Use names "
+                            f"from: {', '.join(sorted(BUILDERS))} (or remove it; the ranks then build it).")
+        elif device_type not in op.devices:
+            offered = sorted(n for n, o in BUILDERS.items() if device_type in o.devices)
+            problems.append(f"script_ops: {name} ({op.builder}) is not offered by DeepSpeed's {device_type} "
+                            f"accelerator, which builds {', '.join(offered)}. Remove {name} from script_ops, or run "
+                            f"on {' / '.join(op.devices)} (cluster.device).")
+    return problems
+
+
 def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
     c = cfg.cluster
-    problems = check_cluster(c, host) + check_output(cfg.output) + check_launcher(cfg.launcher, c.launch)
+    loggers, logger_problems = logger_specs(cfg.logger)
+    problems = (check_cluster(c, host) + check_output(cfg.output) + check_launcher(cfg.launcher, c.launch)
+                + logger_problems)
     if c.launch == "elastic" or c.nnodes != 1:
         problems.append(f"cluster.launch={c.launch} cluster.nnodes={c.nnodes} with script=: scripts run on one host "
                         f"for now (recipes run on several), started locally, by mpirun or by srun. Set "
@@ -110,14 +140,18 @@ def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
     device_type, backend = device_and_backend(c.backend, host, c.device)
     dims = ParallelDims(dp=nproc, pp=1, tp=1, world_size=nproc)
     runtime, ds_ops, problems, notes = plan_runtime(cfg, dims, device_type, backend)
+    problems += check_script_ops(cfg, device_type)
     if problems:
         raise ConfigError(problems)
+    ds_ops = tuple(dict.fromkeys([*ds_ops, *cfg.script_ops]))  # the engine's, then the script's own
     ranks = plan_ranks(
         nnodes=1, nproc_per_node=nproc, device_type=device_type, master_addr=c.master_addr,
         master_port=c.master_port, cpu_count=host.cpu_count, extensions_dir=host.extensions_dir,
+        path=host.toolchain_path,
     )
     return ScriptPlan(
         script=cfg.script, args=tuple(cfg.script_args), world_size=nproc, nnodes=1, nproc_per_node=nproc,
         backend=backend, device_type=device_type, ranks=ranks, rank_table=rank_table(ranks, [c.master_addr]),
         notes=((note,) if note else ()) + tuple(notes), runtime=dataclasses.asdict(runtime), ds_ops=ds_ops,
+        loggers=loggers,
     )

@@ -27,6 +27,8 @@ class HostFacts:
     """Visible CUDA devices; 0 on a CPU-only host."""
     extensions_dir: str
     """Where DeepSpeed's JIT-built C++ ops are cached (TORCH_EXTENSIONS_DIR)."""
+    toolchain_path: str = ""
+    """PATH for building those ops and for the ranks (launch.host.toolchain_path); "" = the launcher's own PATH."""
 
 
 class RunPlan(Protocol):
@@ -131,6 +133,8 @@ class LaunchPlan:
     """Op-level sharding / tensor parallel: per operator its strategy, shapes and collectives; None = none."""
     model_output: str = "auto"
     """What of the model's output the loss and evaluation take (launcher.usercode.items.select_output)."""
+    loggers: tuple[dict[str, Any], ...] = ()
+    """Rank 0's metric loggers, each a ``_target_`` spec (launcher.loggers); () = none."""
     kind: str = "recipe"
 
     @property
@@ -177,6 +181,7 @@ class LaunchPlan:
             d["sharding"] = ShardingPlan.from_dict(d["sharding"])
         for key in ("ds_ops", "notes", "debug_fail", "code_paths", "recompute"):
             d[key] = tuple(d[key])
+        d["loggers"] = tuple(d.get("loggers", ()))
         return cls(**d)
 
 
@@ -197,6 +202,8 @@ class ScriptPlan:
     notes: tuple[str, ...]
     runtime: dict[str, Any] | None = None
     """What the script's ``runtime.prepare()`` builds (launcher.plan.script.RuntimePlan as a dict)."""
+    loggers: tuple[dict[str, Any], ...] = ()
+    """Rank 0's metric loggers, which runtime.log feeds (launcher.loggers); () = none."""
     kind: str = "script"
     name: str = "script"
     steps: int = 0
