@@ -35,7 +35,7 @@ def placement_table(plan: LaunchPlan) -> Table:
     pl, o = plan.placement, plan.optimizer
     t = Table(title="placement", title_justify="left")
     for col in ("table / module", "size", "lives on", "optimizer", "its state on"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a long module path wraps, never ends in …
     for tb in pl.tables:
         if tb.location == "engine":
             t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", "device, with the model", f"{o.name} dense", pl.optimizer_location)

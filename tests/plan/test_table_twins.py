@@ -2,7 +2,10 @@
 momentum models no longer get lazy Adam at lr 1e-3), and the plan says which twin each table got and how it differs;
 a tables.<path>.optimizer entry wins."""
 
+import dataclasses
+
 import pytest
+
 from rich.console import Console
 
 from launcher.errors import ConfigError
@@ -80,3 +83,17 @@ def test_each_dense_optimizer_gets_a_twin_a_stand_in_or_the_fallback(dense, opti
     got = follow_dense(t, dense)
     assert (got.optimizer, got.differs.partition(":")[0]) == (optimizer, kind)
     assert got.lr == (0.001 if kind == "fallback" else dense.lr)  # no Adagrad lr in lazy Adam
+
+
+def test_the_placement_table_wraps_a_long_module_path_at_80_columns(cpu_host):
+    """A CI log is 80 columns: a table's path wraps inside its cell, it never ends in an ellipsis."""
+    plan = plan_of([*NO_DEEP_ENTRY, "optimizer.name=sgd"], cpu_host)
+    long = "towers.0.user_tower.embeddings.deep_embedding_of_a_very_long_name"
+    plan = dataclasses.replace(plan, placement=dataclasses.replace(plan.placement, tables=tuple(
+        dataclasses.replace(t, name=long) if t.name == "deep_embedding" else t for t in plan.placement.tables)))
+    console = Console(width=80, record=True)
+    console.print(placement_table(plan))
+    text = console.export_text()
+    assert "…" not in text
+    cells = "".join(line.split("│")[1].strip() for line in text.splitlines() if line.count("│") > 2)
+    assert long in cells
