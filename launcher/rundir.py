@@ -21,6 +21,7 @@ Torch-free and Hydra-free: the report imports it without the training stack.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import time
@@ -207,7 +208,11 @@ class RunDir:
         return self.path / f"{name}.png"
 
     def write_json(self, path: Path, obj: Any) -> None:
-        path.write_text(json.dumps(obj, indent=2) + "\n")
+        """Strict JSON (a NaN or inf is null), written beside and renamed over ``path``: a reader never sees a
+        half-written file, and a failed write leaves the old one."""
+        part = path.with_name(path.name + ".part")
+        part.write_text(json.dumps(finite(obj), indent=2, allow_nan=False) + "\n")
+        os.replace(part, path)
 
     def read_json(self, path: Path) -> Any:
         return json.loads(path.read_text())
@@ -287,6 +292,18 @@ def create_sweep_dir(log_dir: Path) -> SweepDir:
     return SweepDir(create_run_dir(log_dir, "", SWEEP_PREFIX.rstrip("-")).path)
 
 
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float as None: strict JSON, which every parser reads (a diverged loss is
+    null, and the run's status says why)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
 def host_available_memory() -> int:
     """The host's available memory in bytes (MemAvailable in /proc/meminfo; 0 where there is none)."""
     try:
@@ -359,7 +376,7 @@ class MetricsWriter:
         now = time.time()
         record.setdefault("time", round(now, 3))
         record.setdefault("wall_s", round(now - self._t0, 3))
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(json.dumps(finite(record), allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:

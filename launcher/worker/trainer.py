@@ -47,6 +47,19 @@ def _flat(node: Any, prefix: str):
         yield prefix, node
 
 
+class Diverged(FloatingPointError):
+    """A non-finite loss: the run fails (never ``ok``) and nothing after it is saved."""
+
+
+def check_finite(loss: torch.Tensor, step: int, rank: int, lr: float) -> None:
+    """Raise Diverged when this rank's loss of ``step`` is NaN or infinite (before it is logged or saved: the last
+    checkpoint stays the last finite one)."""
+    if not bool(torch.isfinite(loss)):
+        raise Diverged(f"training diverged: the loss is {loss.item()} at step {step} on rank {rank}; the run stops "
+                       f"and saves nothing after it. Lower optimizer.lr (now {lr}), clip or warm up, or check the "
+                       f"data for NaN/inf values; resume from the last checkpoint with trainer.resume=latest.")
+
+
 class Trainer:
     def __init__(self, plan: LaunchPlan, engine: Engine, tables: TableStore | None, loss_fn, data, dp: DataParallel,
                  device: torch.device, rank: int) -> None:
@@ -159,6 +172,7 @@ class Trainer:
         while self.step < p.steps:
             loss = self.train_step()
             step = self.step
+            check_finite(loss, step, self.rank, p.optimizer.lr)
             if step == first:  # optimizer states exist from the first step on
                 memory = measure_memory(self.engine, self.tables, p.placement)
                 memory["activations"] = {"saved_bytes_per_micro_batch": self.saved_activation_bytes,

@@ -1,0 +1,67 @@
+"""A diverged run (a non-finite loss) is a failure, never ``ok``: the ranks stop at the step, nothing after the last
+finite checkpoint is saved, and summary.json / metrics.jsonl stay strict JSON (a NaN would not parse)."""
+
+import json
+from pathlib import Path
+
+from tests.conftest import run_cli
+
+MODEL = '''
+import torch
+from torch import nn
+
+
+class Diverging(nn.Module):
+    """A linear model whose output turns NaN from its ``nan_at``-th training forward on."""
+
+    def __init__(self, nan_at: int = 5):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+        self.nan_at, self.calls = nan_at, 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+        y = self.fc(x)
+        return y * float("nan") if self.calls >= self.nan_at else y
+
+
+class Pairs(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(4, generator=g), torch.randn(1, generator=g)
+'''
+
+RECIPE = """# @package _global_
+recipe: {name: nanrun}
+model: {_target_: nanmod.Diverging, nan_at: 5}
+data: {_target_: nanmod.Pairs}
+loss: {_target_: torch.nn.MSELoss}
+batch: {global_size: 8, micro_size: 8}
+trainer: {steps: 8, log_every: 1, checkpoint_every: 2}
+"""
+
+
+def _strict(text: str):
+    def refuse(value: str):
+        raise ValueError(f"not strict JSON: {value}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_nan_loss_fails_the_run_and_keeps_the_last_finite_checkpoint(tmp_path: Path):
+    (tmp_path / "nanmod.py").write_text(MODEL)
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    (tmp_path / "conf" / "recipe" / "nanrun.yaml").write_text(RECIPE)
+    res = run_cli(["--config-dir", "conf", "recipe=nanrun", "cluster.nproc_per_node=1"], tmp_path)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    run = (tmp_path / "log_output" / "latest").resolve()
+    summary = _strict((run / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert "training diverged: the loss is nan at step 5 on rank 0" in res.stdout.replace("\n", " ")
+    rows = [_strict(line) for line in (run / "rank.0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "event" not in r] == [1, 2, 3, 4]  # the NaN step is never logged
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step2", "step4"]
