@@ -37,9 +37,14 @@ def missing_ops(plan: RunPlan) -> list[str]:
     return [op for op in plan.ds_ops if not is_built(root, op)]
 
 
+def library(root: Path, op: str) -> Path:
+    """Where torch's JIT build puts op's shared library in the cache ``root``."""
+    return root / op / f"{op}.so"
+
+
 def is_built(root: Path, op: str) -> bool:
     """``root/op/op.so`` exists and its stamp says the launcher built it for ``root``'s key, as it is now."""
-    so = root / op / f"{op}.so"
+    so = library(root, op)
     try:
         stamp = json.loads((root / op / STAMP).read_text())
         st = so.stat()
@@ -51,7 +56,7 @@ def is_built(root: Path, op: str) -> bool:
 
 def write_stamp(root: Path, op: str, path: str) -> None:
     """Record that ``op`` was built (or found up to date) for ``root``'s key with ``path``'s toolchain."""
-    st = (root / op / f"{op}.so").stat()
+    st = library(root, op).stat()
     stamp = {"key": root.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "path": path,
              "python": sys.executable, "time": time.time()}
     (root / op / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
@@ -77,7 +82,7 @@ def build_ops(plan: RunPlan, run_dir: RunDir, console: Console) -> None:
         proc = subprocess.run(
             [sys.executable, "-m", "launcher.worker.build_ops", *missing], env=env, stdout=out, stderr=subprocess.STDOUT
         )
-    built = [op for op in missing if (root / op / f"{op}.so").exists()]
+    built = [op for op in missing if library(root, op).exists()]
     if proc.returncode != 0 or len(built) != len(missing):
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
         raise RuntimeError(f"building DeepSpeed op(s) {', '.join(missing)} failed (log: {log}):\n{tail}")
@@ -89,7 +94,7 @@ def build_ops(plan: RunPlan, run_dir: RunDir, console: Console) -> None:
 def _build_line(root: Path, missing: list[str]) -> str:
     """What the build is about to do: compile the ops with no library, re-check (a ninja no-op when the toolchain is
     the same) those built outside the launcher, e.g. by a rank or a launcher of before the stamps."""
-    found = [op for op in missing if (root / op / f"{op}.so").exists()]
+    found = [op for op in missing if library(root, op).exists()]
     new = [op for op in missing if op not in found]
     parts = [f"Building DeepSpeed op(s) {', '.join(new)} (once per venv and toolchain, 1-3 min each)"] if new else []
     if found:

@@ -60,6 +60,11 @@ def split_model(model: nn.Module, layers: list[tuple[str, nn.Module]], plan: Pip
     return [stage_chunk(model if len(local) == 1 else copy.deepcopy(model), paths, plan, s) for s in local]
 
 
+def as_meta(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a meta tensor, floats in the run's compute ``dtype`` (what a stage receives from a micro-batch)."""
+    return t.to("meta", dtype=dtype if t.is_floating_point() else t.dtype)
+
+
 def stage_examples(model_spec: dict[str, Any], layers_of: Any, plan: PipelinePlan, inputs: tuple[torch.Tensor, ...],
                    dtype: torch.dtype) -> dict[int, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
     """stage -> (what it receives, what it sends) for one micro-batch of ``inputs``, as meta tensors, by running the
@@ -70,7 +75,7 @@ def stage_examples(model_spec: dict[str, Any], layers_of: Any, plan: PipelinePla
         whole = instantiate(model_spec)
     whole.to(dtype)
     paths = dict(layer_paths(whole, layers_of(whole)))
-    state = tuple(t.to("meta", dtype=dtype if t.is_floating_point() else t.dtype) for t in inputs)
+    state = tuple(as_meta(t, dtype) for t in inputs)
     out = {}
     with torch.enable_grad():
         for stage in plan.stages:

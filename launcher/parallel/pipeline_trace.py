@@ -26,9 +26,10 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
 
-from launcher.parallel.rank import Chunk, set_module
+from launcher.parallel.pipeline_stages import as_meta
+from launcher.parallel.rank import Chunk, held_module, set_module
 from launcher.plan.pipeline import PipelinePlan
-from launcher.usercode.items import select_output
+from launcher.usercode.items import input_tensors, map_inputs, select_output
 
 
 def _positional_forward(model: nn.Module, keys: tuple[str, ...], output: str) -> None:
@@ -46,10 +47,9 @@ def _positional_forward(model: nn.Module, keys: tuple[str, ...], output: str) ->
 def trace(model: nn.Module, plan: PipelinePlan, example: Any, output: str) -> Any:
     """torch's Pipe of ``model`` split before the first layer of each stage after the first."""
     keys = tuple(example) if isinstance(example, Mapping) else ()
-    args = tuple(example.values()) if keys else tuple(example)
     _positional_forward(model, keys, output)
     spec = {s.layers[0]: SplitPoint.BEGINNING for s in plan.stages[1:]}
-    pipe = pipeline(model, args, split_spec=spec)
+    pipe = pipeline(model, tuple(input_tensors(example)), split_spec=spec)
     if pipe.num_stages != len(plan.stages):
         raise RuntimeError(f"torch's tracer cut the model into {pipe.num_stages} stages where the plan has "
                            f"{len(plan.stages)} (split before {', '.join(spec)})")
@@ -66,11 +66,9 @@ def stage_io(model_spec: dict[str, Any], plan: PipelinePlan, example: Any, outpu
     with torch.device("meta"):
         whole = instantiate(model_spec)
     whole.to(dtype)
-    items = example.values() if isinstance(example, Mapping) else example
-    meta = {k: _meta(t, dtype) for k, t in example.items()} if isinstance(example, Mapping) else tuple(
-        _meta(t, dtype) for t in items)
+    meta = map_inputs(example, lambda t: as_meta(t, dtype))
     pipe = trace(whole, plan, meta, output)
-    state = tuple(meta.values()) if isinstance(meta, Mapping) else meta
+    state = tuple(input_tensors(meta))
     io, unused = {}, {}
     with torch.enable_grad():
         for stage in plan.stages:
@@ -86,10 +84,6 @@ def stage_io(model_spec: dict[str, Any], plan: PipelinePlan, example: Any, outpu
             io[stage.index] = (state, sent)
             state = tuple(t.detach().requires_grad_(t.requires_grad) for t in sent)
     return io, unused
-
-
-def _meta(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return t.to("meta", dtype=dtype if t.is_floating_point() else t.dtype)
 
 
 def _drop(module: nn.Module, names: set[str]) -> None:
@@ -109,9 +103,7 @@ def traced_chunks(model: nn.Module, plan: PipelinePlan, pp_rank: int, rt: Any) -
 
     dtype = DTYPES[rt.plan.precision]
     io, unused = stage_io(rt.plan.model, plan, rt.example, rt.plan.model_output, dtype)
-    host = {k: t.cpu() for k, t in rt.example.items()} if isinstance(rt.example, Mapping) else tuple(
-        t.cpu() for t in rt.example)
-    pipe = trace(model, plan, host, rt.plan.model_output)
+    pipe = trace(model, plan, map_inputs(rt.example, lambda t: t.cpu()), rt.plan.model_output)
     chunks = []
     for stage in plan.stages:
         if plan.rank_of(stage.index) != pp_rank:
@@ -122,7 +114,7 @@ def traced_chunks(model: nn.Module, plan: PipelinePlan, pp_rank: int, rt: Any) -
             _modify_graph_op_device(module, rt.device)
         _restore_tables(module, model, rt.plan.placement.tables)
         _dense_outputs(module)
-        held = [(n, n) for n in stage.layers if _holds(module, n)]
+        held = [(n, n) for n in stage.layers if held_module(module, n) is not None]
         chunks.append(Chunk(module=module, paths=held, stage=stage.index, io=io[stage.index]))
     return chunks
 
@@ -142,13 +134,5 @@ def _restore_tables(stage: nn.Module, model: nn.Module, tables: Any) -> None:
     """Put the model's own nn.Embedding back where the stage holds a planned table (the export made it a graph
     module): the table store takes it out as it does from an untraced model; the graph calls it the same way."""
     for table in tables:
-        if _holds(stage, table.name):
+        if held_module(stage, table.name) is not None:
             set_module(stage, table.name, model.get_submodule(table.name))
-
-
-def _holds(module: nn.Module, path: str) -> bool:
-    try:
-        module.get_submodule(path)
-    except AttributeError:
-        return False
-    return True

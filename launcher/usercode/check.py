@@ -151,8 +151,9 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
             tables[path] = (m.num_embeddings, m.embedding_dim)
     table_ids = {id(model.get_submodule(p).weight) for p in tables}
     dense = sum(p.numel() for p in model.parameters() if id(p) not in table_ids)
-    layers = tuple(n for n, _ in units(model))
-    layer_params, tied = layer_sizes(units(model))
+    layered = units(model)
+    layers = tuple(n for n, _ in layered)
+    layer_params, tied = layer_sizes(layered)
     lines = [f"model: {type(model).__module__}.{type(model).__name__}, {dense + sum(r * d for r, d in tables.values()):,} "
              f"parameters: tables {', '.join(f'{p} {r:,}×{d}' for p, (r, d) in tables.items()) or 'none'}; "
              f"dense {dense:,}; layers {', '.join(layers) or '-'}"]

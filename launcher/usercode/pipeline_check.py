@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from launcher.errors import first_line
-from launcher.usercode.items import call
+from launcher.usercode.items import call, map_inputs
 from launcher.usercode.recipe import units
 
 
@@ -64,8 +64,7 @@ def check_pipeline(model_spec: dict[str, Any], model: nn.Module, batch: tuple[An
     from launcher.parallel.pipeline_trace import trace
     from launcher.plan.pipeline import PipelinePlan, StagePlan
 
-    inputs = {k: t.to("meta") for k, t in batch[0].items()} if isinstance(batch[0], Mapping) else tuple(
-        t.to("meta") for t in batch[0])
+    inputs = map_inputs(batch[0], lambda t: t.to("meta"))
     order = tuple(forward_order(model, inputs))
     if is_chain(model, inputs):
         return [], "chain", order
