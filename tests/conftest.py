@@ -60,6 +60,25 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Comp
     )
 
 
+def processes_of_run(run_dir: Path) -> list[str]:
+    """The command lines of this host's live processes (zombies left out) that belong to the run at run_dir: its
+    path in their environment (the ranks and their children: HL_RUN_DIR) or in their command line (mpirun, srun,
+    rank_start)."""
+    needle = str(Path(run_dir).resolve()).encode()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            if needle not in cmdline and needle not in (proc / "environ").read_bytes():
+                continue
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] != "Z" and int(proc.name) != os.getpid():
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
 def read_summary(cwd: Path) -> dict:
     return json.loads((cwd / "log_output" / "latest" / "summary.json").read_text())
 

@@ -13,8 +13,8 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
+from launcher.backends import backend
 from launcher.errors import ConfigError, first_line
-from launcher.launch.preflight import read_cluster_files
 from launcher.launch.record import write_rank_env, write_run_files
 from launcher.plan import RunPlan
 from launcher.plan.ranks import on_node, rank_table
@@ -28,21 +28,48 @@ def write_dry_run(cfg: DictConfig, plan: RunPlan, argv: list[str] | None = None)
     with cluster.launch=slurm also job.sbatch, which runs argv (the command's arguments) inside an allocation."""
     run_dir = _start_run_dir(cfg, plan)
     write_rank_env(run_dir, {r.rank: r.env for r in plan.ranks})
-    if cfg.cluster.launch == "slurm":
-        from launcher.launch.external import sbatch_script
-
-        threads = int(plan.ranks[0].env.get("OMP_NUM_THREADS", "1"))
-        run_dir.sbatch.write_text(sbatch_script(plan, list(argv or []), Path.cwd(),
-                                                Path(cfg.output.log_dir).resolve(), threads))
+    backend(cfg.cluster.launch).write_dry_run(run_dir, plan, list(argv or []), cfg.output.log_dir)
     return run_dir
 
 
 def _start_run_dir(cfg: DictConfig, plan: RunPlan) -> RunDir:
+    """A new run dir with the run's files, and ``latest`` pointing at it; ConfigError (and no half-made run dir) when
+    they cannot be written (a full disk)."""
     log_dir = Path(cfg.output.log_dir)
     run_dir = create_run_dir(log_dir, cfg.output.run_name, plan.name)
-    write_run_files(run_dir, cfg, plan)
-    point_latest(log_dir, run_dir)
+    try:
+        write_run_files(run_dir, cfg, plan)
+        point_latest(log_dir, run_dir)
+    except OSError as e:
+        import shutil
+
+        shutil.rmtree(run_dir.path, ignore_errors=True)
+        raise ConfigError(f"output.log_dir={log_dir}: the run's files cannot be written there ({e.strerror or e}"
+                          f"{f': {e.filename}' if e.filename else ''}). Free space on that file system, or set "
+                          f"output.log_dir to another one.") from None
     return run_dir
+
+
+def _write_records(run_dir: RunDir, summary: dict, tail_lines: int, console: Console) -> bool:
+    """summary.json and junit.xml; False (after saying so) when the disk refuses them: the summary is then only on
+    the console."""
+    from launcher.report.junit import write_junit
+
+    try:
+        run_dir.write_summary(summary)
+        write_junit(run_dir, summary, tail_lines)
+        return True
+    except OSError as e:
+        console.print(f"[red]the run's records cannot be written: {escape(e.strerror or str(e))}"
+                      f"{escape(f' ({e.filename})') if e.filename else ''}. The summary below is all there is of "
+                      f"this run's end; free space on that file system for the next.[/red]", soft_wrap=True)
+        return False
+
+
+LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+"""Signals that end the run as interrupted (every rank stopped, the summary written; exit 128 + the signal), as
+SIGINT does: SIGUSR1/2 too, which Slurm's --signal sends before a time limit (the launcher's own default would be to
+die on the spot, its ranks left without it)."""
 
 
 def _raise_signal(signum: int, _frame) -> None:
@@ -92,28 +119,14 @@ def _bind_store(plan: RunPlan):
                           f"cluster.master_port=0 (a free port, the default) or another port.") from None
 
 
-def _check_external(cfg: DictConfig) -> None:
-    """mpirun / srun is there, and srun runs inside an allocation: else exit 2 before anything starts."""
-    from launcher.launch.external import SLURM_ALLOCATION, find_program
-
-    if cfg.cluster.launch == "mpi":
-        find_program("mpirun", "cluster.launch=mpi", "Debian: apt-get install openmpi-bin")
-        return
-    find_program("srun", "cluster.launch=slurm", "Debian: apt-get install slurm-client")
-    if SLURM_ALLOCATION not in os.environ:
-        raise ConfigError("cluster.launch=slurm runs inside a Slurm allocation (SLURM_JOB_ID is not set here). Run "
-                          "the same command with dry_run=true: it writes job.sbatch into the run dir; submit it with "
-                          "`sbatch log_output/latest/job.sbatch`. Or run inside `salloc`.")
-
-
 def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     """Run the plan's ranks of this host; returns the launcher's exit code (0 = every rank finished)."""
     # torch elastic logs each SIGTERM it sends and each failure; the failure report below says it once, better.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # as torch elastic does once the ranks start: an exception, not death
+    for sig in LAUNCHER_SIGNALS:  # as torch elastic does once the ranks start: an exception, not death
         signal.signal(sig, _raise_signal)
     nodes, store = None, None
-    if cfg.cluster.launch == "elastic":  # several hosts: torch elastic's c10d rendezvous gives this one its node rank
+    if backend(cfg.cluster.launch).launcher_per_host:  # torch elastic's c10d rendezvous gives this host its node rank
         from launcher.launch.host import probe_host
         from launcher.launch.nodes import join_nodes
         from launcher.launch.supervise import SignalException
@@ -133,13 +146,17 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
                       f"{', '.join(str(r.rank) for r in on_node(plan.ranks, nodes.node_rank))}; hosts "
                       f"{', '.join(h['addr'] for h in nodes.hosts)}")
     else:
-        if cfg.cluster.launch in ("mpi", "slurm"):
-            _check_external(cfg)
+        backend(cfg.cluster.launch).check_ready(dict(os.environ))  # mpirun / srun is there, srun in an allocation
         store = _bind_store(plan)  # held open for the whole run: the ranks rendezvous on it; a busy port stops us
     stores = [store]  # the one reference: a restart replaces the store (stores[0]), and the old one must go first
     del store
     try:
         return _launch(cfg, plan, console, nodes, stores)
+    except OSError as e:  # a full disk or a vanished log dir between the ranks' attempts: said, not a traceback
+        console.print(f"[red]the launcher cannot go on: {escape(e.strerror or str(e))}"
+                      f"{escape(f' ({e.filename})') if e.filename else ''}. Every rank it started has ended; what "
+                      f"was written is in {escape(str(cfg.output.log_dir))}.[/red]", soft_wrap=True)
+        return 1
     finally:
         if nodes is not None:
             nodes.finish()
@@ -148,7 +165,6 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
 def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: list) -> int:
     from launcher.launch.ops import build_ops
     from launcher.launch.supervise import SignalException
-    from launcher.report.junit import write_junit
     from launcher.report.summary import build_summary
 
     run_dir = _start_run_dir(cfg, plan)
@@ -167,8 +183,7 @@ def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: lis
         exits = [{"rank": r.rank, "exit_code": None} for r in on_node(plan.ranks, node)]
         summary = build_summary(run_dir, plan.to_dict(), exits, "interrupted" if interrupted else "failed",
                                 time.monotonic() - t0)
-        run_dir.write_summary(summary)
-        write_junit(run_dir, summary, cfg.output.stderr_tail)
+        _write_records(run_dir, summary, cfg.output.stderr_tail, console)
         return 128 + signum if interrupted else 1
     if nodes is not None:
         from launcher.launch.attempt import run_attempt
@@ -179,7 +194,7 @@ def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: lis
         attempts = [run_attempt(plan, run_dir, envs, 0, float(cfg.launcher.watchdog_s), console, nodes,
                                 console_mode=cfg.output.console)]
     else:
-        hosts = _external_hosts(cfg) if cfg.cluster.launch in ("mpi", "slurm") else ()
+        hosts = _external_hosts(cfg) if backend(cfg.cluster.launch).program else ()
         if hosts:  # the rank table of the hosts mpirun / srun start the ranks on
             run_dir.write_json(run_dir.rank_table, rank_table(plan.ranks, list(hosts)))
         attempts = _attempts(cfg, plan, run_dir, stores, console, _job_starter(cfg, plan, run_dir, hosts))
@@ -189,9 +204,7 @@ def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: lis
 def _external_hosts(cfg: DictConfig) -> tuple[str, ...]:
     """cluster.launch=mpi|slurm: the hosts the ranks run on, in node order (a hostfile's or rank table's, the Slurm
     allocation's); () = this host only."""
-    from launcher.launch.preflight import slurm_allocation
-
-    layout = (slurm_allocation(cfg, dict(os.environ)) if cfg.cluster.launch == "slurm" else read_cluster_files(cfg))
+    layout = backend(cfg.cluster.launch).layout(cfg, dict(os.environ))
     return layout.hosts if layout is not None else ()
 
 
@@ -201,14 +214,10 @@ def _job_starter(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, hosts: tuple[s
 
     from launcher.launch import external
 
-    c = cfg.cluster
-    if c.launch == "mpi":
-        command = external.mpirun_command(plan, run_dir, hosts, list(c.launcher_args), os.geteuid() == 0)
-    elif c.launch == "slurm":
-        command = external.srun_command(plan, run_dir, list(c.launcher_args))
-    else:
+    b = backend(cfg.cluster.launch)
+    if not b.program:
         return None
-    return functools.partial(external.start_job, command)
+    return functools.partial(external.start_job, b.job_command(plan, run_dir, hosts, list(cfg.cluster.launcher_args)))
 
 
 def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, stores: list, console: Console, start_job) -> list:
@@ -250,7 +259,7 @@ def _prepare_restart(plan: RunPlan, run_dir: RunDir, attempt, restart: int, max_
     from launcher.launch.attempt import archive_attempt
     from launcher.launch.engine import host_store
 
-    newest = run_dir.newest_checkpoint()
+    newest = _newest_intact_checkpoint(run_dir, console)
     if hasattr(plan, "resume_from") and newest is not None:
         if newest[1] >= plan.steps:
             return plan, None  # the last checkpoint is the end: only what came after it failed
@@ -268,11 +277,29 @@ def _prepare_restart(plan: RunPlan, run_dir: RunDir, attempt, restart: int, max_
         return plan, None
 
 
+def _newest_intact_checkpoint(run_dir: RunDir, console: Console):
+    """(checkpoint, step) a restart resumes from: the run's newest complete one whose files are as checkpoint.json
+    lists them (a damaged one, e.g. cut short by a full disk, is skipped and said); None when there is none."""
+    import json
+
+    from launcher.launch.preflight import checkpoint_damage
+
+    for ckpt, step in reversed(run_dir.complete_checkpoints()):
+        try:
+            damage = checkpoint_damage(ckpt, json.loads(ckpt.meta.read_text()))
+        except (OSError, ValueError, RecursionError) as e:
+            damage = [str(e)]
+        if not damage:
+            return ckpt, step
+        console.print(f"[yellow]checkpoint {escape(str(ckpt.path))} is damaged ({escape('; '.join(damage[:3]))}): "
+                      f"the restart does not resume from it[/yellow]", soft_wrap=True)
+    return None
+
+
 def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wall_s: float, console: Console,
             nodes=None) -> int:
     """summary.json, junit.xml and the printed tables and reports of the run's last attempt (and the list of
     attempts); returns the launcher's exit code."""
-    from launcher.report.junit import write_junit
     from launcher.report.summary import (backend_report, build_summary, failure_report, hang_report,
                                          remote_failure_report, summary_table)
 
@@ -293,11 +320,10 @@ def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wal
     if len(attempts) > 1 or cfg.launcher.max_restarts > 0:
         summary["attempts"] = [a.record() for a in attempts]
     unrecorded = ([e["rank"] for e in last.exits if not run_dir.rank(e["rank"]).exit.exists()]
-                  if cfg.cluster.launch in ("mpi", "slurm") else [])
+                  if backend(cfg.cluster.launch).program else [])
     if unrecorded:
         summary["backend_log"] = str(run_dir.backend_log)
-    run_dir.write_summary(summary)
-    write_junit(run_dir, summary, cfg.output.stderr_tail)
+    written = _write_records(run_dir, summary, cfg.output.stderr_tail, console)
     console.print(summary_table(summary))
     if outcome.signal is not None:
         console.print(f"[yellow]interrupted by {signal.Signals(outcome.signal).name}: every rank was stopped; logs, "
@@ -307,11 +333,12 @@ def _report(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, wal
     elif last.remote_failure is not None:
         console.print(remote_failure_report(summary, last.remote_failure))
     elif unrecorded and last.status == "failed" and (last.first_failed is None or last.first_failed in unrecorded):
-        console.print(backend_report(run_dir, unrecorded, "srun" if cfg.cluster.launch == "slurm" else "mpirun",
+        console.print(backend_report(run_dir, unrecorded, backend(cfg.cluster.launch).program,
                                      cfg.output.stderr_tail))
     elif last.first_failed is not None:
         console.print(failure_report(run_dir, summary, last.first_failed, cfg.output.stderr_tail))
-    console.print(f"summary: {run_dir.summary}")
+    if written:
+        console.print(f"summary: {run_dir.summary}")
     if last.status == "ok":
-        return 0
+        return 0 if written else 1
     return 128 + outcome.signal if outcome.signal is not None else 1

@@ -7,6 +7,7 @@ every rank's variables come from the plan, passed explicitly (the launcher's os.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -15,6 +16,7 @@ from datetime import timedelta
 from torch.distributed import TCPStore
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs, PContext, Std, start_processes
 
+from launcher.backends import lifeline
 from launcher.plan import RunPlan
 from launcher.plan.ranks import on_node
 from launcher.rundir import RUN_DIR_ENV, RunDir
@@ -109,13 +111,15 @@ class LocalJob:
 
 
 def spawn_ranks(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> LocalJob:
-    """Start this host's ranks (those in envs) as ``python <plan.rank_args(run_dir)>``."""
+    """Start this host's ranks (those in envs) as ``python <plan.rank_args(run_dir)>``, each tied to this process's
+    life."""
     by_local = local_ranks(plan, envs)
-    args = plan.rank_args(str(run_dir.path))
+    # each rank dies with this process (lifeline: the kernel's parent-death signal), then runs python <rank args>
+    args = tuple(lifeline.command(os.getpid(), signal.SIGKILL, [sys.executable, *plan.rank_args(str(run_dir.path))]))
     pc = start_processes(
         name=run_dir.name,
-        entrypoint=sys.executable,
-        args={local: args for local in by_local},
+        entrypoint=args[0],
+        args={local: args[1:] for local in by_local},
         envs={local: dict(envs[rank]) for local, rank in by_local.items()},
         logs_specs=RankLogsSpecs(run_dir),
     )

@@ -3,7 +3,7 @@
 
 The launcher hosts the rendezvous store (as with the local backend), writes every rank's environment to
 ``rank_env.json`` and runs one ``mpirun``/``srun`` command, built as an argument list, that starts
-``launcher.launch.rank_start`` once per rank: it maps the scheduler's variables to torch's, redirects the rank's
+``launcher.backends.rank_start`` once per rank: it maps the scheduler's variables to torch's, redirects the rank's
 output to ``rank.N/`` and records how the rank ended (``rank.N/exit.json``). The launcher supervises through those
 records and the heartbeats; the scheduler's own output goes to ``backend.log``. Ranks on other hosts see the run
 dir through a shared file system (as mpirun and Slurm users have; the elastic backend needs none).
@@ -19,73 +19,20 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+from launcher.backends import lifeline
 from launcher.errors import ConfigError
 from launcher.plan import RunPlan
 from launcher.rundir import RunDir
 
-FORWARDED_ENV = ("PYTHONPATH", "HL_CACHE_DIR", "PATH")
-"""Variables of the launcher that mpirun passes on to ranks on other hosts (-x); the plan's own are in
-rank_env.json."""
-SLURM_ALLOCATION = "SLURM_JOB_ID"
 LINGER_S = 0.5
 """How long mpirun/srun get to end by themselves once every rank has recorded its end, when stopping."""
 
 
 def rank_command(run_dir: RunDir, scheduler: str, plan: RunPlan) -> list[str]:
     """What mpirun/srun starts on each rank's host."""
-    return [sys.executable, "-m", "launcher.launch.rank_start", str(run_dir.path.resolve()), scheduler, "--",
+    return [sys.executable, "-m", "launcher.backends.rank_start", str(run_dir.path.resolve()), scheduler, "--",
             *plan.rank_args(str(run_dir.path.resolve()))]
-
-
-def mpirun_command(plan: RunPlan, run_dir: RunDir, hosts: tuple[str, ...], extra: list[str], as_root: bool,
-                   mpirun: str = "mpirun") -> list[str]:
-    """``mpirun`` for the plan's world: the hosts in node order with nproc_per_node slots each (ranks fill a host
-    before the next: the plan's blocks), no core binding (OMP_NUM_THREADS shares the cores), the launcher's
-    forwarded variables, then cluster.launcher_args."""
-    cmd = [mpirun, "-n", str(plan.world_size), "--bind-to", "none", "--map-by", "slot"]
-    if hosts:
-        cmd += ["--host", ",".join(f"{h}:{plan.nproc_per_node}" for h in hosts)]
-    else:  # this host: as many ranks as planned, whatever slots OpenMPI counts
-        cmd += ["--oversubscribe"]
-    if as_root:
-        cmd += ["--allow-run-as-root"]  # mpirun refuses root unless told; the ranks run as the launcher does
-    for name in FORWARDED_ENV:
-        cmd += ["-x", name] if name in os.environ else []
-    return [*cmd, *extra, *rank_command(run_dir, "mpi", plan)]
-
-
-def srun_command(plan: RunPlan, run_dir: RunDir, extra: list[str]) -> list[str]:
-    """``srun`` for the plan's world inside the allocation: nnodes × nproc_per_node tasks in blocks (Slurm's
-    default distribution), one failed task ends the step, no CPU binding (OMP_NUM_THREADS shares the cores)."""
-    return ["srun", f"--nodes={plan.nnodes}", f"--ntasks={plan.world_size}",
-            f"--ntasks-per-node={plan.nproc_per_node}", "--distribution=block", "--kill-on-bad-exit=1",
-            "--cpu-bind=none", f"--job-name={run_dir.name}", *extra, *rank_command(run_dir, "slurm", plan)]
-
-
-def sbatch_script(plan: RunPlan, argv: list[str], cwd: Path, log_dir: Path, cpus_per_task: int) -> str:
-    """A batch script that runs this plan inside an allocation: ``sbatch job.sbatch``. Every argument is quoted
-    for the shell (shlex.quote): no value of the config reaches it unquoted."""
-    q = shlex.quote
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={q(plan.name)}",
-        f"#SBATCH --nodes={plan.nnodes}",
-        f"#SBATCH --ntasks-per-node={plan.nproc_per_node}",
-        f"#SBATCH --cpus-per-task={cpus_per_task}",
-        f"#SBATCH --output={q(str(log_dir / 'slurm-%j.out'))}",
-    ]
-    if plan.device_type == "cuda":
-        lines.append(f"#SBATCH --gpus-per-node={plan.nproc_per_node}")
-    args = [a for a in argv if not a.startswith(("dry_run=", "cluster.launch="))]
-    lines += [
-        "# Written by hetero-launch's dry run: the same command, run by srun inside the allocation.",
-        "set -euo pipefail",
-        f"cd {q(str(cwd))}",
-        "exec " + " ".join(q(a) for a in [sys.executable, "-m", "launcher.cli", *args, "cluster.launch=slurm"]),
-    ]
-    return "\n".join(lines) + "\n"
 
 
 class ExternalJob:
@@ -165,8 +112,9 @@ def start_job(command: list[str], plan: RunPlan, run_dir: RunDir, envs: dict[int
     with open(run_dir.backend_log, "ab") as log:
         log.write(("$ " + shlex.join(command) + "\n").encode())
         log.flush()
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        # mpirun/srun gets SIGTERM should this process die (lifeline): it then stops the ranks on every host
+        proc = subprocess.Popen(lifeline.command(os.getpid(), signal.SIGTERM, command), stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return ExternalJob(proc, run_dir, tuple(sorted(envs)))
 
 

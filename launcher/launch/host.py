@@ -19,30 +19,56 @@ from launcher.plan.types import HostFacts
 
 def probe_host() -> HostFacts:
     toolchain = probe_toolchain()
+    accelerators, note = count_cuda_devices()
     return HostFacts(
         hostname=platform.node() or "localhost",
         cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
-        accelerators=count_cuda_devices(),
+        accelerators=accelerators,
         extensions_dir=str(extensions_dir(toolchain)),
         toolchain_path=toolchain.path,
+        notes=(note,) if note else (),
     )
 
 
-def count_cuda_devices() -> int:
-    """Visible CUDA devices. Without nvidia-smi on PATH there are none, and torch is not imported (fast dry runs)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+PROBE_TIMEOUT_S = 120
+"""How long torch may take to count the CUDA devices (a first CUDA init on a busy host takes seconds)."""
+
+
+def count_cuda_devices(environ: Mapping[str, str] | None = None, dev: Path = Path("/dev"),
+                       probe=None) -> tuple[int, str]:
+    """(visible CUDA devices, a note when they could not be counted). torch counts them, in a child process, when
+    the host shows NVIDIA's driver (nvidia-smi on PATH, or /dev/nvidia<N> device files: a container may have the
+    devices without the tool); a host with neither has none, and torch is not imported (fast dry runs). A probe that
+    fails or times out on such a host is said, not taken silently for a CPU host."""
+    environ = os.environ if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
-        return 0
-    if shutil.which("nvidia-smi") is None:
-        return 0
+        return 0, ""
+    devices = sorted(str(p) for p in dev.glob("nvidia[0-9]*"))
+    if shutil.which("nvidia-smi", path=environ.get("PATH")) is None and not devices:
+        return 0, ""
     try:
-        out = subprocess.run(
-            [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-            capture_output=True, text=True, timeout=120, check=True,
-        )
-        return int(out.stdout.strip().splitlines()[-1])
-    except (subprocess.SubprocessError, ValueError, IndexError):
-        return 0
+        return (probe or _torch_device_count)(), ""
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
+        seen = f"NVIDIA device files ({', '.join(devices)})" if devices else "nvidia-smi"
+        return 0, (f"this host shows {seen}, but torch could not count its CUDA devices ({_reason(e)}): planning a "
+                   f"CPU run. Check `python -c 'import torch; print(torch.cuda.device_count())'`; set "
+                   f"cluster.device=cuda to refuse a CPU run.")
+
+
+def _torch_device_count() -> int:
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                         capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, subprocess.TimeoutExpired):
+        return f"no answer within {PROBE_TIMEOUT_S} s"
+    if isinstance(e, subprocess.CalledProcessError):
+        tail = (e.stderr or "").strip().splitlines()
+        return f"exit {e.returncode}: {tail[-1] if tail else 'no message'}"
+    return f"{type(e).__name__}: {e}"
 
 
 @dataclass(frozen=True)

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 from omegaconf import DictConfig
 
+from launcher.backends import BACKENDS, backend
 from launcher.errors import ConfigError
-from launcher.launch.preflight import (check_resume, check_script, gather_facts, read_cluster_files, resume_checkpoint,
-                                      slurm_allocation)
+from launcher.launch.preflight import check_resume, check_script, gather_facts, read_cluster_files, resume_checkpoint
 from launcher.loggers import check_loggers
 from launcher.plan import HostFacts, RunPlan, plan_launch
 from launcher.plan.layout import ClusterLayout
+from launcher.plan.rules import oversubscribed
 from launcher.plan.script import plan_script
+from launcher.rundir import check_log_dir
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -33,12 +36,15 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
             raise ConfigError(f"{key}={cfg.trainer[key.split('.')[1]]} with script=: a script loads its own "
                               f"checkpoints (runtime.load_state_dict). Leave {key} empty.")
         check_script(cfg)
-        return plan_script(cfg, host), []
+        plan = plan_script(cfg, host)
+        check_log_dir(Path(cfg.output.log_dir))
+        return plan, [*host.notes, *filter(None, [oversubscribed(plan.nproc_per_node, host)])]
     resume = resume_checkpoint(cfg)
     if resume:  # trainer.resume=<run>|latest is that run's newest complete checkpoint: the config says which
         cfg = cfg.copy()
         cfg.trainer.resume_from = resume
-    layout = slurm_allocation(cfg, dict(os.environ)) or read_cluster_files(cfg)
+    launch = backend(cfg.cluster.launch) if cfg.cluster.launch in BACKENDS else None  # else the rules say so
+    layout = launch.layout(cfg, dict(os.environ)) if launch is not None else read_cluster_files(cfg)
     lines = []
     if layout is not None:
         cfg = with_layout(cfg, layout)
@@ -46,16 +52,17 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
                      f"({', '.join(layout.hosts)}) -> cluster.nnodes={layout.nnodes}, "
                      f"cluster.nproc_per_node={layout.nproc_per_node}")
     c = cfg.cluster
-    other_hosts = c.nnodes > 1 or (c.launch == "mpi" and layout is not None)  # mpirun may start them elsewhere
-    if c.launch in ("mpi", "slurm") and other_hosts and c.master_addr in LOOPBACK:
+    if launch is not None and launch.program and launch.ranks_elsewhere(c, layout) and c.master_addr in LOOPBACK:
         cfg = cfg.copy()  # ranks on other hosts reach the launcher's store at this host's name
         cfg.cluster.master_addr = socket.getfqdn()
         lines.append(f"cluster.master_addr={cfg.cluster.master_addr}: this host (the launcher hosts the store the "
                      f"ranks of every host rendezvous on)")
     facts = gather_facts(cfg, config_dir, estimate)
     plan = plan_launch(cfg, host, facts, layout)
-    check_resume(plan)
-    return plan, [*lines, *facts.data.lines, *(facts.model.lines if facts.model else ())]
+    check_resume(plan, f"trainer.resume={cfg.trainer.resume}" if resume else "")
+    check_log_dir(Path(cfg.output.log_dir))  # where the run dir and log_dir/latest will go, before either is made
+    warning = oversubscribed(plan.nproc_per_node, host)
+    return plan, [*host.notes, *lines, *facts.data.lines, *(facts.model.lines if facts.model else ()), *filter(None, [warning])]
 
 
 def with_layout(cfg: DictConfig, layout: ClusterLayout) -> DictConfig:

@@ -8,6 +8,7 @@ import json
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from launcher.report.summary import odd_record
 from launcher.rundir import RankDir
 
 
@@ -67,4 +68,12 @@ class ProgressView:
             return []
         complete = chunk[: chunk.rfind("\n") + 1]  # leave a half-written last line for the next tick
         self._offset += len(complete)
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+        records = []
+        for line in complete.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if not odd_record(record):  # the summary names what was skipped; the bar just goes on
+                records.append(record)
+        return records

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import socket
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -22,6 +25,7 @@ def write_run_files(run_dir: RunDir, cfg: DictConfig, plan: RunPlan) -> None:
         run_dir.write_json(run_dir.ds_config, engine_config)
     run_dir.write_json(run_dir.rank_table, plan.rank_table)
     run_dir.write_json(run_dir.versions, versions())
+    run_dir.write_json(run_dir.launcher, {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()})
 
 
 def write_rank_env(run_dir: RunDir, envs: dict[int, dict[str, str]]) -> None:

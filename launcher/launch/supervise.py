@@ -17,13 +17,18 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from launcher.launch.watchdog import Stall, Watchdog
+from launcher.rundir import RUN_DIR_ENV
 
 STOP_TIMEOUT_S = 10  # between SIGTERM and SIGKILL
+FAILURE_GRACE_S = 0.5
+"""After the first failure, how long the other ranks may still end on their own before they are stopped: a rank that
+left with exit 0 just before its peer failed (its interpreter still ending) is then seen leaving, and blamed."""
 
 
 class RankJob(Protocol):
@@ -100,20 +105,60 @@ def stop_process_groups(procs: list[subprocess.Popen]) -> None:
     send_signals(pids, (signal.SIGKILL,))
 
 
+def job_processes(run_dir: str) -> list[int]:
+    """This host's processes of the run at run_dir (besides this one), zombies left out: those whose environment
+    names the run dir (the ranks and every process they start; RUN_DIR_ENV) or whose command line starts rank_start
+    on it (mpirun, srun, rank_start; not a user's `tail -f` of a log there)."""
+    env_entry = f"{RUN_DIR_ENV}={run_dir}\0".encode()
+    starter = f"launcher.backends.rank_start\0{run_dir}\0".encode()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        pid = int(proc.name)
+        if pid == os.getpid():
+            continue
+        try:
+            if (env_entry not in (proc / "environ").read_bytes()
+                    and starter not in (proc / "cmdline").read_bytes()):
+                continue
+            state = (proc / "stat").read_text()
+        except OSError:  # gone, or not ours to read
+            continue
+        if state[state.rindex(")") + 2] != "Z":
+            found.append(pid)
+    return found
+
+
+def end_job_processes(run_dir: str, timeout_s: float = STOP_TIMEOUT_S) -> list[int]:
+    """Return once no process of the run is left on this host (SIGKILL to the stragglers: a rank's child, an mpirun
+    that lingers), or after timeout_s; the pids still running then (none, when the kernel kept its word)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := job_processes(run_dir)) and time.monotonic() < deadline:
+        send_signals(left, (signal.SIGKILL,), os.kill)
+        time.sleep(0.05)
+    return left
+
+
 def supervise(job: RankJob, on_tick: Callable[[], None], watchdog: Watchdog | None = None,
-              other_node_failed: Callable[[], bool] | None = None, period_s: float = 0.05) -> Outcome:
+              other_node_failed: Callable[[], bool] | None = None, period_s: float = 0.05,
+              run_dir: str | None = None) -> Outcome:
     """Poll the ranks every period_s, calling on_tick (progress) each time, until the run is over (or, with
-    other_node_failed, until it says another node's rank failed)."""
+    other_node_failed, until it says another node's rank failed). With run_dir (the resolved path), return only
+    once no process of that run is left on this host."""
     seen: dict[int, tuple[int, float]] = {}  # rank -> (exit code, when seen) for ranks that ended on their own
-    signum, stall, remote = None, None, False
+    signum, stall, remote, failed_at = None, None, False, None
     try:
         while True:
             now = time.monotonic()
             for rank, code in job.poll().items():
                 seen.setdefault(rank, (code, now))
             on_tick()
-            if len(seen) == len(job.ranks) or any(code != 0 for code, _ in seen.values()):
+            if failed_at is None and any(code != 0 for code, _ in seen.values()):
+                failed_at = now  # ranks already on their way out (an early exit 0 still ending) end on their own
+            if len(seen) == len(job.ranks) or (failed_at is not None and now - failed_at >= FAILURE_GRACE_S):
                 break
+            if failed_at is not None:
+                time.sleep(period_s)
+                continue
             if watchdog is not None:
                 stall = watchdog.check({r for r in job.ranks if r not in seen})
                 if stall is not None:
@@ -128,6 +173,8 @@ def supervise(job: RankJob, on_tick: Callable[[], None], watchdog: Watchdog | No
         signum = e.sigval
     finally:
         job.stop()  # also when all ended: a rank's leftover children go with it
+        if run_dir is not None:
+            end_job_processes(run_dir)  # the launcher never returns while a process of its job runs here
     last = job.poll()
     exits = []
     for rank in sorted(job.ranks):

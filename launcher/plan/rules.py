@@ -6,6 +6,8 @@ import re
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.backends import BACKENDS as LAUNCHES
+from launcher.backends import backend as launch_backend
 from launcher.plan.pipeline import partition_problems, schedule_problems
 from launcher.plan.registry import DENSE_OPTIMIZERS, unknown
 from launcher.plan.sharding import search_mode_problems
@@ -56,27 +58,49 @@ def check_seeds(cfg: DictConfig) -> list[str]:
 
 
 def check_launcher(launcher: DictConfig, launch: str = "local") -> list[str]:
-    """launcher.*: the watchdog's limit and the number of restarts (not with cluster.launch=elastic)."""
+    """launcher.*: the watchdog's limit and the number of restarts (where the backend restarts)."""
     p = number_problems("launcher", {"watchdog_s": (launcher.watchdog_s, "non_negative")})
     if launcher.max_restarts < 0:
         p.append(f"launcher.max_restarts={launcher.max_restarts} must be 0 (no restart) or more.")
-    elif launcher.max_restarts > 0 and launch == "elastic":
+    elif launcher.max_restarts > 0 and launch in LAUNCHES and not launch_backend(launch).restarts:
+        restarting = ", ".join(name for name, b in LAUNCHES.items() if b.restarts)
         p.append(f"launcher.max_restarts={launcher.max_restarts} with cluster.launch={launch}: restarts across "
-                 f"hosts that each run a launcher are not supported yet (local, mpi and slurm restart). Set "
+                 f"hosts that each run a launcher are not supported yet ({restarting} restart). Set "
                  f"launcher.max_restarts=0, and resume with trainer.resume=latest.")
     return p
 
 
 def resolve_nproc(value: str, host: HostFacts) -> tuple[int, str]:
-    """cluster.nproc_per_node as an int, and a note when it was resolved from 'auto' (invalid values -> 1)."""
+    """cluster.nproc_per_node as an int, and a note when it was resolved from 'auto' (an invalid value, which
+    check_cluster names, -> what auto gives)."""
     if str(value) == "auto":
         if host.accelerators > 0:
             return host.accelerators, f"cluster.nproc_per_node=auto -> {host.accelerators} (visible CUDA devices)"
         return 2, "cluster.nproc_per_node=auto -> 2 (CPU-only host: 2 ranks)"
     try:
-        return max(1, int(value)), ""
+        n = int(value)
     except ValueError:
-        return 1, ""
+        n = 0
+    if 1 <= n <= MAX_NPROC_PER_NODE:
+        return n, ""
+    return resolve_nproc("auto", host)[0], ""  # invalid (check_cluster names it): the rest plans as auto would
+
+
+MAX_NPROC_PER_NODE = 4096
+"""The most ranks one host may run. Above it the count is a typo: the largest hosts have a few hundred cores (or 16
+GPUs), each rank is a Python process with torch (hundreds of MB), and a plan of that many ranks is itself slow."""
+
+
+def oversubscribed(nproc: int, host: HostFacts) -> str:
+    """A warning line when ``nproc`` ranks on this host outnumber its CPU cores ('' when they do not): each gets
+    OMP_NUM_THREADS=1 (plan_ranks shares the cores) and the ranks take turns on the cores."""
+    cores = max(1, host.cpu_count)
+    if nproc <= cores:
+        return ""
+    return (f"warning: cluster.nproc_per_node={nproc} puts {nproc} ranks on {cores} CPU core(s) of {host.hostname}: "
+            f"each rank gets OMP_NUM_THREADS=1 and the ranks take turns on the cores ({nproc / cores:.1f} per core), "
+            f"so a step is slower than with {cores} rank(s) and each rank's memory adds up. Set "
+            f"cluster.nproc_per_node={cores} or fewer (auto: one rank per GPU, or 2 on a CPU host).")
 
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -91,53 +115,35 @@ def device_and_backend(backend: str, host: HostFacts, device: str = "auto") -> t
     return device_type, backend
 
 
-LAUNCHES = ("local", "elastic", "mpi", "slurm")
-_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[?[0-9A-Fa-f:.]+\]?")
-"""A host name or an IPv4/IPv6 address: nothing a shell or a URL would read as more."""
-
-
 def _check_nodes(c: DictConfig) -> list[str]:
-    """cluster.launch, nnodes and the rendezvous keys."""
-    p = []
+    """cluster.launch, nnodes, node_rank, and the keys only the chosen backend has."""
     if c.launch not in LAUNCHES:
-        p.append(f"cluster.launch={c.launch} is not one of {', '.join(LAUNCHES)}. Use cluster.launch=local (one "
-                 f"host), elastic (several hosts on torch elastic's rendezvous), mpi (mpirun) or slurm (srun).")
-        return p
+        return [f"cluster.launch={c.launch} is not one of {', '.join(LAUNCHES)}. Use cluster.launch="
+                f"{', '.join(b.help for b in LAUNCHES.values())}."]
+    p = []
     if c.nnodes < 1:
-        p.append(f"cluster.nnodes={c.nnodes} must be 1 or more.")
-    if c.node_rank != 0 and c.launch != "elastic":
-        p.append(f"cluster.node_rank={c.node_rank}: only cluster.launch=elastic runs one launcher per host (and "
+        p.append(f"cluster.nnodes={c.nnodes} must be 1 or more (the number of hosts). Set cluster.nnodes=1 for this "
+                 f"host alone.")
+    b = launch_backend(c.launch)
+    if c.node_rank != 0 and not b.launcher_per_host:
+        per_host = " / ".join(name for name, other in LAUNCHES.items() if other.launcher_per_host)
+        p.append(f"cluster.node_rank={c.node_rank}: only cluster.launch={per_host} runs one launcher per host (and "
                  f"there the rendezvous assigns node ranks). Leave cluster.node_rank out.")
-    if c.launch == "local":
-        if c.nnodes != 1:
-            p.append(f"cluster.nnodes={c.nnodes} with cluster.launch=local: a local launch starts this host's ranks "
-                     f"only. Set cluster.launch=elastic cluster.rdzv_endpoint=<host>:<port> and run the same command "
-                     f"on every host (or cluster.launch=mpi / slurm).")
-        return p
-    if c.launch == "mpi" and c.nnodes > 1 and not (c.hostfile or c.rank_table_file):
-        p.append(f"cluster.launch=mpi with cluster.nnodes={c.nnodes}: mpirun needs the hosts. Give "
-                 f"cluster.hostfile=<file> ('<host> slots=<N>' lines: OpenMPI's and DeepSpeed's format) or "
-                 f"cluster.rank_table_file=<file>.")
-    if c.launch != "elastic":
-        return p
-    host, _, port = str(c.rdzv_endpoint).rpartition(":")
-    if not host or not _HOST.fullmatch(host) or not port.isdigit() or not 1 <= int(port) <= 65535:
-        p.append(f"cluster.rdzv_endpoint={c.rdzv_endpoint or '(empty)'} must be <host>:<port> of one of the nodes, "
-                 f"the same on every host, e.g. cluster.rdzv_endpoint=node0.cluster:29400.")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", str(c.rdzv_id)):
-        p.append(f"cluster.rdzv_id={c.rdzv_id} must be a name of letters, digits, '.', '_' and '-'.")
-    if c.local_addr and not _HOST.fullmatch(str(c.local_addr)):
-        p.append(f"cluster.local_addr={c.local_addr} must be a host name or an address, e.g. cluster.local_addr=10.0.0.2.")
-    p += number_problems("cluster", {"rdzv_timeout_s": (c.rdzv_timeout_s, "positive")})
-    return p
+    return p + (b.problems(c) if c.nnodes >= 1 else [])
 
 
 def check_cluster(c: DictConfig, host: HostFacts) -> list[str]:
     """The cluster section's problems (shared by recipe runs and script runs)."""
     p: list[str] = []
     nproc = str(c.nproc_per_node)
-    if nproc != "auto" and not (nproc.isdigit() and int(nproc) >= 1):
-        p.append(f"cluster.nproc_per_node={nproc} must be a positive integer or auto.")
+    if nproc != "auto" and not (nproc.isascii() and nproc.isdigit() and int(nproc) >= 1):  # not ² or ٣
+        p.append(f"cluster.nproc_per_node={nproc} must be a positive integer or auto (the ranks on each host). E.g. "
+                 f"cluster.nproc_per_node=2.")
+    elif nproc != "auto" and int(nproc) > MAX_NPROC_PER_NODE:
+        p.append(f"cluster.nproc_per_node={nproc}: more than {MAX_NPROC_PER_NODE} ranks on one host ({host.hostname} "
+                 f"has {host.cpu_count} CPU core(s) and {host.accelerators} GPU(s)); each rank is a process with its "
+                 f"own torch. Set cluster.nproc_per_node to the host's GPUs or cores (auto picks), and cluster.nnodes "
+                 f"for more hosts.")
     p += _check_nodes(c)
     if c.backend not in BACKENDS:
         p.append(f"cluster.backend={c.backend} is not one of {', '.join(BACKENDS)}.")

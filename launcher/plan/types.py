@@ -29,6 +29,8 @@ class HostFacts:
     """Where DeepSpeed's JIT-built C++ ops are cached (TORCH_EXTENSIONS_DIR)."""
     toolchain_path: str = ""
     """PATH for building those ops and for the ranks (launch.host.toolchain_path); "" = the launcher's own PATH."""
+    notes: tuple[str, ...] = ()
+    """What the probe could not settle and the user should hear (e.g. NVIDIA devices torch cannot see)."""
 
 
 class RunPlan(Protocol):

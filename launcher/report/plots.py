@@ -6,18 +6,44 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher.report.summary import build_summary, summary_table
+from launcher.report.summary import build_summary, odd_record, summary_table
 from launcher.rundir import RunDir, SweepDir
 
 
 def load_summary(run_dir: RunDir) -> dict:
-    """summary.json, or (when the launcher itself died) one rebuilt from the ranks' records."""
-    summary = run_dir.read_summary()
-    if summary is not None:
-        return summary
+    """summary.json, or (when the launcher died before writing it, or it is damaged) one rebuilt from the ranks'
+    records, its status saying which."""
+    try:
+        summary = run_dir.read_summary()
+        if summary is not None:
+            return summary
+        status = launcher_state(run_dir)
+    except ValueError as e:  # empty or cut short: a disk that filled up while an older version wrote it in place
+        status = f"unknown (summary.json is damaged: {e}; rebuilt from the ranks' records)"
     plan = run_dir.read_plan()
     exits = [{"rank": r["rank"], "exit_code": None} for r in plan["ranks"]]
-    return build_summary(run_dir, plan, exits, "unknown (no summary.json: the launcher did not finish)", 0.0)
+    return build_summary(run_dir, plan, exits, status, 0.0)
+
+
+def launcher_state(run_dir: RunDir) -> str:
+    """The status of a run dir without a summary: its launcher still runs, or it died without writing one."""
+    import socket
+
+    try:
+        record = run_dir.read_json(run_dir.launcher)
+        host, pid = str(record["host"]), int(record["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown (no summary.json: the launcher did not finish)"
+    if host == socket.gethostname():
+        try:
+            alive = b"launcher" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            alive = False
+        if alive:
+            return f"running (no summary.json yet: its launcher, pid {pid}, still runs)"
+        return (f"lost (no summary.json: its launcher, pid {pid} on {host}, is gone: killed by a signal it cannot "
+                f"catch, SIGKILL or the OOM killer; its ranks died with it)")
+    return f"unknown (no summary.json; its launcher ran on {host}, pid {pid})"
 
 
 def write_plots(run_dir: RunDir, summary: dict) -> list[Path]:
@@ -28,18 +54,20 @@ def write_plots(run_dir: RunDir, summary: dict) -> list[Path]:
 
     ranks = [r["rank"] for r in summary["ranks"]]
     records = {r: run_dir.rank(r).read_metrics() for r in ranks}
+    records = {r: [m for m in recs if not odd_record(m)] for r, recs in records.items()}
     steps = {r: [m for m in recs if "event" not in m] for r, recs in records.items()}
-    evals = [m for m in records.get(0, []) if m.get("event") == "eval"]
+    losses = {r: [m for m in recs if m.get("loss") is not None] for r, recs in steps.items()}  # a script may log none
+    evals = [m for m in records.get(0, []) if m.get("event") == "eval" and m.get("loss") is not None]
     title = f"{summary['run_id']} ({summary['status']})"
     written = []
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for r, recs in steps.items():
+    for r, recs in losses.items():
         if recs:
             ax.plot([m["step"] for m in recs], [m.get("local_loss", m["loss"]) for m in recs], lw=1, alpha=0.8,
                     label=f"rank {r} (its own batches)")
-    if steps.get(0):
-        ax.plot([m["step"] for m in steps[0]], [m["loss"] for m in steps[0]], color="black", lw=2,
+    if losses.get(0):
+        ax.plot([m["step"] for m in losses[0]], [m["loss"] for m in losses[0]], color="black", lw=2,
                 label="mean over ranks")
     floor = (summary.get("reference") or {}).get("entropy_floor")
     if floor is not None:

@@ -15,7 +15,8 @@ from tests.conftest import pid_alive, start_training
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGUSR1, 138)],
+                         ids=["SIGTERM", "SIGINT", "SIGUSR1"])
 def test_a_signal_stops_every_rank_and_writes_the_summary(tmp_path, sig, code):
     launcher, run_dir, pids = start_training(tmp_path)
     t0 = time.monotonic()

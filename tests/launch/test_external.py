@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main
-from launcher.launch.external import mpirun_command, sbatch_script, srun_command
-from launcher.launch.rank_start import rank_environment
+from launcher.backends.mpi import mpirun_command
+from launcher.backends.slurm import sbatch_script, srun_command
+from launcher.backends.rank_start import rank_environment
 from launcher.rundir import RunDir
 from tests.conftest import plan_of
 
@@ -29,7 +30,7 @@ def test_mpirun_places_blocks_of_ranks_on_the_hostfiles_hosts(cpu_host, tmp_path
     assert cmd[:3] == ["mpirun", "-n", "4"] and "--allow-run-as-root" not in cmd
     assert cmd[cmd.index("--host") + 1] == "n0:2,n1:2" and cmd[cmd.index("--bind-to") + 1] == "none"
     tail = cmd[cmd.index("tcp,self") + 1:]
-    assert tail == [sys.executable, "-m", "launcher.launch.rank_start", str(run_dir.path.resolve()), "mpi", "--",
+    assert tail == [sys.executable, "-m", "launcher.backends.rank_start", str(run_dir.path.resolve()), "mpi", "--",
                     "-m", "launcher.worker", str(run_dir.path.resolve())]
     one = mpirun_command(plan_of(["recipe=quickstart", "cluster.launch=mpi"], cpu_host), run_dir, (), [], True)
     assert "--oversubscribe" in one and "--allow-run-as-root" in one and "--host" not in one
@@ -64,7 +65,7 @@ def test_a_rank_started_outside_its_scheduler_says_so(tmp_path):
     run_dir = RunDir(tmp_path)
     run_dir.write_json(run_dir.rank_env, _planned(2, 2))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
-    res = subprocess.run([sys.executable, "-m", "launcher.launch.rank_start", str(tmp_path), "slurm", "--", "-c",
+    res = subprocess.run([sys.executable, "-m", "launcher.backends.rank_start", str(tmp_path), "slurm", "--", "-c",
                           "pass"], env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS not set" in res.stderr
 
@@ -73,11 +74,11 @@ def test_a_rank_ends_as_its_process_did_and_leaves_the_record(tmp_path):
     run_dir = RunDir(tmp_path)
     run_dir.write_json(run_dir.rank_env, _planned(2, 2))
     env = {**os.environ, "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}
-    res = subprocess.run([sys.executable, "-m", "launcher.launch.rank_start", str(tmp_path), "mpi", "--", "-c",
+    res = subprocess.run([sys.executable, "-m", "launcher.backends.rank_start", str(tmp_path), "mpi", "--", "-c",
                           "import os, sys; print(os.environ['RANK']); sys.exit(3)"], env=env, timeout=60)
     assert res.returncode == 3 and run_dir.rank(1).read_exit()["exit_code"] == 3
     assert run_dir.rank(1).stdout.read_text() == "1\n" and run_dir.rank(1).read_pid()[1] > 0
-    res = subprocess.run([sys.executable, "-m", "launcher.launch.rank_start", str(tmp_path), "mpi", "--", "-c",
+    res = subprocess.run([sys.executable, "-m", "launcher.backends.rank_start", str(tmp_path), "mpi", "--", "-c",
                           "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], env=env, timeout=60)
     assert res.returncode == -9 and run_dir.rank(1).read_exit()["exit_code"] == -9
 

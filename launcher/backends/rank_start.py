@@ -1,6 +1,6 @@
 """The first process of a rank that mpirun or srun started (cluster.launch=mpi|slurm).
 
-``python -m launcher.launch.rank_start <run_dir> <mpi|slurm> -- <python args of the rank>``
+``python -m launcher.backends.rank_start <run_dir> <mpi|slurm> -- <python args of the rank>``
 
 OpenMPI and Slurm start the processes themselves and describe each one in their own variables. This maps them to
 torch's (``OMPI_COMM_WORLD_RANK`` / ``SLURM_PROCID`` -> ``RANK``, ...), checks that the scheduler put the rank where
@@ -22,24 +22,19 @@ import subprocess
 import sys
 import time
 
+from launcher.backends import BACKENDS, backend, lifeline
 from launcher.rundir import RunDir
 
-SCHEDULER_VARS = {
-    # scheduler -> (its global rank, local rank, world size) variables
-    "mpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
-    "slurm": ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"),
-}
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 
 
 def scheduler_rank(scheduler: str, environ: dict[str, str]) -> tuple[int, int, int]:
     """(global rank, local rank, world size) as the scheduler describes this process; ValueError naming what is
     missing."""
-    names = SCHEDULER_VARS[scheduler]
+    names = backend(scheduler).scheduler_vars
     missing = [n for n in names if not environ.get(n, "").isdigit()]
     if missing:
-        raise ValueError(f"{', '.join(missing)} not set: this process was not started by "
-                         f"{'mpirun' if scheduler == 'mpi' else 'srun'}")
+        raise ValueError(f"{', '.join(missing)} not set: this process was not started by {backend(scheduler).program}")
     rank, local, world = (int(environ[n]) for n in names)
     return rank, local, world
 
@@ -49,7 +44,7 @@ def rank_environment(scheduler: str, environ: dict[str, str], planned: dict[str,
     when the scheduler placed the process elsewhere than the plan (another world size, or local rank)."""
     rank, local, world = scheduler_rank(scheduler, environ)
     if str(rank) not in planned or len(planned) != world:
-        raise ValueError(f"{SCHEDULER_VARS[scheduler][2]}={world} but the plan has {len(planned)} ranks: start the "
+        raise ValueError(f"{backend(scheduler).scheduler_vars[2]}={world} but the plan has {len(planned)} ranks: start the "
                          f"ranks through hetero-launch (cluster.launch={scheduler}), which asks for the right number")
     env = planned[str(rank)]
     if env["LOCAL_RANK"] != str(local):
@@ -60,21 +55,16 @@ def rank_environment(scheduler: str, environ: dict[str, str], planned: dict[str,
     return rank, {**environ, **env}
 
 
-def _set_parent_death_signal() -> None:
-    """In the child: die with the parent (a SIGKILLed parent cannot forward signals)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] not in SCHEDULER_VARS or "--" not in argv:
-        print("usage: python -m launcher.launch.rank_start <run_dir> <mpi|slurm> -- <python args>", file=sys.stderr)
+    external = [name for name, b in BACKENDS.items() if b.scheduler_vars]
+    if len(argv) < 3 or argv[1] not in external or "--" not in argv:
+        print(f"usage: python -m launcher.backends.rank_start <run_dir> <{'|'.join(external)}> -- <python args>",
+              file=sys.stderr)
         return 2
     run_dir, scheduler, args = RunDir(argv[0]), argv[1], argv[argv.index("--") + 1 :]
+    if os.getppid() == 1:  # the scheduler that started this process is gone already
+        return 128 + signal.SIGTERM
+    lifeline.die_with_parent(os.getppid(), signal.SIGTERM)  # should mpirun's or srun's process go: stop the rank
     try:
         planned = run_dir.read_json(run_dir.rank_env)
         rank, env = rank_environment(scheduler, dict(os.environ), planned)
@@ -84,12 +74,23 @@ def main(argv: list[str]) -> int:
     rank_dir = run_dir.rank(rank)
     rank_dir.path.mkdir(parents=True, exist_ok=True)
     env["TORCHELASTIC_ERROR_FILE"] = str(rank_dir.error)
+    child, pending = None, []
+
+    def forward(signum: int, _frame) -> None:  # installed before the rank starts: no signal falls between
+        if child is None:
+            pending.append(signum)
+        else:
+            child.send_signal(signum)
+
+    for sig in _FORWARDED:
+        signal.signal(sig, forward)
+    parent = os.getpid()
     with open(rank_dir.stdout, "wb") as out, open(rank_dir.stderr, "wb") as err:
         child = subprocess.Popen([sys.executable, *args], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                 preexec_fn=_set_parent_death_signal)
+                                 preexec_fn=lambda: lifeline.die_with_parent(parent))
     rank_dir.write_pid(child.pid)
-    for sig in _FORWARDED:
-        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    for signum in pending:  # what came while the rank was being started
+        child.send_signal(signum)
     code = child.wait()
     rank_dir.write_exit(code, time.time())
     if code < 0:  # end as the rank did: the scheduler reports the signal
