@@ -24,14 +24,17 @@ import json
 import math
 import os
 import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from launcher.errors import ConfigError
 
-__all__ = ["CheckpointDir", "MetricsWriter", "RankDir", "RunDir", "SweepDir", "create_run_dir", "create_sweep_dir",
-           "point_latest"]
+__all__ = ["CheckpointDir", "MetricsWriter", "RankDir", "RunDir", "SweepDir", "check_log_dir", "create_run_dir",
+           "create_sweep_dir", "point_latest"]
 
 
 RUN_DIR_ENV = "HL_RUN_DIR"
@@ -66,7 +69,8 @@ class CheckpointDir:
         self.tables = self.path / "tables"
         """Tables trained outside the parts and their optimizers' states (DCP; one copy of each table)."""
         self.meta = self.path / "checkpoint.json"
-        """What the checkpoint was saved from (recipe, step, format, layout): checked before a resume starts."""
+        """What the checkpoint was saved from (recipe, step, format, layout) and its files (``files``: each one's
+        path relative to this folder, bytes and CRC-32; launcher/manifest.py): checked before a resume starts."""
 
     def trainer(self, rank: int) -> Path:
         """One rank's step, data position and RNG states."""
@@ -88,8 +92,9 @@ class RankDir:
         """cluster.launch=mpi|slurm: how the rank ended, {exit_code, time} (rank_start writes it; under the local
         backend the launcher sees its ranks end itself)."""
         self.heartbeat = path / "last_step"
-        """The last finished step, its time, the rank's RSS and the host's available memory then, as one JSON line
-        rewritten in place (MetricsWriter.step_done): the launcher's watchdog and failure report read it."""
+        """The last finished step, its time, the rank's RSS and the host's available memory then, and ``state``:
+        "saving" while the rank writes a checkpoint, as one JSON line rewritten in place (MetricsWriter.step_done,
+        MetricsWriter.saving): the launcher's watchdog and failure report read it."""
         self.metrics = path / "metrics.jsonl"
         self.memory = path / "memory.json"
         self.tables = path / "tables.json"
@@ -112,7 +117,8 @@ class RankDir:
         return out
 
     def read_heartbeat(self) -> dict[str, Any]:
-        """{step, time, rss, host_available} (bytes; {} before the first finished step or while being rewritten)."""
+        """{step, time, rss, host_available[, state]} (bytes; {} before the first finished step or while being
+        rewritten)."""
         try:
             beat = json.loads(self.heartbeat.read_text())
         except (OSError, ValueError):
@@ -120,7 +126,9 @@ class RankDir:
         return beat if isinstance(beat, dict) else {}
 
     def last_step(self) -> int:
-        return int(self.read_heartbeat().get("step", 0))
+        """The last finished step (0 before the first, or for a heartbeat whose step is not an int >= 0)."""
+        step = self.read_heartbeat().get("step", 0)
+        return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0
 
     def write_exit(self, exit_code: int, when: float) -> None:
         self.exit.write_text(json.dumps({"exit_code": exit_code, "time": when}) + "\n")
@@ -174,6 +182,9 @@ class RunDir:
         self.sbatch = self.path / "job.sbatch"
         """cluster.launch=slurm, dry run: the batch script that runs this plan (sbatch job.sbatch)."""
         self.summary = self.path / "summary.json"
+        self.launcher = self.path / "launcher.json"
+        """Which process launched the run ({host, pid, started}): a run dir without a summary is then known as one
+        whose launcher still runs, or one whose launcher died (report/plots.py)."""
         self.junit = self.path / "junit.xml"
         """The run's result for CI systems (launcher/report/junit.py)."""
         self.checkpoints = self.path / "checkpoints"
@@ -189,16 +200,19 @@ class RunDir:
     def newest_checkpoint(self) -> tuple[CheckpointDir, int] | None:
         """The newest complete checkpoint and its step: one whose checkpoint.json (written last, once every rank's
         part is on disk) reads back; a half-written one is never picked."""
-        best = None
+        done = self.complete_checkpoints()
+        return done[-1] if done else None
+
+    def complete_checkpoints(self) -> list[tuple[CheckpointDir, int]]:
+        """Every complete checkpoint (its checkpoint.json reads back) with its step, oldest first."""
+        done = []
         for path in self.checkpoints.glob("step*") if self.checkpoints.is_dir() else ():
             ckpt = CheckpointDir(path)
             try:
-                step = int(json.loads(ckpt.meta.read_text())["step"])
-            except (OSError, ValueError, KeyError, TypeError):
+                done.append((ckpt, int(json.loads(ckpt.meta.read_text())["step"])))
+            except (OSError, ValueError, KeyError, TypeError, RecursionError):
                 continue
-            if best is None or step > best[1]:
-                best = (ckpt, step)
-        return best
+        return sorted(done, key=lambda c: c[1])
 
     def attempt(self, number: int) -> RunDir:
         """``attempt.<k>/``: an earlier attempt's rank dirs and plan.json (launcher.max_restarts)."""
@@ -211,8 +225,12 @@ class RunDir:
         """Strict JSON (a NaN or inf is null), written beside and renamed over ``path``: a reader never sees a
         half-written file, and a failed write leaves the old one."""
         part = path.with_name(path.name + ".part")
-        part.write_text(json.dumps(finite(obj), indent=2, allow_nan=False) + "\n")
-        os.replace(part, path)
+        try:
+            part.write_text(json.dumps(finite(obj), indent=2, allow_nan=False) + "\n")
+            os.replace(part, path)
+        except OSError:  # a full disk: no half-written .part left behind either
+            part.unlink(missing_ok=True)
+            raise
 
     def read_json(self, path: Path) -> Any:
         return json.loads(path.read_text())
@@ -229,7 +247,9 @@ class RunDir:
 
 def create_run_dir(log_dir: Path, run_name: str, prefix: str) -> RunDir:
     """Make a new run dir, never reusing one: an explicit run_name that exists is an error; otherwise
-    <prefix>-<YYYYmmdd-HHMMSS>[-n]. An unwritable log_dir is a ConfigError (nothing was started)."""
+    <prefix>-<YYYYmmdd-HHMMSS>[-n]. An unwritable log_dir, or a ``latest`` there that is not a link, is a
+    ConfigError (nothing was started, nothing made)."""
+    check_log_dir(log_dir)
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         if run_name:
@@ -259,6 +279,34 @@ def create_run_dir(log_dir: Path, run_name: str, prefix: str) -> RunDir:
             f"Set output.log_dir to a directory you can write."
         ) from None
     raise ConfigError(f"output.log_dir={log_dir}: 1000 runs named {prefix}-{stamp} already exist. Set output.run_name.")
+
+
+def check_log_dir(log_dir: Path) -> None:
+    """Before anything is made: output.log_dir is (or can become) a folder this process writes, and its ``latest``
+    is absent or a symlink (which point_latest replaces; a folder or file of the user's there is never replaced).
+    ConfigError naming the path and a fix."""
+    key = f"output.log_dir={log_dir}"
+    latest = log_dir / "latest"
+    if latest.is_symlink() or not os.path.lexists(latest):
+        pass
+    elif latest.is_dir():
+        raise ConfigError(f"{key}: {latest} is a folder, not the link to the newest run that the launcher keeps there "
+                          f"(each run replaces it). Move it away (mv {latest} {latest}.old) or set output.log_dir to "
+                          f"another folder.")
+    else:
+        raise ConfigError(f"{key}: {latest} is a file, not the link to the newest run that the launcher keeps there "
+                          f"(each run replaces it). Move it away (mv {latest} {latest}.old) or set output.log_dir to "
+                          f"another folder.")
+    existing = log_dir
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if os.path.lexists(existing) and not existing.is_dir():
+        what = "a file" if existing.is_file() else ("a broken symlink" if existing.is_symlink() else "not a folder")
+        raise ConfigError(f"{key}: {existing} is {what}, so the run dir cannot be made there. Set output.log_dir to a "
+                          f"folder (e.g. output.log_dir=log_output).")
+    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: {existing} is not writable by this user, so the run dir cannot be made there. Set "
+                          f"output.log_dir to a folder you can write (e.g. output.log_dir=$HOME/log_output).")
 
 
 def point_latest(log_dir: Path, run_dir: RunDir) -> None:
@@ -333,7 +381,9 @@ class MetricsWriter:
     file per write costs a tiny model more than its step)."""
 
     HEARTBEAT_S = 0.2  # at most this often
-    HEARTBEAT_WIDTH = 120  # fixed: a reader never sees a shorter record's stale tail
+    HEARTBEAT_WIDTH = 160  # fixed: a reader never sees a shorter record's stale tail
+    SAVING_BEAT_S = 0.5
+    """While a checkpoint is written, a thread rewrites the heartbeat this often."""
 
     def __init__(self, rank_dir: RankDir) -> None:
         rank_dir.path.mkdir(parents=True, exist_ok=True)
@@ -343,6 +393,8 @@ class MetricsWriter:
         self._beat = 0.0
         self._pending: int | None = None
         self._last = 0
+        self._state = ""
+        self._lock = threading.Lock()  # the saving thread and the rank's own thread both write the heartbeat
 
     def step_done(self, step: int) -> None:
         """A finished step (cheap: the heartbeat is rewritten at most every HEARTBEAT_S)."""
@@ -357,19 +409,43 @@ class MetricsWriter:
             self._beat = now
             self._write_beat()
 
+    @contextmanager
+    def saving(self) -> Iterator[None]:
+        """Around a checkpoint's save: the heartbeat says ``"state": "saving"`` and a thread rewrites it every
+        SAVING_BEAT_S, so the launcher's watchdog sees a live rank in a save that takes longer than its limit (and
+        still sees a rank that stops: the thread's beats stop with its process)."""
+        done = threading.Event()
+        beater = threading.Thread(target=self._beat_until, args=(done,), name="heartbeat-saving", daemon=True)
+        self._state = "saving"
+        self._write_beat()
+        beater.start()
+        try:
+            yield
+        finally:
+            done.set()
+            beater.join()
+            self._state = ""
+            self._write_beat()
+
+    def _beat_until(self, done: threading.Event) -> None:
+        while not done.wait(self.SAVING_BEAT_S):
+            self._write_beat()
+
     def _flush_step(self) -> None:
         if self._pending is not None:
             self._write_beat()
 
     def _write_beat(self) -> None:
-        """The heartbeat now: the pending step (if any) becomes the last one, with the time and memory."""
-        if self._pending is not None:
-            self._last, self._pending = self._pending, None
-        rss, avail = _memory()
-        beat = json.dumps({"step": self._last, "time": round(time.time(), 3), "rss": rss, "host_available": avail})
-        self._heartbeat.seek(0)
-        self._heartbeat.write(beat.ljust(self.HEARTBEAT_WIDTH))
-        self._heartbeat.flush()
+        """The heartbeat now: the pending step (if any) becomes the last one, with the time, memory and state."""
+        with self._lock:
+            if self._pending is not None:
+                self._last, self._pending = self._pending, None
+            rss, avail = _memory()
+            record = {"step": self._last, "time": round(time.time(), 3), "rss": rss, "host_available": avail}
+            beat = json.dumps({**record, "state": self._state} if self._state else record)
+            self._heartbeat.seek(0)
+            self._heartbeat.write(beat.ljust(self.HEARTBEAT_WIDTH))
+            self._heartbeat.flush()
 
     def write(self, **record: Any) -> None:
         self._flush_step()  # last_step is exact at every logged step and at the end

@@ -17,7 +17,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.contract import Facts, ModelFacts, model_facts
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, first_line
+from launcher.manifest import manifest_problems
 from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.plan.hostfile import filter_hosts, hostfile_layout, parse_hostfile
 from launcher.plan.layout import ClusterLayout
@@ -44,7 +45,12 @@ def resume_checkpoint(cfg: DictConfig) -> str:
         raise ConfigError(f"{key} and trainer.resume_from={cfg.trainer.resume_from}: give one. trainer.resume takes a "
                           f"run dir (or latest), trainer.resume_from one of its checkpoints/step<N> folders.")
     path = Path(cfg.output.log_dir) / "latest" if resume == "latest" else Path(resume)
-    run = RunDir(path.resolve())
+    try:
+        run = RunDir(path.resolve())
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (pathlib, Python < 3.13)
+        raise ConfigError(f"{key}: {path} cannot be followed ({e}): a symlink that leads back to itself. Give a run "
+                          f"dir itself, trainer.resume=log_output/<run>; remove the link (rm {path}) if it is "
+                          f"log_dir's latest.") from None
     if not run.plan.is_file():
         where = f"{cfg.output.log_dir}/latest" if resume == "latest" else str(path)
         raise ConfigError(f"{key}: {where} is not a run dir (no {run.plan.name} in it). Give a run dir such as "
@@ -57,8 +63,10 @@ def resume_checkpoint(cfg: DictConfig) -> str:
     return str(newest[0].path)
 
 
-def check_resume(plan: LaunchPlan) -> None:
-    """trainer.resume_from must be a checkpoint dir a run wrote, saved from the same recipe, engine and layout."""
+def check_resume(plan: LaunchPlan, given: str = "") -> None:
+    """trainer.resume_from must be a checkpoint dir a run wrote, saved from the same recipe, engine and layout, with
+    every file as it was written. ``given``: the key the user gave when it was not trainer.resume_from (e.g.
+    ``trainer.resume=latest``), named where the files are damaged."""
     if not plan.resume_from:
         return
     ckpt = CheckpointDir(plan.resume_from)
@@ -68,7 +76,7 @@ def check_resume(plan: LaunchPlan) -> None:
                           f"log_output/<run>/checkpoints/step<N> folders, or leave trainer.resume_from empty.")
     try:
         saved = json.loads(ckpt.meta.read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise ConfigError(f"{key}: {ckpt.meta} cannot be read ({e}); the checkpoint is incomplete or damaged. "
                           f"Give another checkpoint dir.") from None
     if saved.get("step", 0) >= plan.steps:
@@ -80,6 +88,52 @@ def check_resume(plan: LaunchPlan) -> None:
         why = ("" if saved.get("format") == "dcp" else " DeepSpeed's checkpoint files hold each rank's own partitions, "
                "so they resume only on the layout (world size, dims, ZeRO stage) they were saved with;")
         raise ConfigError(f"{key}: saved with {', '.join(diff)}.{why} Resume with the settings it was saved with.")
+    check_checkpoint_files(ckpt, saved, given or key)
+
+
+MAX_NAMED = 5
+"""A damaged checkpoint's message names at most this many files."""
+
+
+def check_checkpoint_files(ckpt: CheckpointDir, saved: dict, key: str) -> None:
+    """Every file of checkpoint.json's manifest (``files``) as it was written: a missing, truncated or changed one
+    is a ConfigError naming it, and the fix names the newest earlier checkpoint of the run that is intact (a resume
+    never falls back to it by itself)."""
+    problems = checkpoint_damage(ckpt, saved)
+    if not problems:
+        return
+    more = f"; and {len(problems) - MAX_NAMED} more" if len(problems) > MAX_NAMED else ""
+    earlier = _earlier_intact(ckpt, int(saved.get("step", 0)))
+    fix = (f"Resume from the newest earlier checkpoint that is intact, step {earlier[1]}: "
+           f"trainer.resume_from={earlier[0].path}" if earlier else
+           f"No earlier checkpoint of this run is intact: give another checkpoint, or start afresh without "
+           f"{key.split('=')[0]}")
+    raise ConfigError(f"{key}: the checkpoint {ckpt.path} is damaged: {'; '.join(problems[:MAX_NAMED])}{more}. Its "
+                      f"ranks would fail reading it. {fix}.")
+
+
+def checkpoint_damage(ckpt: CheckpointDir, saved: dict) -> list[str]:
+    """One phrase per file of ``ckpt`` that is not as its checkpoint.json (``saved``) lists it; [] when intact. A
+    checkpoint written before manifests (no ``files``): only its trainer.0.pt, which every one has, is looked for."""
+    files = saved.get("files")
+    if files is None:
+        return [] if ckpt.trainer(0).is_file() else [f"{ckpt.trainer(0).name} is missing"]
+    if not isinstance(files, dict):
+        return [f"the file list (files) of its {ckpt.meta.name} is malformed"]
+    return manifest_problems(ckpt.path, files)
+
+
+def _earlier_intact(ckpt: CheckpointDir, step: int) -> tuple[CheckpointDir, int] | None:
+    """The newest complete checkpoint beside ``ckpt`` (its run's checkpoints/) from before ``step`` whose files
+    are as written (each one checked, newest first, until one is)."""
+    for other, other_step in reversed(RunDir(ckpt.root.parent).complete_checkpoints()):
+        try:
+            saved = json.loads(other.meta.read_text())
+        except (OSError, ValueError, RecursionError):
+            continue
+        if other_step < step and isinstance(saved, dict) and not checkpoint_damage(other, saved):
+            return other, other_step
+    return None
 
 
 def _check_loss_arguments(cfg: DictConfig, recipe: str) -> None:
@@ -92,6 +146,22 @@ def _check_loss_arguments(cfg: DictConfig, recipe: str) -> None:
         _, problems = check_target("loss", spec, f"recipe {recipe}")
         if problems:
             raise ConfigError(problems)
+        from hydra.utils import instantiate
+
+        try:  # torch's losses keep reduction (also what reduce=False sets): none is one value per sample
+            with warnings.catch_warnings():  # torch's deprecation of reduce= / size_average=: the message says it
+                warnings.simplefilter("ignore")
+                reduction = getattr(instantiate(spec, _convert_="all"), "reduction", None)
+        except Exception as e:  # noqa: BLE001 - the constructor's own check of a value
+            raise ConfigError(f"loss (recipe {recipe}): building {spec['_target_']} failed: "
+                              f"{type(e.__cause__ or e).__name__}: {first_line(e.__cause__ or e)}.") from None
+        if isinstance(reduction, str) and reduction not in ("mean", "sum"):
+            given = " ".join(f"loss.{k}={v}" for k, v in spec.items() if k != "_target_")
+            legacy = " and ".join(f"loss.{k}" for k in ("reduce", "size_average") if k in spec)
+            fix = f"Drop {legacy} (torch's deprecated form) and set" if legacy else "Set"
+            raise ConfigError(f"{given} (recipe {recipe}): {spec['_target_']} would return one value per sample "
+                              f"(reduction {reduction}); the loss must return a scalar (one number, which backward() "
+                              f"and the logged loss take). {fix} loss.reduction=mean.")
 
 
 def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool = True) -> Facts:
@@ -180,45 +250,19 @@ def read_cluster_files(cfg: DictConfig) -> ClusterLayout | None:
         key = f"cluster.rank_table_file={table}"
         try:
             obj = json.loads(_cluster_file(key, table))
+            return parse_rank_table(obj, key)  # its messages quote values (json.dumps): deep ones recurse there too
         except ValueError as e:
             raise ConfigError(f"{key}: not JSON ({e}). Give a rank table as hccl_tools.py writes it.") from None
-        return parse_rank_table(obj, key)
+        except RecursionError:
+            raise ConfigError(f"{key}: its JSON is nested too deeply to read (Python's parser recurses once per "
+                              f"level). A rank table is 4 levels deep: "
+                              f"{{\"server_list\": [{{\"device\": [{{...}}]}}]}}. Give a rank table as hccl_tools.py "
+                              f"writes it.") from None
     if hostfile:
         key = f"cluster.hostfile={hostfile}"
         hosts = parse_hostfile(_cluster_file(key, hostfile), key)
         return hostfile_layout(filter_hosts(hosts, include, exclude, source=key), key)
     return None
-
-
-def slurm_allocation(cfg: DictConfig, environ: dict[str, str]) -> ClusterLayout | None:
-    """cluster.launch=slurm inside an allocation (SLURM_JOB_ID set): its hosts (``scontrol show hostnames``) and
-    tasks per node (SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE when every node has the same). None outside
-    one (a dry run then writes job.sbatch)."""
-    import subprocess
-
-    if cfg.cluster.launch != "slurm" or "SLURM_JOB_ID" not in environ:
-        return None
-    source = f"the Slurm allocation (SLURM_JOB_ID={environ['SLURM_JOB_ID']})"
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
-    try:
-        res = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
-        hosts = res.stdout.split() if res.returncode == 0 else []
-    except (OSError, subprocess.SubprocessError):
-        hosts = []
-    if not hosts:
-        raise ConfigError(f"cluster.launch=slurm: cannot list the hosts of {source} (`scontrol show hostnames "
-                          f"{nodelist}` failed). Run hetero-launch inside the allocation's batch script or salloc.")
-    per_node = environ.get("SLURM_NTASKS_PER_NODE", "")
-    if not per_node.isdigit():  # e.g. "2(x3)" or "2,1": only the same count on every node fits the plan
-        counts = environ.get("SLURM_TASKS_PER_NODE", "").split("(")[0]
-        per_node = counts if counts.isdigit() and "," not in environ.get("SLURM_TASKS_PER_NODE", ",") else ""
-    nproc = int(per_node) if per_node.isdigit() else (int(cfg.cluster.nproc_per_node)
-                                                      if str(cfg.cluster.nproc_per_node).isdigit() else 0)
-    if nproc < 1:
-        raise ConfigError(f"cluster.nproc_per_node={cfg.cluster.nproc_per_node}: {source} does not say how many "
-                          f"tasks each node runs. Allocate with --ntasks-per-node=N (as the dry run's job.sbatch "
-                          f"does), or set cluster.nproc_per_node=N.")
-    return hostfile_layout([(h, list(range(nproc))) for h in hosts], source)
 
 
 def _cluster_file(key: str, path: str) -> str:

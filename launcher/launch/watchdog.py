@@ -2,7 +2,10 @@
 
 Each rank rewrites its heartbeat (``rank.N/last_step``) as it finishes steps and evaluation batches. A rank is
 watched from its first heartbeat on; when one has not moved for the limit (``launcher.watchdog_s``, or 10 of the
-slowest step seen if that is longer), the job is stalled. In a stalled data-parallel job every rank stops: the stuck
+slowest step seen if that is longer), the job is stalled. A rank writing a checkpoint says so in its heartbeat
+(``"state": "saving"``), which a thread keeps moving while the save runs: a save longer than the limit is not a hang,
+but one longer than SAVE_LIMITS limits is (a collective inside it may hang while the thread beats on), and so is a
+saving rank whose heartbeat stops (its process stopped). In a stalled data-parallel job every rank stops: the stuck
 one, and its peers waiting for it inside a collective. The stuck ones are named by evidence, in this order:
 
 1. a process the kernel has stopped (SIGSTOP, a debugger) or holds in uninterruptible I/O (state D);
@@ -24,6 +27,8 @@ from launcher.rundir import STACKS_SIGNAL, RankDir
 
 SLOW_STEPS = 10
 """The limit is at least this many of the slowest observed step."""
+SAVE_LIMITS = 12
+"""A checkpoint save may run this many limits in all (an hour at the default 300 s) while its heartbeat moves."""
 STACKS_WAIT_S = 3.0
 """How long the ranks get to write their stacks."""
 _STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a debugger", "D": "in uninterruptible I/O (D)",
@@ -46,11 +51,14 @@ class Stall:
     """Each rank's process state, in words."""
     stacks: dict[int, str]
     """Each rank's dumped stacks ('' = it did not answer)."""
+    saving: dict[int, float]
+    """The ranks that were writing a checkpoint, and for how long (s)."""
 
     def to_dict(self) -> dict:
         return {"ranks": list(self.ranks), "why": self.why, "steps": {str(k): v for k, v in self.steps.items()},
                 "idle_s": round(self.idle_s, 1), "limit_s": round(self.limit_s, 1),
-                "states": {str(k): v for k, v in self.states.items()}}
+                "states": {str(k): v for k, v in self.states.items()},
+                "saving_s": {str(k): round(v, 1) for k, v in self.saving.items()}}
 
 
 def process_state(pid: int) -> str:
@@ -71,6 +79,7 @@ class Watchdog:
         writes its pid once started; one on another host has none: it is not asked for stacks)."""
         self._dirs, self._pids, self._base, self._period = rank_dirs, pids, watchdog_s, period_s
         self._beat: dict[int, tuple[dict, float]] = {}  # rank -> (its heartbeat, when the launcher saw it change)
+        self._saving: dict[int, tuple[int, float]] = {}  # rank -> (the step it saves, when the launcher saw it begin)
         self._slowest_step_s = 0.0
         self._checked = 0.0
 
@@ -79,8 +88,9 @@ class Watchdog:
         return max(self._base, SLOW_STEPS * self._slowest_step_s)
 
     def check(self, running: set[int]) -> Stall | None:
-        """A Stall when a running rank's heartbeat has not moved for limit_s (then the ranks' stacks are asked for:
-        this takes up to STACKS_WAIT_S), else None. ``running``: the ranks that have not ended."""
+        """A Stall when a running rank's heartbeat has not moved for limit_s, or its checkpoint save has run for
+        SAVE_LIMITS × limit_s (then the ranks' stacks are asked for: this takes up to STACKS_WAIT_S), else None.
+        ``running``: the ranks that have not ended."""
         now = time.monotonic()
         if self._base <= 0 or now - self._checked < self._period:
             return None
@@ -95,13 +105,32 @@ class Watchdog:
                     per_step = (now - old[1]) / (beat["step"] - old[0]["step"])
                     self._slowest_step_s = max(self._slowest_step_s, per_step)
                 self._beat[rank] = (beat, now)
-        idle = {r: now - t for r, (_, t) in self._beat.items() if r in running}
-        if not idle or max(idle.values()) < self.limit_s:
+            self._note_save(rank, beat, now)
+        overdue = {r: self._overdue(r, now) for r in self._beat if r in running}
+        if not any(idle >= limit for idle, limit in overdue.values()):
             return None
-        return self._diagnose(running, idle)
+        return self._diagnose(running, overdue, now)
 
-    def _diagnose(self, running: set[int], idle: dict[int, float]) -> Stall:
-        stalled = sorted(r for r, s in idle.items() if s >= self.limit_s)
+    def _note_save(self, rank: int, beat: dict, now: float) -> None:
+        """When the rank's save began: the first time its heartbeat said "saving" at this step (saves are at
+        distinct steps, so back-to-back saves whose steps in between went unseen are not added up)."""
+        if beat.get("state") != "saving":
+            self._saving.pop(rank, None)
+        elif rank not in self._saving or self._saving[rank][0] != beat.get("step"):
+            self._saving[rank] = (beat.get("step", 0), now)
+
+    def _overdue(self, rank: int, now: float) -> tuple[float, float]:
+        """(how long the rank has made no progress, the limit that applies): since its heartbeat last moved
+        (limit_s); for a rank writing a checkpoint also since its save began (SAVE_LIMITS × limit_s), whichever is
+        nearer its limit."""
+        idle = (now - self._beat[rank][1], self.limit_s)
+        if rank not in self._saving:
+            return idle
+        return max(idle, (now - self._saving[rank][1], SAVE_LIMITS * self.limit_s), key=lambda t: t[0] / t[1])
+
+    def _diagnose(self, running: set[int], overdue: dict[int, tuple[float, float]], now: float) -> Stall:
+        stalled = sorted(r for r, (idle, limit) in overdue.items() if idle >= limit)
+        idle_s, limit_s = max(overdue.values(), key=lambda t: t[0] / t[1])
         pids = self._pids()
         states = {r: process_state(pids[r]) if r in pids else "" for r in sorted(running)}
         stacks = self.ask_for_stacks(sorted(running), pids)
@@ -119,8 +148,9 @@ class Watchdog:
         ):
             if ranks:
                 break
-        return Stall(ranks=tuple(ranks), why=why, steps=steps, idle_s=max(idle.values()), limit_s=self.limit_s,
-                     states={r: _STATES.get(s, s or "unknown") for r, s in states.items()}, stacks=stacks)
+        return Stall(ranks=tuple(ranks), why=why, steps=steps, idle_s=idle_s, limit_s=limit_s,
+                     states={r: _STATES.get(s, s or "unknown") for r, s in states.items()}, stacks=stacks,
+                     saving={r: now - t for r, (_, t) in sorted(self._saving.items()) if r in running})
 
     def ask_for_stacks(self, ranks: list[int], pids: dict[int, int]) -> dict[int, str]:
         """Send STACKS_SIGNAL to each rank with a pid here, wait up to STACKS_WAIT_S for each to write its stacks

@@ -17,11 +17,13 @@ import os
 import random
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from launcher.manifest import file_record, list_files, share_of
 from launcher.parallel.engine import DTYPES, Engine
 from launcher.parallel.rank import local_tensor
 from launcher.plan import LaunchPlan, checkpoint_layout
@@ -76,6 +78,9 @@ class Trainer:
         self.alive: Callable[[], None] = lambda: None
         """Called between the parts of long work that is not a step (evaluation batches, a checkpoint's parts): fit
         sets it to the heartbeat's MetricsWriter.alive, so the launcher's watchdog sees progress."""
+        self.saving: Callable[[], AbstractContextManager[None]] = nullcontext
+        """Around a checkpoint's save: fit sets it to MetricsWriter.saving (the heartbeat says "saving" and a thread
+        keeps it moving, so a save longer than launcher.watchdog_s is not taken for a hang)."""
 
     # -- one step ---------------------------------------------------------------------------------------------------
     def forward(self, batch):
@@ -163,7 +168,7 @@ class Trainer:
     def fit(self, run_dir: RunDir, rank_dir: RankDir, metrics: MetricsWriter) -> None:
         """Train from self.step to plan.steps: metrics, evaluations and checkpoints as planned."""
         p = self.plan
-        self.alive = metrics.alive
+        self.alive, self.saving = metrics.alive, metrics.saving
         fail_rank, fail_step = p.debug_fail
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             fail_rank = -1  # debug.fail_* fails the first attempt only: a restart goes on
@@ -238,23 +243,38 @@ class Trainer:
 
     def save(self, ckpt: CheckpointDir) -> None:
         """Write a checkpoint (collective): the engine's part (DCP, or DeepSpeed's own files), the tables (DCP: one
-        copy of each, by name, whichever stage holds it), each rank's progress and RNG."""
+        copy of each, by name, whichever stage holds it), each rank's progress and RNG; last checkpoint.json with
+        the manifest of every file. The heartbeat says "saving" and keeps moving meanwhile (``self.saving``)."""
         import torch.distributed.checkpoint as dcp
 
-        self.alive()
-        self.engine.save(ckpt)
-        self.alive()
-        ckpt.path.mkdir(parents=True, exist_ok=True)
-        if self.plan.placement.sparse_tables:
-            dcp.save(self._tables_state(), checkpoint_id=str(ckpt.tables))
+        with self.saving():
+            self.engine.save(ckpt)
             self.alive()
-        torch.save(self._progress(), ckpt.trainer(self.rank))
-        dist.barrier()
-        if self.rank == 0:  # last, once every rank's part is on disk: a resume trusts a checkpoint that has it
-            tmp = ckpt.meta.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"step": self.step, **checkpoint_layout(self.plan)}, indent=2))
-            os.replace(tmp, ckpt.meta)
-        dist.barrier()
+            ckpt.path.mkdir(parents=True, exist_ok=True)
+            if self.plan.placement.sparse_tables:
+                dcp.save(self._tables_state(), checkpoint_id=str(ckpt.tables))
+                self.alive()
+            torch.save(self._progress(), ckpt.trainer(self.rank))
+            dist.barrier()
+            files = self._manifest(ckpt)
+            if self.rank == 0:  # last, once every rank's part is on disk: a resume trusts a checkpoint that has it
+                tmp = ckpt.meta.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"step": self.step, **checkpoint_layout(self.plan), "files": files},
+                                          indent=2))
+                os.replace(tmp, ckpt.meta)
+            dist.barrier()
+
+    def _manifest(self, ckpt: CheckpointDir) -> dict[str, dict[str, Any]]:
+        """Every file of a written checkpoint with its bytes and CRC-32 (collective, once every rank's part is on
+        disk): each rank lists the files it sees and checksums its share of them; rank 0 gets the whole ({} on the
+        others)."""
+        world = dist.get_world_size()
+        seen: list[Any] = [None] * world
+        dist.all_gather_object(seen, list_files(ckpt.path, skip=(ckpt.meta.name, ckpt.meta.with_suffix(".tmp").name)))
+        mine = {rel: file_record(ckpt.path / rel) for rel in share_of(seen, self.rank)}
+        parts: list[Any] | None = [None] * world if self.rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        return dict(sorted((rel, rec) for part in parts or () for rel, rec in part.items()))
 
     def _fingerprint(self) -> dict[str, str]:
         """sha256 of every tensor and number a checkpoint must bring back: progress, the engine's model and optimizer

@@ -2,14 +2,17 @@
 checkpoint (step 4), logs the same per-step losses for steps 5-8 as the failed run did before it failed: model,
 optimizer states, tables and their optimizers, data position and RNG all came back (fp32, <= 1e-6 relative). A DCP
 checkpoint (the torch-native parts) resumes on another layout: saved on FSDP over dp 4, resumed on dp 2; saved with
-tensor parallel 2, resumed with tp 1. DeepSpeed's own checkpoint resumes on its layout only (refused otherwise)."""
+tensor parallel 2, resumed with tp 1. DeepSpeed's own checkpoint resumes on its layout only (refused otherwise), and a
+checkpoint with a missing or truncated file is refused before launch, the file named."""
 
 import json
+import os
 import shutil
 import socket
 
 import pytest
 
+from launcher.cli import main
 from tests.conftest import read_summary, run_cli
 
 pytestmark = pytest.mark.integration
@@ -54,7 +57,7 @@ def test_a_restart_goes_on_from_the_newest_checkpoint_as_if_nothing_happened(tmp
     assert "restart 1 of 1 from" in res.stdout
 
 
-def test_resume_latest_brings_back_host_tables_and_their_optimizers(tmp_path):
+def test_resume_latest_brings_back_host_tables_and_their_optimizers(tmp_path, capsys):
     """wide_deep: FTRL / LazyAdam tables on the host (placement.host_device_mix=1), DeepSpeed ZeRO-2 beside."""
     common = ["recipe=wide_deep", "smoke=true", "placement.host_device_mix=1", "zero.stage=2", *STEPS]
     failed = run_cli([*common, *FAIL_AFTER_STEP_8], tmp_path)
@@ -70,6 +73,38 @@ def test_resume_latest_brings_back_host_tables_and_their_optimizers(tmp_path):
     other = run_cli([*common, f"trainer.resume_from={before}/checkpoints/step4", "cluster.nproc_per_node=1"], tmp_path)
     assert other.returncode == 2 and "world_size 2 (now 1)" in other.stderr, other.stderr
     assert "DeepSpeed's checkpoint files hold each rank's own partitions" in other.stderr
+    _damaged_copies_are_refused_before_launch(before, common, tmp_path, capsys)
+
+
+DAMAGES = [  # (file of checkpoints/step4, what happens to it, how the refusal names it)
+    ("mp_rank_00_model_states.pt", "truncate", "is truncated"),  # the engine's (DeepSpeed's) model states
+    ("trainer.1.pt", "delete", "is missing"),  # rank 1's progress and RNG
+    ("tables/__0_0.distcp", "truncate", "is truncated"),  # the host tables and their optimizers (DCP)
+]
+
+
+def _damaged_copies_are_refused_before_launch(run, common, tmp_path, capsys):
+    """Copies of the run's checkpoint, each with one file damaged as a crash, a full disk or a bad copy leaves it:
+    the CLI (in this process) refuses each with exit 2 before a run dir or rank exists, naming the file, what is
+    wrong with it and what to resume from instead (here: nothing earlier is intact)."""
+    for rel, damage, how in DAMAGES:
+        copy = tmp_path / "copies" / rel.replace("/", "_")
+        shutil.copytree(run / "checkpoints", copy / "checkpoints")
+        shutil.copy(run / "plan.json", copy / "plan.json")
+        ckpt = copy / "checkpoints" / "step4"
+        size = (ckpt / rel).stat().st_size
+        if damage == "delete":
+            (ckpt / rel).unlink()
+        else:
+            os.truncate(ckpt / rel, size // 2)
+        key = f"trainer.resume_from={ckpt}" if rel.startswith("tables") else f"trainer.resume={copy}"
+        logs = tmp_path / "refused"
+        code = main([*common, key, f"output.log_dir={logs}"])
+        err = " ".join(capsys.readouterr().err.split())  # unwrapped
+        assert code == 2, err
+        assert f"{key}: the checkpoint {ckpt} is damaged: {rel} {how}" in err, err
+        assert f"{size} bytes expected" in err and "No earlier checkpoint of this run is intact" in err, err
+        assert not logs.exists()  # no run dir, no rank
 
 
 def test_resume_from_a_run_dir_brings_back_zero_offload_state(tmp_path):

@@ -2,8 +2,15 @@
 process starts."""
 
 import json
+import shutil
+
+import pytest
 
 from launcher.cli import main
+from launcher.errors import ConfigError
+from launcher.launch.preflight import check_checkpoint_files
+from launcher.manifest import file_record, list_files
+from launcher.rundir import CheckpointDir, RunDir
 
 
 def _run(tmp_path, capsys, *overrides):
@@ -30,3 +37,52 @@ def test_resume_of_a_run_without_a_complete_checkpoint(tmp_path, capsys):
 def test_resume_and_resume_from_together(tmp_path, capsys):
     code, err = _run(tmp_path, capsys, "trainer.resume=latest", "trainer.resume_from=x")
     assert code == 2 and "give one" in err
+
+
+def _written(run: RunDir, step: int, manifest: bool = True) -> tuple[CheckpointDir, dict]:
+    """A checkpoint of two ranks as Trainer.save lays it out (checkpoint.json with its manifest, or one written
+    before manifests)."""
+    ckpt = run.checkpoint(step)
+    (ckpt.path / "model").mkdir(parents=True)
+    (ckpt.path / "model" / "__0_0.distcp").write_bytes(b"m" * 100)
+    for r in (0, 1):
+        ckpt.trainer(r).write_bytes(b"t" * 10)
+    meta = {"step": step}
+    if manifest:
+        meta["files"] = {rel: file_record(ckpt.path / rel) for rel in list_files(ckpt.path)}
+    ckpt.meta.write_text(json.dumps(meta))
+    return ckpt, meta
+
+
+def test_a_damaged_checkpoint_names_its_file_and_the_newest_earlier_intact_one(tmp_path):
+    run = RunDir(tmp_path / "run")
+    _written(run, 2, manifest=False)
+    old, _ = _written(run, 4)
+    changed, _ = _written(run, 6)
+    ckpt, meta = _written(run, 8)
+    check_checkpoint_files(ckpt, meta, "trainer.resume=latest")  # intact
+    ckpt.trainer(1).unlink()
+    changed.trainer(0).write_bytes(b"x" * 10)  # step 6 is damaged too: step 4 is the newest intact one
+    with pytest.raises(ConfigError) as e:
+        check_checkpoint_files(ckpt, meta, "trainer.resume=latest")
+    assert (f"trainer.resume=latest: the checkpoint {ckpt.path} is damaged: trainer.1.pt is missing (10 bytes "
+            f"expected). Its ranks would fail reading it. Resume from the newest earlier checkpoint that is intact, "
+            f"step 4: trainer.resume_from={old.path}.") in str(e.value)
+    for damaged in (old, changed):
+        shutil.rmtree(damaged.path / "model")
+    with pytest.raises(ConfigError, match=f"step 2: trainer.resume_from={run.checkpoint(2).path}"):
+        check_checkpoint_files(ckpt, meta, "trainer.resume=latest")  # one written before manifests: no damage seen
+    run.checkpoint(2).trainer(0).unlink()
+    with pytest.raises(ConfigError, match="No earlier checkpoint of this run is intact: give another checkpoint, or "
+                                          "start afresh without trainer.resume"):
+        check_checkpoint_files(ckpt, meta, "trainer.resume=latest")
+
+
+def test_a_checkpoint_written_before_manifests_resumes_when_its_trainer_file_is_there(tmp_path):
+    ckpt, meta = _written(RunDir(tmp_path), 4, manifest=False)
+    ckpt.trainer(1).unlink()  # not known to be needed: a run on another layout reads trainer.0.pt
+    check_checkpoint_files(ckpt, meta, "trainer.resume_from=x")
+    ckpt.trainer(0).unlink()
+    with pytest.raises(ConfigError, match="trainer.resume_from=x: the checkpoint .* is damaged: trainer.0.pt is "
+                                          "missing. Its ranks"):
+        check_checkpoint_files(ckpt, meta, "trainer.resume_from=x")

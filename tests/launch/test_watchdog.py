@@ -9,8 +9,9 @@ import time
 
 import pytest
 
+from launcher.launch import watchdog
 from launcher.launch.watchdog import Watchdog
-from launcher.rundir import RunDir
+from launcher.rundir import MetricsWriter, RunDir
 
 RANK = ("import faulthandler, signal, sys, time; "
         "faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True); time.sleep(60)")
@@ -32,8 +33,9 @@ def ranks(tmp_path):
         p.wait()
 
 
-def _beat(run, rank, step):
-    run.rank(rank).heartbeat.write_text(json.dumps({"step": step, "time": time.time(), "rss": 1, "host_available": 1}))
+def _beat(run, rank, step, **extra):
+    run.rank(rank).heartbeat.write_text(json.dumps({"step": step, "time": time.time(), "rss": 1, "host_available": 1,
+                                                    **extra}))
 
 
 def test_the_rank_behind_is_named_and_both_stacks_are_collected(ranks):
@@ -68,3 +70,64 @@ def test_a_stopped_rank_is_named_by_its_state_and_the_limit_follows_slow_steps(r
     procs[1].send_signal(signal.SIGCONT)
     assert stall.ranks == (1,) and stall.states[1].startswith("stopped") and "process state" in stall.why
     assert stall.stacks[1] == "" and stall.stacks[0]  # the stopped rank could not answer
+
+
+def _poll(dog, running, seconds):
+    """Every watchdog finding over ``seconds`` (polled every 0.05 s)."""
+    found, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        found.append(dog.check(running))
+        time.sleep(0.05)
+    return [s for s in found if s is not None]
+
+
+def test_a_rank_saving_longer_than_the_limit_is_not_hung_and_one_stuck_outside_a_save_is(tmp_path):
+    """Rank 0 writes a checkpoint for over 2 limits (its MetricsWriter's saving thread keeps the heartbeat moving);
+    rank 1 steps on, then stops outside a save: only rank 1 is named, rank 0 is reported as saving."""
+    run = RunDir(tmp_path)
+    saver = MetricsWriter(run.rank(0))
+    saver.step_done(4)
+    run.rank(1).path.mkdir()
+    _beat(run, 1, 4)
+    dog = Watchdog({0: run.rank(0), 1: run.rank(1)}, dict, watchdog_s=1.0, period_s=0.0)
+    with saver.saving():
+        assert run.rank(0).read_heartbeat()["state"] == "saving"
+        for step in range(5, 25):  # 2 s: twice the limit
+            _beat(run, 1, step)
+            assert _poll(dog, {0, 1}, 0.1) == []
+        stalls = _poll(dog, {0, 1}, 1.3)  # rank 1 stopped; rank 0 saves on
+    assert run.rank(0).read_heartbeat().get("state") is None  # the save is over
+    stall = stalls[0]
+    assert stall.ranks == (1,) and stall.limit_s <= stall.idle_s < stall.limit_s + 0.5
+    assert list(stall.saving) == [0] and stall.saving[0] > 2 * stall.limit_s  # saving for over 2 limits: not named
+    assert stall.to_dict()["saving_s"]["0"] > 2.0
+    saver.close()
+
+
+def test_a_save_that_runs_past_its_limits_is_hung_though_its_heartbeat_moves(tmp_path, monkeypatch):
+    """A collective inside a save may hang while the saving thread beats on: after SAVE_LIMITS limits it is a hang."""
+    monkeypatch.setattr(watchdog, "SAVE_LIMITS", 2)
+    run = RunDir(tmp_path)
+    saver = MetricsWriter(run.rank(0))
+    saver.step_done(4)
+    dog = Watchdog({0: run.rank(0)}, dict, watchdog_s=1.0, period_s=0.0)
+    with saver.saving():
+        assert _poll(dog, {0}, 1.6) == []  # past watchdog_s, within 2 limits
+        stalls = _poll(dog, {0}, 0.6)
+    saver.close()
+    assert stalls and stalls[0].ranks == (0,) and stalls[0].limit_s == 2.0 and stalls[0].idle_s >= 2.0
+    assert stalls[0].saving[0] >= 2.0
+
+
+def test_saves_at_different_steps_are_timed_apart(tmp_path, monkeypatch):
+    """Checkpoints every step with fast steps: the launcher may see only "saving" beats, but each save is at its own
+    step, so their times are not added up into one long save."""
+    monkeypatch.setattr(watchdog, "SAVE_LIMITS", 2)
+    run = RunDir(tmp_path)
+    run.rank(0).path.mkdir()
+    dog = Watchdog({0: run.rank(0)}, dict, watchdog_s=0.5, period_s=0.0)
+    for step in (100, 200, 300):  # 0.6 s each: over watchdog_s, under 2 limits; 1.8 s of saves in all
+        for _ in range(6):
+            _beat(run, 0, step, state="saving")
+            assert dog.check({0}) is None
+            time.sleep(0.1)

@@ -2,13 +2,17 @@
 on, and tables follow the engine's loss scale and skipped steps."""
 
 import copy
+import json
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from launcher.launch.watchdog import Watchdog
+from launcher.manifest import list_files, manifest_problems
 from launcher.plan import TablePlan
-from launcher.rundir import CheckpointDir
+from launcher.rundir import CheckpointDir, MetricsWriter, RunDir
 from launcher.worker.mesh import build_mesh
 from launcher.tables import ReplicatedTables
 from launcher.worker.train import build_trainer
@@ -63,10 +67,41 @@ def test_save_and_load_through_a_checkpoint_dir(tmp_path, cpu_host):
     ckpt = CheckpointDir(tmp_path / "step3")
     a.save(ckpt)
     assert {p.name for p in ckpt.path.iterdir()} == {"model", "tables", "trainer.0.pt", "checkpoint.json"}
+    files = json.loads(ckpt.meta.read_text())["files"]  # the manifest: every file, its bytes and CRC-32
+    assert sorted(files) == list_files(ckpt.path, skip=("checkpoint.json",)) and "trainer.0.pt" in files
+    assert {f.split("/")[0] for f in files} == {"model", "tables", "trainer.0.pt"}
+    assert manifest_problems(ckpt.path, files) == []
     after_a = [a.train_step().item() for _ in range(3)]
     b = _trainer(overrides, cpu_host)
     b.load(ckpt)
     assert [b.train_step().item() for _ in range(3)] == after_a
+
+
+def test_the_heartbeat_moves_while_a_slow_save_runs(tmp_path, cpu_host):
+    """Trainer.fit's checkpoint under the rank's real heartbeat and the launcher's watchdog: an engine save that takes
+    2.5 times launcher.watchdog_s keeps the heartbeat moving (state "saving"), and the watchdog names no hang."""
+    t = _trainer([*CASES["quickstart"], "trainer.steps=1", "eval.batches=0"], cpu_host)
+    run = RunDir(tmp_path)
+    metrics = MetricsWriter(run.rank(0))
+    dog = Watchdog({0: run.rank(0)}, dict, watchdog_s=0.8, period_s=0.0)
+    seen = []
+    save = t.engine.save
+
+    def slow_save(ckpt):  # the engine's own save, then 2 s more (a large model on a slow disk)
+        save(ckpt)
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            seen.append((run.rank(0).read_heartbeat(), dog.check({0})))
+            time.sleep(0.05)
+
+    t.engine.save = slow_save
+    t.fit(run, run.rank(0), metrics)
+    metrics.close()
+    beats = [beat for beat, _ in seen if beat]  # {} = read while being rewritten
+    assert all(stall is None for _, stall in seen)
+    assert {b.get("state") for b in beats} == {"saving"} and len({b["time"] for b in beats}) >= 4
+    assert run.rank(0).read_heartbeat()["step"] == 1 and "state" not in run.rank(0).read_heartbeat()
+    assert run.newest_checkpoint()[1] == 1
 
 
 def test_progress_and_rng_load_with_weights_only(tmp_path, cpu_host):
