@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
-from rich.console import Console
-
 from launcher.errors import ConfigError
+from launcher.terminal import launcher_console
 
 HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--package", "-p",
                "--shell-completion", "-sc", "--version"}
@@ -22,11 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["report"]:  # hetero-launch report RUN_DIR [RUN_DIR ...] [--into OUT]
         from launcher.report.merge import report_command
 
-        return report_command(argv[1:], Console())
-    if "--" in argv:  # everything after -- goes to the user's script
+        return report_command(argv[1:], launcher_console())
+    if "--" in argv:  # everything after -- goes to the user's script, word for word (${x}, quotes, backslashes)
+        from launcher.plan.script import script_args_override
+
         cut = argv.index("--")
-        quoted = ",".join("'" + a.replace("\\", "\\\\").replace("'", "\\'") + "'" for a in argv[cut + 1 :])
-        argv = [*argv[:cut], f"script_args=[{quoted}]"]
+        try:
+            argv = [*argv[:cut], script_args_override(argv[cut + 1 :])]
+        except ConfigError as e:
+            return _print_error(e)
     from launcher.config import compose_config, table_path_override
 
     argv = [table_path_override(a) for a in argv]  # dotted table paths, for Hydra's own flags too
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
         jobs = [a for a in rest[check:] if a not in ("-m", "--multirun")]
         try:
-            return (check_jobs if check else run_sweep)(jobs, config_dir, Console())
+            return (check_jobs if check else run_sweep)(jobs, config_dir, launcher_console())
         except ConfigError as e:
             return _print_error(e)
     overrides, flags = _overrides_and_flags(rest)
@@ -63,17 +66,24 @@ def main(argv: list[str] | None = None) -> int:
             except ConfigError as e:
                 return _print_error(e)
         return _hydra_app(argv)
+    from rich.markup import escape
+
+    from launcher.errors import printable
     from launcher.launch import launch_run, write_dry_run
     from launcher.launch.host import probe_host
     from launcher.launch.planning import plan_run
     from launcher.report.plan_view import placement_table, plan_tree, script_plan_view
 
-    console = Console()
+    console = launcher_console()
     try:
         cfg = compose_config(rest, config_dir)
-        plan, lines = plan_run(cfg, probe_host(), config_dir)
-        for line in lines:
-            console.print(line, highlight=False)
+        try:  # Ctrl-C while planning (e.g. reading a big data file) is no error: nothing was started
+            plan, lines = plan_run(cfg, probe_host(), config_dir)
+        except KeyboardInterrupt:
+            print("hetero-launch: interrupted while planning; nothing was started", file=sys.stderr)
+            return 130
+        for line in lines:  # about the user's data and model: their names shown, never obeyed or read as markup
+            console.print(escape(printable(line)), highlight=False)
         if plan.kind == "script":
             console.print(script_plan_view(plan), highlight=False)
         else:
@@ -120,9 +130,12 @@ def _print_error(e: ConfigError) -> int:
     """Every problem, one paragraph each, on stderr; exit code 2 (nothing was started)."""
     from rich.markup import escape
 
-    # escape: messages quote values such as recompute=[all] or [[2, 4], [4, 1]], which rich would take for markup
-    Console(stderr=True).print(f"[bold red]hetero-launch:[/bold red] {escape(e.render())}", highlight=False,
-                               soft_wrap=True)
+    from launcher.errors import printable
+
+    # escape: messages quote values such as recompute=[all] or [[2, 4], [4, 1]], which rich would take for markup;
+    # printable: and names from the user's data (a CSV header) that may hold a terminal's escape sequences
+    launcher_console(stderr=True).print(f"[bold red]hetero-launch:[/bold red] {escape(printable(e.render()))}",
+                                        highlight=False, soft_wrap=True)
     return 2
 
 

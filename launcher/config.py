@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -44,9 +46,8 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         raise ConfigError(f"--config-dir {config_dir}: recipe/{clash[0]}.yaml has the name of a built-in recipe. "
                           f"Rename your file (and its recipe.name), e.g. recipe/my_{clash[0]}.yaml.")
     for name in chosen:
-        if name in users and "@package _global_" not in (Path(config_dir) / "recipe" / f"{name}.yaml").read_text():
-            raise ConfigError(f"{config_dir}/recipe/{name}.yaml: its first line must be `# @package _global_` (a recipe "
-                              f"sets sections at the root of the config: model, data, loss, trainer, ...). Add that line.")
+        if name in users:
+            _check_recipe_file(Path(config_dir) / "recipe" / f"{name}.yaml", f"{config_dir}/recipe/{name}.yaml")
     search = [f"hydra.searchpath=['file://{_quoted(Path(config_dir).resolve())}']"] if config_dir is not None else []
     script_mode = any(o.key_or_group == "script" for o in parsed)  # a user's own script: no recipe
     GlobalHydra.instance().clear()
@@ -58,8 +59,18 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
                               f"recipe. Drop one of them.")
         try:
             cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])  # the usual case: all is well
+        except yaml.YAMLError as e:  # a config file (the user's recipe, most likely) that is not YAML
+            raise ConfigError(yaml_problem(e)) from None
         except (HydraException, OmegaConfBaseException) as first_error:
-            raise ConfigError(_diagnose(parsed, script_mode, users, search) or first_line(first_error)) from None
+            arguments = _constructor_arguments(parsed, search)  # loss.reduction=mean: an argument the file omits
+            try:
+                if not arguments:
+                    raise first_error
+                overrides = [arguments.get(o.input_line, o.input_line) for o in parsed]
+                parsed = OverridesParser.create().parse_overrides(overrides)
+                cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])
+            except (HydraException, OmegaConfBaseException) as error:
+                raise ConfigError(_diagnose(parsed, script_mode, users, search) or first_line(error)) from None
         added = _added_unknown_keys(cfg, parsed) + _numbers_as_bools(cfg, parsed)
         if added:
             raise ConfigError(added)
@@ -92,6 +103,8 @@ def _compose_smoke(cfg: DictConfig, overrides: Sequence[str], search: list[str],
     settings = smoke_settings(cfg)
     try:
         smoke = compose(config_name=CONFIG_NAME, overrides=[*search, *smoke_overrides(settings), *overrides])
+    except yaml.YAMLError as e:
+        raise ConfigError(yaml_problem(e)) from None
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(f"smoke=true: the smoke profile of recipe {cfg.recipe.name} does not apply: "
                           f"{first_line(e)}. Fix smoke_profile (in the recipe's file, or where you set it).") from None
@@ -129,6 +142,51 @@ def sharding_override(line: str) -> str:
 def _quoted(path: Path) -> str:
     """A path inside a quoted Hydra override value (commas, spaces and brackets are safe there)."""
     return str(path).replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _check_recipe_file(path: Path, shown: str) -> None:
+    """A recipe in the user's folder: UTF-8 text, YAML, a mapping of sections, ``# @package _global_`` first; else
+    ConfigError naming the file (and the line and column of a YAML error) before Hydra reads it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{shown}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}). Save the file "
+                          f"as UTF-8.") from None
+    except OSError as e:
+        raise ConfigError(f"{shown}: cannot be read ({e.strerror}). Make it a readable file.") from None
+    if "@package _global_" not in text:
+        raise ConfigError(f"{shown}: its first line must be `# @package _global_` (a recipe sets sections at the root "
+                          f"of the config: model, data, loss, trainer, ...). Add that line.")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(yaml_problem(e, shown)) from None
+    if doc is not None and not isinstance(doc, dict):
+        kind = {"list": "list", "str": "string"}.get(type(doc).__name__, f"single value ({doc!r})")
+        raise ConfigError(f"{shown}: the file holds a {kind}, not a mapping of sections. Write it as `key: value` "
+                          f"lines at the root: recipe: {{name: {path.stem}}}, model: {{_target_: ...}}, data: ..., "
+                          f"loss: ....")
+
+
+def yaml_problem(e: yaml.YAMLError, name: str | None = None) -> str:
+    """One problem sentence for a config file that is not YAML: the file (``name``, else the one PyYAML names), the
+    line and column, PyYAML's reason, and a fix."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    if mark is None:  # a ReaderError (a character YAML does not allow) has no mark
+        return f"{name or 'a config file'} is not valid YAML: {first_line(e)}. Fix the file (UTF-8 text, YAML syntax)."
+    if name is None:
+        name = str(mark.name)
+        rel = os.path.relpath(name) if os.path.isabs(name) else name
+        name = rel if not rel.startswith("..") else name  # as the user would type it, under the current folder
+    problem = str(getattr(e, "problem", "") or "").strip() or first_line(e)
+    context, start = str(getattr(e, "context", "") or "").strip(), getattr(e, "context_mark", None)
+    begun = (f" ({context} begun at line {start.line + 1}, column {start.column + 1})"
+             if context and start is not None and (start.line, start.column) != (mark.line, mark.column) else
+             f" ({context})" if context else "")
+    fix = ("Keep one of the two." if "duplicate key" in problem else
+           "Fix the file there: an unclosed [ or {, a missing comma, a tab used for indentation or an unquoted value "
+           "holding ': ' are the usual causes.")
+    return f"{name}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}{begun}. {fix}"
 
 
 def user_recipes(config_dir: str | None) -> list[str]:
@@ -181,6 +239,35 @@ def _key_overrides(parsed) -> Iterator:
     return (o for o in parsed if o.key_or_group not in groups and not o.key_or_group.startswith("hydra"))
 
 
+def _open_spec(cfg: DictConfig, key: str) -> bool:
+    """Whether ``key`` is an open ``_target_`` section (not a schema dataclass): a class and its constructor's
+    arguments, as loss is (and a recipe of yours' model, data and eval_data)."""
+    node = OmegaConf.select(cfg, key, default=None, throw_on_missing=False) if key else None
+    return (isinstance(node, DictConfig) and "_target_" in node
+            and not dataclasses.is_dataclass(OmegaConf.get_type(node)))
+
+
+def _constructor_arguments(parsed, search: Sequence[str]) -> dict[str, str]:
+    """{override: its ``++`` form} for each plain override that gives an open ``_target_`` section a key its file
+    does not list (``loss.reduction=mean``; ``loss={_target_: ..., reduction: mean}``): a constructor's argument,
+    which Hydra alone refuses as not in the config. ``++`` adds or sets it; the user-code check
+    (launcher/usercode/check.py check_target) then names an argument the constructor does not take."""
+    groups = set(GlobalHydra.instance().config_loader().list_groups(""))
+    try:
+        base = _compose([*search, *(o.input_line for o in parsed if o.key_or_group in groups)])
+    except ConfigError:
+        return {}
+    out = {}
+    for o in _key_overrides(parsed):
+        if o.is_add() or o.is_force_add() or o.is_delete():
+            continue
+        key = o.key_or_group
+        whole = isinstance(o.value(), dict) and _open_spec(base, key)
+        if whole or (not _exists(base, key) and _open_spec(base, key.rpartition(".")[0])):
+            out[o.input_line] = "++" + o.input_line
+    return out
+
+
 def _added_unknown_keys(cfg: DictConfig, parsed) -> list[str]:
     """``+key=value`` / ``++key=value`` that Hydra accepted into a typed section (a dataclass of the schema), where no
     such field exists: a typo would otherwise be silently ignored. Open sections (dicts: tables, placement.tables,
@@ -229,6 +316,8 @@ def _numbers_as_bools(cfg: DictConfig, parsed) -> list[str]:
 def _compose(lines: list[str]) -> DictConfig:
     try:
         return compose(config_name=CONFIG_NAME, overrides=lines)
+    except yaml.YAMLError as e:
+        raise ConfigError(yaml_problem(e)) from None
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(first_line(e)) from None
 
@@ -264,9 +353,14 @@ def _unknown(key: str, value: str, candidates: Sequence[str], what: str) -> str:
         close = difflib.get_close_matches(value, candidates, n=1, cutoff=0.6)
         hint = f" Did you mean {key}={close[0]}?" if close else ""
         return f"{key}={value}: no such {key}.{hint} Available: {', '.join(candidates)}."
-    parent = key.rpartition(".")[0]
+    parent, _, leaf = key.rpartition(".")
     same_depth = [c for c in candidates if c.count(".") == key.count(".")]
-    close = difflib.get_close_matches(key, same_depth, n=1, cutoff=0.6)
+    # The leaf among its siblings' (a shared "model." would make model.nan_at look like model._target_), else a
+    # typo in the section's name (trainr.steps) among the other sections' keys, whole.
+    close = [f"{parent}.{c}" if parent else c for c in difflib.get_close_matches(
+        leaf, [c.rpartition(".")[2] for c in same_depth if c.rpartition(".")[0] == parent], n=1, cutoff=0.6)]
+    close = close or difflib.get_close_matches(key, [c for c in same_depth if c.rpartition(".")[0] != parent], n=1,
+                                               cutoff=0.8)
     hint = f" Did you mean {close[0]}? Write {close[0]}={value}." if close else ""
     siblings = [c.rpartition(".")[2] for c in candidates if c.rpartition(".")[0] == parent]
     known = f" Keys under {parent or 'the root'}: {', '.join(siblings)}." if siblings and not close else ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class ConfigError(Exception):
     """Raised before anything is spawned. ``problems`` holds one sentence (or short paragraph) per problem."""
@@ -22,3 +24,16 @@ def first_line(e: BaseException) -> str:
     if len(text) > 1 and text[0].endswith(":"):  # Hydra's "... raised while composing config:" then the cause
         return f"{text[0]} {text[1]}".rstrip(".")
     return text[0].rstrip(".") if text else type(e).__name__
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""C0 control characters but newline and tab, DEL, C1 control characters, and the bidirectional overrides and
+isolates (which reorder the text shown around them)."""
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal or write to XML: every control character other than newline and tab
+    (ESC included, so an escape sequence shows as text instead of moving the cursor or colouring) as a visible
+    ``\\xNN`` escape."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                        text)

@@ -26,6 +26,26 @@ def test_unknown_key_names_the_key_and_did_you_mean():
         compose_config(["recipe=wide_deep", "trainer.stepz=3"])
 
 
+@pytest.mark.parametrize("line, hint", [
+    ("model.nan_at=5", None),  # the shared "model." is no likeness: not model.in_features, not model._target_
+    ("model.hiden=5", "model.hidden"),
+    ("trainr.steps=5", "trainer.steps"),  # a typo in the section's name
+])
+def test_did_you_mean_compares_the_key_not_its_section(line, hint):
+    with pytest.raises(ConfigError) as e:
+        compose_config(["recipe=quickstart", line])
+    text = e.value.render()
+    assert f"{line.split('=')[0]}: no such key (value 5)." in text
+    assert (f"Did you mean {hint}? Write {hint}=5." in text) if hint else ("Did you mean" not in text
+                                                                         and "Keys under model:" in text), text
+
+
+def test_loss_keys_are_its_constructors_arguments():
+    """loss is an open _target_ section: a key its file does not list is an argument, set with or without +."""
+    for line in ("loss.reduction=sum", "loss={_target_: torch.nn.MSELoss, reduction: sum}"):
+        assert compose_config(["recipe=quickstart", line]).loss == {"_target_": "torch.nn.MSELoss", "reduction": "sum"}
+
+
 def test_bad_type_names_key_and_current_value():
     with pytest.raises(ConfigError, match=r"trainer\.steps=many: .*Integer.*Current value: trainer\.steps=300"):
         compose_config(["recipe=wide_deep", "trainer.steps=many"])

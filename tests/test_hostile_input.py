@@ -411,3 +411,124 @@ def test_bad_run_name_exits_2_before_the_run_dir_exists(name, guarded, capsys, t
                          f"output.run_name={_q(name)}"], "output.run_name", log_dir, capsys)
     assert not (tmp_path / "escape").exists()
     assert "\n" not in err.strip().split("\n  - ")[1]  # the newline in the name is shown escaped, not printed
+
+
+# ---- issue 21: probes that gave a traceback or a wrong message ----
+
+def _refused(argv: list[str], capsys, *names: str) -> str:
+    """main(argv) exits 2 with one paragraph per problem naming each of ``names``, no traceback; returns stderr."""
+    capsys.readouterr()
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2 and "Traceback" not in out + err, f"exit {rc}\n{out}\n{err}"
+    for name in names:
+        assert name in err, f"the message does not name {name}:\n{err}"
+    return err
+
+
+NOT_YAML = {  # file text -> what the message names
+    "recipe: {name: mine}\nmodel: {_target_: m.Net, users: 100\n  items: [1, 2\n":
+        "conf/recipe/mine.yaml, line 4, column 8: not valid YAML: expected ',' or '}', but got ':' (while parsing a "
+        "flow mapping begun at line 3, column 8)",
+    "recipe: {name: mine}\nmodel:\n\t_target_: m.Net\n": "conf/recipe/mine.yaml, line 4, column 1: not valid YAML",
+    "recipe: {name: mine}\nrecipe: {name: mine}\n": "line 3, column 1: not valid YAML: found duplicate key recipe",
+    "- model\n- data\n": "conf/recipe/mine.yaml: the file holds a list, not a mapping of sections",
+    "recipe: {name: mine}\nmodel: \udcff\n": "conf/recipe/mine.yaml: not UTF-8 text (byte 0xff",
+}
+
+
+@pytest.mark.parametrize("text", NOT_YAML)
+def test_a_recipe_file_that_is_not_yaml_is_named_with_its_line(text, guarded, capsys, tmp_path, monkeypatch):
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    (tmp_path / "conf" / "recipe" / "mine.yaml").write_bytes(
+        ("# @package _global_\n" + text).encode("utf-8", "surrogateescape"))
+    monkeypatch.chdir(tmp_path)
+    err = _refused(["--config-dir", "conf", "recipe=mine", "output.log_dir=logs"], capsys, NOT_YAML[text])
+    assert err.count("\n  - ") == 1 and not (tmp_path / "logs").exists()
+
+
+def test_check_names_a_broken_recipe_and_plans_the_others(guarded, capsys, tmp_path, monkeypatch):
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    (tmp_path / "conf" / "recipe" / "mine.yaml").write_text("# @package _global_\nmodel: {a: [1\n")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["check", "--config-dir", "conf", "recipe=quickstart,mine"]) == 2
+    out, err = capsys.readouterr()
+    assert "1 job(s) plan; 1 does not" in out and "recipe=quickstart" in out, out
+    assert "job 1 (recipe=mine): conf/recipe/mine.yaml, line 3" in err and "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("depth", [100_000, 990])
+def test_a_rank_table_nested_too_deeply_is_named(depth, guarded, capsys, tmp_path):
+    path = tmp_path / "deep.json"
+    deep = "[" * depth + "]" * depth
+    path.write_text('{"version": "1.0", "server_list": [{"device": [{"rank_id": ' + deep + "}]}]}")
+    _refused(["recipe=quickstart", f"cluster.rank_table_file={path}", f"output.log_dir={tmp_path / 'logs'}"], capsys,
+             f"cluster.rank_table_file={path}")
+
+
+@pytest.mark.parametrize("latest", ["dir", "file"])
+def test_a_latest_that_is_not_a_link_exits_2_before_the_run_dir(latest, guarded, capsys, tmp_path):
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    (log_dir / "latest").mkdir() if latest == "dir" else (log_dir / "latest").write_text("mine")
+    err = _refused(["recipe=quickstart", f"output.log_dir={log_dir}", "dry_run=true"], capsys,
+                   f"{log_dir}/latest is a {'folder' if latest == 'dir' else 'file'}", f"mv {log_dir}/latest")
+    assert [p.name for p in log_dir.iterdir()] == ["latest"], err  # no half-made run dir
+
+
+def test_resume_latest_through_a_symlink_loop_exits_2(guarded, capsys, tmp_path):
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    (log_dir / "latest").symlink_to("latest")
+    _refused(["recipe=quickstart", f"output.log_dir={log_dir}", "trainer.resume=latest"], capsys,
+             "trainer.resume=latest", f"{log_dir}/latest cannot be followed", "symlink")
+
+
+@pytest.mark.parametrize("recipe", ["gpt", "wide_deep", "resnet"])
+@pytest.mark.parametrize("nodes", [("cluster.nnodes=0",), ("cluster.nnodes=-2", "cluster.launch=elastic",
+                                                            "cluster.rdzv_endpoint=node0:29400")])
+def test_no_nodes_is_named_without_a_division_by_zero(recipe, nodes, guarded, capsys, tmp_path):
+    err = _refused([f"recipe={recipe}", f"output.log_dir={tmp_path}", *nodes], capsys,
+                   f"{nodes[0]} must be 1 or more")
+    assert "world size" not in err and "dp 0" not in err  # planned on 1 node: no follow-on nonsense
+
+
+@pytest.mark.parametrize("count", ["4097", "100000"])
+def test_an_absurd_rank_count_per_host_is_refused(count, guarded, capsys, tmp_path):
+    _refused(["recipe=quickstart", f"output.log_dir={tmp_path}", f"cluster.nproc_per_node={count}"], capsys,
+             f"cluster.nproc_per_node={count}: more than 4096 ranks on one host")
+
+
+def test_more_ranks_than_cores_is_a_warning_with_the_threads_each_gets(tmp_path):
+    from launcher.config import compose_config
+    from launcher.launch.planning import plan_run
+
+    host = HostFacts(hostname="ci", cpu_count=2, accelerators=0, extensions_dir="/nonexistent/extensions")
+    cfg = compose_config(["recipe=quickstart", "cluster.nproc_per_node=8", "data.samples=4096",
+                          f"output.log_dir={tmp_path}"])
+    plan, lines = plan_run(cfg, host)
+    assert plan.world_size == 8 and {r.env["OMP_NUM_THREADS"] for r in plan.ranks} == {"1"}
+    assert [line for line in lines if line.startswith("warning: cluster.nproc_per_node=8 puts 8 ranks on 2 CPU "
+                                                      "core(s) of ci: each rank gets OMP_NUM_THREADS=1")]
+    _, lines = plan_run(compose_config(["recipe=quickstart", f"output.log_dir={tmp_path}"]), host)
+    assert not [line for line in lines if line.startswith("warning")]
+
+
+@pytest.mark.parametrize("recipe, line, names", [
+    ("quickstart", "loss.reduction=none", ("loss.reduction=none (recipe quickstart)", "must return a scalar",
+                                           "Set loss.reduction=mean.")),
+    ("quickstart", "loss.reduce=false", ("loss.reduce=False", "Drop loss.reduce", "set loss.reduction=mean.")),
+    ("resnet", "loss.label_smoothing=abc", ("loss.label_smoothing='abc'", "takes a float for label_smoothing")),
+])
+def test_a_built_in_recipes_loss_arguments_are_checked(recipe, line, names, guarded, capsys, tmp_path):
+    _refused([f"recipe={recipe}", f"output.log_dir={tmp_path}", line], capsys, *names)
+
+
+def test_terminal_escapes_from_a_csv_header_are_shown_not_obeyed(guarded, capsys, tmp_path):
+    path = tmp_path / "ctr.csv"
+    path.write_text("\x1b[2J\x1b[31mage,city\x07,clicked\n" + "".join(f"{i},c{i % 3},yes\n" for i in range(40)))
+    err = _refused(["recipe=wide_deep", "data=tabular", f"data.path={path}", "data.label=nope", "data.positive=yes",
+                    f"output.log_dir={tmp_path / 'logs'}"], capsys, "data.label", "\\x1b[2J\\x1b[31mage",
+                   "city\\x07")
+    assert "\x1b" not in err and "\x07" not in err

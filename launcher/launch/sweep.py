@@ -61,6 +61,15 @@ def plan_jobs(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | N
               estimate: bool = True) -> list[Job]:
     """Compose and plan every job (in a sweep dir: job n's run dir is <sweep_dir>/<n>); ConfigError naming the job
     of each problem, before anything starts."""
+    planned, problems = _plan_each(jobs, config_dir, sweep_dir, estimate)
+    if problems:
+        raise ConfigError(problems)
+    return planned
+
+
+def _plan_each(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | None = None,
+               estimate: bool = True) -> tuple[list[Job], list[str]]:
+    """(the jobs that plan, the problems of the others, each naming its job): one bad job never stops the rest."""
     host = probe_host()
     planned, problems = [], []
     for n, overrides in enumerate(jobs):
@@ -72,24 +81,30 @@ def plan_jobs(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | N
             problems += [f"job {n} ({' '.join(overrides)}): {p}" for p in e.problems]
             continue
         planned.append(Job(n, overrides, cfg, plan))
-    if problems:
-        raise ConfigError(problems)
-    return planned
+    return planned, problems
 
 
 def check_jobs(overrides: list[str], config_dir: str | None, console: Console) -> int:
-    """``hetero-launch check``: plan every job, start nothing; 0 when all plan, else 2 with every problem."""
+    """``hetero-launch check``: plan every job, start nothing; 0 when all plan, else 2 with every problem (after the
+    table of the jobs that do plan: a broken recipe in the folder does not hide the others)."""
     t0 = time.monotonic()
     if not any(o.split("=")[0].lstrip("+") in ("recipe", "script") for o in overrides):
         overrides = [f"recipe={','.join(every_recipe(config_dir))}", *overrides]
-    jobs = plan_jobs(expand_jobs(overrides), config_dir, estimate=False)
-    table = Table(title=f"check: {len(jobs)} job(s) plan, nothing started ({time.monotonic() - t0:.2f} s)")
+    expanded = expand_jobs(overrides)
+    jobs, problems = _plan_each(expanded, config_dir, estimate=False)
+    if problems and not jobs:
+        raise ConfigError(problems)
+    bad = len(expanded) - len(jobs)
+    failed = f"; {bad} {'does' if bad == 1 else 'do'} not (below)" if problems else ""
+    table = Table(title=f"check: {len(jobs)} job(s) plan{failed}, nothing started ({time.monotonic() - t0:.2f} s)")
     for col in ("job", "overrides", "engine", "ranks", "steps"):
         table.add_column(col)
     for j in jobs:
         table.add_row(str(j.number), " ".join(j.overrides), getattr(j.plan, "engine", "script"),
                       str(j.plan.world_size), str(j.plan.steps or "-"))
     console.print(table)
+    if problems:
+        raise ConfigError(problems)
     return 0
 
 

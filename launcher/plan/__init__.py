@@ -232,7 +232,7 @@ def _plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: _Draft) -> No
 
     d.nproc, nproc_note = resolve_nproc(cfg.cluster.nproc_per_node, host)
     d.notes += [nproc_note] if nproc_note else []
-    nnodes = cfg.cluster.nnodes
+    nnodes = max(1, cfg.cluster.nnodes)  # below 1: check_cluster names it; the rest plans on 1 (no 0 × anything)
     d.world = nnodes * d.nproc
     d.dims, sharding_cfg, degrees_ok = _topology(cfg, d.world, f"cluster.nnodes {nnodes} × nproc_per_node {d.nproc}",
                                                  d.problems, d.notes)

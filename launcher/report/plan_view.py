@@ -7,9 +7,16 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from launcher.errors import printable
 from launcher.plan import Bytes, LaunchPlan, ScriptPlan
 from launcher.plan.placement import twin_words
 from launcher.plan.sharding import ShardingPlan, shapes_words, strategy_words
+
+
+def _shown(name: object) -> str:
+    """A name from the user's model or data (a table, a layer, a script's argument) as rich shows it: control
+    characters as escapes (never obeyed by the terminal), brackets as text (never read as markup)."""
+    return escape(printable(str(name)))
 
 
 def _mib(n: int) -> str:
@@ -21,12 +28,12 @@ def script_plan_view(plan: ScriptPlan) -> Text:
     rt = plan.runtime
     parts = "+".join(p["name"] for p in rt["parts"])
     return Text("\n").join([
-        Text.from_markup(f"[bold]plan[/bold]: script {escape(plan.script)} {escape(' '.join(plan.args))} on "
+        Text.from_markup(f"[bold]plan[/bold]: script {_shown(plan.script)} {_shown(' '.join(plan.args))} on "
                          f"{plan.world_size} rank(s), {plan.device_type}, torchrun environment"),
         Text(f"if the script calls runtime.prepare(), it builds: {parts}, ZeRO {rt['zero_stage']}, {rt['precision']}, "
              f"optimizer on {rt['placement']['optimizer_location']}; tables: host_device_mix={rt['host_device_mix']}, "
              f"placement.tables {rt['table_locations'] or '-'}"),
-        *(Text(f"note: {note}") for note in plan.notes),
+        *(Text(f"note: {printable(note)}") for note in plan.notes),
     ])
 
 
@@ -38,11 +45,12 @@ def placement_table(plan: LaunchPlan) -> Table:
         t.add_column(col, overflow="fold")  # a long module path wraps, never ends in …
     for tb in pl.tables:
         if tb.location == "engine":
-            t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", "device, with the model", f"{o.name} dense", pl.optimizer_location)
+            t.add_row(_shown(tb.name), f"{tb.rows:,}×{tb.dim}", "device, with the model", f"{o.name} dense",
+                      pl.optimizer_location)
         else:
             twin = twin_words(tb)  # how it relates to the dense optimizer whose settings it took
-            t.add_row(tb.name, f"{tb.rows:,}×{tb.dim}", tb.location, f"{tb.optimizer} rows{f' ({twin})' if twin else ''}",
-                      tb.location)
+            t.add_row(_shown(tb.name), f"{tb.rows:,}×{tb.dim}", tb.location,
+                      f"{tb.optimizer} rows{f' ({twin})' if twin else ''}", tb.location)
     impl = f" ({pl.cpu_impl})" if pl.optimizer_location == "host" else ""
     t.add_row("dense network", f"{pl.dense_params:,}", f"{pl.param_location}, {plan.engine}, ZeRO-{plan.zero_stage}",
               f"{o.name}{impl}", pl.optimizer_location)
@@ -81,11 +89,11 @@ def pipeline_tree(plan: LaunchPlan) -> Tree:
         act = f" + activations {_mib(s.activation_bytes)} ({s.in_flight} in flight)" if s.activation_bytes is not None \
             else ""
         ranks = [r.rank for r in plan.ranks if r.coords["pp"] == p.rank_of(s.index)]
-        t.add(f"stage {s.index} (rank {', '.join(map(str, ranks))}): {', '.join(s.layers)}; {s.params:,} parameters; "
-              f"{_mib(s.state_bytes)} params+grads+optimizer+tables{act}")
+        t.add(f"stage {s.index} (rank {', '.join(map(str, ranks))}): {_shown(', '.join(s.layers))}; {s.params:,} "
+              f"parameters; {_mib(s.state_bytes)} params+grads+optimizer+tables{act}")
     for tie in p.tied:
-        t.add(f"shared weight {' = '.join(tie.paths)} ({tie.numel:,}) on stages {', '.join(map(str, tie.stages))}: "
-              f"gradients summed over them before each step")
+        t.add(f"shared weight {_shown(' = '.join(tie.paths))} ({tie.numel:,}) on stages "
+              f"{', '.join(map(str, tie.stages))}: gradients summed over them before each step")
     return t
 
 
@@ -126,10 +134,10 @@ def plan_tree(plan: LaunchPlan) -> Tree:
     mem.add(_bytes_line("device", m.device, plan.nproc_per_node))
     if plan.activations:
         a = plan.activations
-        recomputed = (f"; with recompute of {', '.join(plan.recompute)}: {_mib(a['kept_bytes_with_recompute'])}"
+        recomputed = (f"; with recompute of {_shown(', '.join(plan.recompute))}: {_mib(a['kept_bytes_with_recompute'])}"
                       if plan.recompute else "")
         act = mem.add(f"activations kept for the backward, per micro-batch: {_mib(a['kept_bytes'])}{recomputed}")
-        act.add(", ".join(f"{n} {_mib(v)}" for n, v in a["per_layer"].items()))
+        act.add(", ".join(f"{_shown(n)} {_mib(v)}" for n, v in a["per_layer"].items()))
     ranks = root.add("ranks")
     for r in plan.ranks:
         coords = " ".join(f"{k} {v}" for k, v in r.coords.items())
@@ -142,5 +150,5 @@ def plan_tree(plan: LaunchPlan) -> Tree:
     if plan.ds_ops:
         root.add(f"DeepSpeed ops: {', '.join(plan.ds_ops)}")
     for note in plan.notes:
-        root.add(f"[dim]note: {note}[/dim]")
+        root.add(f"[dim]note: {_shown(note)}[/dim]")
     return root

@@ -84,10 +84,37 @@ def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple
             hint = f" Did you mean {key}.{close[0]}?" if close else ""
             problems.append(f"{key}.{k}={spec[k]!r} ({where}): {target}() has no argument {k}.{hint} "
                             f"Its arguments: {', '.join(params) or 'none'}.")
+        elif _wrong_number(params[k], spec[k]):
+            kind = _annotation_name(params[k])
+            default = params[k].default
+            example = default if not _wrong_number(params[k], default) and default is not None else {
+                "int": 1, "float": 0.1}[kind]
+            problems.append(f"{key}.{k}={spec[k]!r} ({where}): {target}() takes {'an' if kind == 'int' else 'a'} "
+                            f"{kind} for {k}, not a {type(spec[k]).__name__}. Give "
+                            f"{'an integer' if kind == 'int' else 'a number'}, e.g. {key}.{k}={example}.")
     for name, p in params.items():
         if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in given:
             problems.append(f"{key}.{name} ({where}) is required by {target}() and not set. Set {key}.{name}=<value>.")
     return cls, problems
+
+
+def _annotation_name(p: inspect.Parameter) -> str:
+    """'int' or 'float' when the parameter is annotated as exactly that (a class or, under ``from __future__ import
+    annotations``, its name); else ''."""
+    ann = p.annotation
+    name = ann if isinstance(ann, str) else getattr(ann, "__name__", "") if ann in (int, float) else ""
+    return name if name in ("int", "float") else ""
+
+
+def _wrong_number(p: inspect.Parameter, value: Any) -> bool:
+    """A value that is no number for a parameter annotated int or float (``label_smoothing: float`` given 'abc'), which
+    many constructors store unchecked and the first step then fails on; an int annotation also refuses 1.5."""
+    kind = _annotation_name(p)
+    if not kind or value is None:
+        return False
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True
+    return kind == "int" and not isinstance(value, int)
 
 
 def _item_problem(item: Any, keys: tuple[tuple[str, ...], str]) -> str:
@@ -214,7 +241,7 @@ def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[Any, Any],
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)  # e.g. MSELoss broadcasting a target of another size
-            loss_fn(out, label)
+            value = loss_fn(out, label)
     except Exception as e:  # noqa: BLE001
         if "meta" in str(e).lower() and "size" not in str(e).lower():
             return [], False, line
@@ -222,7 +249,24 @@ def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[Any, Any],
                 f"{str(out.dtype).removeprefix('torch.')} against the label {tuple(label.shape)} "
                 f"{str(label.dtype).removeprefix('torch.')}: {_first_line(e)}. Make the model's output and the "
                 f"dataset's label the shapes and dtypes the loss expects."], False, line
+    problem = scalar_loss_problem(value, loss_fn, f"loss ({source})")
+    if problem:
+        return [problem], False, line
     return [], out.numel() == label.numel(), line
+
+
+def scalar_loss_problem(value: Any, loss_fn: Any, where: str) -> str:
+    """'' when the loss returned one number (a tensor of one element) for the batch; else the problem: backward()
+    and the logged loss need a scalar, not one value per sample (``reduction: none``)."""
+    if torch.is_tensor(value) and value.numel() == 1:
+        return ""
+    got = f"a tensor of shape {tuple(value.shape)}" if torch.is_tensor(value) else f"a {type(value).__name__}"
+    reduction = getattr(loss_fn, "reduction", None)
+    fix = (f"Set loss.reduction=mean (it is {reduction}: one value per sample)" if isinstance(reduction, str)
+           and reduction not in ("mean", "sum") else "Make the loss return one number for the batch (e.g. its "
+           "values' .mean()), or set its reduction to mean")
+    return (f"{where}: {type(loss_fn).__name__} returns {got} on a batch of 2 dataset items; the loss must return a "
+            f"scalar (one number, which backward() and the logged loss take). {fix}.")
 
 
 def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelFacts, dict | None]:

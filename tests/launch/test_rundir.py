@@ -2,7 +2,10 @@
 
 import json
 
-from launcher.rundir import MetricsWriter, RunDir
+import pytest
+
+from launcher.errors import ConfigError
+from launcher.rundir import MetricsWriter, RunDir, create_run_dir, create_sweep_dir, point_latest
 
 
 def _checkpoint(run: RunDir, step: int, complete: bool) -> None:
@@ -35,3 +38,35 @@ def test_the_heartbeat_carries_step_time_and_memory_and_survives_rewrites(tmp_pa
     beat = run.rank(0).read_heartbeat()
     assert beat["step"] == 7 and run.rank(0).last_step() == 7
     assert beat["rss"] > 2**20 and beat["host_available"] > 0 and beat["time"] > 1e9
+
+
+@pytest.mark.parametrize("make", [lambda p: p.mkdir(), lambda p: p.write_text("notes")])
+def test_a_latest_of_the_users_is_never_replaced_and_nothing_is_made(tmp_path, make):
+    make(tmp_path / "latest")
+    for create in (lambda: create_run_dir(tmp_path, "", "run"), lambda: create_sweep_dir(tmp_path)):
+        with pytest.raises(ConfigError, match=rf"output.log_dir={tmp_path}: {tmp_path}/latest is a (folder|file), "
+                                              rf"not the link .* Move it away \(mv {tmp_path}/latest"):
+            create()
+        assert [p.name for p in tmp_path.iterdir()] == ["latest"]
+
+
+def test_a_latest_link_even_a_loop_is_replaced(tmp_path):
+    (tmp_path / "latest").symlink_to("latest")
+    run = create_run_dir(tmp_path, "r1", "run")
+    point_latest(tmp_path, run)
+    assert (tmp_path / "latest").resolve() == run.path.resolve()
+
+
+def test_a_log_dir_under_a_file_is_named(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ConfigError, match=rf"output.log_dir={tmp_path}/f/logs: {tmp_path}/f is a file"):
+        create_run_dir(tmp_path / "f" / "logs", "", "run")
+
+
+def test_an_unwritable_log_dir_is_named_before_anything_is_made(tmp_path, monkeypatch):
+    import launcher.rundir
+
+    monkeypatch.setattr(launcher.rundir.os, "access", lambda path, mode: False)  # as a user without write access
+    with pytest.raises(ConfigError, match=rf"output.log_dir={tmp_path}/a/b: {tmp_path} is not writable by this user"):
+        create_run_dir(tmp_path / "a" / "b", "", "run")
+    assert list(tmp_path.iterdir()) == []

@@ -68,10 +68,44 @@ def test_a_dotted_table_path_is_one_key(project, cpu_host):
     (["data._target_=my_ctr.extra.ColumnLabels"],
      r"loss \(conf/recipe/my_ctr.yaml\): BCEWithLogitsLoss rejects the model's output \(2,\) float32 against the "
      r"label \(2, 1\) float32: ValueError: Target size"),
+    (["loss.reduction=none"], r"loss \(conf/recipe/my_ctr.yaml\): BCEWithLogitsLoss returns a tensor of shape \(2,\) "
+                              r"on a batch of 2 dataset items; the loss must return a scalar \(one number, which "
+                              r"backward\(\) and the logged loss take\). Set loss.reduction=mean"),
+    (["model.nan_at=5"], r"model.nan_at=5 \(model in conf/recipe/my_ctr.yaml\): my_ctr.model.Net\(\) has no argument "
+                         r"nan_at. Its arguments: users, items, dim, dense, hidden.$"),  # no did-you-mean _target_
+    (["model.dim=abc"], r"model.dim='abc' \(model in conf/recipe/my_ctr.yaml\): my_ctr.model.Net\(\) takes an int for "
+                        r"dim, not a str. Give an integer, e.g. model.dim=16."),
 ])
 def test_each_mistake_is_named(project, cpu_host, overrides, message):
     with pytest.raises(ConfigError, match=message):
         plan(project, *overrides, host=cpu_host)
+
+
+@pytest.mark.parametrize("overrides", [["loss.reduction=sum"], ["+loss.reduction=sum"],
+                                       ["loss={_target_: torch.nn.BCEWithLogitsLoss, reduction: sum}"]])
+def test_loss_and_model_keys_are_their_constructors_arguments(project, cpu_host, overrides):
+    """Keys the recipe's file does not list are still arguments (README: loss keys are its constructor's)."""
+    p = plan(project, *overrides, "model.hidden=32", host=cpu_host)
+    assert p.loss == {"_target_": "torch.nn.BCEWithLogitsLoss", "reduction": "sum"} and p.model["hidden"] == 32
+
+
+def test_names_from_the_model_are_shown_not_obeyed(project, cpu_host):
+    import io
+
+    from rich.console import Console
+
+    from launcher.report.plan_view import placement_table
+
+    (project / "my_ctr" / "odd.py").write_text(
+        "import torch\nfrom torch import nn\n\nclass Odd(nn.Module):\n    def __init__(self, users: int, items: int):\n"
+        "        super().__init__()\n        self.t = nn.ModuleDict({'\\x1b[31mred\\x07': nn.Embedding(users, 4), "
+        "'[bold]b': nn.Embedding(items, 4)})\n        self.head = nn.Linear(12, 1)\n\n"
+        "    def forward(self, user, item, dense):\n        t = list(self.t.values())\n"
+        "        return self.head(torch.cat([t[0](user), t[1](item), dense], dim=1)).squeeze(-1)\n")
+    p = plan(project, "model._target_=my_ctr.odd.Odd", "~model.dim", host=cpu_host)
+    out = io.StringIO()
+    Console(file=out, width=200, force_terminal=False).print(placement_table(p))
+    assert "\x1b" not in out.getvalue() and "\\x1b[31mred\\x07" in out.getvalue() and "[bold]b" in out.getvalue()
 
 
 def test_every_mistake_at_once(project, cpu_host):
