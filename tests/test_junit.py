@@ -1,8 +1,13 @@
 """junit.xml stays well-formed XML whatever a rank printed, and says which ranks never started."""
 
+import io
+import time
 import xml.etree.ElementTree as ET
 
+from rich.console import Console
+
 from launcher.report.junit import write_junit
+from launcher.report.summary import TAIL_CHARS, failure_report, log_tail
 from launcher.rundir import RunDir
 
 
@@ -32,3 +37,51 @@ def test_ranks_that_never_started_say_so(tmp_path):
     suite = ET.parse(run.junit).getroot()
     assert suite.get("failures") == "3"  # the run and both ranks
     assert "did not start" in suite.find("testcase[@name='rank 0']/failure").get("message")
+
+
+def _failed_rank_1(tmp_path, stderr: bytes) -> RunDir:
+    run = RunDir(tmp_path / "run")
+    run.rank(1).path.mkdir(parents=True)
+    run.rank(1).stderr.write_bytes(stderr)
+    return run
+
+
+def test_a_10_mb_line_gives_a_report_and_a_junit_of_a_few_kb_fast(tmp_path):
+    """A tensor printed whole, or a bar that never wrote a newline: the report reads the file's end only, and cuts
+    each line and the whole tail (it printed 11 MB in 43 s, and junit.xml had 20 MB)."""
+    line = ", ".join(f"{i * 0.5:.4f}" for i in range(1_000_000))  # ~10 MB, no newline
+    run = _failed_rank_1(tmp_path, f"Traceback (most recent call last):\nValueError: boom\n[{line}]".encode())
+    summary = _summary([0, 1], "failed")
+    start = time.perf_counter()
+    out = io.StringIO()
+    Console(file=out, width=120).print(failure_report(run, summary, 1, 20))
+    write_junit(run, summary)
+    assert time.perf_counter() - start < 2.0
+    assert len(out.getvalue().encode()) < 12_000 and run.junit.stat().st_size < 24_000
+    failure = ET.parse(run.junit).getroot().find("testcase[@name='rank 1']/failure").text
+    assert "499999.5000]" in failure and "characters left out" in failure  # its end, and its middle said cut
+
+
+def test_a_progress_bar_shows_its_last_state_and_control_characters_show_escaped(tmp_path):
+    bar = "".join(f"\r{i:3d}%|{'#' * (i // 10):10s}|" for i in range(101))
+    run = _failed_rank_1(tmp_path, f"{bar}\nbell\x07 and nul\x00 \x1b[2Jcleared\nlast\n".encode())
+    lines = log_tail(run.rank(1).stderr, 20)
+    assert lines == ["100%|##########|", "bell\\x07 and nul\\x00 cleared", "last"]
+
+
+def test_many_long_lines_keep_the_newest_within_the_limit(tmp_path):
+    run = _failed_rank_1(tmp_path, "".join(f"line {i} " + "x" * 3000 + "\n" for i in range(100)).encode())
+    lines = log_tail(run.rank(1).stderr, 20)
+    assert sum(len(x) + 1 for x in lines) < TAIL_CHARS + 200
+    assert lines[-1].startswith("line 99 ") and lines[0].startswith("…[") and "earlier line(s) left out" in lines[0]
+
+
+def test_a_rank_named_for_leaving_first_with_exit_code_0_is_a_failure_in_junit(tmp_path):
+    run = _failed_rank_1(tmp_path, b"")
+    summary = _summary([1, 0], "failed")
+    summary["ranks"][1].update(first_failure=True, blame="it exited 0 while other ranks still ran")
+    write_junit(run, summary)
+    suite = ET.parse(run.junit).getroot()
+    failure = suite.find("testcase[@name='rank 1']/failure")
+    assert failure.get("message").startswith("rank 1 left first: it exited 0") and failure.get("type") == "exit 0"
+    assert suite.find("testcase[@name='run run']/failure").text.startswith("rank 1 left first")  # the first, in full

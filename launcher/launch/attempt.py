@@ -6,13 +6,13 @@ last one's rank dirs move to ``attempt.<k>/`` (``archive_attempt``), so no log i
 from __future__ import annotations
 
 import os
-import time
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from rich.console import Console
 
-from launcher.launch.blame import Ending, first_failure
+from launcher.launch.blame import Ending, blame_reason, first_failure
 from launcher.launch.nodes import NodeGroup
 from launcher.launch.supervise import Outcome, RankJob
 from launcher.plan import RunPlan
@@ -30,7 +30,8 @@ class Attempt:
     number: int
     outcome: Outcome
     exits: list[dict]
-    """Per global rank: rank, exit_code, stopped_by_launcher, first_failure, stalled."""
+    """Per global rank: rank, exit_code, stopped_by_launcher, first_failure, stalled (and the first failure's
+    blame: why it was named)."""
     status: str
     """ok, failed, hung or interrupted."""
     first_failed: int | None
@@ -75,9 +76,10 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
             view.tick()
             builds.tick()
 
-        outcome = supervise(job, tick, watchdog, other_failed)
+        outcome = supervise(job, tick, watchdog, other_failed, run_dir=str(run_dir.path.resolve()))
         tee.drain()  # the ranks are reaped: the rest of their output, before the bar's last state
-    blamed = first_failure(_endings(run_dir, outcome))
+    endings = _endings(run_dir, outcome, plan)
+    blamed = first_failure(endings)
     remote = None
     if nodes is not None and (blamed is not None or outcome.stopped_for_another_node):
         local = _failure_record(run_dir, blamed) if blamed is not None else None
@@ -91,6 +93,8 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
     exits = [{"rank": e.rank, "exit_code": e.exit_code, "stopped_by_launcher": e.stopped_by_launcher,
               "first_failure": blamed is not None and e.rank == blamed.rank, "stalled": e.rank in stalled}
              for e in outcome.exits]
+    if blamed is not None:  # why this rank, by which evidence (summary.json, the failure report)
+        next(x for x in exits if x["rank"] == blamed.rank)["blame"] = blame_reason(blamed, endings)
     if outcome.interrupted:
         status = "interrupted"
     elif outcome.stall is not None:
@@ -108,29 +112,34 @@ def _failure_record(run_dir: RunDir, blamed: Ending) -> dict:
 
     rank_dir = run_dir.rank(blamed.rank)
     return {"rank": blamed.rank, "exit_code": blamed.exit_code, "signal": signal_name(blamed.exit_code),
-            "last_step": rank_dir.last_step(), "error": rank_dir.error_message()[:500]}
+            "last_step": blamed.last_step or 0, "error": rank_dir.error_message()[:500]}
 
 
-def _endings(run_dir: RunDir, outcome: Outcome) -> list[Ending]:
-    """The evidence of each rank that ended on its own: exit code, when it ended (its exit record under mpirun or
-    srun, else when the launcher saw it gone), when it wrote its error (error.json's mtime), and what it said; the
-    times moved onto the monotonic clock."""
-    wall_minus_mono = time.time() - time.monotonic()
+def _endings(run_dir: RunDir, outcome: Outcome, plan: RunPlan) -> list[Ending]:
+    """The evidence of each rank that ended on its own: exit code, when the launcher saw it gone, when it ended by its
+    exit record (mpirun or srun) if that was written on this host, when it wrote its error (error.json's mtime, the
+    file system's clock), what it said, its last step and the plan's (a recipe's). Each time stays on its own clock:
+    blame compares like with like."""
+    from launcher.report.summary import MESSAGE_CHARS, cut_middle, log_tail
+
+    host = socket.gethostname()
+    planned = plan.steps if getattr(plan, "kind", "") != "script" and plan.steps > 0 else None
     out = []
     for e in outcome.ended_on_their_own:
         rank_dir = run_dir.rank(e.rank)
         try:
-            error_s = os.stat(rank_dir.error).st_mtime_ns / 1e9 - wall_minus_mono
+            error_s = os.stat(rank_dir.error).st_mtime_ns / 1e9
         except OSError:
             error_s = None
-        record = rank_dir.read_exit()
-        try:
-            tail = rank_dir.stderr.read_text(errors="replace").splitlines()[-STDERR_EVIDENCE_LINES:]
-        except OSError:
-            tail = []
-        out.append(Ending(rank=e.rank, exit_code=e.exit_code,
-                          seen_s=record["time"] - wall_minus_mono if record else e.seen_s, error_s=error_s,
-                          error="\n".join([rank_dir.error_message(), *tail])))
+        record, pid = rank_dir.read_exit(), rank_dir.read_pid()
+        here = record is not None and pid is not None and pid[0] == host  # its exit record's time is this host's clock
+        exit_s = record["time"] if here and isinstance(record.get("time"), (int, float)) else None
+        said = ([cut_middle(rank_dir.error_message(), MESSAGE_CHARS), *log_tail(rank_dir.stderr, STDERR_EVIDENCE_LINES)]
+                if e.exit_code != 0 else [])  # (a clean exit's words are no evidence of a lost peer)
+        step = rank_dir.read_heartbeat().get("step")
+        out.append(Ending(rank=e.rank, exit_code=e.exit_code, seen_s=e.seen_s, error_s=error_s, error="\n".join(said),
+                          exit_s=exit_s, last_step=step if type(step) is int and step >= 0 else None,
+                          planned_steps=planned))
     return out
 
 

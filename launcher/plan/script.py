@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.backends import BACKENDS as LAUNCHES
+from launcher.backends import backend as launch_backend
 from launcher.errors import ConfigError
 from launcher.loggers import logger_specs
 from launcher.parallel.intents import PartPlan
@@ -121,12 +124,42 @@ def check_script_ops(cfg: DictConfig, device_type: str = "") -> list[str]:
     return problems
 
 
+def _quoted_literal(arg: str) -> str:
+    """``arg`` as one quoted value of a Hydra override that OmegaConf reads back as ``arg`` itself: ``${`` escaped
+    for OmegaConf (with the backslashes before it doubled: ``\\${`` would be a backslash then an interpolation),
+    then quoted for Hydra (a quote escaped, the backslashes before a quote or the closing one doubled)."""
+    literal = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", arg)
+    quoted = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", literal)
+    return "'" + re.sub(r"(\\+)\Z", lambda m: m.group(1) * 2, quoted) + "'"
+
+
+def script_args_override(args: list[str]) -> str:
+    """The ``script_args=[...]`` override that carries a command line's words after ``--`` to the script byte for
+    byte (``--name=${x}``, quotes, backslashes: never interpolated nor unquoted), checked by reading it back as
+    Hydra's parser and OmegaConf's resolution do; ConfigError if an argument does not come back as it was."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    override = f"script_args=[{','.join(_quoted_literal(a) for a in args)}]"
+    try:  # (never failed: the quoting above is what the two grammars ask; a check, so that no word is ever changed)
+        value = OverridesParser.create().parse_override(override).value()
+        back = OmegaConf.to_container(OmegaConf.create({"args": value}), resolve=True)["args"]
+    except (HydraException, OmegaConfBaseException):
+        back = None
+    changed = [a for i, a in enumerate(args) if back is None or i >= len(back) or back[i] != a]
+    if back is None or changed or len(back) != len(args):
+        raise ConfigError(f"the script argument {changed[0] if changed else args!r} after -- cannot be passed "
+                          f"through the config as it is. Put it in a file the script reads, or pass it another way.")
+    return override
+
+
 def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
     c = cfg.cluster
     loggers, logger_problems = logger_specs(cfg.logger)
     problems = (check_cluster(c, host) + check_output(cfg.output) + check_launcher(cfg.launcher, c.launch)
                 + logger_problems)
-    if c.launch == "elastic" or c.nnodes != 1:
+    if (c.launch in LAUNCHES and not launch_backend(c.launch).scripts) or c.nnodes > 1:
         problems.append(f"cluster.launch={c.launch} cluster.nnodes={c.nnodes} with script=: scripts run on one host "
                         f"for now (recipes run on several), started locally, by mpirun or by srun. Set "
                         f"cluster.launch=local (or mpi / slurm) and cluster.nnodes=1, or run your model as a recipe.")

@@ -48,7 +48,7 @@ def junit_xml(run_dir: RunDir, summary: dict, tail_lines: int = 20) -> ET.Elemen
     for r in ranks:
         case = ET.SubElement(suite, "testcase", classname=f"{classname}.ranks", name=f"rank {r['rank']}",
                              time=f"{summary.get('wall_s') or 0:.3f}")
-        if r["exit_code"] == 0:
+        if r["exit_code"] == 0 and not r.get("first_failure"):  # one that exited 0 while the others ran is named
             continue
         if r["exit_code"] is None:  # never started: the launcher failed first (e.g. building DeepSpeed's ops)
             failures += 1
@@ -67,11 +67,18 @@ def junit_xml(run_dir: RunDir, summary: dict, tail_lines: int = 20) -> ET.Elemen
         text = _xml_text("\n".join(x for x in (headline, f"error: {message}" if message else "", tail) if x))
         ET.SubElement(case, "failure", message=_xml_text(headline),
                       type=r["signal"] or f"exit {r['exit_code']}").text = text
-        reports.append(text)
+        if r.get("first_failure"):
+            reports.insert(0, text)
+        else:
+            reports.append(text)
     if summary["status"] != "ok":
         failures += 1
         headline = f"run {summary['status']}" + (f": {reports[0].splitlines()[0]}" if reports else "")
-        ET.SubElement(run_case, "failure", message=headline, type=summary["status"]).text = "\n\n".join(reports) or headline
+        # the first failure's report in full, the others' headlines (each rank's case has its own): bounded however
+        # many ranks failed
+        others = "\n".join(x.splitlines()[0] for x in reports[1:])
+        text = "\n\n".join(x for x in (reports[0] if reports else "", others) if x)
+        ET.SubElement(run_case, "failure", message=headline, type=summary["status"]).text = text or headline
     suite.set("tests", str(len(ranks) + 1))
     suite.set("failures", str(failures))
     suite.set("errors", "0")

@@ -201,8 +201,9 @@ def merged_summary(nodes: list[NodeDir], run_id: str) -> dict[str, Any]:
         run_id=run_id,
         status=max((n.summary["status"] for n in nodes), key=_rank),
         ranks=ranks,
-        completed_steps=min((r["last_step"] for r in ranks), default=0),
-        wall_s=max(float(n.summary.get("wall_s") or 0.0) for n in nodes),
+        completed_steps=min((r["last_step"] for r in ranks if type(r.get("last_step")) is int), default=0),
+        wall_s=max((n.summary["wall_s"] for n in nodes if isinstance(n.summary.get("wall_s"), (int, float))),
+                   default=0.0),
     )
     nodes_list = next((n.summary["nodes"] for n in nodes if n.summary.get("nodes")), None)
     if nodes_list is not None:

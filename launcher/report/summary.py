@@ -2,14 +2,71 @@
 
 from __future__ import annotations
 
+import os
+import re
 import signal
+from pathlib import Path
 
 from rich.console import Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from launcher.rundir import RunDir
+from launcher.errors import printable
+from launcher.rundir import RankDir, RunDir
+
+TAIL_READ_BYTES = 64 * 1024
+"""How much of the end of a rank's stderr (or backend.log) a report reads: never the whole file."""
+LINE_CHARS = 2000
+"""A tail line longer than this keeps its first and last LINE_CHARS // 2 characters (a progress bar that never wrote a
+newline, a tensor printed whole)."""
+TAIL_CHARS = 8000
+"""The tail's lines together; the oldest are left out beyond this."""
+MESSAGE_CHARS = 4000
+"""A rank's error message (error.json) as a report shows it, cut in the middle beyond this."""
+
+
+def cut_middle(text: str, limit: int) -> str:
+    """``text`` with its middle left out (and said so) when it is longer than ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit // 2]} …[{len(text) - limit} characters left out]… {text[-(limit // 2):]}"
+
+
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+"""A terminal's colour, cursor and title sequences (CSI and OSC): formatting, no text."""
+
+
+def log_tail(path: Path, lines: int) -> list[str]:
+    """The last ``lines`` lines of a log as a report shows them, read from its last TAIL_READ_BYTES only: a line
+    rewritten with carriage returns (a tqdm bar) as its last state, without terminal colour and cursor codes, other
+    control characters escaped (errors.printable), each line cut to LINE_CHARS and all of them to TAIL_CHARS (the
+    oldest left out first). [] when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            start = max(0, f.seek(0, os.SEEK_END) - TAIL_READ_BYTES)
+            f.seek(start)
+            data = f.read(TAIL_READ_BYTES)
+    except OSError:
+        return []
+    text = data.decode("utf-8", errors="replace").split("\n")
+    if text[-1] == "":
+        text.pop()  # the file ends with a newline
+    out = [printable(_TERMINAL_CODES.sub("", next((seg for seg in reversed(line.split("\r")) if seg), "")))
+           for line in text[max(0, len(text) - lines):]]
+    if start > 0 and out and len(text) <= lines:
+        out[0] = f"…{out[0]}"  # the end of a line that began before what was read
+    out = [cut_middle(line, LINE_CHARS) for line in out]
+    kept, size = [], 0
+    for line in reversed(out):
+        size += len(line) + 1
+        if size > TAIL_CHARS and kept:
+            kept.append(f"…[{len(out) - len(kept)} earlier line(s) left out: the tail is cut to {TAIL_CHARS} "
+                        f"characters]")
+            break
+        kept.append(line)
+    return kept[::-1]
 
 
 def _parts(plan: dict) -> list[dict]:
@@ -36,10 +93,12 @@ def signal_name(exit_code: int | None) -> str | None:
 def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: str, wall_s: float) -> dict:
     """rank_exits: [{rank, exit_code, stopped_by_launcher, first_failure, stalled}] for every rank (exit_code None
     if unknown)."""
-    ranks = []
+    ranks, skipped = [], []
     for e in rank_exits:
         rank_dir = run_dir.rank(e["rank"])
-        steps = [m for m in rank_dir.read_metrics() if "event" not in m]
+        steps, _, odd = _records(rank_dir)
+        if odd:
+            skipped.append(f"rank {e['rank']}: {odd}")
         beat = rank_dir.read_heartbeat()
         ranks.append(
             {
@@ -49,22 +108,22 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
                 "stopped_by_launcher": e.get("stopped_by_launcher", False),
                 "first_failure": e.get("first_failure", False),
                 "stalled": e.get("stalled", False),
-                "last_step": int(beat.get("step", 0)),
+                "last_step": _beat_step(beat, steps),
                 "logged": bool(steps),
-                "rss_bytes": beat.get("rss"),
-                "host_available_bytes": beat.get("host_available"),
+                "rss_bytes": _number(beat.get("rss")),
+                "host_available_bytes": _number(beat.get("host_available")),
                 "final_loss": steps[-1].get("loss") if steps else None,
                 "samples_per_s": steps[-1].get("samples_per_s") if steps else None,
             }
         )
-    rank0 = run_dir.rank(min((e["rank"] for e in rank_exits), default=0)).read_metrics()  # this node's first rank
-    steps0 = [m for m in rank0 if "event" not in m]
-    evals = [m for m in rank0 if m.get("event") == "eval"]
+        if e.get("blame"):
+            ranks[-1]["blame"] = e["blame"]
+    steps0, evals, _ = _records(run_dir.rank(min((e["rank"] for e in rank_exits), default=0)))  # this node's first
     final_loss = steps0[-1].get("loss") if steps0 else None
     reference = dict(plan.get("reference") or {})
     floor, uniform = reference.get("entropy_floor"), reference.get("uniform_loss")
     # Measured on the held-out evaluation when there is one (the last training loss is one noisy batch).
-    measured = evals[-1]["loss"] if evals else final_loss
+    measured = evals[-1].get("loss") if evals else final_loss
     if measured is not None and floor is not None and uniform is not None and uniform > floor:
         reference["gap_closed"] = round((uniform - measured) / (uniform - floor), 4)
     parts = _built_parts(run_dir, plan, rank_exits)
@@ -88,7 +147,56 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
     }
     if plan.get("kind") == "script" and not any(r["logged"] for r in ranks):
         summary["note"] = NOT_LOGGED
+    if skipped:
+        summary["skipped_metrics"] = skipped
     return summary
+
+
+def _number(v: object) -> int | float | None:
+    """v if it is a number (int or float), else None."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def odd_record(m: object) -> str:
+    """Why a metrics.jsonl record is not one a reader may take as it is ('' when it is): a JSON object whose step is
+    an int >= 0 and whose values are numbers (or null: a NaN), but for an event's name."""
+    if not isinstance(m, dict):
+        return f"it is not a JSON object: {printable(cut_middle(repr(m), 80))}"
+    step = m.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return f"its step {printable(cut_middle(repr(step), 80))} is not an int >= 0"
+    for k, v in m.items():
+        if k == "event" and isinstance(v, str):
+            continue
+        if v is not None and not isinstance(v, (int, float)):
+            return f"its {printable(cut_middle(repr(k), 80))} is not a number: {printable(cut_middle(repr(v), 80))}"
+    return ""
+
+
+def _records(rank_dir: RankDir) -> tuple[list[dict], list[dict], str]:
+    """(the step records, the eval records, a note of the records skipped) of a rank's metrics.jsonl: a record that
+    is not what runtime.log or a recipe's loop writes (odd_record) is skipped, and the note says how many and why the
+    first was ('' when none was)."""
+    steps, evals, odd = [], [], []
+    for i, m in enumerate(rank_dir.read_metrics()):
+        why = odd_record(m)
+        if why:
+            odd.append((i, why))
+        elif "event" not in m:
+            steps.append(m)
+        elif m["event"] == "eval":
+            evals.append(m)
+    note = (f"{len(odd)} record(s) of {rank_dir.metrics} skipped; the first, record {odd[0][0] + 1}, because "
+            f"{odd[0][1]}" if odd else "")
+    return steps, evals, note
+
+
+def _beat_step(beat: dict, steps: list[dict]) -> int:
+    """The last step of a rank's heartbeat (rank.N/last_step), else of its last step record, else 0."""
+    step = beat.get("step")
+    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+        return step
+    return steps[-1]["step"] if steps else 0
 
 
 def _built_parts(run_dir: RunDir, plan: dict, rank_exits: list[dict]) -> list[str]:
@@ -122,7 +230,8 @@ def summary_table(summary: dict) -> Table:
     lines = [f"{what}: " + ", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
              for what, d in (("metrics", summary.get("final_metrics")), ("eval", summary.get("eval")),
                              ("reference", summary.get("reference"))) if d]
-    t.caption = "\n".join(lines + ([f"note: {summary['note']}"] if summary.get("note") else [])) or None
+    notes = ([summary["note"]] if summary.get("note") else []) + summary.get("skipped_metrics", [])
+    t.caption = "\n".join(lines + [f"note: {escape(n)}" for n in notes]) or None  # escape: a note quotes records
     return t
 
 
@@ -147,10 +256,15 @@ def rank_failure(run_dir: RunDir, summary: dict, r: dict, tail_lines: int) -> tu
     if r.get("stalled"):
         how = "a hang: it made no progress and the launcher's watchdog stopped it"
     rank_dir = run_dir.rank(r["rank"])
-    lines = rank_dir.stderr.read_text(errors="replace").splitlines() if rank_dir.stderr.exists() else []
     tail = (f"---- Begin global rank {r['rank']} STDERR (last {tail_lines} lines of {rank_dir.stderr}) ----\n"
-            + "\n".join(lines[-tail_lines:]) + f"\n---- End global rank {r['rank']} STDERR ----")
-    return f"rank {r['rank']} failed with {how}{where}.", rank_dir.error_message(), tail
+            + "\n".join(log_tail(rank_dir.stderr, tail_lines))
+            + f"\n---- End global rank {r['rank']} STDERR ----")
+    message = printable(cut_middle(rank_dir.error_message(), MESSAGE_CHARS))
+    if r["exit_code"] == 0:  # named all the same (blame): it left while the others still needed it
+        if not where and r.get("logged"):
+            where = f" after step {r['last_step']}"
+        return f"rank {r['rank']} left first: it exited 0{where} while other ranks still ran.", message, tail
+    return f"rank {r['rank']} failed with {how}{where}.", message, tail
 
 
 def _gib(n: int | None) -> str:
@@ -168,7 +282,10 @@ def failure_report(run_dir: RunDir, summary: dict, failed_rank: int | None, tail
         if message:
             body.append(f"error: {message}\n", style="bold red")
         body.append(tail)
-        parts.append(Panel(body, title=f"rank {r['rank']} failed", border_style="red"))
+        if r.get("blame"):
+            body.append(f"\nwhy this rank: {r['blame']}")
+        parts.append(Panel(body, title=f"rank {r['rank']} {'left first' if r['exit_code'] == 0 else 'failed'}",
+                           border_style="red"))
     after = [f"{r['rank']} ({r['signal'] or 'exit code ' + str(r['exit_code'])})" for r in summary["ranks"]
              if r["rank"] != failed_rank and not r["stopped_by_launcher"] and r["exit_code"] not in (0, None)]
     if after:
@@ -197,10 +314,7 @@ def remote_failure_report(summary: dict, failure: dict) -> Panel:
 def backend_report(run_dir: RunDir, unrecorded: list[int], scheduler: str, tail_lines: int) -> Panel:
     """mpirun or srun ended while ranks had not recorded their end (never started, or their first process was
     killed): its own output, which says why."""
-    try:
-        lines = run_dir.backend_log.read_text(errors="replace").splitlines()[-tail_lines:]
-    except OSError:
-        lines = ["(no backend.log)"]
+    lines = log_tail(run_dir.backend_log, tail_lines) if run_dir.backend_log.exists() else ["(no backend.log)"]
     body = Text(f"{scheduler} ended before rank(s) {', '.join(map(str, unrecorded))} recorded how they ended (never "
                 f"started, or their first process was killed). Its output, the last {tail_lines} lines of "
                 f"{run_dir.backend_log}:\n", style="bold red")
@@ -219,11 +333,12 @@ def hang_report(run_dir: RunDir, summary: dict, stall) -> Group:
                 f"{summary['steps']}: no progress for {stall.idle_s:.1f} s (launcher.watchdog_s: the limit was "
                 f"{stall.limit_s:.1f} s); named by {stall.why}.\n")
     for rank, state in stall.states.items():
-        body.append(f"rank {rank}: last step {stall.steps.get(rank, 0)}, process {state}\n")
+        saving = f", writing a checkpoint for {stall.saving[rank]:.1f} s" if rank in stall.saving else ""
+        body.append(f"rank {rank}: last step {stall.steps.get(rank, 0)}, process {state}{saving}\n")
     parts = [Panel(body, title=f"rank {named} hung", border_style="red")]
     for rank, stacks in stall.stacks.items():
         lines = stacks.strip().splitlines()
-        text = ("\n".join(lines[-STACK_LINES:]) if lines
+        text = ("\n".join(printable(cut_middle(line, LINE_CHARS)) for line in lines[-STACK_LINES:]) if lines
                 else "(no stacks: the rank did not answer; stopped, or blocked outside Python)")
         parts.append(Panel(Text(text), title=f"rank {rank} Python stacks (all in {run_dir.rank(rank).stderr})",
                            border_style="yellow"))

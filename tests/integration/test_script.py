@@ -1,5 +1,6 @@
 """A script written for torchrun runs unchanged under hetero-launch, with the same logs and failure handling."""
 
+import ast
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from tests.conftest import read_summary, run_cli
 pytestmark = pytest.mark.integration
 SCRIPT = Path(__file__).resolve().parents[1] / "data" / "allreduce_script.py"
 LOG_SCRIPT = Path(__file__).resolve().parents[1] / "data" / "log_script.py"
+LEAVE_SCRIPT = Path(__file__).resolve().parents[1] / "data" / "leave_early_script.py"
 
 
 def test_torchrun_script_runs_unchanged(tmp_path):
@@ -68,3 +70,27 @@ def test_unknown_output_console_is_refused(tmp_path):
     assert res.returncode == 2 and "output.console=rank1 is not one of rank0, all, none. Did you mean " \
         "output.console=rank0?" in res.stderr, res.stderr
     assert not (tmp_path / "log_output").exists()
+
+
+def test_a_rank_that_exits_0_while_its_peer_goes_on_is_named_first(tmp_path):
+    """Rank 1 leaves after the first all-reduce with exit code 0; rank 0 then loses it in the next one. The rank to
+    name is the one that left, not the one gloo told 'Connection closed by peer'."""
+    res = run_cli([f"script={LEAVE_SCRIPT}", "cluster.nproc_per_node=2"], tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    s = read_summary(tmp_path)
+    ranks = {r["rank"]: r for r in s["ranks"]}
+    assert s["first_failed_rank"] == 1 and ranks[1]["exit_code"] == 0 and ranks[0]["exit_code"] == 1
+    assert ranks[1]["blame"].startswith("it exited 0 while other ranks still ran, and no rank failed of its own; "
+                                        "rank 0 then failed having lost a peer"), ranks[1]
+    out = " ".join(res.stdout.split())
+    assert "rank 1 left first: it exited 0 while other ranks still ran." in out
+    assert "failed after rank 1, having lost it as a peer: rank 0 (exit code 1)" in out
+
+
+def test_script_arguments_after_the_double_dash_reach_the_script_byte_for_byte(tmp_path):
+    args = ["--name=${x}", "${oc.env:HOME}", "\\${x}", "${x}\\", "--q=a'b", '--dq="x"', "--lit=\\\\n", "a b", "",
+            "--", "k=v", "a,b", "[1, 2]", "null", "\\", "'", "ünï€ 🏖", "tab\there", "new\nline"]
+    res = run_cli([f"script={SCRIPT}", "cluster.nproc_per_node=1", "--", *args], tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = ((tmp_path / "log_output" / "latest").resolve() / "rank.0" / "stdout").read_text()
+    assert ast.literal_eval(out.split(" args=", 1)[1]) == args  # the script's sys.argv[1:]
