@@ -20,9 +20,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
-import operator
 import os
-import reprlib
 import socket
 import warnings
 from typing import Any
@@ -31,10 +29,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.log_args import checked_log_args
 from launcher.loggers.sink import open_metrics
 from launcher.plan.placement import follow_notes, plan_table_optimizers, plan_tables, takes_tables_out
+from launcher.metrics_writer import MetricsWriter
 from launcher.plan.script import RuntimePlan
-from launcher.rundir import RUN_DIR_ENV, MetricsWriter, RankDir, RunDir, register_stack_dump
+from launcher.rundir import RUN_DIR_ENV, RankDir, RunDir, register_stack_dump
 from launcher.schema import TableConfig
 
 __all__ = ["backward", "device", "load_state_dict", "log", "move", "prepare", "rank", "state_dict", "step", "world_size"]
@@ -356,7 +356,7 @@ def log(step: int, loss: float | torch.Tensor | None = None, **values: float) ->
     """Record a step (call it on every rank: the loss is averaged over them), with or without ``prepare()``. Under
     hetero-launch it feeds the progress view, rank.N/metrics.jsonl (the channel a recipe's steps take) and
     summary.json (last step, final loss, the other values); under torchrun rank 0 prints it."""
-    step, loss, values = _checked_log_args(step, loss, values)  # a bad argument fails here, in the rank
+    step, loss, values = checked_log_args(step, loss, values)  # a bad argument fails here, in the rank
     record: dict[str, Any] = {"step": step}
     if loss is not None:
         t = loss.detach().float().clone() if torch.is_tensor(loss) else torch.tensor(loss)
@@ -378,46 +378,6 @@ def log(step: int, loss: float | torch.Tensor | None = None, **values: float) ->
         _S.metrics.write(**record)
     elif rank() == 0:
         print(json.dumps(record), flush=True)
-
-
-RESERVED = ("event", "time", "wall_s", "local_loss")
-"""Keys of a metrics.jsonl record the launcher writes itself, so no value logged with runtime.log takes them."""
-
-
-def _checked_log_args(step: Any, loss: Any, values: dict[str, Any]) -> tuple[int, Any, dict[str, Any]]:
-    """(step as an int, loss and each value as a float or a one-element tensor) of a runtime.log call; TypeError or
-    ValueError naming the argument otherwise, raised in the rank (before the loss is all-reduced)."""
-    try:
-        index = None if isinstance(step, bool) else operator.index(step)  # an int, a numpy int, an int tensor's one
-    except TypeError:
-        index = None
-    if index is None:
-        raise TypeError(f"runtime.log(step={reprlib.repr(step)}): step must be an int >= 0 (the number of the step "
-                        f"just finished), not {type(step).__name__}")
-    step = index
-    if step < 0:
-        raise ValueError(f"runtime.log(step={step}): step must be an int >= 0 (the number of the step just finished)")
-    taken = [k for k in values if k in RESERVED]
-    if taken:
-        raise ValueError(f"runtime.log({taken[0]}=...): {taken[0]} is a name the launcher writes in metrics.jsonl "
-                         f"itself ({', '.join(RESERVED)}); log it under another name, e.g. my_{taken[0]}=...")
-    return step, None if loss is None else _number("loss", loss), {k: _number(k, v) for k, v in values.items()}
-
-
-def _number(name: str, value: Any) -> float | torch.Tensor:
-    """A value of runtime.log: a real number (int, float, a numpy scalar) as a float, or a tensor of one element."""
-    if torch.is_tensor(value):
-        if value.numel() != 1 or value.is_complex():
-            raise ValueError(f"runtime.log({name}=<tensor of shape {tuple(value.shape)}, {value.dtype}>): {name} "
-                             f"must be one real number; log e.g. {name}=t.mean() or {name}=t[0]")
-        return value
-    if not isinstance(value, (str, bytes, complex)) and hasattr(value, "__float__"):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            pass
-    raise TypeError(f"runtime.log({name}={reprlib.repr(value)}): {name} must be a number (int, float or a "
-                    f"one-element tensor), not {type(value).__name__}")
 
 
 def _reduce_device() -> torch.device:

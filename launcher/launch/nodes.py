@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from launcher.errors import ConfigError
 from launcher.plan import HostFacts, RunPlan
-from launcher.rundir import host_available_memory
+from launcher.metrics_writer import host_available_memory
 
 _PREFIX = "hl/"
 POLL_S = 0.5

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from launcher.loggers import MetricsLogger
-from launcher.rundir import MetricsWriter, RankDir
+from launcher.metrics_writer import MetricsWriter
+from launcher.rundir import RankDir
 
 __all__ = ["LoggedMetricsWriter", "LoggerWarning", "Loggers", "build_loggers", "metrics_of", "open_metrics"]
 

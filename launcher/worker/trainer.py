@@ -27,7 +27,8 @@ from launcher.manifest import file_record, list_files, share_of
 from launcher.parallel.engine import DTYPES, Engine
 from launcher.parallel.rank import local_tensor
 from launcher.plan import LaunchPlan, checkpoint_layout
-from launcher.rundir import CheckpointDir, MetricsWriter, RankDir, RunDir
+from launcher.metrics_writer import MetricsWriter
+from launcher.rundir import CheckpointDir, RankDir, RunDir
 from launcher.tables import TableStore
 from launcher.tables.transfer import host_to_device
 from launcher.usercode.items import call, map_inputs

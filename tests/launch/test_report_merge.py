@@ -17,7 +17,8 @@ from launcher.cli import main
 from launcher.report.junit import write_junit
 from launcher.report.merge import merged_summary, plan_digest, read_node_dirs, write_merged_run
 from launcher.report.summary import build_summary
-from launcher.rundir import MetricsWriter, RunDir
+from launcher.metrics_writer import MetricsWriter
+from launcher.rundir import RunDir
 from tests.conftest import plan_of, run_cli
 
 HOSTS = [{"node": 0, "addr": "10.0.0.1", "hostname": "alpha", "accelerators": 0},

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.rundir import MetricsWriter, RunDir, create_run_dir, create_sweep_dir, point_latest
+from launcher.metrics_writer import MetricsWriter
+from launcher.rundir import RunDir, create_run_dir, create_sweep_dir, point_latest
 
 
 def _checkpoint(run: RunDir, step: int, complete: bool) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from launcher.launch import watchdog
 from launcher.launch.watchdog import Watchdog
-from launcher.rundir import MetricsWriter, RunDir
+from launcher.metrics_writer import MetricsWriter
+from launcher.rundir import RunDir
 
 RANK = ("import faulthandler, signal, sys, time; "
         "faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True); time.sleep(60)")

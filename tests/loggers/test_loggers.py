@@ -10,7 +10,8 @@ import pytest
 from launcher.loggers import check_loggers, logger_specs
 from launcher.loggers.sink import LoggedMetricsWriter, LoggerWarning, Loggers, metrics_of, open_metrics
 from launcher.plan import LaunchPlan
-from launcher.rundir import MetricsWriter, RankDir
+from launcher.metrics_writer import MetricsWriter
+from launcher.rundir import RankDir
 from tests.conftest import plan_of
 from tests.loggers.file_logger import BrokenLogger, FileLogger
 

@@ -12,7 +12,8 @@ import torch.distributed as dist
 from launcher.launch.watchdog import Watchdog
 from launcher.manifest import list_files, manifest_problems
 from launcher.plan import TablePlan
-from launcher.rundir import CheckpointDir, MetricsWriter, RunDir
+from launcher.metrics_writer import MetricsWriter
+from launcher.rundir import CheckpointDir, RunDir
 from launcher.worker.mesh import build_mesh
 from launcher.tables import ReplicatedTables
 from launcher.worker.train import build_trainer
