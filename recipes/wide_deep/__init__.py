@@ -97,13 +97,14 @@ class WideDeepRecipe:
         try:
             p = prepare(data.path, data.label, str(data.positive), str(data.negative), list(data.categorical),
                         list(data.continuous), list(data.drop), data.test_fraction, data.max_vocab,
-                        [list(c) for c in data.crosses], data.seed)
+                        [list(c) for c in data.crosses], data.seed, tensors=False)  # the facts only
         except TabularError as e:
             raise ConfigError(e.problems) from None
-        rows = len(p.train[2])
-        line = (f"data: {data.path}: {rows:,} train + {len(p.test[2]):,} test rows, {float(p.train[2].mean()):.1%} "
+        rows = p.train_rows
+        line = (f"data: {data.path}: {rows:,} train + {p.test_rows:,} test rows, {p.train_positive:.1%} "
                 f"positive; continuous {p.continuous or '-'}; categorical "
-                f"{dict(zip(p.categorical, p.field_sizes)) or '-'} (rows incl. the out-of-vocabulary row)")
+                f"{dict(zip(p.categorical, p.field_sizes)) or '-'} (rows incl. the out-of-vocabulary row)"
+                f"{'; ' + p.note if p.note else ''}")
         sizes = {"num_dense": len(p.continuous), "num_sparse": len(p.categorical), "field_sizes": p.field_sizes}
         return DataFacts(train_samples=rows, model_sizes=sizes, lines=(line,))
 

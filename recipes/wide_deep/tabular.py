@@ -6,21 +6,26 @@ columns are standardised with train statistics (missing -> the train mean); cate
 train split, index 0 is the out-of-vocabulary bucket, and a column with more than ``max_vocab`` distinct values is
 hashed into ``max_vocab`` buckets. ``crosses`` add categorical fields made of value pairs (a|b).
 
-Every rank reads and prepares the file itself, identically (same seed), then reads only its shard of each epoch.
+The file is read column by column (recipes/wide_deep/_tabular_read.py: pyarrow when installed, else Python's csv
+module a chunk of rows at a time); every column is dictionary-encoded, so typing, vocabularies and hashing work on
+each column's distinct values, never on a Python string per cell. The launcher asks only for the facts (columns,
+row counts, vocabulary sizes: ``prepare(..., tensors=False)``); every rank prepares the tensors itself, identically
+(same seed), keeps the train split (float32 continuous, int32 ids, float32 labels; each epoch reshuffles all of it
+over the ranks) and the test split, and reads only its shard of each epoch.
 """
 
 from __future__ import annotations
 
-import csv
-import gzip
 import hashlib
-import io
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from launcher.recipes.wide_deep._tabular_read import INSTALL, Coded, ReadError, compact, header, read_table
 
 
 class TabularError(ValueError):
@@ -29,33 +34,6 @@ class TabularError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__("; ".join(problems))
-
-
-def _read(path: Path) -> tuple[list[str], list[list[str]]]:
-    name = path.name.lower()
-    if name.endswith(".parquet") or name.endswith(".pq"):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise TabularError([f"data.path={path}: reading Parquet needs pyarrow. Install it: pip install pyarrow"]) from None
-        table = pq.read_table(path)
-        header = table.column_names
-        cols = [["" if v is None else str(v) for v in table.column(c).to_pylist()] for c in header]
-        return header, [list(r) for r in zip(*cols)]
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    text = raw.decode("utf-8-sig", errors="replace")
-    sample = text[:65536]
-    try:
-        dialect = csv.Sniffer().sniff(sample, delimiters=",;\t|")
-    except csv.Error:
-        dialect = csv.excel
-    reader = csv.reader(io.StringIO(text), dialect)
-    rows = [r for r in reader if r and any(c.strip() for c in r)]
-    if not rows:
-        return [], []
-    return [h.strip() for h in rows[0]], [[c.strip() for c in r] for r in rows[1:]]
 
 
 def _is_number(v: str) -> bool:
@@ -70,45 +48,145 @@ def _bucket(value: str, buckets: int) -> int:
     return 1 + int.from_bytes(hashlib.blake2b(value.encode(), digest_size=8).digest(), "little") % (buckets - 1)
 
 
+BIG = 32 << 20
+"""A file this big (bytes) read without pyarrow gets a note on installing it."""
+BLOCK = 1 << 16
+"""Distinct values turned into Python strings at a time (number checks, hashing)."""
+
+
+def _blocks(col: Coded) -> Iterator[tuple[int, list[str]]]:
+    for start in range(0, len(col), BLOCK):
+        yield start, col.texts(start, start + BLOCK)
+
+
+def _is_numeric(col) -> bool:
+    """Every non-empty value of the column parses as a number (Python's float())."""
+    if isinstance(col, np.ndarray):
+        return True
+    if not isinstance(col.uniques, list) and _arrow_floats(col.uniques) is not None:
+        return True
+    return all(_is_number(v) for _, texts in _blocks(col) for v in texts if v != "")
+
+
+def _arrow_floats(uniques) -> np.ndarray | None:
+    """pyarrow's parse of each value as float64 ("" -> NaN); None when one does not parse (Python's float() is
+    then asked: it also takes e.g. "1_000")."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        for part in (uniques.slice(0, 1024), uniques):  # most text columns fail on their first values
+            parsed = pc.cast(pc.if_else(pc.equal(part, ""), pa.scalar(None, pa.string()), part), pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    return parsed.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+
+
+def _floats(col) -> np.ndarray:
+    """float64 per row; NaN for a missing or non-numeric value."""
+    if isinstance(col, np.ndarray):
+        return col
+    lut = None if isinstance(col.uniques, list) else _arrow_floats(col.uniques)
+    if lut is None:
+        lut = np.full(len(col), np.nan)
+        for start, texts in _blocks(col):
+            for k, v in enumerate(texts):
+                if v != "" and _is_number(v):
+                    lut[start + k] = float(v)
+    return lut[col.codes]
+
+
+def _cross(a: Coded, b: Coded) -> Coded:
+    """The field of value pairs "a|b" (pairs that read the same, e.g. x|y + z and x + y|z, are one value)."""
+    pairs, codes = np.unique(a.codes.astype(np.int64) * len(b) + b.codes, return_inverse=True)
+    ta, tb = a.texts(), b.texts()
+    texts = [f"{ta[p // len(b)]}|{tb[p % len(b)]}" for p in pairs.tolist()]
+    return compact(codes.astype(np.int32).reshape(-1), texts)
+
+
+def _vocabulary(col: Coded, train: np.ndarray, max_vocab: int, lookup: bool) -> tuple[int, np.ndarray | None]:
+    """(rows of the field, id per distinct value or None when not lookup): train values in sorted order from 1
+    (0 = out of vocabulary), or all values hashed into max_vocab buckets when the train split has more."""
+    seen = np.flatnonzero(np.bincount(col.codes[train], minlength=len(col)))
+    if len(seen) + 1 > max_vocab:
+        if not lookup:
+            return max_vocab, None
+        lut = np.empty(len(col), np.int32)
+        for start, texts in _blocks(col):
+            lut[start : start + len(texts)] = [_bucket(v, max_vocab) for v in texts]
+        return max_vocab, lut
+    if not lookup:
+        return len(seen) + 1, None
+    if isinstance(col.uniques, list):
+        order = sorted(seen.tolist(), key=col.uniques.__getitem__)
+    else:  # pyarrow sorts UTF-8 bytewise: the order of code points, as Python's sorted()
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        order = seen[pc.sort_indices(col.uniques.take(pa.array(seen))).to_numpy()]
+    lut = np.zeros(len(col), np.int32)
+    lut[np.asarray(order, dtype=np.int64)] = np.arange(1, len(seen) + 1, dtype=np.int32)
+    return len(seen) + 1, lut
+
+
 @dataclass
 class Prepared:
     continuous: list[str]
     categorical: list[str]
     field_sizes: list[int]
-    train: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-    """(dense float, ids long, labels float)"""
-    test: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    train_rows: int
+    test_rows: int
+    train_positive: float
+    """Share of positive labels in the train split."""
+    reader: str
+    """What read the file ("pyarrow" or "Python's csv module")."""
+    note: str = ""
+    """For the data line: how to read a big file faster, when that is pyarrow and it is missing."""
+    train: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    """(dense float32, ids int32, labels float32); None from prepare(tensors=False)."""
+    test: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def prepare(path: str, label: str, positive: str, negative: str = "", categorical=(), continuous=(), drop=(),
-            test_fraction: float = 0.2, max_vocab: int = 100_000, crosses=(), seed: int = 0) -> Prepared:
+            test_fraction: float = 0.2, max_vocab: int = 100_000, crosses=(), seed: int = 0,
+            tensors: bool = True) -> Prepared:
+    """The file's columns typed, split and encoded; ``tensors=False``: the same facts without the tensors."""
     p = Path(path)
     if not p.is_file():
         raise TabularError([f"data.path={path}: no such file (relative paths start at {Path.cwd()}). "
                             f"Give a CSV, .csv.gz or Parquet file."])
-    header, rows = _read(p)
-    if not header or not rows:
-        raise TabularError([f"data.path={path}: the file has no data rows. Give a file with a header line and rows."])
+    no_rows = f"data.path={path}: the file has no data rows. Give a file with a header line and rows."
+    try:
+        names = header(p)
+    except ReadError as e:
+        raise TabularError([e.problem]) from None
+    if not names:
+        raise TabularError([no_rows])
+    crossed = {c for pair in crosses for c in pair}
+    text = {label, *categorical, *crossed}
+    try:
+        table = read_table(p, text, skip={h for h in drop if h not in text})
+    except ReadError as e:
+        raise TabularError([e.problem]) from None
+    if not table.rows:
+        raise TabularError([no_rows])
     problems = []
-    width = len(header)
-    bad = next((i for i, r in enumerate(rows) if len(r) != width), None)
-    if bad is not None:
-        problems.append(f"data.path={path}: line {bad + 2} has {len(rows[bad])} fields, the header has {width}.")
     named = [("data.label", [label]), ("data.categorical", categorical), ("data.continuous", continuous),
              ("data.drop", drop), ("data.crosses", [c for pair in crosses for c in pair])]
     for key, cols in named:
         for c in cols:
-            if c not in header:
-                problems.append(f"{key}: column {c!r} is not in {path}. Its columns: {', '.join(header)}.")
+            if c not in names:
+                problems.append(f"{key}: column {c!r} is not in {path}. Its columns: {', '.join(names)}.")
     if not 0 < test_fraction < 1:
         problems.append(f"data.test_fraction={test_fraction} must be between 0 and 1 (e.g. 0.2).")
     if max_vocab < 2:
         problems.append(f"data.max_vocab={max_vocab} must be >= 2.")
     if problems:
         raise TabularError(problems)
-    col = {h: i for i, h in enumerate(header)}
-    labels_raw = [r[col[label]] for r in rows]
-    values = sorted(set(labels_raw))
+    cols = table.columns
+
+    labels = cols[label]
+    values = sorted(labels.texts())
     if str(positive) not in values:
         raise TabularError([f"data.positive={positive}: no row of column {label!r} has that value; its values: "
                             f"{', '.join(values[:10])}. Set data.positive to the clicked/positive one."])
@@ -120,48 +198,51 @@ def prepare(path: str, label: str, positive: str, negative: str = "", categorica
     if unknown:
         raise TabularError([f"data.label={label}: values {', '.join(unknown[:10])} are neither data.positive="
                             f"{positive} nor data.negative={negative}. Fix the file or set data.negative."])
-    features = [h for h in header if h != label and h not in drop]
-    cont = [h for h in features if h in continuous or (h not in categorical and
-            all(_is_number(r[col[h]]) for r in rows if r[col[h]] != ""))]
+    features = [h for h in names if h != label and h not in drop]
+    cont = [h for h in features if h in continuous or (h not in categorical and _is_numeric(cols[h]))]
     cats = [h for h in features if h not in cont]
     if not cont and not cats and not crosses:
         raise TabularError([f"data.path={path}: no feature columns left after data.label and data.drop."])
 
-    y = torch.tensor([1.0 if v == str(positive) else 0.0 for v in labels_raw])
-    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))
-    n_test = max(1, int(round(len(rows) * test_fraction)))
-    test_idx, train_idx = order[:n_test].tolist(), order[n_test:].tolist()
-    if not train_idx:
-        raise TabularError([f"data.path={path}: {len(rows)} rows leave nothing to train on with data.test_fraction="
+    n = table.rows
+    y = torch.from_numpy((labels.codes == labels.texts().index(str(positive))).astype(np.float32))
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_test = max(1, int(round(n * test_fraction)))
+    test_idx, train_idx = order[:n_test], order[n_test:]
+    if not len(train_idx):
+        raise TabularError([f"data.path={path}: {n} rows leave nothing to train on with data.test_fraction="
                             f"{test_fraction}."])
+    train_np = train_idx.numpy()
 
-    dense = torch.zeros(len(rows), len(cont))
+    fields = [cols[h] for h in cats] + [_cross(cols[a], cols[b]) for a, b in crosses]
+    names_out = cats + [f"{a}|{b}" for a, b in crosses]
+    prepared = Prepared(cont, names_out, [], len(train_idx), n_test, float(y[train_idx].mean()), table.reader)
+    if table.reader != "pyarrow" and p.stat().st_size > BIG:
+        prepared.note = f"read by {table.reader}; {INSTALL} reads a file this big several times faster"
+    if not tensors:
+        prepared.field_sizes = [_vocabulary(f, train_np, max_vocab, lookup=False)[0] for f in fields]
+        return prepared
+
+    dense = (torch.zeros(len(train_idx), len(cont)), torch.zeros(n_test, len(cont)))
     for j, h in enumerate(cont):
-        raw = [r[col[h]] for r in rows]
-        vals = [float(v) if v != "" and _is_number(v) else float("nan") for v in raw]
-        t = torch.tensor(vals)
+        t = torch.from_numpy(_floats(cols.pop(h)).astype(np.float32))
         train_vals = t[train_idx]
         ok = ~torch.isnan(train_vals)
         mean = train_vals[ok].mean() if ok.any() else torch.tensor(0.0)
         std = train_vals[ok].std() if ok.sum() > 1 else torch.tensor(1.0)
         t = torch.where(torch.isnan(t), mean, t)
-        dense[:, j] = (t - mean) / (std if std > 0 else 1.0)
-
-    cat_columns = [[r[col[h]] for r in rows] for h in cats]
-    cat_columns += [[f"{r[col[a]]}|{r[col[b]]}" for r in rows] for a, b in crosses]
-    sizes, ids = [], torch.zeros(len(rows), len(cat_columns), dtype=torch.long)
-    for j, raw in enumerate(cat_columns):
-        distinct = sorted({raw[i] for i in train_idx})
-        if len(distinct) + 1 <= max_vocab:
-            vocab = {v: k + 1 for k, v in enumerate(distinct)}  # 0 = out of vocabulary
-            ids[:, j] = torch.tensor([vocab.get(v, 0) for v in raw])
-            sizes.append(len(distinct) + 1)
-        else:
-            ids[:, j] = torch.tensor([_bucket(v, max_vocab) for v in raw])
-            sizes.append(max_vocab)
-    pick = lambda idx: (dense[idx], ids[idx], y[idx])  # noqa: E731
-    names = cats + [f"{a}|{b}" for a, b in crosses]
-    return Prepared(cont, names, sizes, pick(train_idx), pick(test_idx))
+        t = (t - mean) / (std if std > 0 else 1.0)
+        dense[0][:, j], dense[1][:, j] = t[train_idx], t[test_idx]
+    ids = (torch.zeros(len(train_idx), len(fields), dtype=torch.int32),
+           torch.zeros(n_test, len(fields), dtype=torch.int32))
+    for j, f in enumerate(fields):
+        size, lut = _vocabulary(f, train_np, max_vocab, lookup=True)
+        prepared.field_sizes.append(size)
+        ids[0][:, j] = torch.from_numpy(lut[f.codes[train_np]])
+        ids[1][:, j] = torch.from_numpy(lut[f.codes[test_idx.numpy()]])
+    prepared.train = (dense[0], ids[0], y[train_idx])
+    prepared.test = (dense[1], ids[1], y[test_idx])
+    return prepared
 
 
 class TabularCTR:
@@ -181,7 +262,7 @@ class TabularCTR:
             order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed + epoch))
             for k in range(skip, per_epoch):
                 idx = order[k * group + dp_rank * micro_size : k * group + (dp_rank + 1) * micro_size]
-                yield (dense[idx], ids[idx]), y[idx]
+                yield (dense[idx], ids[idx].long()), y[idx]
             epoch, skip = epoch + 1, 0
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[tuple]:
@@ -192,4 +273,4 @@ class TabularCTR:
         # The same number of batches on every rank (ZeRO-3 gathers parameters collectively in each forward).
         batches = max(1, math.ceil(math.ceil(len(y) / dp_size) / micro_size))
         for idx in torch.tensor_split(mine, batches):
-            yield (dense[idx], ids[idx]), y[idx]
+            yield (dense[idx], ids[idx].long()), y[idx]
