@@ -30,8 +30,8 @@ from typing import Any
 
 from launcher.errors import ConfigError
 
-__all__ = ["CheckpointDir", "MetricsWriter", "RankDir", "RunDir", "SweepDir", "check_log_dir", "create_run_dir",
-           "create_sweep_dir", "point_latest"]
+__all__ = ["CheckpointDir", "RankDir", "RunDir", "SweepDir", "check_log_dir", "create_run_dir", "create_sweep_dir",
+           "is_step", "point_latest"]
 
 
 RUN_DIR_ENV = "HL_RUN_DIR"
@@ -122,10 +122,14 @@ class RankDir:
             return {}
         return beat if isinstance(beat, dict) else {}
 
+    def recorded_step(self) -> int | None:
+        """The last finished step its heartbeat records; None before the first, or when it is not a step."""
+        step = self.read_heartbeat().get("step")
+        return step if is_step(step) else None
+
     def last_step(self) -> int:
         """The last finished step (0 before the first, or for a heartbeat whose step is not an int >= 0)."""
-        step = self.read_heartbeat().get("step", 0)
-        return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0
+        return self.recorded_step() or 0
 
     def write_exit(self, exit_code: int, when: float) -> None:
         self.exit.write_text(json.dumps({"exit_code": exit_code, "time": when}) + "\n")
@@ -284,16 +288,10 @@ def check_log_dir(log_dir: Path) -> None:
     ConfigError naming the path and a fix."""
     key = f"output.log_dir={log_dir}"
     latest = log_dir / "latest"
-    if latest.is_symlink() or not os.path.lexists(latest):
-        pass
-    elif latest.is_dir():
-        raise ConfigError(f"{key}: {latest} is a folder, not the link to the newest run that the launcher keeps there "
-                          f"(each run replaces it). Move it away (mv {latest} {latest}.old) or set output.log_dir to "
-                          f"another folder.")
-    else:
-        raise ConfigError(f"{key}: {latest} is a file, not the link to the newest run that the launcher keeps there "
-                          f"(each run replaces it). Move it away (mv {latest} {latest}.old) or set output.log_dir to "
-                          f"another folder.")
+    if os.path.lexists(latest) and not latest.is_symlink():
+        raise ConfigError(f"{key}: {latest} is {'a folder' if latest.is_dir() else 'a file'}, not the link to the "
+                          f"newest run that the launcher keeps there (each run replaces it). Move it away (mv {latest} "
+                          f"{latest}.old) or set output.log_dir to another folder.")
     existing = log_dir
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
@@ -335,6 +333,11 @@ class SweepDir:
 def create_sweep_dir(log_dir: Path) -> SweepDir:
     """A new ``sweep-<YYYYmmdd-HHMMSS>[-n]`` dir, never reused; an unwritable log_dir is a ConfigError."""
     return SweepDir(create_run_dir(log_dir, "", SWEEP_PREFIX.rstrip("-")).path)
+
+
+def is_step(value: Any) -> bool:
+    """Whether ``value`` is a step number as the records hold it: an int >= 0 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def finite(obj: Any) -> Any:

@@ -280,15 +280,9 @@ def _prepare_restart(plan: RunPlan, run_dir: RunDir, attempt, restart: int, max_
 def _newest_intact_checkpoint(run_dir: RunDir, console: Console):
     """(checkpoint, step) a restart resumes from: the run's newest complete one whose files are as checkpoint.json
     lists them (a damaged one, e.g. cut short by a full disk, is skipped and said); None when there is none."""
-    import json
+    from launcher.launch.preflight import checkpoints_newest_first
 
-    from launcher.launch.preflight import checkpoint_damage
-
-    for ckpt, step in reversed(run_dir.complete_checkpoints()):
-        try:
-            damage = checkpoint_damage(ckpt, json.loads(ckpt.meta.read_text()))
-        except (OSError, ValueError, RecursionError) as e:
-            damage = [str(e)]
+    for ckpt, step, damage in checkpoints_newest_first(run_dir):
         if not damage:
             return ckpt, step
         console.print(f"[yellow]checkpoint {escape(str(ckpt.path))} is damaged ({escape('; '.join(damage[:3]))}): "

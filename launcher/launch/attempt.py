@@ -136,10 +136,8 @@ def _endings(run_dir: RunDir, outcome: Outcome, plan: RunPlan) -> list[Ending]:
         exit_s = record["time"] if here and isinstance(record.get("time"), (int, float)) else None
         said = ([cut_middle(rank_dir.error_message(), MESSAGE_CHARS), *log_tail(rank_dir.stderr, STDERR_EVIDENCE_LINES)]
                 if e.exit_code != 0 else [])  # (a clean exit's words are no evidence of a lost peer)
-        step = rank_dir.read_heartbeat().get("step")
         out.append(Ending(rank=e.rank, exit_code=e.exit_code, seen_s=e.seen_s, error_s=error_s, error="\n".join(said),
-                          exit_s=exit_s, last_step=step if type(step) is int and step >= 0 else None,
-                          planned_steps=planned))
+                          exit_s=exit_s, last_step=rank_dir.recorded_step(), planned_steps=planned))
     return out
 
 

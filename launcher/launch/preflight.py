@@ -123,17 +123,26 @@ def checkpoint_damage(ckpt: CheckpointDir, saved: dict) -> list[str]:
     return manifest_problems(ckpt.path, files)
 
 
+def checkpoints_newest_first(run: RunDir, before: int | None = None):
+    """(checkpoint, step, its damage: [] when every file is as written) of each complete checkpoint of ``run``
+    (before step ``before``, when given), newest first; checked one at a time, as the caller asks for the next."""
+    for ckpt, step in reversed(run.complete_checkpoints()):
+        if before is not None and step >= before:
+            continue
+        try:
+            saved = json.loads(ckpt.meta.read_text())
+            damage = (checkpoint_damage(ckpt, saved) if isinstance(saved, dict)
+                      else [f"its {ckpt.meta.name} is not a JSON object"])
+        except (OSError, ValueError, RecursionError) as e:
+            damage = [f"its {ckpt.meta.name} cannot be read ({e})"]
+        yield ckpt, step, damage
+
+
 def _earlier_intact(ckpt: CheckpointDir, step: int) -> tuple[CheckpointDir, int] | None:
     """The newest complete checkpoint beside ``ckpt`` (its run's checkpoints/) from before ``step`` whose files
     are as written (each one checked, newest first, until one is)."""
-    for other, other_step in reversed(RunDir(ckpt.root.parent).complete_checkpoints()):
-        try:
-            saved = json.loads(other.meta.read_text())
-        except (OSError, ValueError, RecursionError):
-            continue
-        if other_step < step and isinstance(saved, dict) and not checkpoint_damage(other, saved):
-            return other, other_step
-    return None
+    run = RunDir(ckpt.root.parent)
+    return next(((other, s) for other, s, damage in checkpoints_newest_first(run, before=step) if not damage), None)
 
 
 def _check_loss_arguments(cfg: DictConfig, recipe: str) -> None:

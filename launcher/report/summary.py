@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.errors import printable
-from launcher.rundir import RankDir, RunDir
+from launcher.rundir import RankDir, RunDir, is_step
 
 TAIL_READ_BYTES = 64 * 1024
 """How much of the end of a rank's stderr (or backend.log) a report reads: never the whole file."""
@@ -108,7 +108,7 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
                 "stopped_by_launcher": e.get("stopped_by_launcher", False),
                 "first_failure": e.get("first_failure", False),
                 "stalled": e.get("stalled", False),
-                "last_step": _beat_step(beat, steps),
+                "last_step": _rank_last_step(beat, steps),
                 "logged": bool(steps),
                 "rss_bytes": _number(beat.get("rss")),
                 "host_available_bytes": _number(beat.get("host_available")),
@@ -163,7 +163,7 @@ def odd_record(m: object) -> str:
     if not isinstance(m, dict):
         return f"it is not a JSON object: {printable(cut_middle(repr(m), 80))}"
     step = m.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+    if not is_step(step):
         return f"its step {printable(cut_middle(repr(step), 80))} is not an int >= 0"
     for k, v in m.items():
         if k == "event" and isinstance(v, str):
@@ -191,11 +191,10 @@ def _records(rank_dir: RankDir) -> tuple[list[dict], list[dict], str]:
     return steps, evals, note
 
 
-def _beat_step(beat: dict, steps: list[dict]) -> int:
+def _rank_last_step(beat: dict, steps: list[dict]) -> int:
     """The last step of a rank's heartbeat (rank.N/last_step), else of its last step record, else 0."""
-    step = beat.get("step")
-    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-        return step
+    if is_step(beat.get("step")):
+        return beat["step"]
     return steps[-1]["step"] if steps else 0
 
 
