@@ -1,6 +1,6 @@
 """The benchmark suite: one command, every figure a ratio measured side by side in this invocation.
 
-    .venv/bin/python bench/suite.py [--runs 5] [--only P1 P4 ...]
+    .venv/bin/python bench/suite.py [--runs 5] [--only P1 P4 ...] [--plan-only]
 
 P1 launch overhead: a trivial 2-rank gloo job via hetero-launch script=, torchrun, the deepspeed launcher; a dry run;
    a quickstart smoke run through each launch backend (local, elastic, mpi and slurm where installed).
@@ -9,7 +9,8 @@ P2 wide_deep host placement: samples/s of host sparse tables vs dense tables (bo
 P3 offloaded optimizer step: DeepSpeedCPUAdam vs torch.optim.Adam(fused) at 32 M parameters.
 P4 quickstart step time: hetero-launch's data_parallel=auto (torch DDP) and data_parallel=deepspeed (ZeRO-0) vs a hand-written DDP
    loop, over the same 20-step windows.
-P5 cost growth: plan time for 10 / 100 / 1,000 / 10,000 tables; launch-to-first-step for 1 / 2 / 4 / 8 ranks.
+P5 cost growth: plan time for 10 / 100 / 1,000 / 10,000 tables; the dry run after composing (plan, print, run dir)
+   for 10 / 10,000; launch-to-first-step for 1 / 2 / 4 / 8 ranks (--plan-only leaves that out).
 Runs of one comparison are interleaved (a, b, c, a, b, c, ...) and each figure is the median of --runs runs.
 Prints a markdown table and writes bench/results/suite.json. Not a test: the numbers belong to this machine.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -185,34 +187,10 @@ def p4(runs: int) -> list[tuple]:
             ("P4", f"... hand-written DDP loop (torchrun) [{spread['ddp']}]", f"{b:.2f} ms", "1.00x")]
 
 
-def p5(runs: int) -> list[tuple]:
-    from omegaconf import open_dict
-
-    from launcher.config import compose_config
-    from launcher.contract import Facts
-    from launcher.plan import HostFacts, plan_launch
-    from launcher.recipes import RECIPES
-    from launcher.schema import TableConfig
-
-    host = HostFacts("bench", 2, 0, "/tmp/x")
-    out = []
-    base_cfg = compose_config(["recipe=wide_deep"])
-    for n in (10, 100, 1_000, 10_000):
-        RECIPES["bench_tables"] = types.SimpleNamespace(
-            tables=lambda m, n=n: {f"t{i}": (1000, 16) for i in range(n)}, model_spec=lambda m, f: {},
-            dense_param_count=lambda m: 100_000, problems=lambda *a: [], layer_names=lambda m: [])
-        cfg = base_cfg.copy()
-        with open_dict(cfg):
-            cfg.recipe.name = "bench_tables"
-            cfg.tables = {f"t{i}": TableConfig(optimizer="lazy_adam" if i % 2 else "ftrl") for i in range(n)}
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            plan_launch(cfg, host, Facts())
-            times.append(time.perf_counter() - t0)
-        out.append((n, med(times)))
-    del RECIPES["bench_tables"]
-    rows = [("P5", f"plan time, {n:,} tables", f"{t * 1000:.1f} ms", f"{t / out[0][1]:.1f}x 10 tables") for n, t in out]
+def p5(runs: int, plan_only: bool = False) -> list[tuple]:
+    rows = _plan_times(runs) + _dry_run_times(runs)
+    if plan_only:
+        return rows
 
     def first_step(nproc: int) -> float:
         with tempfile.TemporaryDirectory() as tmp:
@@ -229,12 +207,111 @@ def p5(runs: int) -> list[tuple]:
     return rows
 
 
+def _with_tables(cfg, n: int):
+    """cfg planning a stand-in recipe with n tables, each with a tables.<name> entry (half lazy_adam, half ftrl)."""
+    from omegaconf import open_dict
+
+    from launcher.schema import TableConfig
+
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.recipe.name = "bench_tables"
+        cfg.tables = {f"t{i}": TableConfig(optimizer="lazy_adam" if i % 2 else "ftrl") for i in range(n)}
+    return cfg
+
+
+def _timed_ms(fn) -> float:
+    """One call's wall time in ms, collected garbage first: each run starts as a fresh command's planning would, not
+    with the cyclic collector's debt from the runs before it (with 10,000 tables a full collection is ~0.2 s)."""
+    gc.collect()
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1000
+
+
+def _spread(xs: list[float]) -> str:
+    return f"{med(xs):.1f} ms [{min(xs):.1f}-{max(xs):.1f}]"
+
+
+def _plan_times(runs: int) -> list[tuple]:
+    """plan_launch alone, for 10 / 100 / 1,000 / 10,000 tables."""
+    from launcher.config import compose_config
+    from launcher.contract import Facts
+    from launcher.plan import HostFacts, plan_launch
+    from launcher.recipes import RECIPES
+
+    host = HostFacts("bench", 2, 0, "/tmp/x")
+    out = []
+    base_cfg = compose_config(["recipe=wide_deep"])
+    for n in (10, 100, 1_000, 10_000):
+        RECIPES["bench_tables"] = types.SimpleNamespace(
+            tables=lambda m, n=n: {f"t{i}": (1000, 16) for i in range(n)}, model_spec=lambda m, f: {},
+            dense_param_count=lambda m: 100_000, problems=lambda *a: [], layer_names=lambda m: [])
+        cfg = _with_tables(base_cfg, n)
+        out.append((n, [_timed_ms(lambda: plan_launch(cfg, host, Facts())) for _ in range(runs)]))
+    del RECIPES["bench_tables"]
+    base = med(out[0][1])
+    return [("P5", f"plan time, {n:,} tables", _spread(t), f"{med(t) / base:.1f}x 10 tables") for n, t in out]
+
+
+class _ManyTables:
+    """wide_deep's recipe with n tables of 1,000 × 16 (the model is never built in a dry run)."""
+
+    name = "bench_tables"
+
+    def __init__(self, recipe, n: int) -> None:
+        self._recipe, self._n = recipe, n
+
+    def __getattr__(self, key: str):
+        return getattr(self._recipe, key)
+
+    def tables(self, model: dict) -> dict[str, tuple[int, int]]:
+        return {f"t{i}": (1000, 16) for i in range(self._n)}
+
+
+def _dry_run_times(runs: int) -> list[tuple]:
+    """The dry run's path after composing, for 10 and 10,000 tables: plan_run (data facts, plan), the plan tree and
+    placement table printed (to a buffer), the run dir written (config.yaml, plan.json, ...). Hydra's composing of
+    10,000 tables.<name> entries is left out: the entries are added to a composed config."""
+    import io
+
+    from rich.console import Console
+
+    from launcher.config import compose_config
+    from launcher.launch import write_dry_run
+    from launcher.launch.host import probe_host
+    from launcher.launch.planning import plan_run
+    from launcher.recipes import RECIPES
+    from launcher.report.plan_view import placement_table, plan_tree
+
+    host, out = probe_host(), []
+    with tempfile.TemporaryDirectory() as tmp:
+        base_cfg = compose_config(["recipe=wide_deep", "dry_run=true", f"output.log_dir={tmp}"])
+
+        def dry_run(cfg) -> None:
+            plan, _ = plan_run(cfg, host)
+            console = Console(file=io.StringIO(), width=100)
+            console.print(plan_tree(plan))
+            console.print(placement_table(plan))
+            write_dry_run(cfg, plan, [])
+
+        for n in (10, 10_000):
+            RECIPES["bench_tables"] = _ManyTables(RECIPES["wide_deep"], n)
+            cfg = _with_tables(base_cfg, n)
+            out.append((n, [_timed_ms(lambda: dry_run(cfg)) for _ in range(runs)]))
+        del RECIPES["bench_tables"]
+    base = med(out[0][1])
+    return [("P5", f"dry run after composing (plan, print, run dir), {n:,} tables", _spread(t),
+             f"{med(t) / base:.1f}x 10 tables") for n, t in out]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--only", nargs="*", default=["P1", "P2", "P3", "P4", "P5"])
+    ap.add_argument("--plan-only", action="store_true", help="P5: plan and dry-run times, no launch to first step")
     a = ap.parse_args()
-    parts = {"P1": p1, "P2": p2, "P3": p3, "P4": p4, "P5": p5}
+    parts = {"P1": p1, "P2": p2, "P3": p3, "P4": p4, "P5": lambda runs: p5(runs, a.plan_only)}
     rows = []
     for name in a.only:
         t0 = time.perf_counter()

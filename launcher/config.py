@@ -22,6 +22,7 @@ from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.errors import ConfigError, first_line
+from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
 
 CONFIG_MODULE = "launcher.conf"
@@ -81,13 +82,13 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         if chosen and named is not None and named != chosen[0]:
             raise ConfigError(f"recipe={chosen[0]}: its file sets recipe.name={named}. Set recipe.name to the "
                               f"file's name, {chosen[0]}.")
-        missing = sorted(OmegaConf.missing_keys(cfg))
+        missing = sorted(missing_keys(cfg))  # OmegaConf.missing_keys, fast for thousands of tables.<name> entries
         if script_mode:  # the recipe sections stay unset: a script brings its own model, data and loss
             missing = [k for k in missing if k.split(".")[0] not in ("recipe", "model", "data", "loss")]
         if missing:
             raise ConfigError([f"{k} is required and not set. Set it on the command line: {k}=<value>."
                                for k in missing])
-        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=not script_mode)
+        to_plain(cfg, throw_on_missing=not script_mode)  # OmegaConf.to_container's checks
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {first_line(e)}. Set it on the command line: {e.full_key}=<value>.") from None
     return cfg
@@ -234,9 +235,14 @@ def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), searc
 
 
 def _key_overrides(parsed) -> Iterator:
-    """The overrides that set a key (not a config group's choice, not hydra's own)."""
-    groups = set(GlobalHydra.instance().config_loader().list_groups(""))
-    return (o for o in parsed if o.key_or_group not in groups and not o.key_or_group.startswith("hydra"))
+    """The overrides that set a key (not a config group's choice, not hydra's own). The groups are listed (a walk of
+    the config tree, ~15 ms) only when there is an override to look at."""
+    groups = None
+    for o in parsed:
+        if groups is None:
+            groups = set(GlobalHydra.instance().config_loader().list_groups(""))
+        if o.key_or_group not in groups and not o.key_or_group.startswith("hydra"):
+            yield o
 
 
 def _open_spec(cfg: DictConfig, key: str) -> bool:
@@ -273,10 +279,8 @@ def _added_unknown_keys(cfg: DictConfig, parsed) -> list[str]:
     such field exists: a typo would otherwise be silently ignored. Open sections (dicts: tables, placement.tables,
     parallel.stages, smoke_profile, a recipe of yours' model and data) take new keys."""
     problems = []
-    for o in _key_overrides(parsed):
+    for o in _key_overrides([o for o in parsed if o.is_add() or o.is_force_add()]):
         key = o.key_or_group
-        if not (o.is_add() or o.is_force_add()):
-            continue
         parts = key.split(".")
         node = cfg
         for i, part in enumerate(parts):
@@ -300,10 +304,9 @@ def _numbers_as_bools(cfg: DictConfig, parsed) -> list[str]:
     """``smoke=2``, ``placement.offload_params=-1``: OmegaConf takes any integer for a bool (non-zero = true); a
     number where true or false belongs is a wrong type. 0 and 1 stay accepted."""
     problems = []
-    for o in _key_overrides(parsed):
-        key, value = o.key_or_group, o.value()
-        if o.is_delete() or isinstance(value, bool) or not isinstance(value, (int, float)) or value in (0, 1):
-            continue
+    numbers = [o for o in parsed if not o.is_delete() and _number_not_bool(o.value())]
+    for o in _key_overrides(numbers):
+        key = o.key_or_group
         parent_key, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(cfg, parent_key, default=None, throw_on_missing=False) if parent_key else cfg
         if isinstance(parent, DictConfig) and isinstance(parent._get_node(leaf, throw_on_missing_key=False),
@@ -311,6 +314,11 @@ def _numbers_as_bools(cfg: DictConfig, parsed) -> list[str]:
             problems.append(f"{o.input_line}: {key} is true or false, not a number. Write {key}=true or "
                             f"{key}=false.")
     return problems
+
+
+def _number_not_bool(value) -> bool:
+    """An int or float other than 0 and 1 (which a bool also accepts), and no bool itself."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value not in (0, 1)
 
 
 def _compose(lines: list[str]) -> DictConfig:

@@ -1,4 +1,5 @@
-"""Before a run that recomputes: how many bytes each layer keeps for the backward, estimated on the ``meta`` device.
+"""Before a run that recomputes, has pipeline stages or lets the planner place it (placement.mode=auto): how many
+bytes each layer keeps for the backward, estimated on the ``meta`` device.
 
 One forward of a 2-sample batch of the model built on meta (no memory, no compute) with
 ``saved_tensors_hooks`` attributes every saved tensor (parameters left out) to the layer of ``layers()`` running

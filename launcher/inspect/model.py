@@ -1,0 +1,47 @@
+"""A model's tables, dense parameters and layers, read off the model built on the ``meta`` device (no memory): the
+``ModelFacts`` of a recipe in the user's folder (``launcher/usercode/check.py``) and of a script's model
+(``launcher/runtime.py``). Which embeddings may move out of the parallel parts is ``launcher.tables.movable``'s call
+(the table lookup knows what it reproduces); a weight shared with another module keeps its embedding inside too."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from launcher.contract import ModelFacts
+from launcher.inspect.layer_sizes import layer_sizes
+from launcher.tables import movable
+from launcher.usercode.recipe import units
+
+
+def model_facts_on_meta(model: nn.Module) -> ModelFacts:
+    """Tables (every nn.Embedding / nn.EmbeddingBag that can train outside the engine), dense parameters, layers
+    (``units``: top-level children, a ModuleList opened to its items), of a model built on the meta device."""
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    tables, kept_inside, kept = {}, [], []
+    for path, m in model.named_modules():
+        if not isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+            continue
+        why = movable(m)
+        if not why and len(names_of.get(id(m.weight), [])) > 1:
+            others = [n for n in names_of[id(m.weight)] if n != path + '.weight']
+            why = f"its weight is shared with {', '.join(others)}"
+        if why:
+            kept_inside.append(f"{path} ({why})")
+            kept.append((path, why))
+        else:
+            tables[path] = (m.num_embeddings, m.embedding_dim)
+    table_ids = {id(model.get_submodule(p).weight) for p in tables}
+    dense = sum(p.numel() for p in model.parameters() if id(p) not in table_ids)
+    layered = units(model)
+    layers = tuple(n for n, _ in layered)
+    layer_params, tied = layer_sizes(layered)
+    total = dense + sum(r * d for r, d in tables.values())
+    lines = [f"model: {type(model).__module__}.{type(model).__name__}, {total:,} "
+             f"parameters: tables {', '.join(f'{p} {r:,}×{d}' for p, (r, d) in tables.items()) or 'none'}; "
+             f"dense {dense:,}; layers {', '.join(layers) or '-'}"]
+    if kept_inside:
+        lines.append(f"model: embeddings that always train inside the engine: {'; '.join(kept_inside)}")
+    return ModelFacts(tables=tables, dense_params=dense, layers=layers, layer_params=layer_params, tied=tied,
+                      layer_paths={n: n for n in layers}, lines=tuple(lines), kept=tuple(kept))
