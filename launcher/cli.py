@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from launcher.launch import launch_run, write_dry_run
     from launcher.launch.host import probe_host
     from launcher.launch.planning import plan_run
+    from launcher.report.memory_view import terms_table
     from launcher.report.plan_view import placement_table, plan_tree, script_plan_view
 
     console = launcher_console()
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             console.print(plan_tree(plan))
             console.print(placement_table(plan))
+            if cfg.dry_run and plan.peak is not None:
+                console.print(terms_table(plan.peak))
         if cfg.dry_run:
             from pathlib import Path
 

@@ -40,6 +40,9 @@ class DataFacts:
     """The labels seen are all 0 or 1: eval.metrics=auto becomes binary (AUC, accuracy)."""
     eval_samples: int | None = None
     """Held-out samples; None = the data source decides (endless data: eval.batches), 0 = none (no evaluation)."""
+    resident_bytes: int = 0
+    """Bytes of the data set each rank holds in memory for the whole run (its arrays' own bytes, e.g. a tabular
+    file's encoded splits); 0 = none or unknown: a stream generated batch by batch, or a user's Dataset (not sized)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class ModelFacts:
     """Names of the model's top-level children (what pipeline stages and recompute refer to)."""
     layer_params: dict[str, int] | None = None
     """Parameters of each layer (a shared weight counts in every layer using it); None when not gathered (only
-    runs with pipeline stages need them: ``launcher.launch.layer_sizes``)."""
+    runs with pipeline stages need them: ``launcher.inspect.layer_sizes``)."""
     tied: tuple[tuple[tuple[str, ...], int], ...] = ()
     """Weights layers share: (``<layer>.<attribute path>`` of each use, elements) for each."""
     layer_paths: dict[str, str] | None = None
@@ -140,7 +143,11 @@ class Facts:
     """Folders that hold the user's code (their recipe's _target_s): importable in the launcher and every rank."""
     activations: dict[str, dict[str, float]] | None = None
     """Per layer of layers(): bytes kept for the backward ("saved") and input bytes ("inputs"), per sample,
-    estimated on the meta device (launcher/launch/activations.py); None when not asked for (no recompute)."""
+    estimated on the meta device (launcher/inspect/activations.py); None when the plan needs none
+    (launcher.launch.preflight.wants_activations)."""
+    lookups: dict[str, float] | None = None
+    """Rows each sample looks up per embedding table (module path -> rows), from the same trace; None = not traced
+    (the memory model takes 1 per table)."""
 
 
 def model_facts(recipe: Recipe, model: Mapping[str, Any]) -> ModelFacts:

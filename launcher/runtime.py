@@ -127,7 +127,7 @@ def move(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def _tables_of(model: nn.Module) -> dict[str, tuple[int, int]]:
-    from launcher.usercode.check import model_facts_on_meta
+    from launcher.inspect.model import model_facts_on_meta
 
     return model_facts_on_meta(model).tables
 

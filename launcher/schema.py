@@ -182,6 +182,13 @@ class PlacementConfig:
     """Per-table override of host_device_mix: <table name> -> host|device."""
     pin_memory: str = "auto"
     """Page-locked host buffers for offload and transfers: auto (true with CUDA), true, false."""
+    mode: str = "manual"
+    """manual: the intents above decide; auto (``placement=auto``): the planner chooses where each table lives, the
+    dense optimizer's and parameters' offload, the ZeRO stage and the recompute set so that every device and host fits
+    its budget (cluster.device_memory_gb, cluster.host_memory_gb, less placement.reserve) at the least estimated step
+    time; the plan says each decision, its reason and the runner-up."""
+    reserve: float = 0.1
+    """Share of each memory budget kept free (fragmentation, what the model does not see): 0.1 = plan to 90 %."""
 
 
 @dataclass
@@ -215,6 +222,12 @@ class ClusterConfig:
     """Address of the rendezvous store (rank 0's host)."""
     master_port: int = 0
     """Port of the rendezvous store; 0 = a free port picked at launch."""
+    device_memory_gb: float = 0.0
+    """Memory of one accelerator in GB (10^9 bytes); 0 = what the host reports (on a CPU-only host the ranks' share
+    of host memory: there the device is host memory)."""
+    host_memory_gb: float = 0.0
+    """Memory of one host in GB (10^9 bytes), shared by its ranks and the launcher; 0 = what the host reports (its
+    RAM, or the container's cgroup limit when lower)."""
     backend: str = "auto"
     """torch.distributed backend: auto (nccl with accelerators, else gloo), gloo or nccl."""
     device: str = "auto"

@@ -1,5 +1,8 @@
 """The recipe contract is checked when a recipe registers, and every shipped recipe follows it."""
 
+import subprocess
+import sys
+
 import pytest
 
 from launcher.contract import DataFacts, Recipe, check_recipe, register
@@ -75,6 +78,24 @@ def test_gpt_reference_numbers():
     assert facts.train_samples is None and isinstance(facts, DataFacts)
 
 
+def test_resident_bytes_of_the_built_in_data():
+    """A data set a rank holds whole counts its tensors' bytes (quickstart's train and held-out copies); a stream
+    generated batch by batch holds none (gpt, resnet, wide_deep's synthetic_ctr)."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from launcher.config import compose_config
+
+    cfg = compose_config(["recipe=quickstart", "data.samples=48", "data.in_features=5", "model.in_features=5"])
+    facts = RECIPES["quickstart"].data_facts(OmegaConf.to_object(cfg.data))
+    source = instantiate(cfg.data)
+    held = (source.inputs, source.labels, source.eval_inputs, source.eval_labels)
+    assert facts.resident_bytes == sum(t.nbytes for t in held) == 2 * 48 * (5 + 16) * 4
+    for name in ("gpt", "resnet", "wide_deep"):
+        data = OmegaConf.to_object(compose_config([f"recipe={name}"]).data)
+        assert RECIPES[name].data_facts(data).resident_bytes == 0, name
+
+
 def test_a_data_file_smaller_than_a_global_micro_batch_is_refused(tmp_path, cpu_host):
     from launcher.config import compose_config
     from launcher.errors import ConfigError
@@ -102,3 +123,22 @@ def test_layer_names_are_the_names_of_layers(name):
     cfg = compose_config([f"recipe={name}", "smoke=true"])
     spec = recipe.model_spec(OmegaConf.to_object(cfg.model), DataFacts())
     assert recipe.layer_names(spec) == [n for n, _ in recipe.layers(instantiate(spec))]
+
+
+def test_a_built_in_recipe_is_traced_only_where_the_plan_needs_it():
+    """gather_facts of a plain built-in run imports no torch (fast dry runs); placement.mode=auto, like recompute,
+    gets the per-layer activation trace the planner chooses the recompute set and predicts memory with."""
+    code = (
+        "import sys\n"
+        "from launcher.config import compose_config\n"
+        "from launcher.launch.preflight import gather_facts\n"
+        "for r in ('gpt', 'quickstart', 'wide_deep'):  # resnet recomputes and has 2 stages by default\n"
+        "    assert gather_facts(compose_config([f'recipe={r}'])).activations is None, r\n"
+        "assert 'torch' not in sys.modules\n"
+        "for r in ('gpt', 'wide_deep'):\n"
+        "    facts = gather_facts(compose_config([f'recipe={r}', 'placement.mode=auto']))\n"
+        "    assert facts.activations and sum(v['saved'] for v in facts.activations.values()) > 0, r\n"
+        "    assert gather_facts(compose_config([f'recipe={r}', 'placement.mode=auto']), estimate=False).activations "
+        "is None\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

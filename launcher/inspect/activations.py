@@ -10,6 +10,7 @@ first micro-batch (``rank.N/memory.json``), so the two can be compared.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,10 +23,19 @@ def _bytes(t: Any) -> int:
     return t.numel() * t.element_size() if torch.is_tensor(t) else 0
 
 
+@dataclass(frozen=True)
+class Trace:
+    layers: dict[str, dict[str, float]]
+    """{layer: {"saved": bytes per sample, "inputs": bytes per sample}}."""
+    lookups: dict[str, float]
+    """{module path of an nn.Embedding / nn.EmbeddingBag: rows it looks up per sample}."""
+
+
 def estimate_activations(model: nn.Module, layers: list[tuple[str, nn.Module]], inputs: tuple,
-                         samples: int) -> dict[str, dict[str, float]]:
+                         samples: int, lookups: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
     """{layer: {"saved": bytes per sample, "inputs": bytes per sample}} of a forward of ``inputs`` (``samples``
-    samples, on meta) through ``model``."""
+    samples, on meta) through ``model``; ``lookups``, when given, gets the rows each embedding table of the model
+    looks up per sample (its ids' count: what the memory model sizes a table's gradient rows by)."""
     params = {id(p) for p in model.parameters()}
     stack: list[str] = []
     saved = {name: 0 for name, _ in layers}
@@ -40,6 +50,12 @@ def estimate_activations(model: nn.Module, layers: list[tuple[str, nn.Module]], 
         return t
 
     handles = []
+    for path, module in model.named_modules() if lookups is not None else ():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            def ids(_m, args, _path=path):
+                lookups[_path] = lookups.get(_path, 0.0) + (args[0].numel() / samples if args else 0.0)
+
+            handles.append(module.register_forward_pre_hook(ids))
     for name, module in layers:
         def pre(_m, args, kwargs, _name=name):
             stack.append(_name)
@@ -58,7 +74,7 @@ def estimate_activations(model: nn.Module, layers: list[tuple[str, nn.Module]], 
     return {name: {"saved": saved[name] / samples, "inputs": entry[name] / samples} for name, _ in layers}
 
 
-def activation_facts(recipe, model_spec: dict, batch: tuple) -> dict[str, dict[str, float]] | None:
+def activation_facts(recipe, model_spec: dict, batch: tuple) -> Trace | None:
     """The per-layer estimate for a recipe's model (``model_spec``) and one batch of its data (tensors, any device);
     None when the model cannot run on meta (then only the ranks' measurement is there)."""
     from hydra.utils import instantiate
@@ -66,7 +82,9 @@ def activation_facts(recipe, model_spec: dict, batch: tuple) -> dict[str, dict[s
     with torch.device("meta"):
         model = instantiate(model_spec)
     inputs = map_inputs(batch[0], lambda t: t.to("meta"))
+    lookups: dict[str, float] = {}
     try:
-        return estimate_activations(model, recipe.layers(model), inputs, len(batch[1]))
+        per_layer = estimate_activations(model, recipe.layers(model), inputs, len(batch[1]), lookups)
     except (NotImplementedError, RuntimeError):
         return None
+    return Trace(layers=per_layer, lookups=lookups)

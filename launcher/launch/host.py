@@ -19,7 +19,7 @@ from launcher.plan.types import HostFacts
 
 def probe_host() -> HostFacts:
     toolchain = probe_toolchain()
-    accelerators, note = count_cuda_devices()
+    accelerators, device_memory, note = cuda_devices()
     return HostFacts(
         hostname=platform.node() or "localhost",
         cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
@@ -27,6 +27,8 @@ def probe_host() -> HostFacts:
         extensions_dir=str(extensions_dir(toolchain)),
         toolchain_path=toolchain.path,
         notes=(note,) if note else (),
+        host_memory=host_memory(),
+        device_memory=device_memory,
     )
 
 
@@ -36,30 +38,89 @@ PROBE_TIMEOUT_S = 120
 
 def count_cuda_devices(environ: Mapping[str, str] | None = None, dev: Path = Path("/dev"),
                        probe=None) -> tuple[int, str]:
-    """(visible CUDA devices, a note when they could not be counted). torch counts them, in a child process, when
-    the host shows NVIDIA's driver (nvidia-smi on PATH, or /dev/nvidia<N> device files: a container may have the
-    devices without the tool); a host with neither has none, and torch is not imported (fast dry runs). A probe that
-    fails or times out on such a host is said, not taken silently for a CPU host."""
+    """(visible CUDA devices, a note when they could not be counted): ``cuda_devices`` without the memory."""
+    count, _, note = cuda_devices(environ, dev, probe)
+    return count, note
+
+
+def cuda_devices(environ: Mapping[str, str] | None = None, dev: Path = Path("/dev"),
+                 probe=None) -> tuple[int, int, str]:
+    """(visible CUDA devices, bytes of memory of the smallest of them, a note when they could not be counted).
+    torch counts them and reads each one's memory, in a child process, when the host shows NVIDIA's driver
+    (nvidia-smi on PATH, or /dev/nvidia<N> device files: a container may have the devices without the tool); a host
+    with neither has none, and torch is not imported (fast dry runs). A probe that fails or times out on such a host
+    is said, not taken silently for a CPU host. ``probe``: a stand-in for the child, giving the count or (count,
+    bytes of each device)."""
     environ = os.environ if environ is None else environ
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
-        return 0, ""
+        return 0, 0, ""
     devices = sorted(str(p) for p in dev.glob("nvidia[0-9]*"))
     if shutil.which("nvidia-smi", path=environ.get("PATH")) is None and not devices:
-        return 0, ""
+        return 0, 0, ""
     try:
-        return (probe or _torch_device_count)(), ""
+        found = (probe or _torch_devices)()
     except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
         seen = f"NVIDIA device files ({', '.join(devices)})" if devices else "nvidia-smi"
-        return 0, (f"this host shows {seen}, but torch could not count its CUDA devices ({_reason(e)}): planning a "
-                   f"CPU run. Check `python -c 'import torch; print(torch.cuda.device_count())'`; set "
-                   f"cluster.device=cuda to refuse a CPU run.")
+        return 0, 0, (f"this host shows {seen}, but torch could not count its CUDA devices ({_reason(e)}): planning "
+                      f"a CPU run. Check `python -c 'import torch; print(torch.cuda.device_count())'`; set "
+                      f"cluster.device=cuda to refuse a CPU run.")
+    count, sizes = found if isinstance(found, tuple) else (found, ())
+    return count, min(sizes, default=0) if count else 0, ""
 
 
-def _torch_device_count() -> int:
-    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                         capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True)
-    return int(out.stdout.strip().splitlines()[-1])
+_DEVICES = """import torch
+n = torch.cuda.device_count()
+try:
+    sizes = [torch.cuda.get_device_properties(i).total_memory for i in range(n)]
+except Exception:
+    sizes = []
+print(n, *sizes)"""
+"""The child's program: the count of visible devices, then the bytes of each when CUDA can read them (no context is
+made on a device; a count without sizes is what the count alone was before)."""
+
+
+def _torch_devices() -> tuple[int, tuple[int, ...]]:
+    out = subprocess.run([sys.executable, "-c", _DEVICES], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                         check=True)
+    count, *sizes = (int(v) for v in out.stdout.strip().splitlines()[-1].split())
+    return count, tuple(sizes)
+
+
+MEMINFO = Path("/proc/meminfo")
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+"""A container's memory limit: cgroup v2's, then v1's."""
+NO_LIMIT = 1 << 60
+"""A limit this high is none (cgroup v1 writes 'unlimited' as 2^63 rounded down to a page)."""
+
+
+def host_memory(meminfo: Path = MEMINFO, limits: tuple[Path, ...] = CGROUP_LIMITS) -> int:
+    """Bytes of memory the run may use on this host: MemTotal of ``meminfo``, or a cgroup's limit (``limits``) when
+    lower ("max": none); 0 when none of them can be read."""
+    sizes = [_mem_total(meminfo), *(_cgroup_limit(p) for p in limits)]
+    return min((s for s in sizes if 0 < s < NO_LIMIT), default=0)
+
+
+def _mem_total(path: Path) -> int:
+    """MemTotal of a /proc/meminfo file in bytes (the kernel writes kB: KiB); 0 when unreadable."""
+    try:
+        for line in path.read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key == "MemTotal":
+                value, *unit = rest.split()
+                return int(value) * (1024 if unit and unit[0].lower() == "kb" else 1)
+    except (OSError, UnicodeDecodeError, ValueError):
+        pass
+    return 0
+
+
+def _cgroup_limit(path: Path) -> int:
+    """A cgroup's memory limit in bytes; 0 for none ("max") or an unreadable file."""
+    try:
+        text = path.read_text().strip()
+        return 0 if text == "max" else int(text)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return 0
 
 
 def _reason(e: BaseException) -> str:

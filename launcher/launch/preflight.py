@@ -187,9 +187,10 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
         _check_loss_arguments(cfg, recipe.name)
         data = recipe.data_facts(OmegaConf.to_object(cfg.data))
         model = _layers(recipe, cfg, data) if cfg.parallel.pipeline_stages > 1 else None
-        if not ((cfg.recompute or cfg.parallel.pipeline_stages > 1) and estimate):
+        if not (wants_activations(cfg) and estimate):
             return Facts(data=data, model=model)
-        return Facts(data=data, model=model, activations=_activations(recipe, cfg, data))
+        trace = _activations(recipe, cfg, data)
+        return Facts(data=data, model=model, activations=trace and trace.layers, lookups=trace and trace.lookups)
     from launcher.usercode.check import inspect_user_recipe
 
     paths = [str(Path.cwd())]
@@ -200,14 +201,22 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
         if p not in sys.path:
             sys.path.insert(0, p)
     source = f"{config_dir or 'conf'}/recipe/{recipe.name}.yaml"
-    data, model, activations = inspect_user_recipe(cfg, source)
-    return Facts(data=data, model=model, code_paths=code_paths, activations=activations)
+    data, model, trace = inspect_user_recipe(cfg, source, trace_activations=wants_activations(cfg))
+    return Facts(data=data, model=model, code_paths=code_paths, activations=trace and trace.layers,
+                 lookups=trace and trace.lookups)
+
+
+def wants_activations(cfg: DictConfig) -> bool:
+    """Whether the plan needs the per-layer activation trace (``Facts.activations``): a run that recomputes or has
+    pipeline stages shows the estimate, and with placement.mode=auto the planner chooses the recompute set and
+    predicts each device's memory from it. Other runs skip it: it imports torch, which their dry run never does."""
+    return bool(cfg.recompute) or cfg.parallel.pipeline_stages > 1 or cfg.placement.get("mode") == "auto"
 
 
 def _layers(recipe, cfg: DictConfig, data) -> ModelFacts:
     """A built-in recipe's model facts with each layer's parameters and the weights layers share, counted on the
     meta device (a pipeline is planned from them; imports torch, also for ``check``)."""
-    from launcher.launch.layer_sizes import layer_facts
+    from launcher.inspect.layer_sizes import layer_facts
 
     spec = recipe.model_spec(OmegaConf.to_object(cfg.model), data)
     facts = model_facts(recipe, spec)
@@ -222,11 +231,11 @@ def _layers(recipe, cfg: DictConfig, data) -> ModelFacts:
 
 def _activations(recipe, cfg: DictConfig, data):
     """The activation bytes of a built-in recipe's layers(), from its model on the meta device and one 2-sample
-    batch of its data (imports torch: only for runs that recompute, and not for ``check``)."""
+    batch of its data (imports torch: only where wants_activations, and not for ``check``)."""
     import torch
     from hydra.utils import instantiate
 
-    from launcher.launch.activations import activation_facts
+    from launcher.inspect.activations import activation_facts
 
     spec = recipe.model_spec(OmegaConf.to_object(cfg.model), data)
     try:

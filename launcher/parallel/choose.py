@@ -84,7 +84,8 @@ def run_facts(i: Intents, parts: tuple[PartPlan, ...]) -> dict[str, Any]:
     dp = _data_parallel(parts)
     params, optimizer = dp.locations(i)
     return {"zero": dp.zero_stage(i), "dp_shard": dp.shard_ways(i), "ops": dp.ops(i), "param_location": params,
-            "optimizer_location": optimizer, "data_parallel": dp.name}
+            "optimizer_location": optimizer, "data_parallel": dp.name,
+            "step_overhead_s": getattr(dp, "step_overhead_s", 0.0)}
 
 
 def estimate(i: Intents, parts: tuple[PartPlan, ...], placement, layer_paths, per_sample, recompute, micro):

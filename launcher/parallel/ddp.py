@@ -15,6 +15,7 @@ from typing import Any
 from launcher.parallel.intents import Intents
 from launcher.parallel.registry import DCP
 from launcher.plan.memory import Bytes, state_floats
+from launcher.plan.peak import Term
 
 TORCH_DDP = "torch DistributedDataParallel"
 FLAT = "one flat all-reduce of every local gradient before each step"
@@ -58,6 +59,21 @@ class ReplicatedDataParallel:
     def memory(self, i: Intents, params: int) -> tuple[Bytes, Bytes]:
         n = params * 4
         return Bytes(), Bytes(params=n, grads=n, optimizer=params * state_floats(i.optimizer) * 4)
+
+    step_overhead_s = 0.0
+    """Seconds a step costs beyond its compute and traffic (the step-time model's reference: none)."""
+
+    def buffers(self, i: Intents, params: int) -> tuple[Term, ...]:
+        """torch DDP's buckets hold a flat copy of every gradient from the first backward on (gradient_as_bucket_view
+        is off); the flat all-reduce concatenates every gradient at the step."""
+        how = self.config(i)["implementation"]
+        if how == TORCH_DDP:
+            return (Term("ddp buckets", "device", params * 4, source="torch DDP's gradient buckets: a flat copy of "
+                         "every gradient (gradient_as_bucket_view=False)"),)
+        if how == FLAT:
+            return (Term("flat all-reduce", "device", params * 4, phase="step", source="one flat copy of every "
+                         "gradient, all-reduced before the step"),)
+        return ()
 
     def ops(self, i: Intents) -> tuple[str, ...]:
         return ()

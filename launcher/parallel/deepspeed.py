@@ -23,6 +23,8 @@ from typing import Any
 from launcher.parallel.intents import Intents
 from launcher.parallel.registry import DEEPSPEED
 from launcher.plan.memory import WIDTH, Bytes, shard, state_floats
+from launcher.plan.constants import DEEPSPEED_STEP
+from launcher.plan.peak import Term
 from launcher.plan.registry import CPU_OPTIMIZERS, DENSE_OPTIMIZERS
 
 _SKIP = object()  # a row that does not apply to this plan emits nothing
@@ -114,6 +116,25 @@ class DeepSpeedZeRO:
         if i.offload_optimizer:
             where["host"] = where["host"].plus(grads=shard(params * 4, dp))  # fp32 grad partition for the host step
         return where["host"], where["device"]
+
+    step_overhead_s = DEEPSPEED_STEP.value
+    """Seconds its engine adds to a step beyond compute and traffic (launcher/plan/constants.py)."""
+
+    def buffers(self, i: Intents, params: int) -> tuple[Term, ...]:
+        """DeepSpeed's defaults: ZeRO-1/2 reduce gradients through a bucket of reduce_bucket_size (5e8) elements
+        (the ipg buffer, allocated for the run), ZeRO-0 flattens all-reduce buckets of allreduce_bucket_size (5e8)
+        during the backward, ZeRO-3 prefetches stage3_prefetch_bucket_size (5e7) parameters ahead."""
+        zero, width = self.zero_stage(i), WIDTH.get(i.precision, 4)
+        if zero == 3:
+            return (Term("zero-3 prefetch", "device", min(params, 50_000_000) * width * 2, phase="backward",
+                         basis="estimate", source="stage3_prefetch_bucket_size 5e7: the gathered parameters in use "
+                                                  "and the next ones"),)
+        bucket = min(params, 500_000_000) * width
+        if zero in (1, 2):
+            return (Term("zero reduce bucket", "device", bucket, basis="estimate",
+                         source="reduce_bucket_size 5e8 elements (DeepSpeed's default), capped by the model"),)
+        return (Term("all-reduce bucket", "device", bucket, phase="backward", basis="estimate",
+                     source="allreduce_bucket_size 5e8 elements (DeepSpeed's default), capped by the model"),)
 
     def ops(self, i: Intents) -> tuple[str, ...]:
         ops = ("deepspeed_shm_comm",) if i.device_type == "cpu" else ()  # DeepSpeed's CPU accelerator loads it

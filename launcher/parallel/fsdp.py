@@ -24,6 +24,8 @@ from typing import Any
 from launcher.parallel.intents import Intents
 from launcher.parallel.registry import DCP
 from launcher.plan.memory import WIDTH, Bytes, shard, state_floats
+from launcher.plan.constants import FSDP_STEP
+from launcher.plan.peak import Term
 from launcher.plan.registry import CPU_OPTIMIZERS
 
 
@@ -90,6 +92,19 @@ class ShardedDataParallel:
         if i.offload:
             return dense, Bytes(gathered=whole)
         return Bytes(), Bytes(**{**dense.__dict__, "gathered": whole})
+
+    step_overhead_s = FSDP_STEP.value
+    """Seconds its per-unit hooks add to a step beyond compute and traffic (launcher/plan/constants.py)."""
+
+    def buffers(self, i: Intents, params: int) -> tuple[Term, ...]:
+        """When FSDP2 reshards after the forward (ZeRO-3): the unit it runs and the one it prefetches, whole, and the
+        unit's gradients before their reduce-scatter. Unit sizes are not traced: a quarter of the model each."""
+        if not self.config(i)["reshard_after_forward"] or self.shard_ways(i) == 1:
+            return ()
+        unit = -(-params // 4) * WIDTH.get(i.precision, 4)
+        return (Term("fsdp unit buffers", "device", 3 * unit, phase="backward", basis="estimate",
+                     source="two gathered units (running, prefetched) and one unit's unsharded gradients; a unit "
+                            "taken as a quarter of the model"),)
 
     def ops(self, i: Intents) -> tuple[str, ...]:
         return ()

@@ -28,7 +28,9 @@ DEEPSPEED = "deepspeed"
 class Part(Protocol):
     """Every part. A part that drives the step also has ``engine(chunks, optimizer, rt)`` (deepspeed, pipeline); the
     pipeline has ``split(model, layers, rt)``, which cuts the model into this rank's stages before the others apply;
-    tensor_parallel has ``saved_params(i)`` (what its split takes off a rank, for the memory estimate); a part whose
+    tensor_parallel has ``saved_params(i)`` (what its split takes off a rank, for the memory estimate); a data-parallel
+    part has ``buffers(i, params)``: its own buckets and prefetch buffers, as launcher/plan/peak.py Terms, and
+    ``step_overhead_s``: what its engine adds to a step (the step-time model's); a part whose
     config is a file of its own has ``config_file = True`` (DeepSpeed's ds_config.json)."""
 
     name: str

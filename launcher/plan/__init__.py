@@ -17,6 +17,7 @@ from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError
 from launcher.loggers import logger_specs
 from launcher.plan.batch import DEFAULT_MICRO_SIZE, BatchPlan, plan_batch
+from launcher.plan.budget import budget_of, check_fit
 from launcher.plan.layout import ClusterLayout
 from launcher.plan.memory import Bytes, MemoryEstimate
 from launcher.plan.parallel import ParallelDims, plan_parallel
@@ -215,7 +216,40 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
     intents, parts = _plan_parts(cfg, d)
     if d.problems or intents is None:
         raise ConfigError(list(dict.fromkeys(d.problems)))  # a rule checked twice says it once
+    if cfg.placement.mode == "auto":
+        return _auto(cfg, host, facts, layout, d, intents)
     return _launch_plan(cfg, host, facts, layout, d, intents, parts)
+
+
+def _auto(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout | None, d: _Draft, intents
+          ) -> LaunchPlan:
+    """placement=auto: the search (launcher/plan/auto.py) over the layouts the parts can run; its choice planned as
+    the keys it stands for (zero.stage, optimizer.target, placement.offload_params, placement.tables, recompute)
+    would be, with its decisions in the plan."""
+    from launcher.plan.auto import override_words
+    from launcher.plan.auto_search import search
+
+    result = search(cfg, host, facts, d.placement, intents, d.sizes, d.nproc)
+    if result.problems:
+        raise ConfigError(list(result.problems))
+    c = result.chosen
+    on_host = set(c.host_tables)
+    d.placement = dataclasses.replace(
+        d.placement, param_location="host" if c.offload_params else "device",
+        optimizer_location="host" if c.offload_optimizer else "device",
+        tables=tuple(t if t.location == "engine" else
+                     dataclasses.replace(t, location="host" if t.name in on_host else "device")
+                     for t in d.placement.tables))
+    d.zero, d.recompute = c.zero, c.recompute
+    intents, parts = _plan_parts(cfg, d)
+    if d.problems or intents is None:
+        raise ConfigError(list(dict.fromkeys(d.problems)))
+    plan = _launch_plan(cfg, host, facts, layout, d, intents, parts)
+    notes = (f"placement=auto chose, of {result.considered} layouts: " + "; ".join(override_words(result.overrides)),
+             *plan.notes)
+    optimizer = dataclasses.replace(plan.optimizer, target="cpu" if c.offload_optimizer else "device")
+    return dataclasses.replace(plan, notes=notes, optimizer=optimizer, decisions=result.decisions,
+                               auto=dict(result.overrides))
 
 
 def _smoke_notes(cfg: DictConfig) -> list[str]:
@@ -301,8 +335,12 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     zero, dims = run["zero"], dataclasses.replace(d.dims, dp_shard=run["dp_shard"])
     placement = dataclasses.replace(d.placement, param_location=run["param_location"],
                                     optimizer_location=run["optimizer_location"])
-    memory, pipeline = parallel.estimate(intents, parts, placement, d.sizes.layer_paths, facts.activations,
-                                         d.recompute, d.batch.micro_size)
+    memory, pipeline, peak = parallel.rank_memory(intents, parts, placement, model_memory(d.sizes, facts, d.nproc))
+    budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
+                       host.host_memory, host.device_memory, d.device_type, d.nproc)
+    fit_problems, fit_notes = check_fit(peak, budget, facts.activations is not None)
+    d.problems += fit_problems
+    d.notes += fit_notes
     nnodes = cfg.cluster.nnodes
     ranks = plan_ranks(nnodes=nnodes, nproc_per_node=d.nproc, device_type=d.device_type,
                        master_addr=cfg.cluster.master_addr, master_port=cfg.cluster.master_port,
@@ -331,8 +369,16 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
         reference=dict(facts.data.reference), ranks=ranks, rank_table=rank_table(ranks, hosts), ds_ops=run["ops"],
         notes=tuple(d.notes), resume_from=cfg.trainer.resume_from, code_paths=facts.code_paths,
         debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step), sharding=d.sharding, model_output=cfg.model_output,
-        loggers=loggers,
+        loggers=loggers, peak=peak, budget=budget,
     )
+
+
+def model_memory(sizes: ModelFacts, facts: Facts, nproc: int):
+    """What the memory model needs of the model and data (launcher/parallel/memory.py ModelMemory)."""
+    from launcher.parallel.memory import ModelMemory
+
+    return ModelMemory(layer_paths=sizes.layer_paths, per_sample=facts.activations, lookups=dict(facts.lookups or {}),
+                       data_bytes=facts.data.resident_bytes, nproc_per_node=nproc)
 
 
 def _plan_sharding(recipe, model: dict, sharding_cfg: dict, search_mode: str, dims: ParallelDims,

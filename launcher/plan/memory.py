@@ -67,15 +67,17 @@ def with_tables(placement: PlacementPlan, dense: tuple[Bytes, Bytes], table_name
                 ) -> MemoryEstimate:
     """The estimate: ``dense`` (host, device) bytes of the parts plus the tables outside them (only those named in
     ``table_names`` when given: the tables of the pipeline stage this estimate is for)."""
-    where = {"host": dense[0], "device": dense[1]}
+    sums = {"host": [0, 0], "device": [0, 0]}  # (tables, table_states) per location, summed before one Bytes each
     tables_total = 0
     for t in placement.tables:
         tables_total += t.rows * t.dim
         if t.location == "engine" or (table_names is not None and t.name not in table_names):
             continue
         size = t.rows * t.dim * 4
-        where[t.location] = where[t.location].plus(tables=size,
-                                                   table_states=size * TABLE_OPTIMIZERS[t.optimizer].state_floats)
+        sums[t.location][0] += size
+        sums[t.location][1] += size * TABLE_OPTIMIZERS[t.optimizer].state_floats
+    where = {loc: b.plus(tables=sums[loc][0], table_states=sums[loc][1]) for loc, b in (("host", dense[0]),
+                                                                                       ("device", dense[1]))}
     n = placement.dense_params
     params_total = n + (tables_total if placement.sparse_tables else 0)
     return MemoryEstimate(params=params_total, dense_params=n, host=where["host"], device=where["device"])

@@ -8,6 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.backends import BACKENDS as LAUNCHES
 from launcher.backends import backend as launch_backend
+from launcher.plain import to_plain
 from launcher.plan.pipeline import partition_problems, schedule_problems
 from launcher.plan.registry import DENSE_OPTIMIZERS, unknown
 from launcher.plan.sharding import search_mode_problems
@@ -132,8 +133,9 @@ def _check_nodes(c: DictConfig) -> list[str]:
     return p + (b.problems(c) if c.nnodes >= 1 else [])
 
 
-def check_cluster(c: DictConfig, host: HostFacts) -> list[str]:
-    """The cluster section's problems (shared by recipe runs and script runs)."""
+def check_cluster(c: DictConfig, host: HostFacts, dry_run: bool = False) -> list[str]:
+    """The cluster section's problems (shared by recipe runs and script runs). A dry run may plan CUDA devices this
+    host does not have (a plan for the cluster, made on a laptop)."""
     p: list[str] = []
     nproc = str(c.nproc_per_node)
     if nproc != "auto" and not (nproc.isascii() and nproc.isdigit() and int(nproc) >= 1):  # not ² or ٣
@@ -151,8 +153,9 @@ def check_cluster(c: DictConfig, host: HostFacts) -> list[str]:
         p.append("cluster.backend=nccl needs CUDA devices and this host has none. Set cluster.backend=gloo (or auto).")
     if c.device not in DEVICES:
         p.append(f"cluster.device={c.device} is not one of {', '.join(DEVICES)}.")
-    elif c.device == "cuda" and host.accelerators == 0:
-        p.append("cluster.device=cuda needs CUDA devices and this host has none. Set cluster.device=cpu (or auto).")
+    elif c.device == "cuda" and host.accelerators == 0 and not dry_run:
+        p.append("cluster.device=cuda needs CUDA devices and this host has none. Set cluster.device=cpu (or auto), "
+                 "or dry_run=true to plan for a GPU cluster from here.")
     elif c.device == "cpu" and c.backend == "nccl":
         p.append("cluster.backend=nccl with cluster.device=cpu: nccl runs on CUDA devices only. Set "
                  "cluster.backend=gloo (or auto).")
@@ -188,7 +191,7 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     if e.metrics not in ("auto", "loss", "binary"):
         p.append(f"eval.metrics={e.metrics} is not one of auto, loss, binary.")
 
-    p += check_cluster(c, host)
+    p += check_cluster(c, host, cfg.dry_run)
 
     if cfg.zero.stage not in (0, 1, 2, 3):
         p.append(f"zero.stage={cfg.zero.stage} must be 0, 1, 2 or 3.")
@@ -212,5 +215,5 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     else:
         p += number_problems("optimizer", {"betas[0]": (o.betas[0], "unit"), "betas[1]": (o.betas[1], "unit")})
     p += check_output(cfg.output) + check_launcher(cfg.launcher, cfg.cluster.launch)
-    p += wild_number_problems(OmegaConf.to_container(cfg, resolve=True), named=" ".join(p))
+    p += wild_number_problems(to_plain(cfg), named=" ".join(p))
     return p

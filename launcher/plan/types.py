@@ -9,7 +9,9 @@ from typing import Any, Protocol
 
 from launcher.parallel.intents import PartPlan
 from launcher.plan.batch import BatchPlan
+from launcher.plan.budget import Budget
 from launcher.plan.memory import Bytes, MemoryEstimate
+from launcher.plan.peak import MemoryPlan
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.pipeline import PipelinePlan
 from launcher.plan.placement import PlacementPlan, TablePlan
@@ -31,6 +33,10 @@ class HostFacts:
     """PATH for building those ops and for the ranks (launch.host.toolchain_path); "" = the launcher's own PATH."""
     notes: tuple[str, ...] = ()
     """What the probe could not settle and the user should hear (e.g. NVIDIA devices torch cannot see)."""
+    host_memory: int = 0
+    """Bytes of memory this host has for the run: RAM, or the cgroup's limit when lower; 0 = unknown."""
+    device_memory: int = 0
+    """Bytes of memory of one accelerator (the smallest visible one); 0 = none or unknown."""
 
 
 class RunPlan(Protocol):
@@ -137,6 +143,14 @@ class LaunchPlan:
     """What of the model's output the loss and evaluation take (launcher.usercode.items.select_output)."""
     loggers: tuple[dict[str, Any], ...] = ()
     """Rank 0's metric loggers, each a ``_target_`` spec (launcher.loggers); () = none."""
+    peak: MemoryPlan | None = None
+    """The memory model: one rank's terms at its peak, and its host's (launcher/plan/peak.py)."""
+    budget: Budget | None = None
+    """What one device and one host may hold (launcher/plan/budget.py)."""
+    decisions: tuple[str, ...] = ()
+    """placement=auto: each decision with its reason and the runner-up; () otherwise."""
+    auto: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """placement=auto: the keys it chose (as overrides); {} otherwise."""
     kind: str = "recipe"
 
     @property
@@ -184,6 +198,9 @@ class LaunchPlan:
         for key in ("ds_ops", "notes", "debug_fail", "code_paths", "recompute"):
             d[key] = tuple(d[key])
         d["loggers"] = tuple(d.get("loggers", ()))
+        d["peak"] = MemoryPlan.from_dict(d["peak"]) if d.get("peak") else None
+        d["budget"] = Budget(**d["budget"]) if d.get("budget") else None
+        d["decisions"] = tuple(d.get("decisions", ()))
         return cls(**d)
 
 

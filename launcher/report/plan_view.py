@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from launcher.report.memory_view import memory_tree
 from launcher.errors import printable
 from launcher.plan import Bytes, LaunchPlan, ScriptPlan
 from launcher.plan.placement import twin_words
@@ -129,9 +130,10 @@ def plan_tree(plan: LaunchPlan) -> Tree:
     root.add(f"trainer: {plan.steps} steps, log every {plan.log_every}, seed {plan.seed}, precision {plan.precision}")
     root.add(f"optimizer: {o.name} lr {o.lr} on {plan.placement.optimizer_location}")
     per_rank = "; per rank: the largest stage's" if plan.pipeline is not None else ""
-    mem = root.add(f"memory (estimate; {m.params:,} parameters, {m.dense_params:,} trained by the parts{per_rank})")
-    mem.add(_bytes_line("host", m.host, plan.nproc_per_node))
-    mem.add(_bytes_line("device", m.device, plan.nproc_per_node))
+    mem = root.add(memory_tree(plan)) if plan.peak is not None else root.add("memory")
+    states = mem.add(f"states ({m.params:,} parameters, {m.dense_params:,} trained by the parts{per_rank})")
+    states.add(_bytes_line("host", m.host, plan.nproc_per_node))
+    states.add(_bytes_line("device", m.device, plan.nproc_per_node))
     if plan.activations:
         a = plan.activations
         recomputed = (f"; with recompute of {_shown(', '.join(plan.recompute))}: {_mib(a['kept_bytes_with_recompute'])}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.errors import printable
+from launcher.plan.peak import MemoryPlan
 from launcher.rundir import RankDir, RunDir, is_step
 
 TAIL_READ_BYTES = 64 * 1024
@@ -112,6 +114,7 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
                 "logged": bool(steps),
                 "rss_bytes": _number(beat.get("rss")),
                 "host_available_bytes": _number(beat.get("host_available")),
+                **_peak_vs_plan(rank_dir, plan),
                 "final_loss": steps[-1].get("loss") if steps else None,
                 "samples_per_s": steps[-1].get("samples_per_s") if steps else None,
             }
@@ -191,6 +194,17 @@ def _records(rank_dir: RankDir) -> tuple[list[dict], list[dict], str]:
     return steps, evals, note
 
 
+def _peak_vs_plan(rank_dir: RankDir, plan: dict) -> dict:
+    """{"peak_bytes": what the rank measured (rank.N/memory.json), "planned_peak_bytes": the memory model's figure
+    for it}: a CPU rank's resident peak, a GPU rank's max_memory_reserved; None each when not there."""
+    planned = MemoryPlan.from_dict(plan["peak"]).measured_as if plan.get("peak") else ("rss", None)
+    try:
+        measured = json.loads(rank_dir.memory.read_text()).get("peak", {}).get(planned[0])
+    except (OSError, ValueError, AttributeError):
+        measured = None
+    return {"peak_bytes": _number(measured), "planned_peak_bytes": planned[1]}
+
+
 def _rank_last_step(beat: dict, steps: list[dict]) -> int:
     """The last step of a rank's heartbeat (rank.N/last_step), else of its last step record, else 0."""
     if is_step(beat.get("step")):
@@ -213,7 +227,7 @@ def _built_parts(run_dir: RunDir, plan: dict, rank_exits: list[dict]) -> list[st
 
 def summary_table(summary: dict) -> Table:
     t = Table(title=f"{summary['run_id']}: {summary['status']} in {summary['wall_s']:.1f} s")
-    for col in ("rank", "exit code", "last step", "final loss", "samples/s"):
+    for col in ("rank", "exit code", "last step", "final loss", "samples/s", "peak memory (plan)"):
         t.add_column(col, justify="right")
     for r in summary["ranks"]:
         code = "-" if r["exit_code"] is None else str(r["exit_code"])
@@ -225,6 +239,7 @@ def summary_table(summary: dict) -> Table:
             _last_step(summary, r),
             "-" if r["final_loss"] is None else f"{r['final_loss']:.5f}",
             "-" if r["samples_per_s"] is None else f"{r['samples_per_s']:.0f}",
+            _peak_words(r),
         )
     lines = [f"{what}: " + ", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
              for what, d in (("metrics", summary.get("final_metrics")), ("eval", summary.get("eval")),
@@ -232,6 +247,15 @@ def summary_table(summary: dict) -> Table:
     notes = ([summary["note"]] if summary.get("note") else []) + summary.get("skipped_metrics", [])
     t.caption = "\n".join(lines + [f"note: {escape(n)}" for n in notes]) or None  # escape: a note quotes records
     return t
+
+
+def _peak_words(r: dict) -> str:
+    got, plan = r.get("peak_bytes"), r.get("planned_peak_bytes")
+    if got is None:
+        return "-" if plan is None else f"- ({plan / 1e6:,.0f} MB)"
+    if not plan:
+        return f"{got / 1e6:,.0f} MB"
+    return f"{got / 1e6:,.0f} MB ({plan / 1e6:,.0f}, {got / plan - 1:+.0%})"
 
 
 def _last_step(summary: dict, r: dict) -> str:

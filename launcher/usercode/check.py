@@ -20,10 +20,8 @@ from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
 from launcher.errors import ConfigError, first_line
-from launcher.launch.layer_sizes import layer_sizes
-from launcher.tables import movable
+from launcher.inspect.model import model_facts_on_meta
 from launcher.usercode.pipeline_check import check_pipeline
-from launcher.usercode.recipe import units
 from launcher.usercode.items import call, describe_output, input_tensors, map_inputs, select_output, split_item
 
 HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
@@ -158,38 +156,6 @@ def dataset_facts(key: str, spec: Mapping[str, Any], source: str,
     return ds, []
 
 
-def model_facts_on_meta(model: nn.Module) -> ModelFacts:
-    """Tables (every nn.Embedding / nn.EmbeddingBag that can train outside the engine), dense parameters, layers
-    (``units``: top-level children, a ModuleList opened to its items), of a model built on the meta device."""
-    names_of: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names_of.setdefault(id(p), []).append(name)
-    tables, kept_inside, kept = {}, [], []
-    for path, m in model.named_modules():
-        if not isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
-            continue
-        why = movable(m)
-        if not why and len(names_of.get(id(m.weight), [])) > 1:
-            why = f"its weight is shared with {', '.join(n for n in names_of[id(m.weight)] if n != path + '.weight')}"
-        if why:
-            kept_inside.append(f"{path} ({why})")
-            kept.append((path, why))
-        else:
-            tables[path] = (m.num_embeddings, m.embedding_dim)
-    table_ids = {id(model.get_submodule(p).weight) for p in tables}
-    dense = sum(p.numel() for p in model.parameters() if id(p) not in table_ids)
-    layered = units(model)
-    layers = tuple(n for n, _ in layered)
-    layer_params, tied = layer_sizes(layered)
-    lines = [f"model: {type(model).__module__}.{type(model).__name__}, {dense + sum(r * d for r, d in tables.values()):,} "
-             f"parameters: tables {', '.join(f'{p} {r:,}×{d}' for p, (r, d) in tables.items()) or 'none'}; "
-             f"dense {dense:,}; layers {', '.join(layers) or '-'}"]
-    if kept_inside:
-        lines.append(f"model: embeddings that always train inside the engine: {'; '.join(kept_inside)}")
-    return ModelFacts(tables=tables, dense_params=dense, layers=layers, layer_params=layer_params, tied=tied,
-                      layer_paths={n: n for n in layers}, lines=tuple(lines), kept=tuple(kept))
-
-
 def _two_items(dataset: Any, keys: tuple[tuple[str, ...], str]) -> tuple[Any, Any]:
     """The dataset's first two items batched as the ranks' DataLoader does: (inputs, label)."""
     from torch.utils.data import default_collate
@@ -269,8 +235,11 @@ def scalar_loss_problem(value: Any, loss_fn: Any, where: str) -> str:
             f"scalar (one number, which backward() and the logged loss take). {fix}.")
 
 
-def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelFacts, dict | None]:
-    """Every check of a user recipe, then its facts; ConfigError listing all problems."""
+def inspect_user_recipe(cfg: DictConfig, source: str,
+                        trace_activations: bool = False) -> tuple[DataFacts, ModelFacts, Any]:
+    """Every check of a user recipe, then its facts; ConfigError listing all problems. ``trace_activations``: also
+    the per-layer activation bytes of one meta forward and the rows each table looks up per sample
+    (launcher/inspect/activations.py Trace; None otherwise), which the caller asks for when the plan needs them (launcher.launch.preflight.wants_activations)."""
     model_spec = OmegaConf.to_container(cfg.model, resolve=True)
     data_spec = OmegaConf.to_container(cfg.data, resolve=True)
     eval_spec = OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data is not None else None
@@ -347,8 +316,8 @@ def inspect_user_recipe(cfg: DictConfig, source: str) -> tuple[DataFacts, ModelF
             f"{', binary labels' if binary else ''}; eval_data: "
             f"{f'{n_eval:,} items' if evaluation is not None else 'none (no evaluation)'}")
     activations = None
-    if cfg.recompute or cfg.parallel.pipeline_stages > 1:  # the per-layer estimate a recompute or pipeline plan shows (launcher/launch/activations.py)
-        from launcher.launch.activations import activation_facts
+    if trace_activations:
+        from launcher.inspect.activations import activation_facts
         from launcher.usercode.recipe import UserRecipe
 
         activations = activation_facts(UserRecipe(cfg.recipe.name), model_spec, batch)

@@ -24,6 +24,7 @@ from launcher.tables import build_tables
 from launcher.tables.transfer import host_to_device
 from launcher.usercode import recipe_for
 from launcher.usercode.items import OutputLoss, map_inputs
+from launcher.worker.accounting import resident_bytes
 from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh
 from launcher.worker.optimizers import build_optimizer
 from launcher.worker.precision import keep_batchnorm_fp32
@@ -46,7 +47,10 @@ def run_rank(path: str | Path) -> None:
     dist.init_process_group(backend=plan.backend)  # env:// rendezvous on the launcher's TCPStore
     mesh, dp = build_mesh(plan.dims, device.type)
     rank_dir.mesh.write_text(json.dumps(describe_mesh(mesh, dp), indent=2))
+    rss_at_start = resident_bytes()  # the runtime's own: imports, the process group, the mesh
     trainer = build_trainer(plan, dp, device, rank, mesh)
+    trainer.memory_marks = {"rss_at_start": rss_at_start, "rss_after_build": resident_bytes()}
+    trainer.track_memory = os.environ.get("HL_MEMORY_TRACKER") == "1"  # memory.json "tracker": torch's split
     if plan.resume_from:
         trainer.load(CheckpointDir(plan.resume_from))
     metrics = open_metrics(rank_dir, plan.loggers, rank)  # rank 0's also feeds the loggers

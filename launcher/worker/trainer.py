@@ -32,7 +32,7 @@ from launcher.rundir import CheckpointDir, RankDir, RunDir
 from launcher.tables import TableStore
 from launcher.tables.transfer import host_to_device
 from launcher.usercode.items import call, map_inputs
-from launcher.worker.accounting import SavedActivations, measure_memory
+from launcher.worker.accounting import SavedActivations, StepTracker, measure_memory, measure_peak
 from launcher.worker.evaluate import evaluate, mean_over
 from launcher.worker.mesh import DataParallel
 
@@ -76,6 +76,15 @@ class Trainer:
         self._batches = None
         self.saved_activation_bytes: int | None = None
         """Bytes autograd saved for backward in the run's first micro-batch (parameters excluded)."""
+        self.memory_marks: dict[str, int] = {}
+        """This rank's RSS at marks the launching code took before fit ("rss_at_start", "rss_after_build"), bytes."""
+        self.track_memory = False
+        """Run the first step of fit under torch's MemTracker (its split of the peak by kind goes to memory.json).
+        Off by default: the tracker raises the rank's peak RSS, the figure the plan is checked against (StepTracker)."""
+        self._memory: dict[str, Any] | None = None
+        """memory.json's record of the first step fit ran (None before it)."""
+        self._tracker: StepTracker | None = None
+        """While the first step runs under it."""
         self.alive: Callable[[], None] = lambda: None
         """Called between the parts of long work that is not a step (evaluation batches, a checkpoint's parts): fit
         sets it to the heartbeat's MetricsWriter.alive, so the launcher's watchdog sees progress."""
@@ -112,6 +121,8 @@ class Trainer:
             return self._pipeline_step(accum)
         total = None
         for _ in range(accum):
+            if self._tracker is not None:
+                self._tracker.next_micro_batch()
             if self.saved_activation_bytes is None:  # measured once, on the first micro-batch of the run
                 with SavedActivations(self.engine.module) as saved:  # the model's forward (the loss's not counted)
                     out, labels = self.forward(self._next_batch())
@@ -176,14 +187,11 @@ class Trainer:
         tick, tick_step = time.perf_counter(), self.step
         first = self.step + 1  # 1, or the step after the checkpoint a resumed run loaded
         while self.step < p.steps:
-            loss = self.train_step()
+            loss, tracked = self._first_step() if self.step + 1 == first else (self.train_step(), None)
             step = self.step
             check_finite(loss, step, self.rank, p.optimizer.lr)
             if step == first:  # optimizer states exist from the first step on
-                memory = measure_memory(self.engine, self.tables, p.placement)
-                memory["activations"] = {"saved_bytes_per_micro_batch": self.saved_activation_bytes,
-                                         "recompute": list(p.recompute)}
-                rank_dir.memory.write_text(json.dumps(memory, indent=2))
+                self.write_memory(run_dir, rank_dir, tracked)
             metrics.step_done(step)
             if step == first or step % p.log_every == 0 or step == p.steps:
                 local, mean = loss.item(), mean_over(loss, self.dp)
@@ -208,6 +216,30 @@ class Trainer:
             metrics.write(event="eval", step=p.steps, **self.evaluate())
         if self.tables is not None:
             rank_dir.tables.write_text(json.dumps(self.tables.digests(), indent=2))
+        if self._memory is not None:  # the peak now covers every step, evaluation and save
+            self.write_memory(run_dir, rank_dir)
+
+    def _first_step(self) -> tuple[torch.Tensor, dict[str, dict[str, int]] | None]:
+        """train_step, under torch's MemTracker when ``track_memory`` and the engine is no pipeline (whose schedule
+        runs the micro-batches): (loss, the tracker's split of the step's peak, or None)."""
+        if not self.track_memory or getattr(self.engine, "drives_schedule", False):
+            return self.train_step(), None
+        with StepTracker(self.engine, self.tables) as self._tracker:
+            loss = self.train_step()
+        tracker, self._tracker = self._tracker, None
+        return loss, tracker.split
+
+    def write_memory(self, run_dir: RunDir, rank_dir: RankDir, tracked: dict[str, Any] | None = None) -> None:
+        """rank.N/memory.json (replaced whole): the first call measures the tensors by kind and place, the bytes
+        autograd saved and MemTracker's split ("tracker", when given); every call adds the peak so far ("peak")."""
+        if self._memory is None:
+            self._memory = measure_memory(self.engine, self.tables, self.plan.placement)
+            self._memory["activations"] = {"saved_bytes_per_micro_batch": self.saved_activation_bytes,
+                                           "recompute": list(self.plan.recompute)}
+            if tracked is not None:
+                self._memory["tracker"] = {"step": self.step, "peak": tracked}
+        peak = measure_peak(self.memory_marks, self.device, self.step)
+        run_dir.write_json(rank_dir.memory, {**self._memory, "peak": peak})
 
     # -- state ------------------------------------------------------------------------------------------------------
     def _progress(self) -> dict[str, Any]:

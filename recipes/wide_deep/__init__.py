@@ -106,7 +106,7 @@ class WideDeepRecipe:
                 f"{dict(zip(p.categorical, p.field_sizes)) or '-'} (rows incl. the out-of-vocabulary row)"
                 f"{'; ' + p.note if p.note else ''}")
         sizes = {"num_dense": len(p.continuous), "num_sparse": len(p.categorical), "field_sizes": p.field_sizes}
-        return DataFacts(train_samples=rows, model_sizes=sizes, lines=(line,))
+        return DataFacts(train_samples=rows, model_sizes=sizes, lines=(line,), resident_bytes=p.resident_bytes())
 
     def model_spec(self, model: ModelConfig, facts: DataFacts) -> dict:
         return {**asdict(model), **facts.model_sizes}

@@ -146,6 +146,17 @@ class Prepared:
     """(dense float32, ids int32, labels float32); None from prepare(tensors=False)."""
     test: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
+    def resident_bytes(self) -> int:
+        """Bytes of the tensors a rank keeps for the run, ``train`` and ``test`` (known from the facts alone): per
+        row, a float32 per continuous column, an int32 id per categorical field, a float32 label. The file's
+        encoded columns (codes and dictionaries) are gone once ``prepare`` returns."""
+        per_row = len(self.continuous) * DENSE.itemsize + len(self.categorical) * IDS.itemsize + LABELS.itemsize
+        return (self.train_rows + self.test_rows) * per_row
+
+
+DENSE, IDS, LABELS = torch.float32, torch.int32, torch.float32
+"""The dtypes of what a rank keeps of each split: continuous columns, categorical ids, labels."""
+
 
 def prepare(path: str, label: str, positive: str, negative: str = "", categorical=(), continuous=(), drop=(),
             test_fraction: float = 0.2, max_vocab: int = 100_000, crosses=(), seed: int = 0,
@@ -205,7 +216,7 @@ def prepare(path: str, label: str, positive: str, negative: str = "", categorica
         raise TabularError([f"data.path={path}: no feature columns left after data.label and data.drop."])
 
     n = table.rows
-    y = torch.from_numpy((labels.codes == labels.texts().index(str(positive))).astype(np.float32))
+    y = torch.from_numpy((labels.codes == labels.texts().index(str(positive))).astype(np.float32)).to(LABELS)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_test = max(1, int(round(n * test_fraction)))
     test_idx, train_idx = order[:n_test], order[n_test:]
@@ -223,7 +234,7 @@ def prepare(path: str, label: str, positive: str, negative: str = "", categorica
         prepared.field_sizes = [_vocabulary(f, train_np, max_vocab, lookup=False)[0] for f in fields]
         return prepared
 
-    dense = (torch.zeros(len(train_idx), len(cont)), torch.zeros(n_test, len(cont)))
+    dense = (torch.zeros(len(train_idx), len(cont), dtype=DENSE), torch.zeros(n_test, len(cont), dtype=DENSE))
     for j, h in enumerate(cont):
         t = torch.from_numpy(_floats(cols.pop(h)).astype(np.float32))
         train_vals = t[train_idx]
@@ -233,8 +244,7 @@ def prepare(path: str, label: str, positive: str, negative: str = "", categorica
         t = torch.where(torch.isnan(t), mean, t)
         t = (t - mean) / (std if std > 0 else 1.0)
         dense[0][:, j], dense[1][:, j] = t[train_idx], t[test_idx]
-    ids = (torch.zeros(len(train_idx), len(fields), dtype=torch.int32),
-           torch.zeros(n_test, len(fields), dtype=torch.int32))
+    ids = (torch.zeros(len(train_idx), len(fields), dtype=IDS), torch.zeros(n_test, len(fields), dtype=IDS))
     for j, f in enumerate(fields):
         size, lut = _vocabulary(f, train_np, max_vocab, lookup=True)
         prepared.field_sizes.append(size)

@@ -176,6 +176,21 @@ def test_the_column_wise_reader_prepares_what_the_per_cell_one_did(csv_path, rea
     assert new.reader == ("pyarrow" if reader == "pyarrow" else "Python's csv module")
 
 
+@pytest.mark.parametrize("kwargs", [{}, *CASES])
+def test_resident_bytes_are_what_a_rank_keeps(csv_path, reader, kwargs):
+    """DataFacts.resident_bytes, from the launcher's read of the facts, is the sum of the bytes of the arrays a
+    rank's data source keeps (train and test splits), byte for byte."""
+    from launcher.recipes.wide_deep import RECIPE, TabularDataConfig
+
+    config = TabularDataConfig(path=str(csv_path), label="clicked", positive="yes", **kwargs)
+    facts = RECIPE.data_facts(config)
+    args = {k: v for k, v in vars(config).items() if k != "_target_"}
+    rank = TabularCTR(**args)
+    arrays = (*rank.prepared.train, *rank.prepared.test)
+    assert facts.resident_bytes == sum(t.nbytes for t in arrays) > 0
+    assert [t.dtype for t in arrays] == [torch.float32, torch.int32, torch.float32] * 2
+
+
 @pytest.mark.parametrize("delimiter, bom", [(",", False), (";", True), ("\t", False)])
 @pytest.mark.parametrize("kwargs", [{}, {"drop": ["id"], "max_vocab": 8, "crosses": [["city", "note"]]},
                                     {"categorical": ["score"], "continuous": ["tag"], "negative": "no"}])

@@ -104,7 +104,7 @@ def test_a_table_looked_up_twice_in_one_forward_steps_once_with_the_summed_gradi
     (nn.EmbeddingBag(5, 2, padding_idx=0), "padding_idx"),
 ])
 def test_embeddings_the_lookup_cannot_reproduce_stay_in_the_engine(module, why):
-    from launcher.usercode.check import model_facts_on_meta
+    from launcher.inspect.model import model_facts_on_meta
 
     model = nn.ModuleDict({"t": module, "ok": nn.Embedding(5, 2)})
     facts = model_facts_on_meta(model)

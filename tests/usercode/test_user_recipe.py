@@ -227,3 +227,17 @@ def test_a_script_is_not_pipelined(tmp_path, cpu_host):
     with pytest.raises(ConfigError, match=r"parallel.pipeline_stages=2 with script=: runtime.prepare\(\) trains your "
                                           r"loop data-parallel"):
         plan_script(compose_config([f"script={script}", "parallel.pipeline_stages=2"]), cpu_host)
+
+
+@pytest.mark.parametrize("overrides, traced", [([], False), (["placement.mode=auto"], True), (["recompute=[mlp]"], True)])
+def test_the_activations_are_traced_where_the_plan_needs_them(project, overrides, traced):
+    """placement.mode=auto chooses the recompute set and predicts memory from the per-layer trace, as recompute
+    shows it; other runs leave it out."""
+    from launcher.config import compose_config
+    from launcher.launch.preflight import gather_facts
+
+    facts = gather_facts(compose_config(["recipe=my_ctr", *overrides], "conf"), "conf")
+    assert (facts.activations is not None) == traced
+    if traced:
+        assert set(facts.activations) == set(facts.model.layers) and all(
+            v["saved"] > 0 for v in facts.activations.values())

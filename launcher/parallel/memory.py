@@ -1,0 +1,57 @@
+"""One rank's memory model from the run's parts (pure): the parts' state bytes (``memory``), their buffers
+(``buffers``), the activations the recompute set and the pipeline schedule keep, the tables' step temporaries, the
+runtime and the data, as launcher/plan/peak.py's terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from launcher.parallel.choose import _data_parallel, estimate
+from launcher.parallel.intents import Intents, PartPlan
+from launcher.parallel.registry import PARTS
+from launcher.plan.memory import MemoryEstimate
+from launcher.plan.peak import MemoryInput, MemoryPlan, memory_plan
+from launcher.plan.pipeline import PipelinePlan
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """What the memory model needs of the model and data beyond the intents (gathered before the plan)."""
+
+    layer_paths: dict[str, str] | None = None
+    per_sample: dict[str, dict[str, float]] | None = None
+    """Per layer: bytes kept for the backward ("saved") and input bytes ("inputs") per sample (meta-device trace)."""
+    lookups: dict[str, float] = field(default_factory=dict)
+    """Rows each sample looks up per table."""
+    data_bytes: int = 0
+    nproc_per_node: int = 1
+
+
+def kept_activations(per_sample: dict | None, recompute: tuple[str, ...], micro: int) -> int | None:
+    """Bytes one micro-batch keeps for the backward with ``recompute``; None when not traced."""
+    if not per_sample:
+        return None
+    return sum(round((v["inputs"] if n in recompute else v["saved"]) * micro) for n, v in per_sample.items())
+
+
+def rank_memory(i: Intents, parts: tuple[PartPlan, ...], placement, m: ModelMemory, tables: tuple | None = None
+                ) -> tuple[MemoryEstimate, PipelinePlan | None, MemoryPlan]:
+    """(the parts' state estimate, the pipeline with each stage's bytes, the memory plan of the busiest rank);
+    ``tables``: the tables' terms when computed already (launcher/plan/peak.py table_terms)."""
+    micro, accum = i.batch[1], i.batch[2]
+    est, pipeline = estimate(i, parts, placement, m.layer_paths, m.per_sample, i.recompute, micro)
+    dp = _data_parallel(parts)
+    saved = sum(v for p in parts for v in getattr(PARTS[p.name], "saved_params", lambda _: {})(i).values())
+    params = max(0, placement.dense_params - saved) // max(1, i.dims.pp)
+    buffers = tuple(getattr(dp, "buffers", lambda *_: ())(i, params))
+    in_flight, act = 1, kept_activations(m.per_sample, i.recompute, micro)
+    if pipeline is not None:
+        acts = [s.activation_bytes for s in pipeline.stages if s.activation_bytes is not None]
+        act = max(acts) if acts else None  # a stage's figure counts its in-flight micro-batches already
+    mem = memory_plan(MemoryInput(
+        estimate=est, device_type=i.device_type, nproc_per_node=m.nproc_per_node, micro_size=micro,
+        grad_accum=accum, in_flight=in_flight, activation_bytes=act, tables=placement.tables, lookups=m.lookups,
+        optimizer=i.optimizer, optimizer_location=placement.optimizer_location, buffers=buffers,
+        data_bytes=m.data_bytes, deepspeed=any(p.name == "deepspeed" for p in parts), per_table=pipeline is None,
+        table_terms=tables))
+    return est, pipeline, mem

@@ -1,0 +1,85 @@
+"""placement=auto's inputs from a drafted plan: the budgets, the layouts to try, how one is evaluated by the parts'
+rules, the step-time model's figures (the search itself is launcher/plan/auto.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from omegaconf import DictConfig
+
+from launcher.plan.auto import AutoResult, choose, dense_layouts, owned_terms
+from launcher.plan.budget import budget_of
+from launcher.plan.cost import CostInput
+from launcher.plain import to_plain
+from launcher.plan.memory import state_floats
+from launcher.plan.peak import MemoryInput, table_terms
+from launcher.plan.registry import TABLE_OPTIMIZERS
+
+
+def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) -> AutoResult:
+    """The best layout for the drafted plan (its placement and intents as the user's keys made them)."""
+    from launcher import parallel
+    from launcher.plan import model_memory
+
+    budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
+                       host.host_memory, host.device_memory, intents.device_type, nproc)
+    outside = [t for t in placement.tables if t.location != "engine"]
+    on_device = dataclasses.replace(placement, tables=tuple(
+        dataclasses.replace(t, location="device") if t.location != "engine" else t for t in placement.tables))
+    mm = model_memory(sizes, facts, nproc)
+    names = {t.name for t in outside}
+    layers = tuple(n for n in sizes.layers if n not in names)
+
+    seen: set[tuple] = set()
+    tables = tuple(table_terms(MemoryInput(estimate=None, device_type=intents.device_type, nproc_per_node=nproc,
+                                           micro_size=intents.batch[1], grad_accum=intents.batch[2],
+                                           tables=on_device.tables, lookups=mm.lookups)))
+
+    def evaluate(zero: int, opt: bool, par: bool, rec: tuple[str, ...]):
+        i = dataclasses.replace(intents, zero=zero, offload_optimizer=opt, offload_params=par, recompute=rec)
+        parts, problems, _ = parallel.plan_parts(i)
+        if problems or not parts:
+            return None
+        run = parallel.run_facts(i, parts)
+        where = dataclasses.replace(on_device, param_location=run["param_location"],
+                                    optimizer_location=run["optimizer_location"])
+        key = (run["zero"], opt, par, rec)
+        if key in seen:  # ZeRO-0 with offload runs as ZeRO-2: the same layout twice
+            return None
+        seen.add(key)
+        terms = None if intents.dims.pp > 1 else tables
+        mem = parallel.rank_memory(i, parts, where, mm, terms)[2]
+        return mem, run["data_parallel"], run["step_overhead_s"]
+
+    dense = max(0, placement.dense_params) // max(1, intents.dims.pp * intents.dims.tp)
+    lookups = dict(facts.lookups or {})
+    cost = CostInput(device_type=intents.device_type, dense_params=dense, dp=intents.dims.dp,
+                     nnodes=max(1, cfg.cluster.nnodes), samples=intents.batch[1] * intents.batch[2],
+                     state_floats=state_floats(intents.optimizer),
+                     tables=tuple((t.name, t.dim, lookups.get(t.name, 1.0), TABLE_OPTIMIZERS[t.optimizer].state_floats)
+                                  for t in outside))
+    if cfg.recompute:
+        recomputes = [intents.recompute]  # the user's set
+    else:
+        recomputes = [(), layers] if facts.activations is not None and layers else [()]
+    layouts = [lay for lay in dense_layouts(intents.dims.dp, recomputes) if _kept(lay, cfg, intents)]
+    owned = owned_terms(tables) if intents.dims.pp == 1 else {}  # a pipeline's tables are its stages' totals
+    fixed = _fixed_tables(cfg, placement)
+    owned = {n: ts for n, ts in owned.items() if n not in fixed}
+    movable = [(t.name, t.rows) for t in outside if t.name not in fixed]
+    return choose(evaluate, layouts, movable, budget, cost, owned, fixed)
+
+
+def _kept(layout: tuple, cfg: DictConfig, intents) -> bool:
+    """Whether a layout keeps what the user set: auto chooses only the keys left at their defaults (zero.stage 0,
+    optimizer.target device, placement.offload_params false, recompute [])."""
+    zero, opt, par, rec = layout
+    return ((cfg.zero.stage == 0 or zero == cfg.zero.stage) and (not intents.offload_optimizer or opt)
+            and (not intents.offload_params or par))
+
+
+def _fixed_tables(cfg: DictConfig, placement) -> dict[str, str]:
+    """Tables whose place the user set (placement.tables.<name>, or every table with host_device_mix=1)."""
+    named = to_plain(cfg.placement.tables, resolve=False)
+    return {t.name: t.location for t in placement.tables
+            if t.location != "engine" and (t.name in named or cfg.placement.host_device_mix == 1)}

@@ -1,0 +1,107 @@
+"""Memory budgets (pure): what one device and one host may hold, and whether a memory plan fits them.
+
+Capacities are cluster.device_memory_gb / cluster.host_memory_gb, or what the host reported (HostFacts: its RAM or
+its cgroup's limit, its smallest GPU). On a CPU-only host the device is host memory: its budget, unless given, is the
+rank's share of the host's. ``placement.reserve`` of each is kept free. A plan over a capacity is refused with fixes
+that carry numbers; one over the budget but under the capacity is said.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.plan.peak import MemoryPlan
+
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class Budget:
+    device: int
+    """Bytes one device may hold; 0 = unknown (not checked)."""
+    host: int
+    """Bytes one host may hold (its ranks and the launcher); 0 = unknown."""
+    reserve: float
+    device_source: str
+    host_source: str
+
+    @property
+    def device_usable(self) -> int:
+        return int(self.device * (1 - self.reserve))
+
+    @property
+    def host_usable(self) -> int:
+        return int(self.host * (1 - self.reserve))
+
+
+def budget_of(device_gb: float, host_gb: float, reserve: float, host_memory: int, device_memory: int,
+              device_type: str, nproc: int) -> Budget:
+    """The budgets from the cluster keys, else the host's facts."""
+    host, host_src = (int(host_gb * GB), "cluster.host_memory_gb") if host_gb > 0 else \
+        (host_memory, "this host's memory (cluster.host_memory_gb to set it)")
+    if device_gb > 0:
+        device, device_src = int(device_gb * GB), "cluster.device_memory_gb"
+    elif device_type == "cuda":
+        device, device_src = device_memory, "the smallest visible GPU (cluster.device_memory_gb to set it)"
+    else:
+        device, device_src = 0, "a CPU host: the device is host memory (cluster.device_memory_gb to bound it)"
+    return Budget(device=device, host=host, reserve=reserve, device_source=device_src, host_source=host_src)
+
+
+def gb(n: float) -> str:
+    """Bytes in decimal units: MB below 1 GB, TB from 1 TB."""
+    if abs(n) < GB:
+        return f"{n / 10**6:.1f} MB"
+    return f"{n / GB:.2f} GB" if abs(n) < 1000 * GB else f"{n / 10**12:.2f} TB"
+
+
+def overs(mem: MemoryPlan, b: Budget, usable: bool = True) -> dict[str, int]:
+    """{device|host: bytes over} of ``mem`` against ``b`` (usable: less the reserve; else the capacity)."""
+    out = {}
+    dev_cap, host_cap = (b.device_usable, b.host_usable) if usable else (b.device, b.host)
+    if b.device and mem.peak("device") > dev_cap:
+        out["device"] = mem.peak("device") - dev_cap
+    if b.host and mem.host_total > host_cap:
+        out["host"] = mem.host_total - host_cap
+    return out
+
+
+def fits(mem: MemoryPlan, b: Budget) -> bool:
+    return not overs(mem, b)
+
+
+def shortfall(mem: MemoryPlan, b: Budget) -> str:
+    """Words for what ``mem`` lacks: 'needs 1.3 TB of host memory per host, has 1 TB (less 10 % reserve: 0.9 TB)'."""
+    out = []
+    for where, over in overs(mem, b).items():
+        need = mem.peak("device") if where == "device" else mem.host_total
+        cap = b.device if where == "device" else b.host
+        per = "per device" if where == "device" else "per host"
+        out.append(f"needs {gb(need)} of {where} memory {per}, has {gb(cap)} ({b.reserve:.0%} kept free: "
+                   f"{gb(cap * (1 - b.reserve))}), {gb(over)} over")
+    return "; ".join(out)
+
+
+def check_fit(mem: MemoryPlan, b: Budget, traced: bool) -> tuple[list[str], list[str]]:
+    """(problems, notes) of a plan's memory against its budgets: over a capacity is refused (it would run out of
+    memory), over the budget with its reserve is said."""
+    hard = overs(mem, b, usable=False)
+    untraced = "" if traced else " (activations not traced: placement=auto or recompute traces them)"
+    if hard:
+        fix = [f"placement=auto chooses a placement that fits"]
+        if "host" in hard:
+            k = ranks_that_fit(mem, b)
+            fix.append(f"cluster.nproc_per_node={k} (a host holds {k} rank(s) of {gb(mem.rank_peak)})" if k else
+                       f"a host with more memory (cluster.host_memory_gb)")
+        if "device" in hard:
+            fix.append(f"a device of {gb(mem.peak('device'))} or more (cluster.device_memory_gb)")
+        return [f"memory: this plan {shortfall(mem, b)}{untraced}. Fixes: {'; '.join(fix)}."], []
+    if overs(mem, b):
+        return [], [f"memory: over its budget, within its capacity: {shortfall(mem, b)}; placement.reserve="
+                    f"{b.reserve} is what is kept free"]
+    return [], []
+
+
+def ranks_that_fit(mem: MemoryPlan, b: Budget) -> int:
+    """Ranks of this plan one host's usable memory holds beside the launcher."""
+    return max(0, (b.host_usable - mem.launcher) // max(1, mem.rank_peak))

@@ -1,0 +1,59 @@
+"""The step-time model (pure): seconds of one optimizer step of a layout, to rank the layouts that fit.
+
+Compute is 6 flops per parameter and sample (forward 2, backward 4), plus 2 more per recomputed parameter; the dense
+optimizer streams its states where it lives; offload moves gradients down and parameters up over PCIe (and ZeRO-3
+parameter offload fetches the parameters for the forward and the backward); data parallelism all-reduces the
+gradients (ZeRO-3: 1.5 times, for its gathers); a table's step moves the looked-up rows (and their gradients) between
+host and device when it lives on the host of a GPU, and streams its rows and states. The constants are
+launcher/plan/constants.py's; on a CPU host there is no PCIe. It ranks layouts; it is not a promise of seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.plan import constants as C
+
+
+@dataclass(frozen=True)
+class CostInput:
+    device_type: str
+    dense_params: int
+    """Parameters one rank computes with (after tensor parallel and the pipeline)."""
+    dp: int
+    nnodes: int
+    samples: int
+    """Samples per rank and step (micro × grad_accum)."""
+    state_floats: int
+    """fp32 values per parameter of the dense optimizer's states."""
+    tables: tuple[tuple[str, int, float, int], ...] = ()
+    """(name, dim, rows looked up per sample, state floats) of each table outside the parts."""
+
+
+def step_time(c: CostInput, zero: int, offload_optimizer: bool, offload_params: bool, recompute: bool,
+              host_tables: tuple[str, ...]) -> float:
+    """Estimated seconds of one step."""
+    gpu = c.device_type == "cuda"
+    flops = C.GPU_FLOPS.value if gpu else C.CPU_FLOPS.value
+    device_bw = C.GPU_MEMORY_BW.value if gpu else C.CPU_MEMORY_BW.value
+    host_bw = C.HOST_MEMORY_BW.value if gpu else C.CPU_MEMORY_BW.value
+    pcie = C.PCIE_BW.value if gpu else float("inf")
+    shard = c.dp if zero >= 1 else 1
+    seconds = (6 + (2 if recompute else 0)) * c.dense_params * c.samples / flops
+    states = c.dense_params * 4 * (2 + c.state_floats) / shard  # read and write the weights, read-modify the states
+    seconds += states / (host_bw if offload_optimizer else device_bw)
+    if offload_optimizer:
+        seconds += 2 * c.dense_params * 4 / shard / pcie
+    if offload_params:
+        seconds += 2 * c.dense_params * 4 / pcie
+    if c.dp > 1:
+        net = C.NETWORK_BW.value if c.nnodes > 1 else C.LOCAL_BW.value
+        seconds += (1.5 if zero >= 3 else 1.0) * 2 * (c.dp - 1) / c.dp * c.dense_params * 4 / net
+    host = set(host_tables)
+    for name, dim, per_sample, floats in c.tables:
+        rows = c.samples * per_sample * dim * 4
+        on_host = name in host
+        seconds += rows * (2 + 2 * floats) / (host_bw if on_host else device_bw)
+        if on_host:
+            seconds += 2 * rows / pcie
+    return seconds

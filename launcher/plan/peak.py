@@ -1,0 +1,229 @@
+"""The memory model (pure): what one rank holds at its peak, term by term, and what a host holds with its ranks.
+
+Every term says where it lives (host or device), when it is alive (``always``; ``backward``: activations and the
+buffers of the forward and backward; ``step``: the optimizer steps' temporaries; ``save``: a checkpoint's), and how it
+is known: ``exact`` (counted from the model's shapes and the parts' rules), ``traced`` (activations, from a forward on
+the meta device), ``estimate`` (a count of temporaries read from the code that makes them) or ``constant``
+(launcher/plan/constants.py, with its source). A location's peak is its ``always`` terms plus its largest phase.
+
+On a CPU-only host the device is host memory: a rank's resident set is both locations together, and the host's
+budget holds every rank's whole peak; the device budget still bounds what the plan put "on the device" (what a GPU
+would hold), which is how placement is planned and tested on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass, field, fields, replace
+
+from launcher.plan import constants as C
+from launcher.plan.memory import MemoryEstimate
+from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS
+
+PHASES = ("backward", "step", "save")
+STATE_TERMS = {"params": "dense parameters", "grads": "dense gradients", "optimizer": "dense optimizer states and "
+               "fp32 master weights", "tables": "embedding tables", "table_states": "their optimizers' states",
+               "gathered": "parameters a sharded part holds whole during a step"}
+TABLE_STEP_TEMPS = {"lazy_adam": 6, "sparse_adam": 6, "ftrl": 9, "sgd": 2, "momentum": 3}
+"""Row-sized temporaries a table optimizer's step makes (launcher/tables/sparse_optim.py: lazy_adam gathers the
+weight rows and both moments, and its sqrt/div make two more; ftrl gathers three and computes six), besides the
+gradient rows themselves."""
+DENSE_STEP_TEMPS = 1.0
+"""Parameter-sized temporaries of a dense optimizer's step (torch's foreach Adam: the sqrt of exp_avg_sq)."""
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    where: str
+    """host or device."""
+    bytes: int
+    phase: str = "always"
+    basis: str = "exact"
+    """exact, traced, estimate or constant."""
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryInput:
+    """What the memory model reads of a plan (all of it pure data)."""
+
+    estimate: MemoryEstimate
+    device_type: str
+    nproc_per_node: int
+    micro_size: int
+    grad_accum: int
+    in_flight: int = 1
+    """Micro-batches whose activations a rank holds at once (a pipeline schedule's in-flight count; 1 without)."""
+    activation_bytes: int | None = None
+    """Bytes kept for the backward per micro-batch (with the planned recompute); None = not traced."""
+    tables: tuple = ()
+    """The plan's TablePlans (those outside the parts have host/device locations)."""
+    lookups: dict[str, float] = field(default_factory=dict)
+    """Rows each sample looks up per table (default 1)."""
+    optimizer: str = "adam"
+    optimizer_location: str = "device"
+    buffers: tuple[Term, ...] = ()
+    """The parallel parts' own buffers (buckets, prefetch), from each part's ``buffers``."""
+    data_bytes: int = 0
+    """The data set a rank holds in memory (DataFacts.resident_bytes)."""
+    deepspeed: bool = False
+    table_terms: tuple[Term, ...] | None = None
+    """The tables' terms when already computed (``table_terms``): they do not depend on the dense layout, and
+    placement=auto evaluates many layouts of the same tables."""
+    per_table: bool = True
+    """Each table as terms of its own (movable one by one); False: the estimate's totals (a pipeline's busiest
+    stage holds only some tables)."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    terms: tuple[Term, ...]
+    """One rank's terms (the busiest rank of a pipeline)."""
+    device_type: str
+    nproc_per_node: int
+    launcher: int = int(C.LAUNCHER_RUNTIME.value)
+
+    def peak(self, where: str) -> int:
+        """Bytes at the peak in ``where`` (host or device) for one rank."""
+        return self._peaks[where]
+
+    @functools.cached_property
+    def _peaks(self) -> dict[str, int]:
+        """{host, device, both}: each peak, from one pass over the terms (a plan may have 40,000 of them)."""
+        sums = {w: dict.fromkeys(("always", *PHASES), 0) for w in ("host", "device")}
+        for t in self.terms:
+            sums[t.where][t.phase] += t.bytes
+        both = {p: sums["host"][p] + sums["device"][p] for p in sums["host"]}
+        return {w: s["always"] + max(s[p] for p in PHASES) for w, s in (*sums.items(), ("both", both))}
+
+    @property
+    def rank_peak(self) -> int:
+        """One rank's resident peak on a CPU host (both locations are host memory): what the run measures as RSS.
+        On a GPU host: its host peak."""
+        return self._peaks["both"] if self.device_type == "cpu" else self.peak("host")
+
+    @property
+    def host_total(self) -> int:
+        """One host: its ranks' peaks and the launcher."""
+        return self.nproc_per_node * self.rank_peak + self.launcher
+
+    @property
+    def measured_as(self) -> tuple[str, int]:
+        """(the key of rank.N/memory.json's "peak" this plan predicts, the predicted bytes): a CPU rank's resident
+        peak ("rss"); on a GPU, torch's max_memory_reserved (the device peak less the CUDA context, which torch's
+        allocator does not see)."""
+        if self.device_type == "cpu":
+            return "rss", self.rank_peak
+        context = sum(t.bytes for t in self.terms if t.name == "cuda context")
+        return "device_max_reserved", self.peak("device") - context
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) if f.name != "terms" else [asdict(t) for t in self.terms]
+                for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MemoryPlan:
+        return cls(**{**d, "terms": tuple(Term(**t) for t in d["terms"])})
+
+
+def _peak(terms: list[Term]) -> int:
+    always = sum(t.bytes for t in terms if t.phase == "always")
+    return always + max((sum(t.bytes for t in terms if t.phase == p) for p in PHASES), default=0)
+
+
+def memory_plan(m: MemoryInput) -> MemoryPlan:
+    """The terms of one rank (and so its host) for ``m``."""
+    tables = list(m.table_terms) if m.table_terms is not None else table_terms(m)
+    terms = _states(m.estimate, per_table=m.per_table) + tables + _runtime(m) + _activations(m) + _dense_step(m)
+    terms += list(m.buffers)
+    if m.data_bytes:
+        terms.append(Term("data", "host", m.data_bytes, source="the data set each rank holds (its train split)"))
+    return MemoryPlan(terms=tuple(t for t in terms if t.bytes > 0), device_type=m.device_type,
+                      nproc_per_node=m.nproc_per_node)
+
+
+def table_terms(m: MemoryInput) -> list[Term]:
+    """Every table's terms: weights, states, gradient rows and step temporaries."""
+    return _tables(m) + _table_steps(m)
+
+
+def _states(e: MemoryEstimate, per_table: bool) -> list[Term]:
+    skip = ("tables", "table_states") if per_table else ()
+    return [Term(k, where, getattr(b, k), source=STATE_TERMS[k])
+            for where, b in (("device", e.device), ("host", e.host)) for k in STATE_TERMS if k not in skip]
+
+
+def _tables(m: MemoryInput) -> list[Term]:
+    """Each table outside the parts, whole on this rank (replicated), with its optimizer's states (fp32)."""
+    if not m.per_table:
+        return []
+    out = []
+    for t in m.tables:
+        if t.location == "engine":
+            continue
+        size = t.rows * t.dim * 4
+        floats = TABLE_OPTIMIZERS[t.optimizer].state_floats if t.optimizer in TABLE_OPTIMIZERS else 0
+        out += [Term(f"{t.name} table", t.location, size, source=f"{t.rows:,} × {t.dim} fp32"),
+                Term(f"{t.name} states", t.location, size * floats, source=f"{t.optimizer}: {floats} per value")]
+    return out
+
+
+def _runtime(m: MemoryInput) -> list[Term]:
+    out = [Term("runtime", "host", int(C.RANK_RUNTIME.value), basis="constant", source=C.RANK_RUNTIME.source),
+           Term("kernels", "host", int(C.KERNELS_RUNTIME.value), basis="constant", source=C.KERNELS_RUNTIME.source)]
+    if m.deepspeed:
+        out.append(Term("deepspeed runtime", "host", int(C.DEEPSPEED_RUNTIME.value), basis="constant",
+                        source=C.DEEPSPEED_RUNTIME.source))
+    if m.device_type == "cuda":
+        out += [Term("cuda libraries", "host", int(C.CUDA_HOST_RUNTIME.value), basis="constant",
+                     source=C.CUDA_HOST_RUNTIME.source),
+                Term("cuda context", "device", int(C.CUDA_CONTEXT.value), basis="constant", source=C.CUDA_CONTEXT.source)]
+    return out
+
+
+def _activations(m: MemoryInput) -> list[Term]:
+    if m.activation_bytes is None:
+        return []
+    flight = f" × {m.in_flight} micro-batches in flight" if m.in_flight > 1 else ""
+    return [Term("activations", "device", m.activation_bytes * m.in_flight, phase="backward", basis="traced",
+                 source=f"bytes kept for the backward of one micro-batch of {m.micro_size}{flight} (meta-device trace)")]
+
+
+def _table_steps(m: MemoryInput) -> list[Term]:
+    """The looked-up rows' gradients (kept from each backward to the step: grad_accum micro-batches of them, on the
+    compute device, then concatenated and coalesced) and the temporaries of each table optimizer's step where the
+    table lives. Unique rows are taken as every looked-up row (an upper bound: repeated ids coalesce)."""
+    out = []
+    for t in m.tables:
+        if t.location == "engine":
+            continue
+        rows = m.micro_size * m.grad_accum * m.lookups.get(t.name, 1.0)
+        grad = int(rows * (t.dim * 4 + 8))  # fp32 values and an int64 row id each
+        kept = f"{rows:,.0f} looked-up rows × {t.dim} floats"
+        for phase in ("backward", "step"):
+            out.append(Term(f"{t.name} gradient rows", "device", grad, phase=phase, basis="estimate",
+                            source=f"{kept}, kept from the backward to the step"))
+        temps = TABLE_STEP_TEMPS.get(t.optimizer, 2)
+        out.append(Term(f"{t.name} step", t.location, 2 * grad + temps * int(rows * t.dim * 4), phase="step",
+                        basis="estimate", source=f"coalesce (2 × the gradient rows) and {temps} row-sized temporaries "
+                                                 f"of its {t.optimizer} step ({kept})"))
+    return out
+
+
+def _dense_step(m: MemoryInput) -> list[Term]:
+    """One fp32 temporary the size of the parameters the optimizer steps (its states are state_floats of them)."""
+    floats = DENSE_OPTIMIZERS[m.optimizer].state_floats if m.optimizer in DENSE_OPTIMIZERS else 0
+    states = m.estimate.device.optimizer + m.estimate.host.optimizer
+    if not floats or not states:
+        return []
+    return [Term("optimizer step", m.optimizer_location, int(DENSE_STEP_TEMPS * states / floats), phase="step",
+                 basis="estimate", source="a parameter-sized fp32 temporary of the foreach step (torch's "
+                                          "_multi_tensor_adam: the sqrt of exp_avg_sq)")]
+
+
+def without(plan: MemoryPlan, name: str) -> MemoryPlan:
+    """The plan without the terms called ``name`` (what-ifs for the fixes)."""
+    return replace(plan, terms=tuple(t for t in plan.terms if t.name != name))
+
+
