@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import socket
+import time
 import warnings
 from typing import Any
 
@@ -102,8 +103,23 @@ def _finish() -> None:
         # Every rank reaches the end before any tears its connections down: a rank that destroyed its group while a
         # peer's gloo thread still talked to it aborted ("terminate called without an active exception", SIGABRT) at
         # exit after a finished run. The recipe worker does the same before destroy_process_group.
+        # gloo's barrier may return on one rank before its last message reached a peer (the abort was still seen):
+        # each rank also checks in on the store and tears down once all have returned from the barrier.
         dist.barrier()
+        all_returned(dist.distributed_c10d._get_default_store(), dist.get_world_size())
         dist.destroy_process_group()
+
+
+FINISH_KEY = "hetero_launch/returned_from_final_barrier"
+
+
+def all_returned(store, world: int, timeout_s: float = 30.0) -> None:
+    """Count this rank in on the rendezvous store and wait (up to timeout_s) until every rank has."""
+    deadline = time.monotonic() + timeout_s
+    count = store.add(FINISH_KEY, 1)
+    while count < world and time.monotonic() < deadline:
+        time.sleep(0.01)
+        count = store.add(FINISH_KEY, 0)
 
 
 def rank() -> int:
