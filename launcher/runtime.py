@@ -110,16 +110,12 @@ def _finish() -> None:
         dist.destroy_process_group()
 
 
-FINISH_KEY = "hetero_launch/returned_from_final_barrier"
-
-
-def all_returned(store, world: int, timeout_s: float = 30.0) -> None:
+def all_returned(store, world: int, timeout_s: float = 30.0, key: str = "hetero_launch/final_barrier") -> None:
     """Count this rank in on the rendezvous store and wait (up to timeout_s) until every rank has."""
-    deadline = time.monotonic() + timeout_s
-    count = store.add(FINISH_KEY, 1)
+    deadline, count = time.monotonic() + timeout_s, store.add(key, 1)
     while count < world and time.monotonic() < deadline:
         time.sleep(0.01)
-        count = store.add(FINISH_KEY, 0)
+        count = store.add(key, 0)
 
 
 def rank() -> int:
