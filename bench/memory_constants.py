@@ -44,6 +44,18 @@ PROBES = {
         "opt = torch.optim.Adam([*m.parameters(), *e.parameters()])\n"
         "(m(torch.randn(32, 100)).sum() + e(torch.randint(0, 1000, (32,))).sum()).backward()\n"
         "opt.step()\n"),
+    "torch + resnet's first step (conv; compare with the MLP's above)": (
+        "import torch\n"
+        "from hydra.utils import instantiate\n"
+        "from omegaconf import OmegaConf\n"
+        "from launcher.config import compose_config\n"
+        "from launcher.recipes import RECIPES\n"
+        "cfg = compose_config(['recipe=resnet'])\n"
+        "r = RECIPES['resnet']\n"
+        "m = instantiate(r.model_spec(OmegaConf.to_object(cfg.model), r.data_facts(OmegaConf.to_object(cfg.data))))\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)\n"
+        "m(torch.randn(8, 3, 32, 32)).sum().backward()\n"
+        "opt.step()\n"),
 }
 """Name -> the code run before REPORT in a fresh interpreter."""
 

@@ -145,6 +145,8 @@ class Facts:
     """Per layer of layers(): bytes kept for the backward ("saved") and input bytes ("inputs"), per sample,
     estimated on the meta device (launcher/inspect/activations.py); None when the plan needs none
     (launcher.launch.preflight.wants_activations)."""
+    families: tuple[str, ...] = ()
+    """Operator kinds with a runtime cost of their own (launcher/inspect/activations.py Trace.families: conv)."""
     lookups: dict[str, float] | None = None
     """Rows each sample looks up per embedding table (module path -> rows), from the same trace; None = not traced
     (the memory model takes 1 per table)."""

@@ -29,6 +29,8 @@ class Trace:
     """{layer: {"saved": bytes per sample, "inputs": bytes per sample}}."""
     lookups: dict[str, float]
     """{module path of an nn.Embedding / nn.EmbeddingBag: rows it looks up per sample}."""
+    families: tuple[str, ...] = ()
+    """Kinds of operators whose CPU kernels cost memory of their own when first run (conv: oneDNN's convolutions)."""
 
 
 def estimate_activations(model: nn.Module, layers: list[tuple[str, nn.Module]], inputs: tuple,
@@ -87,4 +89,5 @@ def activation_facts(recipe, model_spec: dict, batch: tuple) -> Trace | None:
         per_layer = estimate_activations(model, recipe.layers(model), inputs, len(batch[1]), lookups)
     except (NotImplementedError, RuntimeError):
         return None
-    return Trace(layers=per_layer, lookups=lookups)
+    conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+    return Trace(layers=per_layer, lookups=lookups, families=("conv",) if conv else ())

@@ -190,7 +190,8 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
         if not (wants_activations(cfg) and estimate):
             return Facts(data=data, model=model)
         trace = _activations(recipe, cfg, data)
-        return Facts(data=data, model=model, activations=trace and trace.layers, lookups=trace and trace.lookups)
+        return Facts(data=data, model=model, activations=trace and trace.layers, lookups=trace and trace.lookups,
+                     families=trace.families if trace else ())
     from launcher.usercode.check import inspect_user_recipe
 
     paths = [str(Path.cwd())]
@@ -203,7 +204,7 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
     source = f"{config_dir or 'conf'}/recipe/{recipe.name}.yaml"
     data, model, trace = inspect_user_recipe(cfg, source, trace_activations=wants_activations(cfg))
     return Facts(data=data, model=model, code_paths=code_paths, activations=trace and trace.layers,
-                 lookups=trace and trace.lookups)
+                 lookups=trace and trace.lookups, families=trace.families if trace else ())
 
 
 def wants_activations(cfg: DictConfig) -> bool:

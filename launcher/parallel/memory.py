@@ -25,6 +25,8 @@ class ModelMemory:
     """Rows each sample looks up per table."""
     data_bytes: int = 0
     nproc_per_node: int = 1
+    families: tuple[str, ...] = ()
+    """Operator kinds with a runtime cost of their own (conv)."""
 
 
 def kept_activations(per_sample: dict | None, recompute: tuple[str, ...], micro: int) -> int | None:
@@ -52,6 +54,7 @@ def rank_memory(i: Intents, parts: tuple[PartPlan, ...], placement, m: ModelMemo
         estimate=est, device_type=i.device_type, nproc_per_node=m.nproc_per_node, micro_size=micro,
         grad_accum=accum, in_flight=in_flight, activation_bytes=act, tables=placement.tables, lookups=m.lookups,
         optimizer=i.optimizer, optimizer_location=placement.optimizer_location, buffers=buffers,
-        data_bytes=m.data_bytes, deepspeed=any(p.name == "deepspeed" for p in parts), per_table=pipeline is None,
+        data_bytes=m.data_bytes, families=m.families, deepspeed=any(p.name == "deepspeed" for p in parts),
+        per_table=pipeline is None,
         table_terms=tables))
     return est, pipeline, mem

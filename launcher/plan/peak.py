@@ -28,6 +28,9 @@ TABLE_STEP_TEMPS = {"lazy_adam": 6, "sparse_adam": 6, "ftrl": 9, "sgd": 2, "mome
 """Row-sized temporaries a table optimizer's step makes (launcher/tables/sparse_optim.py: lazy_adam gathers the
 weight rows and both moments, and its sqrt/div make two more; ftrl gathers three and computes six), besides the
 gradient rows themselves."""
+MMAP_MAX = 32 << 20
+"""glibc's dynamic mmap threshold rises to at most this: a host temporary below it, once freed, stays in the heap
+(fragments of it are reused, the heap does not shrink), one above it is unmapped when freed."""
 DENSE_STEP_TEMPS = 1.0
 """Parameter-sized temporaries of a dense optimizer's step (torch's foreach Adam: the sqrt of exp_avg_sq)."""
 
@@ -68,6 +71,8 @@ class MemoryInput:
     data_bytes: int = 0
     """The data set a rank holds in memory (DataFacts.resident_bytes)."""
     deepspeed: bool = False
+    families: tuple[str, ...] = ()
+    """Operator kinds the model runs whose CPU kernels cost memory of their own (conv)."""
     table_terms: tuple[Term, ...] | None = None
     """The tables' terms when already computed (``table_terms``): they do not depend on the dense layout, and
     placement=auto evaluates many layouts of the same tables."""
@@ -172,6 +177,9 @@ def _tables(m: MemoryInput) -> list[Term]:
 def _runtime(m: MemoryInput) -> list[Term]:
     out = [Term("runtime", "host", int(C.RANK_RUNTIME.value), basis="constant", source=C.RANK_RUNTIME.source),
            Term("kernels", "host", int(C.KERNELS_RUNTIME.value), basis="constant", source=C.KERNELS_RUNTIME.source)]
+    if "conv" in m.families and m.device_type == "cpu":
+        out.append(Term("conv kernels", "host", int(C.CONV_KERNELS.value), basis="constant",
+                        source=C.CONV_KERNELS.source))
     if m.deepspeed:
         out.append(Term("deepspeed runtime", "host", int(C.DEEPSPEED_RUNTIME.value), basis="constant",
                         source=C.DEEPSPEED_RUNTIME.source))
@@ -205,9 +213,15 @@ def _table_steps(m: MemoryInput) -> list[Term]:
             out.append(Term(f"{t.name} gradient rows", "device", grad, phase=phase, basis="estimate",
                             source=f"{kept}, kept from the backward to the step"))
         temps = TABLE_STEP_TEMPS.get(t.optimizer, 2)
-        out.append(Term(f"{t.name} step", t.location, 2 * grad + temps * int(rows * t.dim * 4), phase="step",
-                        basis="estimate", source=f"coalesce (2 × the gradient rows) and {temps} row-sized temporaries "
-                                                 f"of its {t.optimizer} step ({kept})"))
+        step = 2 * grad + temps * int(rows * t.dim * 4)
+        out.append(Term(f"{t.name} step", t.location, step, phase="step", basis="estimate",
+                        source=f"coalesce (2 × the gradient rows) and {temps} row-sized temporaries of its "
+                               f"{t.optimizer} step ({kept})"))
+        if (m.device_type == "cpu" or t.location == "host") and grad < MMAP_MAX:
+            out.append(Term(f"{t.name} heap slack", "host", step, basis="estimate",
+                            source=f"glibc keeps the freed step temporaries of {t.name} in its heap (each under "
+                                   f"{MMAP_MAX >> 20} MiB, glibc's largest mmap threshold); wide_deep grew 19 MB over "
+                                   f"300 steps here"))
     return out
 
 
