@@ -188,7 +188,7 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
         data = recipe.data_facts(OmegaConf.to_object(cfg.data))
         model = _layers(recipe, cfg, data) if cfg.parallel.pipeline_stages > 1 else None
         if not (wants_activations(cfg) and estimate):
-            return Facts(data=data, model=model)
+            return Facts(data=data, model=model, lookups=_lookups(recipe, cfg, data))
         trace = _activations(recipe, cfg, data)
         return Facts(data=data, model=model, activations=trace and trace.layers, lookups=trace and trace.lookups,
                      families=trace.families if trace else ())
@@ -212,6 +212,14 @@ def wants_activations(cfg: DictConfig) -> bool:
     pipeline stages shows the estimate, and with placement.mode=auto the planner chooses the recompute set and
     predicts each device's memory from it. Other runs skip it: it imports torch, which their dry run never does."""
     return bool(cfg.recompute) or cfg.parallel.pipeline_stages > 1 or cfg.placement.get("mode") == "auto"
+
+
+def _lookups(recipe, cfg: DictConfig, data) -> dict[str, float] | None:
+    """Rows each sample looks up per table from a built-in recipe's optional torch-free ``lookups(model)`` hook (when
+    no trace runs); None without one."""
+    if not hasattr(recipe, "lookups"):
+        return None
+    return recipe.lookups(recipe.model_spec(OmegaConf.to_object(cfg.model), data))
 
 
 def _layers(recipe, cfg: DictConfig, data) -> ModelFacts:

@@ -117,6 +117,11 @@ class WideDeepRecipe:
         rows = sum(model["field_sizes"]) if model["field_sizes"] else model["num_sparse"] * model["rows_per_table"]
         return {"deep_embedding": (rows, model["embed_dim"]), "wide_embedding": (rows, 1)}
 
+    def lookups(self, model: dict) -> dict[str, float]:
+        """Rows each sample looks up per table (optional hook: the memory model's figure when no trace ran): one
+        per categorical field in both tables."""
+        return {"deep_embedding": float(model["num_sparse"]), "wide_embedding": float(model["num_sparse"])}
+
     def dense_param_count(self, model: dict) -> int:
         """The MLP and the wide part's dense linear."""
         widths = [model["num_dense"] + model["num_sparse"] * model["embed_dim"], *model["hidden"], 1]
