@@ -12,19 +12,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from launcher.procfs import kernel_field
 from launcher.rundir import RankDir, finite
 
 
 def host_available_memory() -> int:
     """The host's available memory in bytes (MemAvailable in /proc/meminfo; 0 where there is none)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return kernel_field("/proc/meminfo", "MemAvailable")
 
 
 def _memory() -> tuple[int, int]:

@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 from launcher.plan.types import HostFacts
+from launcher.procfs import kernel_field
 
 
 def probe_host() -> HostFacts:
@@ -97,21 +98,8 @@ NO_LIMIT = 1 << 60
 def host_memory(meminfo: Path = MEMINFO, limits: tuple[Path, ...] = CGROUP_LIMITS) -> int:
     """Bytes of memory the run may use on this host: MemTotal of ``meminfo``, or a cgroup's limit (``limits``) when
     lower ("max": none); 0 when none of them can be read."""
-    sizes = [_mem_total(meminfo), *(_cgroup_limit(p) for p in limits)]
+    sizes = [kernel_field(meminfo, "MemTotal"), *(_cgroup_limit(p) for p in limits)]
     return min((s for s in sizes if 0 < s < NO_LIMIT), default=0)
-
-
-def _mem_total(path: Path) -> int:
-    """MemTotal of a /proc/meminfo file in bytes (the kernel writes kB: KiB); 0 when unreadable."""
-    try:
-        for line in path.read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key == "MemTotal":
-                value, *unit = rest.split()
-                return int(value) * (1024 if unit and unit[0].lower() == "kb" else 1)
-    except (OSError, UnicodeDecodeError, ValueError):
-        pass
-    return 0
 
 
 def _cgroup_limit(path: Path) -> int:

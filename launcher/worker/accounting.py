@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from launcher.parallel.rank import local_tensor
+from launcher.procfs import kernel_field
 
 KINDS = ("params", "optimizer", "tables", "table_states")
 
@@ -137,14 +138,7 @@ def peak_resident_bytes() -> int:
     carries over from the parent across vfork + exec (how Python's subprocess starts a rank), so that a rank's
     ru_maxrss is never below the launcher's RSS when it started the rank. ru_maxrss (KiB on Linux) where there is no
     /proc."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return kernel_field("/proc/self/status", "VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def measure_peak(marks: dict[str, int], device: torch.device, step: int) -> dict[str, Any]:
