@@ -14,7 +14,7 @@ would hold), which is how placement is planned and tested on CPU.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 
 from launcher.plan import constants as C
 from launcher.plan.memory import MemoryEstimate
@@ -132,11 +132,6 @@ class MemoryPlan:
         return cls(**{**d, "terms": tuple(Term(**t) for t in d["terms"])})
 
 
-def _peak(terms: list[Term]) -> int:
-    always = sum(t.bytes for t in terms if t.phase == "always")
-    return always + max((sum(t.bytes for t in terms if t.phase == p) for p in PHASES), default=0)
-
-
 def memory_plan(m: MemoryInput) -> MemoryPlan:
     """The terms of one rank (and so its host) for ``m``."""
     tables = list(m.table_terms) if m.table_terms is not None else table_terms(m)
@@ -234,10 +229,3 @@ def _dense_step(m: MemoryInput) -> list[Term]:
     return [Term("optimizer step", m.optimizer_location, int(DENSE_STEP_TEMPS * states / floats), phase="step",
                  basis="estimate", source="a parameter-sized fp32 temporary of the foreach step (torch's "
                                           "_multi_tensor_adam: the sqrt of exp_avg_sq)")]
-
-
-def without(plan: MemoryPlan, name: str) -> MemoryPlan:
-    """The plan without the terms called ``name`` (what-ifs for the fixes)."""
-    return replace(plan, terms=tuple(t for t in plan.terms if t.name != name))
-
-
