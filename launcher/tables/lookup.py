@@ -11,7 +11,8 @@ from launcher.parallel.rank import held_module, set_module
 
 from launcher.plan import TablePlan
 from launcher.tables.replicated import ReplicatedTables
-from launcher.tables.store import TableStore
+from launcher.tables.sharded import ShardedTables
+from launcher.tables.store import Stores, TableStore
 
 
 class TableLookup(nn.Module):
@@ -64,10 +65,12 @@ def movable(m: nn.Module) -> str:
 
 
 def build_tables(models: list[nn.Module], plans: tuple[TablePlan, ...], compute: torch.device, dtype: torch.dtype,
-                 dp_group=None) -> ReplicatedTables | None:
+                 dp_group=None, ps_group=None, ps_mesh=None) -> TableStore | None:
     """Take each planned table that ``models`` hold (by module path: a rank's pipeline stages, or the whole model)
-    out of them: its weight moves into a ReplicatedTables store, where the plan puts it, and a TableLookup takes
-    the module's place. The models are changed in place; None when they hold none of the tables."""
+    out of them: its weight moves into a table store, where the plan puts it (a whole copy in a ReplicatedTables
+    store; this rank's block of rows in a ShardedTables store over ``ps_group`` when the plan shards it), and a
+    TableLookup takes the module's place. The models are changed in place; None when they hold none of the
+    tables."""
     found = [(m, p, mod) for m in models for p in plans if (mod := held_module(m, p.name)) is not None]
     if not found:
         return None
@@ -76,8 +79,16 @@ def build_tables(models: list[nn.Module], plans: tuple[TablePlan, ...], compute:
         if why:
             raise TypeError(f"{p.name} cannot train outside the parallel parts: {why}. Set "
                             f"tables.{p.name}.optimizer=dense (it then trains with the rest of the model).")
-    store = ReplicatedTables({p.name: mod.weight for _, p, mod in found}, tuple(p for _, p, _ in found), compute,
-                             dtype, dp_group, {p.name: mod.padding_idx for _, p, mod in found})
+    weights = {p.name: mod.weight for _, p, mod in found}
+    padding = {p.name: mod.padding_idx for _, p, mod in found}
+    replicated = tuple(p for _, p, _ in found if p.shards == 1)
+    sharded = tuple(p for _, p, _ in found if p.shards > 1)
+    stores: list[TableStore] = []
+    if replicated:
+        stores.append(ReplicatedTables(weights, replicated, compute, dtype, dp_group, padding))
+    if sharded:
+        stores.append(ShardedTables(weights, sharded, compute, dtype, ps_group, ps_mesh, padding))
+    store = stores[0] if len(stores) == 1 else Stores(stores)
     for model, p, module in found:
         bag = module.mode if isinstance(module, nn.EmbeddingBag) else None
         lookup = TableLookup(store, p.name, bag, getattr(module, "include_last_offset", False))

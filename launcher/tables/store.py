@@ -45,3 +45,43 @@ class TableStore(Protocol):
     def held(self) -> dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]:
         """Per table this rank holds: (where the plan put it: host or device, its weight or this rank's rows of it,
         its optimizer's state tensors): what the memory accounting measures."""
+
+
+class Stores:
+    """Several stores as one (replicated tables beside sharded ones): lookups go to the store that holds the table;
+    collect, step and discard go to every store, in one fixed order (their exchanges are collectives)."""
+
+    def __init__(self, stores: list[Any]) -> None:
+        self.stores = stores
+        self.tables = {name: t for s in stores for name, t in s.tables.items()}
+        self._of = {name: s for s in stores for name in s.tables}
+
+    def lookup(self, name: str, ids: torch.Tensor) -> torch.Tensor:
+        return self._of[name].lookup(name, ids)
+
+    def collect(self, grad_scale: float = 1.0) -> None:
+        for s in self.stores:
+            s.collect(grad_scale)
+
+    def step(self) -> bool:
+        return all([s.step() for s in self.stores])  # a list: every store steps (each skips on its own)
+
+    def discard(self) -> None:
+        for s in self.stores:
+            s.discard()
+
+    def set_lr(self, name: str, lr: float) -> None:
+        self._of[name].set_lr(name, lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for s in self.stores for k, v in s.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for s in self.stores:
+            s.load_state_dict({name: state[name] for name in s.tables})
+
+    def digests(self) -> dict[str, str]:
+        return {k: v for s in self.stores for k, v in s.digests().items()}
+
+    def held(self) -> dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]:
+        return {k: v for s in self.stores for k, v in s.held().items()}

@@ -45,3 +45,9 @@ def describe_mesh(mesh: DeviceMesh, dp: DataParallel) -> dict[str, Any]:
                    "dp": dist.get_process_group_ranks(dp.group),
                    "tp": dist.get_process_group_ranks(dims["tp"].get_group())},
     }
+
+
+def stage_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The ranks of this rank's pipeline stage (dp × tp, all ranks without stages) as one flat mesh: the group a
+    parameter-server table's rows are split over (collective: every rank calls it)."""
+    return mesh["dp_replicate", "dp_shard", "tp"]._flatten("stage")

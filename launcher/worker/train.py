@@ -25,7 +25,7 @@ from launcher.tables.transfer import host_to_device
 from launcher.usercode import recipe_for
 from launcher.usercode.items import OutputLoss, map_inputs
 from launcher.worker.accounting import resident_bytes
-from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh
+from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh, stage_mesh
 from launcher.worker.optimizers import build_optimizer
 from launcher.worker.precision import keep_batchnorm_fp32
 from launcher.worker.trainer import DTYPES, Trainer
@@ -86,7 +86,8 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
             keep_batchnorm_fp32(c.module)
     tables = None
     if plan.placement.sparse_tables:  # tables train outside the parts; the parts get the rest of the model
+        stage = stage_mesh(mesh) if any(t.shards > 1 for t in plan.placement.tables) else None
         tables = build_tables([c.module for c in chunks], plan.placement.tables, device, DTYPES[plan.precision],
-                              dp.group)
+                              dp.group, stage.get_group() if stage else None, stage)
     engine = apply_parts(chunks, rt, lambda params: build_optimizer(plan, params))
     return Trainer(plan, engine, tables, loss_fn, data, dp, device, rank)
