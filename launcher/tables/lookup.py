@@ -10,6 +10,7 @@ from torch import nn
 from launcher.parallel.rank import held_module, set_module
 
 from launcher.plan import TablePlan
+from launcher.tables.partition import RowPartition
 from launcher.tables.replicated import ReplicatedTables
 from launcher.tables.sharded import ShardedTables
 from launcher.tables.store import Stores, TableStore
@@ -64,13 +65,29 @@ def movable(m: nn.Module) -> str:
     return ""
 
 
+def take_blocks(model: nn.Module, plans: tuple[TablePlan, ...], rank: int, size: int) -> dict[str, torch.Tensor]:
+    """Right after the model is built: this rank's block of each sharded table it holds (a copy), the module's whole
+    weight replaced by a meta tensor of its shape, so that the whole table is freed at once (build_tables then
+    takes the blocks)."""
+    blocks = {}
+    for p in plans:
+        module = held_module(model, p.name) if p.shards > 1 else None
+        if module is None or movable(module) or module.weight.is_meta:
+            continue  # not this model's, or build_tables says why it cannot move
+        start, stop = RowPartition(p.rows, size).bounds(rank)
+        blocks[p.name] = module.weight.detach()[start:stop].to("cpu", torch.float32, copy=True)
+        module.weight = nn.Parameter(torch.empty(module.weight.shape, device="meta"))
+    return blocks
+
+
 def build_tables(models: list[nn.Module], plans: tuple[TablePlan, ...], compute: torch.device, dtype: torch.dtype,
-                 dp_group=None, ps_group=None, ps_mesh=None) -> TableStore | None:
+                 dp_group=None, ps_group=None, ps_mesh=None,
+                 blocks: dict[str, torch.Tensor] | None = None) -> TableStore | None:
     """Take each planned table that ``models`` hold (by module path: a rank's pipeline stages, or the whole model)
     out of them: its weight moves into a table store, where the plan puts it (a whole copy in a ReplicatedTables
     store; this rank's block of rows in a ShardedTables store over ``ps_group`` when the plan shards it), and a
-    TableLookup takes the module's place. The models are changed in place; None when they hold none of the
-    tables."""
+    TableLookup takes the module's place. ``blocks``: the sharded tables' blocks take_blocks already took. The
+    models are changed in place; None when they hold none of the tables."""
     found = [(m, p, mod) for m in models for p in plans if (mod := held_module(m, p.name)) is not None]
     if not found:
         return None
@@ -87,7 +104,7 @@ def build_tables(models: list[nn.Module], plans: tuple[TablePlan, ...], compute:
     if replicated:
         stores.append(ReplicatedTables(weights, replicated, compute, dtype, dp_group, padding))
     if sharded:
-        stores.append(ShardedTables(weights, sharded, compute, dtype, ps_group, ps_mesh, padding))
+        stores.append(ShardedTables(weights, sharded, compute, dtype, ps_group, ps_mesh, padding, blocks))
     store = stores[0] if len(stores) == 1 else Stores(stores)
     for model, p, module in found:
         bag = module.mode if isinstance(module, nn.EmbeddingBag) else None

@@ -60,7 +60,7 @@ class Lookup:
 class ShardedTables:
     def __init__(self, weights: dict[str, torch.Tensor], plans: tuple[TablePlan, ...], compute: torch.device,
                  dtype: torch.dtype = torch.float32, group=None, mesh=None,
-                 padding: dict[str, int | None] | None = None) -> None:
+                 padding: dict[str, int | None] | None = None, blocks: dict[str, torch.Tensor] | None = None) -> None:
         self.compute, self.dtype, self.group, self.mesh = compute, dtype, group, mesh
         self.size = dist.get_world_size(group) if dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
@@ -69,7 +69,9 @@ class ShardedTables:
         for p in sorted(plans, key=lambda p: p.name):  # one order on every rank: the exchanges'
             part = RowPartition(p.rows, self.size)
             start, stop = part.bounds(self.rank)
-            block = weights[p.name].detach()[start:stop].to(HOST, torch.float32, copy=True).contiguous()
+            block = (blocks or {}).get(p.name)  # taken when the model was built (lookup.take_blocks)
+            if block is None:
+                block = weights[p.name].detach()[start:stop].to(HOST, torch.float32, copy=True).contiguous()
             self.tables[p.name] = Block(p, part, block, build_table_optimizer(p, block), (padding or {}).get(p.name))
         self._lookups: list[Lookup] = []
         self._last: Lookup | None = None

@@ -21,6 +21,7 @@ from launcher.parallel.rank import RankContext
 from launcher.plan import LaunchPlan
 from launcher.rundir import CheckpointDir, RunDir
 from launcher.tables import build_tables
+from launcher.tables.lookup import take_blocks
 from launcher.tables.transfer import host_to_device
 from launcher.usercode import recipe_for
 from launcher.usercode.items import OutputLoss, map_inputs
@@ -66,12 +67,31 @@ def run_rank(path: str | Path) -> None:
     dist.destroy_process_group()
 
 
+def build_model(plan: LaunchPlan, rank: int, stage: DeviceMesh | None) -> tuple[torch.nn.Module, dict]:
+    """The recipe's model (seeded: every rank builds the same one) and, with sharded tables (``stage``: the group
+    they are split over), this rank's blocks of them. Then the ranks of a host build it one at a time, each
+    freeing the whole tables as soon as it has its blocks: a host never holds more than one whole copy, so a table
+    larger than a rank's share of host memory can train (collective: every rank calls it)."""
+    if stage is None:
+        torch.manual_seed(plan.seed)
+        return instantiate(plan.model), {}
+    me = plan.ranks[rank]
+    model, blocks = None, {}
+    for turn in range(1 + max(r.local_rank for r in plan.ranks)):
+        if turn == me.local_rank:
+            torch.manual_seed(plan.seed)
+            model = instantiate(plan.model)
+            blocks = take_blocks(model, plan.placement.tables, stage.get_local_rank(), stage.size())
+        dist.barrier()
+    return model, blocks
+
+
 def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank: int, mesh: DeviceMesh) -> Trainer:
     """The recipe's model, loss and data from the plan's specs; this rank's chunks of the model (its pipeline stages,
     or all of it); the tables the plan keeps outside the parts swapped for lookups into a table store; the parts
     applied in order; the engine that drives them. Needs the process group and the mesh."""
-    torch.manual_seed(plan.seed)
-    model = instantiate(plan.model)
+    stage = stage_mesh(mesh) if any(t.shards > 1 for t in plan.placement.tables) else None
+    model, blocks = build_model(plan, rank, stage)
     loss_fn = OutputLoss(instantiate(plan.loss), plan.model_output)
     data = instantiate(plan.data)
     layers_of = recipe_for(plan.recipe).layers
@@ -86,8 +106,7 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
             keep_batchnorm_fp32(c.module)
     tables = None
     if plan.placement.sparse_tables:  # tables train outside the parts; the parts get the rest of the model
-        stage = stage_mesh(mesh) if any(t.shards > 1 for t in plan.placement.tables) else None
         tables = build_tables([c.module for c in chunks], plan.placement.tables, device, DTYPES[plan.precision],
-                              dp.group, stage.get_group() if stage else None, stage)
+                              dp.group, stage.get_group() if stage else None, stage, blocks)
     engine = apply_parts(chunks, rt, lambda params: build_optimizer(plan, params))
     return Trainer(plan, engine, tables, loss_fn, data, dp, device, rank)

@@ -1,0 +1,64 @@
+"""Parameter-server mode (placement.ps=true) in launched runs of wide_deep, against replicated host tables
+(placement.host_device_mix=1) at the same global batch: the same loss every step on 2 and on 4 ranks (fp32, 1e-5
+relative), each rank holding 1/world of the tables' bytes, and a checkpoint saved on 4 ranks resumed on 2 giving the
+losses the 4 ranks went on with (1e-6). Four runs share the assertions."""
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.integration.test_resume import FAIL_AFTER_STEP_8, STEPS, _assert_same, _losses
+
+pytestmark = pytest.mark.integration
+
+COMMON = ["recipe=wide_deep", "smoke=true", "model.rows_per_table=1000", *STEPS]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("ps")
+    jobs = {
+        "replicated": ["placement.host_device_mix=1", "cluster.nproc_per_node=2"],
+        "ps2": ["placement.ps=true", "cluster.nproc_per_node=2"],
+        "ps4": ["placement.ps=true", "cluster.nproc_per_node=4", *FAIL_AFTER_STEP_8],
+        "resumed": ["placement.ps=true", "cluster.nproc_per_node=2", "trainer.resume=log_output/ps4"],
+    }
+    for name, extra in jobs.items():
+        res = run_cli([*COMMON, *extra, f"output.run_name={name}"], cwd)
+        assert res.returncode == (1 if name == "ps4" else 0), res.stdout[-3000:] + res.stderr[-3000:]
+    return cwd / "log_output"
+
+
+def _table_bytes(run_dir, rank: int) -> int:
+    host = json.loads((run_dir / f"rank.{rank}" / "memory.json").read_text())["host"]
+    return host["tables"] + host["table_states"]
+
+
+def _relative(a: dict[int, float], b: dict[int, float]) -> float:
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    return max(abs(a[s] - b[s]) / abs(b[s]) for s in a)
+
+
+def test_sharded_tables_give_the_losses_of_replicated_ones_on_2_and_4_ranks(runs):
+    replicated = _losses(runs / "replicated" / "rank.0")
+    for name in ("ps2", "ps4"):
+        worst = _relative(_losses(runs / name / "rank.0"), replicated)
+        print(f"{name} vs replicated, steps 1-8: worst relative difference {worst:.2e}")
+        assert worst <= 1e-5
+
+
+def test_each_rank_holds_its_share_of_the_tables(runs):
+    whole = _table_bytes(runs / "replicated", 0)
+    for name, world in (("ps2", 2), ("ps4", 4)):
+        plan = json.loads((runs / name / "plan.json").read_text())
+        assert {t["name"]: t["shards"] for t in plan["placement"]["tables"]} == {
+            "deep_embedding": world, "wide_embedding": world}
+        for rank in range(world):
+            assert _table_bytes(runs / name, rank) == pytest.approx(whole / world, rel=0.1)
+
+
+def test_a_checkpoint_of_4_ranks_resumes_on_2(runs):
+    plan = json.loads((runs / "resumed" / "plan.json").read_text())
+    assert plan["world_size"] == 2 and plan["resume_from"].endswith("ps4/checkpoints/step4")
+    _assert_same(_losses(runs / "resumed" / "rank.0"), _losses(runs / "ps4" / "rank.0"))
