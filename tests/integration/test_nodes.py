@@ -1,5 +1,6 @@
 """Two nodes as two launcher processes on loopback (cluster.launch=elastic, torch elastic's c10d rendezvous), 2 ranks
-each: the same losses as one node with 4 ranks; a rank killed on node 1 stops both nodes, and both name it."""
+each: the same losses as one node with 4 ranks (the nodes with their tables' rows split over the 4 ranks of both
+hosts, placement.ps=true; the one node with a copy per rank); a rank killed on node 1 stops both nodes, and both name it."""
 
 import json
 import os
@@ -58,7 +59,7 @@ def test_two_nodes_train_as_one_node_of_four_ranks(tmp_path):
     res = run_cli([*WIDE_DEEP, "cluster.nproc_per_node=4"], one)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     reference = _losses((one / "log_output" / "latest").resolve(), 0)
-    procs = _nodes(tmp_path, WIDE_DEEP)
+    procs = _nodes(tmp_path, [*WIDE_DEEP, "placement.ps=true"])  # and the tables' rows split over the 4 ranks
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, out[-3000:] + err[-3000:]
@@ -71,9 +72,11 @@ def test_two_nodes_train_as_one_node_of_four_ranks(tmp_path):
                     if _summary(tmp_path, n)["node_rank"] == 0)
     table = json.loads((node_dir / "rank_table.json").read_text())
     assert table["server_count"] == "2" and [d["rank_id"] for d in table["server_list"][1]["device"]] == ["2", "3"]
+    plan = json.loads((node_dir / "plan.json").read_text())
+    assert {t["shards"] for t in plan["placement"]["tables"]} == {4}
     two_nodes = _losses(node_dir, 0)
     worst = max(abs(two_nodes[s] - reference[s]) / abs(reference[s]) for s in reference)
-    print(f"2 nodes x 2 ranks vs 1 node x 4 ranks, wide_deep, {len(reference)} steps: worst relative {worst:.2e}")
+    print(f"2 nodes x 2 ranks (ps) vs 1 node x 4 ranks, wide_deep, {len(reference)} steps: worst relative {worst:.2e}")
     assert sorted(two_nodes) == sorted(reference) and worst <= 1e-5
     from launcher.cli import main  # `hetero-launch report` merges the nodes' run dirs (gathered here) into one
 
