@@ -1,7 +1,8 @@
 """Parameter-server mode (placement.ps=true) in launched runs of wide_deep, against replicated host tables
 (placement.host_device_mix=1) at the same global batch: the same loss every step on 2 and on 4 ranks (fp32, 1e-5
 relative), each rank holding 1/world of the tables' bytes, and a checkpoint saved on 4 ranks resumed on 2 giving the
-losses the 4 ranks went on with (1e-6). Four runs share the assertions."""
+losses the 4 ranks went on with (1e-6), as does a checkpoint of the replicated run resumed on 4 sharded ranks. Five
+runs share the assertions."""
 
 import json
 
@@ -23,6 +24,8 @@ def runs(tmp_path_factory):
         "ps2": ["placement.ps=true", "cluster.nproc_per_node=2"],
         "ps4": ["placement.ps=true", "cluster.nproc_per_node=4", *FAIL_AFTER_STEP_8],
         "resumed": ["placement.ps=true", "cluster.nproc_per_node=2", "trainer.resume=log_output/ps4"],
+        "from_replicated": ["placement.ps=true", "cluster.nproc_per_node=4",
+                            "trainer.resume_from=log_output/replicated/checkpoints/step4"],
     }
     for name, extra in jobs.items():
         res = run_cli([*COMMON, *extra, f"output.run_name={name}"], cwd)
@@ -62,3 +65,8 @@ def test_a_checkpoint_of_4_ranks_resumes_on_2(runs):
     plan = json.loads((runs / "resumed" / "plan.json").read_text())
     assert plan["world_size"] == 2 and plan["resume_from"].endswith("ps4/checkpoints/step4")
     _assert_same(_losses(runs / "resumed" / "rank.0"), _losses(runs / "ps4" / "rank.0"))
+
+
+def test_a_checkpoint_of_replicated_tables_resumes_with_sharded_ones(runs):
+    """DCP saved the replicated run's whole tables; the 4 sharded ranks each read their block of them."""
+    _assert_same(_losses(runs / "from_replicated" / "rank.0"), _losses(runs / "replicated" / "rank.0"))
