@@ -162,11 +162,11 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
         torch.cuda.set_device(_S.device)
     _S.plan, _S.dtype, _S.micro = plan, DTYPES[plan.precision], 0  # the precision's dtype, as the Trainer's
     shapes = _tables_of(model)
-    intent = takes_tables_out(plan.host_device_mix, plan.table_locations, plan.table_configs)
+    intent = takes_tables_out(plan.host_device_mix, plan.table_locations, plan.table_configs, plan.ps)
     table_cfgs = {n: TableConfig(**t) for n, t in plan.table_configs.items()}
     tables, problems, _ = plan_tables(shapes, table_cfgs, plan.table_locations, plan.host_device_mix,
                                       TableConfig(optimizer="lazy_adam" if intent else "dense"),
-                                      f"the model ({type(model).__name__})")
+                                      f"the model ({type(model).__name__})", ps=plan.ps, group_size=world_size())
     yours = f"your {type(optimizer).__name__}"
     tables, follow_problems, table_notes = plan_table_optimizers(
         tables, set(table_cfgs), lambda name: dense_settings(optimizer, model.get_submodule(name).weight), yours)

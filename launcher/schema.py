@@ -178,8 +178,21 @@ class PlacementConfig:
     placement.offload_params)."""
     offload_params: bool = False
     """ZeRO-3 parameter offload (offload_param: device cpu); needs zero.stage=3."""
+    ps: bool = False
+    """Parameter-server mode for every table that trains outside the parts: its rows split over the ranks' host memory
+    (each rank of the table's pipeline stage owns one contiguous block of ceil(rows / ranks) rows and their optimizer
+    states), one copy per job instead of one per rank; placement.tables.<name> may still name another place for one
+    table. Needs a row-sparse table optimizer (lazy_adam, ftrl, sgd, momentum)."""
+    ps_init: str = "auto"
+    """How each rank gets its block of a split table: whole (the model is built as written, tables whole, and each
+    rank keeps its block: the same initial values as without ps; a host's ranks take turns, so a host holds at most
+    one whole copy at a time), blocks (the tables are made on the meta device and each rank replays their
+    initialisation on its own rows, with random draws seeded per 65,536-row chunk: no table is ever whole, so a table
+    larger than a host trains; other initial values than a whole build's), or auto: whole when that fits the host
+    budget, else blocks."""
     tables: dict[str, str] = field(default_factory=dict)
-    """Per-table override of host_device_mix: <table name> -> host|device."""
+    """Per-table override of host_device_mix and ps: <table name> -> host (a whole copy on each rank's host), device
+    (a whole copy on each rank's device) or ps (rows split over the ranks' host memory, as placement.ps)."""
     pin_memory: str = "auto"
     """Page-locked host buffers for offload and transfers: auto (true with CUDA), true, false."""
     mode: str = "manual"

@@ -23,6 +23,7 @@ from launcher.plan.memory import Bytes, MemoryEstimate
 from launcher.plan.parallel import ParallelDims, plan_parallel
 from launcher.plan.pipeline import PipelinePlan, plan_pipeline
 from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement, takes_tables_out
+from launcher.plan.ps import placed, plan_build, ps_fixes, stage_ranks
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table, visible_devices
 from launcher.plan.rules import check_config, device_and_backend, resolve_nproc
 from launcher.plan.script import check_script_ops
@@ -134,7 +135,7 @@ def _table_default(cfg: DictConfig, user: bool):
     model as written (inside the parts, with optimizer) unless a placement intent takes the tables out."""
     from launcher.schema import TableConfig
 
-    if user and not takes_tables_out(cfg.placement.host_device_mix, cfg.placement.tables, cfg.tables):
+    if user and not takes_tables_out(cfg.placement.host_device_mix, cfg.placement.tables, cfg.tables, cfg.placement.ps):
         return TableConfig(optimizer="dense")
     return TableConfig()
 
@@ -233,20 +234,19 @@ def _auto(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout 
     if result.problems:
         raise ConfigError(list(result.problems))
     c = result.chosen
-    on_host = set(c.host_tables)
+    where = result.overrides.get("placement.tables", {})  # host, device or ps: what auto chose, and what you set
     d.placement = dataclasses.replace(
         d.placement, param_location="host" if c.offload_params else "device",
         optimizer_location="host" if c.offload_optimizer else "device",
-        tables=tuple(t if t.location == "engine" else
-                     dataclasses.replace(t, location="host" if t.name in on_host else "device")
+        tables=tuple(t if t.location == "engine" else placed(t, where.get(t.name, "device"), stage_ranks(d.dims))
                      for t in d.placement.tables))
     d.zero, d.recompute = c.zero, c.recompute
     intents, parts = _plan_parts(cfg, d)
     if d.problems or intents is None:
         raise ConfigError(list(dict.fromkeys(d.problems)))
     plan = _launch_plan(cfg, host, facts, layout, d, intents, parts)
-    notes = (f"placement=auto chose, of {result.considered} layouts: " + "; ".join(override_words(result.overrides)),
-             *plan.notes)
+    notes = tuple(dict.fromkeys((f"placement=auto chose, of {result.considered} layouts: "
+                                 + "; ".join(override_words(result.overrides)), *plan.notes)))  # the parts ran twice
     optimizer = dataclasses.replace(plan.optimizer, target="cpu" if c.offload_optimizer else "device")
     return dataclasses.replace(plan, notes=notes, optimizer=optimizer, decisions=result.decisions,
                                auto=dict(result.overrides))
@@ -300,7 +300,7 @@ def _plan_where(cfg: DictConfig, host: HostFacts, d: _Draft) -> None:
     d.device_type, d.backend = device_and_backend(cfg.cluster.backend, host, cfg.cluster.device)
     d.placement, d.zero, placement_problems, placement_notes = plan_placement(
         cfg, d.sizes.tables, d.sizes.dense_params, d.device_type, _table_default(cfg, d.user),
-        dict(d.sizes.kept))
+        dict(d.sizes.kept), stage_ranks(d.dims))
     d.problems += placement_problems
     d.notes += placement_notes
     outside = {t.name for t in d.placement.tables if t.location != "engine"}
@@ -335,10 +335,15 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     zero, dims = run["zero"], dataclasses.replace(d.dims, dp_shard=run["dp_shard"])
     placement = dataclasses.replace(d.placement, param_location=run["param_location"],
                                     optimizer_location=run["optimizer_location"])
-    memory, pipeline, peak = parallel.rank_memory(intents, parts, placement, model_memory(d.sizes, facts, d.nproc))
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
                        host.host_memory, host.device_memory, d.device_type, d.nproc)
-    fit_problems, fit_notes = check_fit(peak, budget, facts.activations is not None)
+    mm = model_memory(d.sizes, facts, d.nproc)
+    placement, (memory, pipeline, peak), build_notes, build_problems = plan_build(
+        cfg.placement.ps_init, placement, lambda p: parallel.rank_memory(intents, parts, p, mm), budget.host_usable)
+    d.notes += build_notes
+    d.problems += build_problems
+    fit_problems, fit_notes = check_fit(peak, budget, facts.activations is not None,
+                                        ps_fixes(placement, stage_ranks(dims)))
     d.problems += fit_problems
     d.notes += fit_notes
     nnodes = cfg.cluster.nnodes

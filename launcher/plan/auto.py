@@ -3,23 +3,26 @@
 The search: each dense layout (ZeRO stage, the optimizer and the parameters on the host or not, recompute of every
 layer or none) that the parts can run is planned by the parts' own rules (launcher/parallel: its data-parallel part,
 its memory and buffers); then, starting from every table on the device, tables move to the host, those with the most
-rows first (the fewest looked-up bytes per byte freed), until the device fits. A candidate fits when every device
-and every host holds its peak within the budget (launcher/plan/budget.py); the chosen one is the fastest by the
-step-time model (launcher/plan/cost.py), ties to the one that changes least. What it chose becomes ordinary keys
-(zero.stage, optimizer.target, placement.offload_params, placement.tables.<name>, recompute), which the plan then
-plans as if the user had written them; each decision is said with its reason and the runner-up.
+rows first (the fewest looked-up bytes per byte freed), until the device fits; when a host then cannot hold a copy
+of the host tables per rank, tables are split over the ranks (parameter-server mode, placement.tables.<name>=ps), the
+largest first, until it can. A candidate fits when every device and every host holds its peak within the budget
+(launcher/plan/budget.py); the chosen one is the fastest by the step-time model (launcher/plan/cost.py), ties to the
+one that changes least. What it chose becomes ordinary keys (zero.stage, optimizer.target, placement.offload_params,
+placement.tables.<name>, recompute), which the plan then plans as if the user had written them; each decision is
+said with its reason and the runner-up.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from launcher.plan.budget import Budget, fits, gb, overs, ranks_that_fit, shortfall
 from launcher.plan.cost import step_time
-from launcher.plan.peak import PHASES, MemoryPlan, Term
+from launcher.plan.peak import PHASES, MemoryPlan, Term, peaks_of, phase_sums
 
 
 MARGIN = 0.05
@@ -37,10 +40,13 @@ class Candidate:
     memory: MemoryPlan
     seconds: float
     data_parallel: str
+    ps_tables: tuple[str, ...] = ()
+    """Tables whose rows are split over the ranks (a table moved to the host and then split is here only)."""
 
     @property
     def changes(self) -> int:
-        return (self.zero > 0) + self.offload_optimizer + self.offload_params + bool(self.recompute)
+        dense = (self.zero > 0) + self.offload_optimizer + self.offload_params + bool(self.recompute)
+        return dense + bool(self.ps_tables)
 
     def words(self) -> str:
         where = "host" if self.offload_optimizer else "device"
@@ -49,10 +55,40 @@ class Candidate:
         return f"zero.stage={self.zero} ({self.data_parallel}), optimizer on the {where}{params}, {rec}"
 
     def overrides(self, tables: tuple[str, ...]) -> dict[str, Any]:
-        host = set(self.host_tables)
+        host, ps = set(self.host_tables), set(self.ps_tables)
         return {"zero.stage": self.zero, "optimizer.target": "CPU" if self.offload_optimizer else "device",
                 "placement.offload_params": self.offload_params, "recompute": list(self.recompute),
-                "placement.tables": {t: "host" if t in host else "device" for t in tables}}
+                "placement.tables": {t: "ps" if t in ps else "host" if t in host else "device" for t in tables}}
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """What placement=auto may split over the ranks when a host cannot hold a copy of the tables per rank."""
+
+    group: int
+    """Ranks a table's rows are split over (world size / pipeline stages)."""
+    build: Callable[[], tuple[tuple[str, ...], dict[str, list[Term]], dict[str, int]]]
+    """Makes (order, terms, whole) below when first asked: most plans fit with no table split, and counting every
+    table's split terms would cost them a tenth of their planning time."""
+
+    @functools.cached_property
+    def _built(self) -> tuple[tuple[str, ...], dict[str, list[Term]], dict[str, int]]:
+        return self.build()
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """The tables it may split, largest first (a copy per rank of the largest costs a host the most)."""
+        return self._built[0]
+
+    @property
+    def terms(self) -> dict[str, list[Term]]:
+        """Each of them split: its block, states, step and exchange on the host (launcher/plan/peak.py)."""
+        return self._built[1]
+
+    @property
+    def whole(self) -> dict[str, int]:
+        """Each one's weights and states as a whole copy on one rank."""
+        return self._built[2]
 
 
 @dataclass(frozen=True)
@@ -109,8 +145,48 @@ def move_tables(mem: MemoryPlan, b: Budget, movable: list[tuple[str, int]], owne
     return dataclasses.replace(mem, terms=terms), tuple(moved)
 
 
-OWNED = ("table", "states", "step")
-"""The terms of a table that move with it (launcher/plan/peak.py names them '<table> table|states|step')."""
+def shard_tables(mem: MemoryPlan, b: Budget, sharding: Sharding | None) -> tuple[MemoryPlan, tuple[str, ...]]:
+    """Tables split over the ranks in ``sharding``'s order until a host fits, each only where splitting it lowers
+    the host's total (a whole table on a GPU costs its host nothing). Each split swaps the table's own terms for its
+    split ones; the sums are updated per split, not recounted."""
+    if sharding is None or not b.host or mem.host_total <= b.host_usable:
+        return mem, ()
+    index: dict[str, list[int]] = {}
+    for i, t in enumerate(mem.terms):
+        if _owner(t) in sharding.terms:
+            index.setdefault(_owner(t), []).append(i)
+    sums = phase_sums(mem.terms)
+
+    def host_total() -> int:
+        peaks = peaks_of(sums)
+        return mem.nproc_per_node * (peaks["both"] if mem.device_type == "cpu" else peaks["host"]) + mem.launcher
+
+    split: list[str] = []
+    for name in sharding.order:
+        before = host_total()
+        if before <= b.host_usable:
+            break
+        old, new = [mem.terms[i] for i in index.get(name, ())], sharding.terms[name]
+        _add(sums, old, -1)
+        _add(sums, new, 1)
+        if host_total() < before:
+            split.append(name)
+        else:  # its copy is not in host memory: splitting it would only add the exchange there
+            _add(sums, new, -1)
+            _add(sums, old, 1)
+    dropped = {i for name in split for i in index.get(name, ())}
+    terms = (*(t for i, t in enumerate(mem.terms) if i not in dropped), *(t for n in split for t in sharding.terms[n]))
+    return dataclasses.replace(mem, terms=terms), tuple(split)
+
+
+def _add(sums: dict[str, dict[str, int]], terms: list[Term], sign: int) -> None:
+    for t in terms:
+        sums[t.where][t.phase] += sign * t.bytes
+
+
+OWNED = ("table", "states", "step", "exchange")
+"""The terms of a table that move with it (launcher/plan/peak.py names them '<table> table|states|step|exchange':
+exchange, a ps table's received gradient rows, only when its rows are split over the ranks)."""
 
 
 def _owner(t: Term) -> str:
@@ -128,13 +204,15 @@ def _owned(t: Term, table: str) -> bool:
 
 
 def choose(evaluate, layouts, movable, b: Budget, cost_input, owned: dict[str, list[Term]],
-           fixed: dict[str, str] | None = None) -> AutoResult:
+           fixed: dict[str, str] | None = None, sharding: Sharding | None = None) -> AutoResult:
     """The best fitting candidate. ``evaluate(zero, offload_opt, offload_params, recompute)`` -> (MemoryPlan with
     every movable table on the device, data-parallel part name, seconds its engine adds to a step) or None when the
     parts cannot run it; ``owned``: the terms that move with each table (the same objects in every evaluation);
-    ``fixed``: tables the user placed (name -> host|device), kept there."""
+    ``fixed``: tables the user placed (name -> host|device|ps), kept there; ``sharding``: the tables auto may split
+    over the ranks when a host cannot hold a copy per rank (None: none)."""
     fixed = fixed or {}
     pinned = tuple(n for n, where in fixed.items() if where == "host")
+    pinned_ps = tuple(n for n, where in fixed.items() if where == "ps")
     cands = []
     movable = sorted(movable, key=lambda nr: (-nr[1], nr[0]))  # most rows first: fewest looked-up bytes per byte
     for z, opt, par, rec in layouts:
@@ -143,21 +221,24 @@ def choose(evaluate, layouts, movable, b: Budget, cost_input, owned: dict[str, l
             continue
         mem, dp_name, overhead = got
         mem, host_tables = move_tables(mem, b, movable, owned)
-        host_tables = pinned + host_tables
-        seconds = step_time(cost_input, z, opt, par, bool(rec), host_tables) + overhead
-        cands.append(Candidate(z, opt, par, rec, host_tables, mem, seconds, dp_name))
+        mem, split = shard_tables(mem, b, sharding)
+        ps_tables = pinned_ps + split
+        host_tables = tuple(n for n in pinned + host_tables if n not in split)
+        seconds = step_time(cost_input, z, opt, par, bool(rec), host_tables + ps_tables, ps_tables) + overhead
+        cands.append(Candidate(z, opt, par, rec, host_tables, mem, seconds, dp_name, ps_tables))
     ok = sorted((c for c in cands if fits(c.memory, b)), key=lambda c: (c.seconds, c.changes))
     if not ok:
-        return AutoResult(None, {}, (), tuple(infeasible(cands, b)), len(cands))
+        return AutoResult(None, {}, (), tuple(infeasible(cands, b, cost_input.group)), len(cands))
     near = [c for c in ok if c.seconds <= ok[0].seconds * (1 + MARGIN)]  # within the model's error: change least
     best = min(near, key=lambda c: (c.changes, c.seconds))
     ok = [best, *(c for c in ok if c is not best)]
     names = (*fixed, *(n for n, _ in movable))
-    return AutoResult(best, best.overrides(names), tuple(explain(best, ok[1:], cands, b, set(fixed))), (), len(cands))
+    return AutoResult(best, best.overrides(names), tuple(explain(best, ok[1:], cands, b, set(fixed), sharding)), (),
+                      len(cands))
 
 
 def explain(best: Candidate, others: list[Candidate], cands: list[Candidate], b: Budget,
-            fixed: set[str] = frozenset()) -> list[str]:
+            fixed: set[str] = frozenset(), sharding: Sharding | None = None) -> list[str]:
     """Each decision with its reason and the runner-up."""
     out = [f"dense: {best.words()}: est. step {best.seconds * 1000:.3g} ms, device peak {gb(best.memory.peak('device'))}"
            f", host {gb(best.memory.host_total)}"]
@@ -169,14 +250,17 @@ def explain(best: Candidate, others: list[Candidate], cands: list[Candidate], b:
     if refused:
         out.append(f"not {refused[0].words()}: {shortfall(refused[0].memory, b)}")
     out += _table_reasons(best, b, fixed)
-    if fixed:
-        out.append(f"kept where you placed them (placement.tables, placement.host_device_mix): "
-                   f"{', '.join(sorted(fixed)[:8])}{' ...' if len(fixed) > 8 else ''}")
+    split = [n for n in best.ps_tables if sharding is not None and n in sharding.whole]  # auto's, not yours
+    out += _ps_reasons(best, b, split, sharding)
+    kept = sorted(set(fixed) - set(split))  # a table host_device_mix=1 put on the host may be split there
+    if kept:
+        out.append(f"kept where you placed them (placement.tables, placement.host_device_mix, placement.ps): "
+                   f"{', '.join(kept[:8])}{' ...' if len(kept) > 8 else ''}")
     return out
 
 
 def _table_reasons(best: Candidate, b: Budget, fixed: set[str], shown: int = 8) -> list[str]:
-    moved = [n for n in best.host_tables if n not in fixed]
+    moved = [n for n in best.host_tables if n not in fixed]  # a table moved and then split is said by _ps_reasons
     if not moved:
         return []
     mem = best.memory
@@ -194,8 +278,29 @@ def _table_reasons(best: Candidate, b: Budget, fixed: set[str], shown: int = 8) 
     return out
 
 
-def infeasible(cands: list[Candidate], b: Budget) -> list[str]:
-    """One paragraph: the closest candidate's shortfall and fixes with numbers."""
+def _ps_reasons(best: Candidate, b: Budget, split: list[str], sharding: Sharding | None,
+                shown: int = 8) -> list[str]:
+    """Why each table auto ``split`` is split: what a copy per rank would cost a host against its budget; the
+    runner-up (that one table as a copy per rank on the host) and what it would need."""
+    if not split or sharding is None:
+        return []
+    mem, ranks = best.memory, best.memory.nproc_per_node
+    out = []
+    for name in split[:shown]:
+        whole = sharding.whole[name]
+        share = sum(t.bytes for t in sharding.terms[name] if t.phase == "always")
+        out.append(f"{name} -> ps, rows split over {sharding.group} ranks: a copy per rank needs "
+                   f"{gb(ranks * whole)} per host ({ranks} ranks × {gb(whole)}, weights and states), the host budget "
+                   f"is {gb(b.host_usable)}; split, a rank holds {gb(share)} ({gb(ranks * share)} per host). "
+                   f"Runner-up: a copy per rank on the host, {gb(mem.host_total + ranks * (whole - share))} per host")
+    if len(split) > shown:
+        out.append(f"... and {len(split) - shown} more tables -> ps (plan.json lists them)")
+    return out
+
+
+def infeasible(cands: list[Candidate], b: Budget, group: int = 1) -> list[str]:
+    """One paragraph: the closest candidate's shortfall and fixes with numbers. ``group``: the ranks a ps table's
+    rows are split over."""
     if not cands:
         return ["placement=auto: the parallel parts can run no layout with what you set (zero.stage, optimizer.target, "
                 "placement.offload_params, recompute, parallel.data_parallel): leave those to auto, or plan without "
@@ -210,12 +315,30 @@ def infeasible(cands: list[Candidate], b: Budget) -> list[str]:
         fixes.append(f"each rank needs {per} of host memory, so a host holds {k}: run cluster.nproc_per_node={k} on "
                      f"more hosts" if k else f"each rank needs {per} of host memory and the launcher "
                      f"{gb(close.memory.launcher)}: a host of {gb(one)} (cluster.host_memory_gb) runs one rank")
+        fixes += _ps_hosts(close, b, group)
     if "device" in over:
         fixes.append(f"a device of {gb(close.memory.peak('device') / (1 - b.reserve))} "
                      f"(cluster.device_memory_gb), or fewer samples per micro-batch (batch.micro_size)")
     fixes += _fix_words(close)
+    split = f", split over the ranks: {len(close.ps_tables)}" if close.ps_tables else ""
     return [f"placement=auto: nothing fits. The closest layout ({close.words()}, tables on the host: "
-            f"{len(close.host_tables)}) {shortfall(close.memory, b)}. Fixes: {'; '.join(fixes)}."]
+            f"{len(close.host_tables)}{split}) {shortfall(close.memory, b)}. Fixes: {'; '.join(fixes)}."]
+
+
+def _ps_hosts(c: Candidate, b: Budget, group: int) -> list[str]:
+    """With tables split over the ranks a host holds 1 / nnodes of them: how many hosts (of as many ranks as now)
+    would hold them beside everything else a host needs."""
+    if not c.ps_tables or group <= 1:
+        return []
+    split = set(c.ps_tables)
+    share = sum(t.bytes for t in c.memory.terms if t.phase == "always" and _owner(t) in split)
+    room = b.host_usable - (c.memory.host_total - c.memory.nproc_per_node * share)
+    if room <= 0:
+        return []
+    job = share * group
+    hosts = -(-job // room)
+    return [f"the tables split over the ranks (ps) hold {gb(job)} in all; a host has {gb(room)} for its share beside "
+            f"the rest, so {hosts} hosts of {c.memory.nproc_per_node} ranks hold them (cluster.nnodes={hosts})"]
 
 
 def _fix_words(c: Candidate) -> list[str]:
@@ -229,7 +352,9 @@ def override_words(overrides: dict) -> list[str]:
     for key, value in overrides.items():
         if isinstance(value, dict):
             host = [k for k, v in value.items() if v == "host"]
-            out.append(f"{key}: {len(host)} of {len(value)} on the host" if value else f"{key}: none")
+            ps = [k for k, v in value.items() if v == "ps"]
+            split = f", {len(ps)} split over the ranks (ps)" if ps else ""
+            out.append(f"{key}: {len(host)} of {len(value)} on the host{split}" if value else f"{key}: none")
         else:
             out.append(f"{key}={value}")
     return out

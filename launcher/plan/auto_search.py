@@ -7,12 +7,13 @@ import dataclasses
 
 from omegaconf import DictConfig
 
-from launcher.plan.auto import AutoResult, choose, dense_layouts, owned_terms
+from launcher.plan.auto import AutoResult, Sharding, choose, dense_layouts, owned_terms
 from launcher.plan.budget import budget_of
 from launcher.plan.cost import CostInput
 from launcher.plain import to_plain
 from launcher.plan.memory import state_floats
 from launcher.plan.peak import MemoryInput, table_terms
+from launcher.plan.ps import shardable
 from launcher.plan.registry import TABLE_OPTIMIZERS
 
 
@@ -24,8 +25,10 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
                        host.host_memory, host.device_memory, intents.device_type, nproc)
     outside = [t for t in placement.tables if t.location != "engine"]
-    on_device = dataclasses.replace(placement, tables=tuple(
-        dataclasses.replace(t, location="device") if t.location != "engine" else t for t in placement.tables))
+    fixed = _fixed_tables(cfg, placement)
+    on_device = dataclasses.replace(placement, tables=tuple(  # the tables you placed stay where you placed them
+        dataclasses.replace(t, location="device") if t.location != "engine" and t.name not in fixed else t
+        for t in placement.tables))
     mm = model_memory(sizes, facts, nproc)
     names = {t.name for t in outside}
     layers = tuple(n for n in sizes.layers if n not in names)
@@ -53,21 +56,42 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
 
     dense = max(0, placement.dense_params) // max(1, intents.dims.pp * intents.dims.tp)
     lookups = dict(facts.lookups or {})
+    group = intents.dims.world_size // intents.dims.pp
     cost = CostInput(device_type=intents.device_type, dense_params=dense, dp=intents.dims.dp,
                      nnodes=max(1, cfg.cluster.nnodes), samples=intents.batch[1] * intents.batch[2],
                      state_floats=state_floats(intents.optimizer),
                      tables=tuple((t.name, t.dim, lookups.get(t.name, 1.0), TABLE_OPTIMIZERS[t.optimizer].state_floats)
-                                  for t in outside))
+                                  for t in outside), group=group)
     if cfg.recompute:
         recomputes = [intents.recompute]  # the user's set
     else:
         recomputes = [(), layers] if facts.activations is not None and layers else [()]
     layouts = [lay for lay in dense_layouts(intents.dims.dp, recomputes) if _kept(lay, cfg, intents)]
     owned = owned_terms(tables) if intents.dims.pp == 1 else {}  # a pipeline's tables are its stages' totals
-    fixed = _fixed_tables(cfg, placement)
+    sharding = _sharding(cfg, outside, owned, group, MemoryInput(
+        estimate=None, device_type=intents.device_type, nproc_per_node=nproc, micro_size=intents.batch[1],
+        grad_accum=intents.batch[2], lookups=mm.lookups))
     owned = {n: ts for n, ts in owned.items() if n not in fixed}
     movable = [(t.name, t.rows) for t in outside if t.name not in fixed]
-    return choose(evaluate, layouts, movable, budget, cost, owned, fixed)
+    return choose(evaluate, layouts, movable, budget, cost, owned, fixed, sharding)
+
+
+def _sharding(cfg: DictConfig, outside: list, owned: dict, group: int, m: MemoryInput) -> Sharding | None:
+    """The tables auto may split over the ``group`` ranks (parameter-server mode) and their terms split: those with
+    no placement.tables entry whose optimizer's state splits with the rows (not sparse_adam), not split already.
+    None with one rank to a group, or with a pipeline (its tables are its stages' totals, not terms of their own)."""
+    named = to_plain(cfg.placement.tables, resolve=False)
+    can = [t for t in outside if t.name not in named and shardable(t)]
+    if group <= 1 or not owned or not can:
+        return None
+
+    def build():
+        split = tuple(dataclasses.replace(t, location="host", shards=group) for t in can)
+        terms = owned_terms(tuple(table_terms(dataclasses.replace(m, tables=split))))
+        whole = {t.name: sum(x.bytes for x in owned.get(t.name, ()) if x.phase == "always") for t in can}
+        return tuple(sorted(whole, key=lambda n: (-whole[n], n))), terms, whole
+
+    return Sharding(group=group, build=build)
 
 
 def _kept(layout: tuple, cfg: DictConfig, intents) -> bool:
@@ -79,7 +103,9 @@ def _kept(layout: tuple, cfg: DictConfig, intents) -> bool:
 
 
 def _fixed_tables(cfg: DictConfig, placement) -> dict[str, str]:
-    """Tables whose place the user set (placement.tables.<name>, or every table with host_device_mix=1)."""
+    """Tables whose place the user set (placement.tables.<name>, or every table with host_device_mix=1 or
+    placement.ps=true): name -> host, device or ps (its rows split over the ranks)."""
     named = to_plain(cfg.placement.tables, resolve=False)
-    return {t.name: t.location for t in placement.tables
-            if t.location != "engine" and (t.name in named or cfg.placement.host_device_mix == 1)}
+    pl = cfg.placement
+    return {t.name: "ps" if t.shards > 1 else t.location for t in placement.tables
+            if t.location != "engine" and (t.name in named or pl.host_device_mix == 1 or pl.ps)}

@@ -82,15 +82,18 @@ def shortfall(mem: MemoryPlan, b: Budget) -> str:
     return "; ".join(out)
 
 
-def check_fit(mem: MemoryPlan, b: Budget, traced: bool) -> tuple[list[str], list[str]]:
+def check_fit(mem: MemoryPlan, b: Budget, traced: bool, host_fixes: tuple[str, ...] = ()
+              ) -> tuple[list[str], list[str]]:
     """(problems, notes) of a plan's memory against its budgets: over a capacity is refused (it would run out of
-    memory), over the budget with its reserve is said."""
+    memory), over the budget with its reserve is said. ``host_fixes``: more fixes for a host over its capacity (the
+    plan's: its tables split over the ranks)."""
     hard = overs(mem, b, usable=False)
     untraced = "" if traced else " (activations not traced: placement=auto or recompute traces them)"
     if hard:
         fix = [f"placement=auto chooses a placement that fits"]
         if "host" in hard:
             k = ranks_that_fit(mem, b)
+            fix += host_fixes
             fix.append(f"cluster.nproc_per_node={k} (a host holds {k} rank(s) of {gb(mem.rank_peak)})" if k else
                        f"a host with more memory (cluster.host_memory_gb)")
         if "device" in hard:

@@ -4,7 +4,8 @@ Compute is 6 flops per parameter and sample (forward 2, backward 4), plus 2 more
 optimizer streams its states where it lives; offload moves gradients down and parameters up over PCIe (and ZeRO-3
 parameter offload fetches the parameters for the forward and the backward); data parallelism all-reduces the
 gradients (ZeRO-3: 1.5 times, for its gathers); a table's step moves the looked-up rows (and their gradients) between
-host and device when it lives on the host of a GPU, and streams its rows and states. The constants are
+host and device when it lives on the host of a GPU, and streams its rows and states; a ps table's rows and their
+gradients also go to and from their owners over the network. The constants are
 launcher/plan/constants.py's; on a CPU host there is no PCIe. It ranks layouts; it is not a promise of seconds.
 """
 
@@ -28,11 +29,14 @@ class CostInput:
     """fp32 values per parameter of the dense optimizer's states."""
     tables: tuple[tuple[str, int, float, int], ...] = ()
     """(name, dim, rows looked up per sample, state floats) of each table outside the parts."""
+    group: int = 1
+    """Ranks a ps table's rows are split over (world size / pipeline stages)."""
 
 
 def step_time(c: CostInput, zero: int, offload_optimizer: bool, offload_params: bool, recompute: bool,
-              host_tables: tuple[str, ...]) -> float:
-    """Estimated seconds of one step."""
+              host_tables: tuple[str, ...], ps_tables: tuple[str, ...] = ()) -> float:
+    """Estimated seconds of one step. ``host_tables``: the tables in host memory, ``ps_tables`` among them those
+    split over the ranks, whose rows and gradients cross the network to and from their owners ((n - 1) / n of them)."""
     gpu = c.device_type == "cuda"
     flops = C.GPU_FLOPS.value if gpu else C.CPU_FLOPS.value
     device_bw = C.GPU_MEMORY_BW.value if gpu else C.CPU_MEMORY_BW.value
@@ -46,14 +50,16 @@ def step_time(c: CostInput, zero: int, offload_optimizer: bool, offload_params: 
         seconds += 2 * c.dense_params * 4 / shard / pcie
     if offload_params:
         seconds += 2 * c.dense_params * 4 / pcie
+    net = C.NETWORK_BW.value if c.nnodes > 1 else C.LOCAL_BW.value
     if c.dp > 1:
-        net = C.NETWORK_BW.value if c.nnodes > 1 else C.LOCAL_BW.value
         seconds += (1.5 if zero >= 3 else 1.0) * 2 * (c.dp - 1) / c.dp * c.dense_params * 4 / net
-    host = set(host_tables)
+    host, ps = set(host_tables), set(ps_tables)
     for name, dim, per_sample, floats in c.tables:
         rows = c.samples * per_sample * dim * 4
         on_host = name in host
         seconds += rows * (2 + 2 * floats) / (host_bw if on_host else device_bw)
         if on_host:
             seconds += 2 * rows / pcie
+        if name in ps and c.group > 1:
+            seconds += 2 * rows * (c.group - 1) / c.group / net
     return seconds

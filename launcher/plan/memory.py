@@ -3,7 +3,8 @@
 The dense network's bytes are each data-parallel part's own rule (``memory`` in launcher/parallel/ddp.py, fsdp.py,
 deepspeed.py), for the parameters one rank holds after the pipeline cut it into stages and tensor parallel split
 its operators. Tables trained outside the parts are fp32 and whole on every rank that holds them (data parallel),
-with their optimizer's states beside them; this module adds them.
+or in parameter-server mode (placement.ps) split over the ranks of their group, each rank holding its block of
+ceil(rows / shards) rows; their optimizer's states lie beside them; this module adds them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.plan.placement import PlacementPlan
+from launcher.plan.ps import rows_per_rank
 from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS
 
 WIDTH = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -73,7 +75,7 @@ def with_tables(placement: PlacementPlan, dense: tuple[Bytes, Bytes], table_name
         tables_total += t.rows * t.dim
         if t.location == "engine" or (table_names is not None and t.name not in table_names):
             continue
-        size = t.rows * t.dim * 4
+        size = rows_per_rank(t) * t.dim * 4  # its block with ps, else the whole table
         sums[t.location][0] += size
         sums[t.location][1] += size * TABLE_OPTIMIZERS[t.optimizer].state_floats
     where = {loc: b.plus(tables=sums[loc][0], table_states=sums[loc][1]) for loc, b in (("host", dense[0]),

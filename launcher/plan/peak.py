@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from launcher.plan import constants as C
 from launcher.plan.memory import MemoryEstimate
+from launcher.plan.ps import rows_per_rank
 from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS
 
 PHASES = ("backward", "step", "save")
@@ -90,28 +91,46 @@ class MemoryPlan:
     launcher: int = int(C.LAUNCHER_RUNTIME.value)
 
     def peak(self, where: str) -> int:
-        """Bytes at the peak in ``where`` (host or device) for one rank."""
-        return self._peaks[where]
+        """Bytes at the peak in ``where`` (host or device) for one rank: training's, or building the model's."""
+        return max(self._peaks[where], self._build[where])
+
+    @functools.cached_property
+    def _sums(self) -> dict[str, dict[str, int]]:
+        return phase_sums(self.terms)
 
     @functools.cached_property
     def _peaks(self) -> dict[str, int]:
-        """{host, device, both}: each peak, from one pass over the terms (a plan may have 40,000 of them)."""
-        sums = {w: dict.fromkeys(("always", *PHASES), 0) for w in ("host", "device")}
-        for t in self.terms:
-            sums[t.where][t.phase] += t.bytes
-        both = {p: sums["host"][p] + sums["device"][p] for p in sums["host"]}
-        return {w: s["always"] + max(s[p] for p in PHASES) for w, s in (*sums.items(), ("both", both))}
+        """{host, device, both}: each peak while training, from one pass over the terms (a plan may have 40,000)."""
+        return peaks_of(self._sums)
+
+    @functools.cached_property
+    def _build(self) -> dict[str, int]:
+        """{host, device, both}: each location while the model is built (``build`` terms; 0 without any)."""
+        s = self._sums
+        built = {w: s[w]["always"] + s[w]["build"] if s[w]["build"] else 0 for w in s}
+        return {**built, "both": built["host"] + built["device"] if s["host"]["build"] else 0}
 
     @property
     def rank_peak(self) -> int:
         """One rank's resident peak on a CPU host (both locations are host memory): what the run measures as RSS.
         On a GPU host: its host peak."""
-        return self._peaks["both"] if self.device_type == "cpu" else self.peak("host")
+        return self.peak("both") if self.device_type == "cpu" else self.peak("host")
+
+    @property
+    def training_peak(self) -> int:
+        """rank_peak while training (without building the model)."""
+        return self._peaks["both" if self.device_type == "cpu" else "host"]
+
+    @property
+    def build_extra(self) -> int:
+        """What one rank building the model (sharded tables built whole) holds beyond its training peak."""
+        return max(0, self._build["both" if self.device_type == "cpu" else "host"] - self.training_peak)
 
     @property
     def host_total(self) -> int:
-        """One host: its ranks' peaks and the launcher."""
-        return self.nproc_per_node * self.rank_peak + self.launcher
+        """One host: its ranks' peaks and the launcher. A host's ranks build the model one at a time (sharded
+        tables), so at most one of them is at its build peak while the others are at their training peak."""
+        return self.nproc_per_node * self.training_peak + self.build_extra + self.launcher
 
     @property
     def measured_as(self) -> tuple[str, int]:
@@ -132,10 +151,25 @@ class MemoryPlan:
         return cls(**{**d, "terms": tuple(Term(**t) for t in d["terms"])})
 
 
+def phase_sums(terms) -> dict[str, dict[str, int]]:
+    """Bytes per location and phase: what a peak is made of, kept by placement=auto to update as tables move."""
+    sums = {w: dict.fromkeys(("always", *PHASES, "build"), 0) for w in ("host", "device")}
+    for t in terms:
+        sums[t.where][t.phase] += t.bytes
+    return sums
+
+
+def peaks_of(sums: dict[str, dict[str, int]]) -> dict[str, int]:
+    """{host, device, both}: each location's ``always`` plus its largest phase; both: one memory (a CPU host)."""
+    both = {p: sums["host"][p] + sums["device"][p] for p in sums["host"]}
+    return {w: s["always"] + max(s[p] for p in PHASES) for w, s in (*sums.items(), ("both", both))}
+
+
 def memory_plan(m: MemoryInput) -> MemoryPlan:
     """The terms of one rank (and so its host) for ``m``."""
     tables = list(m.table_terms) if m.table_terms is not None else table_terms(m)
     terms = _states(m.estimate, per_table=m.per_table) + tables + _runtime(m) + _activations(m) + _dense_step(m)
+    terms += _built_whole(m)
     terms += list(m.buffers)
     if m.data_bytes:
         terms.append(Term("data", "host", m.data_bytes, source="the data set each rank holds (its train split)"))
@@ -155,18 +189,40 @@ def _states(e: MemoryEstimate, per_table: bool) -> list[Term]:
 
 
 def _tables(m: MemoryInput) -> list[Term]:
-    """Each table outside the parts, whole on this rank (replicated), with its optimizer's states (fp32)."""
+    """Each table outside the parts with its optimizer's states (fp32): whole on this rank (replicated), or in
+    parameter-server mode its block of ceil(rows / shards) rows (the first ranks' share, the largest), so that a
+    host holds its ranks' blocks and the job one copy."""
     if not m.per_table:
         return []
     out = []
     for t in m.tables:
         if t.location == "engine":
             continue
-        size = t.rows * t.dim * 4
+        rows = rows_per_rank(t)
+        size = rows * t.dim * 4
         floats = TABLE_OPTIMIZERS[t.optimizer].state_floats if t.optimizer in TABLE_OPTIMIZERS else 0
-        out += [Term(f"{t.name} table", t.location, size, source=f"{t.rows:,} × {t.dim} fp32"),
-                Term(f"{t.name} states", t.location, size * floats, source=f"{t.optimizer}: {floats} per value")]
+        whole = f"{t.rows:,} × {t.dim} fp32"
+        share = f"ps: 1/{t.shards} of {whole} ({rows:,} rows per rank)" if t.shards > 1 else whole
+        of = f" of its {rows:,} rows (ps)" if t.shards > 1 else ""
+        out += [Term(f"{t.name} table", t.location, size, source=share),
+                Term(f"{t.name} states", t.location, size * floats, source=f"{t.optimizer}: {floats} per value{of}")]
     return out
+
+
+def _built_whole(m: MemoryInput) -> list[Term]:
+    """Sharded tables while the model is built: the recipe builds each table whole, the rank copies its block out and
+    frees the whole (launcher/worker/train.py build_model; a host's ranks take turns). Then the rank holds the whole
+    tables and its blocks, but not yet its blocks' optimizer states nor the first step's kernels, which the
+    ``always`` terms count: the build phase is what the whole tables add beyond those."""
+    ps = [t for t in m.tables if t.shards > 1 and t.built == "whole" and t.location != "engine"] if m.per_table else []
+    if not ps:
+        return []
+    whole = sum(t.rows * t.dim * 4 for t in ps)
+    states = sum(rows_per_rank(t) * t.dim * 4 * TABLE_OPTIMIZERS[t.optimizer].state_floats for t in ps)
+    extra = whole - states - int(C.KERNELS_RUNTIME.value)
+    return [Term("whole tables while built", "host", extra, phase="build", basis="estimate",
+                 source=f"{', '.join(t.name for t in ps)} built whole ({whole / 2**20:,.1f} MiB) before each rank "
+                        f"keeps its block; less their blocks' states and the step kernels, not there yet")]
 
 
 def _runtime(m: MemoryInput) -> list[Term]:
@@ -196,7 +252,11 @@ def _activations(m: MemoryInput) -> list[Term]:
 def _table_steps(m: MemoryInput) -> list[Term]:
     """The looked-up rows' gradients (kept from each backward to the step: grad_accum micro-batches of them, on the
     compute device, then concatenated and coalesced) and the temporaries of each table optimizer's step where the
-    table lives. Unique rows are taken as every looked-up row (an upper bound: repeated ids coalesce)."""
+    table lives. Unique rows are taken as every looked-up row (an upper bound: repeated ids coalesce).
+
+    A ps table's owner steps the gradient rows the group sends it, as many on average as a rank looks up (each of n
+    ranks sends 1/n of its rows to each owner), so the step's terms stay per lookup; the owner also holds the rows it
+    received beside the ones it sent, one more gradient-rows-sized buffer on the host (``exchange``)."""
     out = []
     for t in m.tables:
         if t.location == "engine":
@@ -207,6 +267,11 @@ def _table_steps(m: MemoryInput) -> list[Term]:
         for phase in ("backward", "step"):
             out.append(Term(f"{t.name} gradient rows", "device", grad, phase=phase, basis="estimate",
                             source=f"{kept}, kept from the backward to the step"))
+        if t.shards > 1:
+            out.append(Term(f"{t.name} exchange", "host", grad, phase="step", basis="estimate",
+                            source=f"the gradient rows the owner receives from the {t.shards} ranks of its group "
+                                   f"(all-to-all; about {rows:,.0f} rows on average: range blocks balance rows, not "
+                                   f"lookups)"))
         temps = TABLE_STEP_TEMPS.get(t.optimizer, 2)
         step = 2 * grad + temps * int(rows * t.dim * 4)
         out.append(Term(f"{t.name} step", t.location, step, phase="step", basis="estimate",

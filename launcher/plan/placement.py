@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.plain import to_plain
 from launcher.plan.registry import CPU_OPTIMIZERS, DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, unknown
+from launcher.plan.ps import place_problems
 from launcher.plan.values import number_problems
 from launcher.schema import TableConfig
 
@@ -55,6 +56,15 @@ class TablePlan:
     differs: str = ""
     """With ``follows``: '<kind>: how', kind exact, lazy, stand-in or fallback: how the table's training differs from
     what the dense optimizer would do to it."""
+    shards: int = 1
+    """Ranks its rows are split over (parameter-server mode, placement.ps / placement.tables.<name>=ps): 1 = every
+    rank that holds the table has a whole copy; n > 1 = the n ranks of the table's pipeline stage (all ranks without
+    pipeline stages) each own one contiguous block of ceil(rows / n) rows, as torch.chunk and DTensor's Shard(0) split
+    them (launcher/tables/partition.py), with that block's optimizer states: one copy per job."""
+    built: str = "whole"
+    """With shards > 1, how a rank gets its block: whole (the recipe builds the table, the rank copies its block out
+    and frees it; a host's ranks take turns) or blocks (the table is made on the meta device and each rank replays
+    its initialisation on its own rows only: launcher/tables/block_init.py). placement.ps_init decides."""
 
 
 @dataclass(frozen=True)
@@ -97,21 +107,24 @@ class PlacementPlan:
         return self.optimizer_location == "host" or self.param_location == "host"
 
 
-def takes_tables_out(host_device_mix: int, locations: Any, table_configs: Any) -> bool:
-    """Whether a placement intent takes a model's tables out of the engine: host_device_mix=1, or any
-    placement.tables or tables.<path> entry (a recipe in the user's folder and a script's runtime.prepare() train
+def takes_tables_out(host_device_mix: int, locations: Any, table_configs: Any, ps: bool = False) -> bool:
+    """Whether a placement intent takes a model's tables out of the engine: host_device_mix=1, placement.ps=true, or
+    any placement.tables or tables.<path> entry (a recipe in the user's folder and a script's runtime.prepare() train
     their model as written otherwise)."""
-    return host_device_mix == 1 or len(locations) > 0 or len(table_configs) > 0
+    return host_device_mix == 1 or ps or len(locations) > 0 or len(table_configs) > 0
 
 
 def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableConfig], wanted: dict[str, str],
                 host_device_mix: int, default: TableConfig, owner: str, known: bool = True,
-                kept: dict[str, str] | None = None) -> tuple[list[TablePlan], list[str], list[str]]:
+                kept: dict[str, str] | None = None, ps: bool = False,
+                group_size: int = 1) -> tuple[list[TablePlan], list[str], list[str]]:
     """(tables, problems, notes): where each table (module path -> (rows, dim)) lives and how it trains, from the
-    ``tables`` section (table_cfgs), ``placement.tables`` (wanted) and ``placement.host_device_mix``. ``default``:
-    how a table without a ``tables.<path>`` entry trains. ``owner`` names the model in messages. Also what a
-    script's ``runtime.prepare()`` calls, with its live model's tables. ``known=False``: the tables are not known yet
-    (a script's, before it runs): names are not checked. ``kept``: embeddings that stay inside the parts, and why."""
+    ``tables`` section (table_cfgs), ``placement.tables`` (wanted), ``placement.host_device_mix`` and
+    ``placement.ps``. ``default``: how a table without a ``tables.<path>`` entry trains. ``owner`` names the model in
+    messages. Also what a script's ``runtime.prepare()`` calls, with its live model's tables. ``known=False``: the
+    tables are not known yet (a script's, before it runs): names are not checked. ``kept``: embeddings that stay
+    inside the parts, and why. ``group_size``: the ranks of a table's pipeline stage, over which a ps table's rows
+    are split (its ``shards``)."""
     problems: list[str] = []
     notes: list[str] = []
     kept = kept or {}
@@ -130,31 +143,28 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
         problems.append(f"placement.host_device_mix={host_device_mix} must be 0 (tables on the device) or 1 (tables on the host).")
     if host_device_mix == 1 and not shapes and known:
         notes.append(f"placement.host_device_mix=1: {owner} has no embedding tables; nothing moves to the host")
-    if host_device_mix == 1 and kept:
-        notes.append(f"placement.host_device_mix=1 leaves inside the parts: "
+    if (host_device_mix == 1 or ps) and kept:
+        notes.append(f"{'placement.ps=true' if ps else 'placement.host_device_mix=1'} leaves inside the parts: "
                      f"{'; '.join(f'{n} ({why})' for n, why in kept.items())}")
 
-    tables = []
+    tables, one_rank = [], []  # one_rank: the ps tables, said in a note when a stage has one rank
     for name, (rows, dim) in shapes.items():
         t = table_cfgs.get(name)
         opt = t.optimizer if t is not None else default.optimizer
         if opt not in TABLE_OPTIMIZERS:
             problems.append(unknown(f"tables.{name}.optimizer", opt, TABLE_OPTIMIZERS))
-        want = wanted.get(name, "host" if host_device_mix == 1 else "device")
-        if want not in ("host", "device"):
-            problems.append(f"placement.tables.{name}={want} must be host or device.")
+        want = wanted.get(name, "ps" if ps else "host" if host_device_mix == 1 else "device")
+        problems += place_problems(name, want, opt, name in wanted)
         if opt == "dense":
-            if name in wanted and want == "host":
-                problems.append(
-                    f"placement.tables.{name}=host with tables.{name}.optimizer=dense: a dense table trains inside the "
-                    f"engine on the device. Set tables.{name}.optimizer=lazy_adam (or ftrl) to keep it on the host."
-                )
             want = "engine"
+        elif want == "ps":
+            one_rank.append(name)
         d = t if t is not None else default
         tables.append(
             TablePlan(
-                name=name, rows=rows, dim=dim, location=want, optimizer=opt, lr=d.lr, betas=(d.betas[0], d.betas[1]),
-                eps=d.eps, l1=d.l1, l2=d.l2, lr_power=d.lr_power, initial_accumulator=d.initial_accumulator,
+                name=name, rows=rows, dim=dim, location="host" if want == "ps" else want, optimizer=opt, lr=d.lr,
+                betas=(d.betas[0], d.betas[1]), eps=d.eps, l1=d.l1, l2=d.l2, lr_power=d.lr_power,
+                initial_accumulator=d.initial_accumulator, shards=group_size if want == "ps" else 1,
             )
         )
         if opt != "dense":
@@ -162,7 +172,22 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
                 "lr": (d.lr, "positive"), "l1": (d.l1, "non_negative"), "l2": (d.l2, "non_negative"),
                 "lr_power": (d.lr_power, "non_positive"), "initial_accumulator": (d.initial_accumulator, "positive"),
                 "eps": (d.eps, "positive"), "betas[0]": (d.betas[0], "unit"), "betas[1]": (d.betas[1], "unit")})
+    problems += _dense_problems(tables, wanted, host_device_mix, ps)
+    if group_size == 1 and one_rank:
+        notes.append(f"ps tables {_few(one_rank)} on a group of 1 rank (world size / pipeline stages): it holds every "
+                     f"row anyway, as a replicated host table (shards 1)")
+    return tables, problems, notes
+
+
+def _few(names: list[str], shown: int = 4) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def _dense_problems(tables: list[TablePlan], wanted: dict[str, str], host_device_mix: int, ps: bool) -> list[str]:
+    """Dense tables (trained inside the engine) beside sparse ones, or where an intent for every table wants them
+    outside the engine."""
     dense = [t.name for t in tables if t.optimizer == "dense"]
+    problems = []
     if dense and len(dense) != len(tables):
         problems.append(
             f"tables {', '.join(dense)} are dense and {', '.join(t.name for t in tables if t.optimizer != 'dense')} are "
@@ -174,7 +199,12 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
             "placement.host_device_mix=1 needs sparse tables (lazy_adam or ftrl); the tables are dense. "
             "Set tables.<name>.optimizer=lazy_adam, or placement.host_device_mix=0."
         )
-    return tables, problems, notes
+    dense_ps = [n for n in dense if n not in wanted]
+    if dense_ps and ps:
+        which = "the tables are dense" if len(dense) == len(tables) else f"tables {_few(dense_ps)} are dense"
+        problems.append(f"placement.ps=true splits each table's rows over the ranks, which needs sparse tables "
+                        f"(lazy_adam or ftrl); {which}. Set tables.<name>.optimizer=lazy_adam, or placement.ps=false.")
+    return problems
 
 
 def recipe_dense(o: Any) -> DenseSettings:
@@ -284,12 +314,13 @@ def settings_words(t: TablePlan) -> str:
 
 
 def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, dense_count: int, device_type: str,
-                   default: TableConfig | None = None,
-                   kept: dict[str, str] | None = None) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
+                   default: TableConfig | None = None, kept: dict[str, str] | None = None,
+                   group_size: int = 1) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
     """(placement, effective ZeRO stage, problems, notes) for the recipe's tables (module path -> (rows, dim)) and
     its dense_count parameters outside them. ``default`` is how a table without a ``tables.<path>`` entry trains:
     dense, or outside the engine (then with optimizer.name's twin: plan_table_optimizers). ``shapes=None``: the
-    tables are not known yet (a script run)."""
+    tables are not known yet (a script run). ``group_size``: the ranks of one pipeline stage (world size /
+    pipeline_stages), over which a ps table's rows are split."""
     known = shapes is not None
     shapes = shapes or {}
     pl, o = cfg.placement, cfg.optimizer
@@ -299,7 +330,7 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, d
     owner = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
     tables, problems, notes = plan_tables(shapes, table_cfgs, to_plain(pl.tables, resolve=False), pl.host_device_mix,
                                           default or TableConfig(), f"recipe {owner}" if owner else "the model", known,
-                                          kept)
+                                          kept, ps=pl.ps, group_size=group_size)
     dense_settings = recipe_dense(o)
     tables, follow_problems, follow = plan_table_optimizers(tables, set(table_cfgs), lambda _: dense_settings,
                                                             f"optimizer.name={o.name}")

@@ -52,6 +52,9 @@ class TableOptimizer:
     twin_of: tuple[str, ...] = ()
     """The dense optimizers (DENSE_OPTIMIZERS names) it stands for: a table with no ``tables.<path>`` entry of a
     model trained with one of them gets this one (launcher/plan/placement.py says how it differs)."""
+    shardable: bool = True
+    """Its state is per row in the table store, so parameter-server mode (placement.ps) can split it with the rows;
+    torch's SparseAdam keeps its state over the whole weight, and a dense table is the engine's."""
 
     @property
     def sparse(self) -> bool:
@@ -63,12 +66,14 @@ _SGD = ("lr", "momentum", "dampening", "nesterov", "weight_decay")
 TABLE_OPTIMIZERS: dict[str, TableOptimizer] = {
     "lazy_adam": TableOptimizer("launcher.tables.sparse_optim.LazyAdam",  # m and v
                                 ("lr", "betas", "eps", "weight_decay", "decoupled_decay"), 2, ("adam", "adamw")),
-    "sparse_adam": TableOptimizer("launcher.tables.sparse_optim.SparseAdam", ("lr", "betas", "eps"), 2),
+    "sparse_adam": TableOptimizer("launcher.tables.sparse_optim.SparseAdam", ("lr", "betas", "eps"), 2,
+                                  shardable=False),
     "ftrl": TableOptimizer("launcher.tables.sparse_optim.SparseFTRL",
                            ("lr", "l1", "l2", "lr_power", "initial_accumulator"), 2),  # accumulator + linear
     "sgd": TableOptimizer("launcher.tables.sparse_optim.SparseSGD", _SGD, 0, ("sgd",)),
     "momentum": TableOptimizer("launcher.tables.sparse_optim.SparseSGD", _SGD, 1, ("momentum",)),  # the buffer
-    "dense": TableOptimizer("", (), 0),  # a dense table is a parameter of the engine; its state is optimizer.name's
+    # a dense table is a parameter of the engine; its state is optimizer.name's
+    "dense": TableOptimizer("", (), 0, shardable=False),
 }
 
 

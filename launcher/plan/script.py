@@ -47,6 +47,8 @@ class RuntimePlan:
     table_configs: dict[str, dict[str, Any]]
     """The tables section: module path -> TableConfig's fields."""
     backend: str = "gloo"
+    ps: bool = False
+    """placement.ps: every table outside the engine has its rows split over the script's ranks."""
 
     @property
     def engine(self) -> str:
@@ -93,7 +95,7 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str,
     runtime = RuntimePlan(
         parts=parts, zero_stage=zero, precision=cfg.precision, grad_accum=accum, placement=placement,
         host_device_mix=cfg.placement.host_device_mix, table_locations=OmegaConf.to_container(cfg.placement.tables),
-        table_configs=OmegaConf.to_container(cfg.tables), backend=backend,
+        table_configs=OmegaConf.to_container(cfg.tables), backend=backend, ps=cfg.placement.ps,
     )
     return runtime, ds_ops, problems, notes + part_notes
 

@@ -27,7 +27,9 @@ def memory_lines(mem: MemoryPlan, b: Budget | None) -> list[str]:
     lines = [f"per rank: device {gb(mem.peak('device'))}{_share(mem.peak('device'), dev_cap)}, host "
              f"{gb(mem.peak('host'))}" + (f"; resident (both, one memory on a CPU host) {gb(mem.rank_peak)}" if cpu
                                           else ""),
-             f"per host: {mem.nproc_per_node} rank(s) × {gb(mem.rank_peak)} + launcher {gb(mem.launcher)} = "
+             f"per host: {mem.nproc_per_node} rank(s) × {gb(mem.training_peak)}"
+             + (f" + {gb(mem.build_extra)} while one builds the model (its tables whole)" if mem.build_extra else "")
+             + f" + launcher {gb(mem.launcher)} = "
              f"{gb(mem.host_total)}{_share(mem.host_total, host_cap)}"]
     if b is not None:
         lines.append(f"budgets: device from {b.device_source}; host from {b.host_source}; "

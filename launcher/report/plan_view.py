@@ -10,7 +10,10 @@ from rich.tree import Tree
 from launcher.report.memory_view import memory_tree
 from launcher.errors import printable
 from launcher.plan import Bytes, LaunchPlan, ScriptPlan
-from launcher.plan.placement import twin_words
+from launcher.plan.budget import gb
+from launcher.plan.placement import TablePlan, twin_words
+from launcher.plan.ps import rows_per_rank
+from launcher.plan.registry import TABLE_OPTIMIZERS
 from launcher.plan.sharding import ShardingPlan, shapes_words, strategy_words
 
 
@@ -33,28 +36,50 @@ def script_plan_view(plan: ScriptPlan) -> Text:
                          f"{plan.world_size} rank(s), {plan.device_type}, torchrun environment"),
         Text(f"if the script calls runtime.prepare(), it builds: {parts}, ZeRO {rt['zero_stage']}, {rt['precision']}, "
              f"optimizer on {rt['placement']['optimizer_location']}; tables: host_device_mix={rt['host_device_mix']}, "
-             f"placement.tables {rt['table_locations'] or '-'}"),
+             f"{_ps_words(rt.get('ps', False), plan.world_size)}placement.tables {rt['table_locations'] or '-'}"),
         *(Text(f"note: {printable(note)}") for note in plan.notes),
     ])
 
 
+def _ps_words(ps: bool, world: int) -> str:
+    return f"placement.ps=true (every table's rows split over the {world} ranks), " if ps else ""
+
+
+def partition_words(t: TablePlan, ranks_per_host: int | None) -> str:
+    """How a table outside the parts is spread over the ranks, with its bytes per rank and per host (weights and its
+    optimizer's states): 'ps: rows split over 4 ranks, 250,000 rows = 16.0 MB (+ states 32.0 MB) per rank, 96.0 MB
+    per host', or 'a copy per rank: ...'. ``ranks_per_host``: None with a pipeline (which of a host's ranks hold the
+    table's stage depends on the mesh)."""
+    rows = rows_per_rank(t)
+    weights = rows * t.dim * 4
+    states = weights * TABLE_OPTIMIZERS[t.optimizer].state_floats if t.optimizer in TABLE_OPTIMIZERS else 0
+    per_rank = f"{gb(weights)} (+ states {gb(states)}) per rank{'' if ranks_per_host else ' of its stage'}"
+    host = f", {gb(ranks_per_host * (weights + states))} per host" if ranks_per_host else ""
+    if t.shards > 1:
+        return f"ps: rows split over {t.shards} ranks, {rows:,} rows = {per_rank}{host}"
+    return f"a copy per rank: {per_rank}{host}"
+
+
 def placement_table(plan: LaunchPlan) -> Table:
-    """One row per table and for the dense network: where it lives, its optimizer, where that optimizer's state is."""
+    """One row per table and for the dense network: where it lives, how its rows are spread over the ranks (bytes
+    per rank and per host), its optimizer, where that optimizer's state is."""
     pl, o = plan.placement, plan.optimizer
     t = Table(title="placement", title_justify="left")
-    for col in ("table / module", "size", "lives on", "optimizer", "its state on"):
+    for col in ("table / module", "size", "lives on", "partition", "optimizer", "its state on"):
         t.add_column(col, overflow="fold")  # a long module path wraps, never ends in …
+    per_host = plan.nproc_per_node if plan.pipeline is None else None
     for tb in pl.tables:
         if tb.location == "engine":
-            t.add_row(_shown(tb.name), f"{tb.rows:,}×{tb.dim}", "device, with the model", f"{o.name} dense",
-                      pl.optimizer_location)
+            t.add_row(_shown(tb.name), f"{tb.rows:,}×{tb.dim}", "device, with the model", "as the parts split it",
+                      f"{o.name} dense", pl.optimizer_location)
         else:
             twin = twin_words(tb)  # how it relates to the dense optimizer whose settings it took
-            t.add_row(_shown(tb.name), f"{tb.rows:,}×{tb.dim}", tb.location,
-                      f"{tb.optimizer} rows{f' ({twin})' if twin else ''}", tb.location)
+            t.add_row(_shown(tb.name), f"{tb.rows:,}×{tb.dim}", tb.location + (" (ps)" if tb.shards > 1 else ""),
+                      partition_words(tb, per_host), f"{tb.optimizer} rows{f' ({twin})' if twin else ''}",
+                      tb.location)
     impl = f" ({pl.cpu_impl})" if pl.optimizer_location == "host" else ""
     t.add_row("dense network", f"{pl.dense_params:,}", f"{pl.param_location}, {plan.engine}, ZeRO-{plan.zero_stage}",
-              f"{o.name}{impl}", pl.optimizer_location)
+              "", f"{o.name}{impl}", pl.optimizer_location)
     return t
 
 

@@ -34,7 +34,7 @@ DIGEST_CHUNK = 1 << 24
 higher at its end, when each rank wrote tables.json)."""
 
 
-def _digest(weight: torch.Tensor) -> str:
+def table_digest(weight: torch.Tensor) -> str:
     """sha256 of a table's bytes (row-major fp32), read in chunks of DIGEST_CHUNK values, each copied to the host
     only if it lives on a device."""
     h = hashlib.sha256()
@@ -159,7 +159,7 @@ class ReplicatedTables:
         self._grads.clear()
 
     def digests(self) -> dict[str, str]:
-        return {name: _digest(t.weight) for name, t in self.tables.items()}
+        return {name: table_digest(t.weight) for name, t in self.tables.items()}
 
     def held(self) -> dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]:
         return {name: (t.plan.location, t.weight, t.optimizer.state_tensors()) for name, t in self.tables.items()}

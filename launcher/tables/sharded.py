@@ -21,7 +21,6 @@ ranks (or into a replicated store, whose plain tensors take the whole table).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +30,7 @@ import torch.distributed as dist
 from launcher.plan import TablePlan
 from launcher.tables.partition import RowPartition
 from launcher.tables.ps_comm import Route, bytes_sent, fetch, push, route
-from launcher.tables.replicated import HOST, build_table_optimizer
+from launcher.tables.replicated import HOST, table_digest, build_table_optimizer
 from launcher.tables.sparse_comm import coalesce
 from launcher.tables.transfer import host_to_device
 
@@ -188,8 +187,8 @@ class ShardedTables:
 
     # -- state ----------------------------------------------------------------------------------------------------
     def digests(self) -> dict[str, str]:
-        """sha256 of this rank's block of each table."""
-        return {name: hashlib.sha256(t.weight.numpy().tobytes()).hexdigest() for name, t in self.tables.items()}
+        """sha256 of this rank's block of each table (read in chunks: no copy of the block)."""
+        return {name: table_digest(t.weight) for name, t in self.tables.items()}
 
     def held(self) -> dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]:
         return {name: (t.plan.location, t.weight, t.optimizer.state_tensors()) for name, t in self.tables.items()}

@@ -17,11 +17,13 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from launcher.loggers.sink import open_metrics
 from launcher.parallel.compose import apply_parts, split
-from launcher.parallel.rank import RankContext
+from launcher.parallel.rank import RankContext, held_module
 from launcher.plan import LaunchPlan
 from launcher.rundir import CheckpointDir, RunDir
 from launcher.tables import build_tables
+from launcher.tables.block_init import DeferredTables, init_blocks
 from launcher.tables.lookup import take_blocks
+from launcher.tables.partition import RowPartition
 from launcher.tables.transfer import host_to_device
 from launcher.usercode import recipe_for
 from launcher.usercode.items import OutputLoss, map_inputs
@@ -69,20 +71,29 @@ def run_rank(path: str | Path) -> None:
 
 def build_model(plan: LaunchPlan, rank: int, stage: DeviceMesh | None) -> tuple[torch.nn.Module, dict]:
     """The recipe's model (seeded: every rank builds the same one) and, with sharded tables (``stage``: the group
-    they are split over), this rank's blocks of them. Then the ranks of a host build it one at a time, each
-    freeing the whole tables as soon as it has its blocks: a host never holds more than one whole copy, so a table
-    larger than a rank's share of host memory can train (collective: every rank calls it)."""
+    they are split over), this rank's blocks of them. A table built whole (TablePlan.built) is copied out and freed
+    at once, the ranks of a host building the model one at a time, so a host holds at most one whole copy; a table
+    built by blocks is never whole anywhere (launcher/tables/block_init.py). Collective: every rank calls it."""
     if stage is None:
         torch.manual_seed(plan.seed)
         return instantiate(plan.model), {}
-    me = plan.ranks[rank]
+    sharded = [t for t in plan.placement.tables if t.shards > 1]
+    by_blocks = [t for t in sharded if t.built == "blocks"]
+    me, size = stage.get_local_rank(), stage.size()
     model, blocks = None, {}
-    for turn in range(1 + max(r.local_rank for r in plan.ranks)):
-        if turn == me.local_rank:
+    turns = 1 + max(r.local_rank for r in plan.ranks) if len(by_blocks) < len(sharded) else 1
+    for turn in range(turns):
+        if turn == plan.ranks[rank].local_rank % turns:
             torch.manual_seed(plan.seed)
-            model = instantiate(plan.model)
-            blocks = take_blocks(model, plan.placement.tables, stage.get_local_rank(), stage.size())
-        dist.barrier()
+            deferred = DeferredTables({(t.rows, t.dim) for t in by_blocks})
+            with deferred:
+                model = instantiate(plan.model)
+            modules = {t.name: m for t in by_blocks if (m := held_module(model, t.name)) is not None}
+            bounds = {t.name: RowPartition(t.rows, size).bounds(me) for t in by_blocks}
+            blocks = init_blocks(model, deferred, modules, bounds, plan.seed)
+            blocks |= take_blocks(model, plan.placement.tables, me, size)
+        if turns > 1:
+            dist.barrier()
     return model, blocks
 
 

@@ -77,7 +77,7 @@ def test_pin_memory_auto_follows_cuda():
     [
         (["tables.deep_embedding.optimizer=dense"], r"tables deep_embedding are dense and wide_embedding are sparse"),
         (["tables.deep_embedding.optimizer=adagrad"], r"tables.deep_embedding.optimizer=adagrad is not one of lazy_adam, sparse_adam, ftrl, sgd, momentum, dense"),
-        (["+placement.tables.deep_embedding=gpu"], r"placement.tables.deep_embedding=gpu must be host or device"),
+        (["+placement.tables.deep_embedding=gpu"], r"placement.tables.deep_embedding=gpu must be host, device or ps"),
         (["tables.deep_embedding.optimizer=dense", "tables.wide_embedding.optimizer=dense", "placement.host_device_mix=1"],
          r"placement.host_device_mix=1 needs sparse tables"),
         (["optimizer.target=CPU", "optimizer.cpu_impl=deepspeed", "optimizer.name=momentum"],
