@@ -181,7 +181,9 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     if sparse:
         weights = [model.get_submodule(t.name).weight for t in sparse]  # before the swap takes the modules out
         followed = {t.name: _group_of(optimizer, w) for t, w in zip(sparse, weights) if t.name not in table_cfgs}
-        _S.tables = build_tables([model], tuple(sparse), _S.device, _S.dtype, dist.group.WORLD)
+        mesh = _world_mesh() if any(t.shards > 1 for t in sparse) else None  # ps: rows split over every rank
+        _S.tables = build_tables([model], tuple(sparse), _S.device, _S.dtype, dist.group.WORLD,
+                                 dist.group.WORLD if mesh is not None else None, mesh)
         _drop_from_optimizer(optimizer, {id(w) for w in weights})
     _S.engine = _build_engine(plan, model, optimizer)
     _S.schedule = _schedule_of(sparse, followed, optimizer, _S.engine.optimizer.param_groups)
@@ -190,6 +192,13 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
         _S.metrics = open_metrics(rank_dir, planned.get("loggers", ()), rank())  # rank 0's feeds the loggers
         _write_prepared(rank_dir, [*sparse, *(t for t in tables if t.location == "engine")], table_notes)
     return _PreparedModel(_S.engine), _PreparedOptimizer(_S.engine.optimizer)
+
+
+def _world_mesh():
+    """Every rank as one flat mesh: the group a script's split tables are sharded over (their DTensor state)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(_S.device.type, (world_size(),), mesh_dim_names=("tables",))
 
 
 def _build_engine(plan: RuntimePlan, model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
@@ -252,8 +261,9 @@ def _write_prepared(rank_dir: RankDir, tables, table_notes: list[str]) -> None:
         "zero_stage": getattr(_S.engine, "zero_stage", 0),  # what DeepSpeed's engine says it runs
         "offload_optimizer": bool(getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)),
         "precision": _S.plan.precision,
-        "tables": {t.name: {"location": t.location, "optimizer": t.optimizer, "lr": t.lr,
-                            "torch_device": held[t.name][1].device.type if t.name in held else None}
+        "tables": {t.name: {"location": t.location, "optimizer": t.optimizer, "lr": t.lr, "shards": t.shards,
+                            "torch_device": held[t.name][1].device.type if t.name in held else None,
+                            "rows_held": len(held[t.name][1]) if t.name in held else None}
                    for t in tables},
         "table_notes": table_notes,  # which optimizer each table follows and how it differs (plan_table_optimizers)
         "engine_params": sum(p.numel() for p in _S.engine.module.parameters()),

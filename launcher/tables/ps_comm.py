@@ -69,4 +69,4 @@ def bytes_sent(r: Route, widths: list[int], rank: int) -> int:
     gradients out (fp32 rows of ``widths`` columns per table; what stays on this rank not counted)."""
     out_ids = sum(n for d, n in enumerate(r.sent) if d != rank)
     out_rows = sum(n for d, n in enumerate(r.received) if d != rank)
-    return 8 * (len(r.sent) + out_ids) + 4 * sum(widths) * (out_rows + out_ids)
+    return 8 * (len(r.sent) - 1 + out_ids) + 4 * sum(widths) * (out_rows + out_ids)
