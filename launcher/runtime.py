@@ -149,6 +149,7 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     ``runtime.step()`` (or the returned optimizer's ``step()``) instead of ``loss.backward()`` / ``optimizer.step()``."""
     from launcher.tables import build_tables
     from launcher.tables.sparse_optim import dense_settings
+    from launcher.worker.mesh import world_mesh
     from launcher.worker.trainer import DTYPES
 
     run_dir = os.environ.get(RUN_DIR_ENV)
@@ -181,9 +182,9 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     if sparse:
         weights = [model.get_submodule(t.name).weight for t in sparse]  # before the swap takes the modules out
         followed = {t.name: _group_of(optimizer, w) for t, w in zip(sparse, weights) if t.name not in table_cfgs}
-        mesh = _world_mesh() if any(t.shards > 1 for t in sparse) else None  # ps: rows split over every rank
-        _S.tables = build_tables([model], tuple(sparse), _S.device, _S.dtype, dist.group.WORLD,
-                                 dist.group.WORLD if mesh is not None else None, mesh)
+        mesh = world_mesh(_S.device.type) if any(t.shards > 1 for t in sparse) else None  # ps: over every rank
+        group = mesh.get_group() if mesh is not None else None
+        _S.tables = build_tables([model], tuple(sparse), _S.device, _S.dtype, dist.group.WORLD, group, mesh)
         _drop_from_optimizer(optimizer, {id(w) for w in weights})
     _S.engine = _build_engine(plan, model, optimizer)
     _S.schedule = _schedule_of(sparse, followed, optimizer, _S.engine.optimizer.param_groups)
@@ -192,13 +193,6 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
         _S.metrics = open_metrics(rank_dir, planned.get("loggers", ()), rank())  # rank 0's feeds the loggers
         _write_prepared(rank_dir, [*sparse, *(t for t in tables if t.location == "engine")], table_notes)
     return _PreparedModel(_S.engine), _PreparedOptimizer(_S.engine.optimizer)
-
-
-def _world_mesh():
-    """Every rank as one flat mesh: the group a script's split tables are sharded over (their DTensor state)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh(_S.device.type, (world_size(),), mesh_dim_names=("tables",))
 
 
 def _build_engine(plan: RuntimePlan, model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:

@@ -51,3 +51,8 @@ def stage_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The ranks of this rank's pipeline stage (dp × tp, all ranks without stages) as one flat mesh: the group a
     parameter-server table's rows are split over (collective: every rank calls it)."""
     return mesh["dp_replicate", "dp_shard", "tp"]._flatten("stage")
+
+
+def world_mesh(device_type: str) -> DeviceMesh:
+    """Every rank as one flat mesh (a script's runtime.prepare(): its split tables' group and DTensor mesh)."""
+    return init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=("tables",))

@@ -52,7 +52,8 @@ def test_tables_are_never_whole_and_their_rows_do_not_depend_on_the_split():
     assert not torch.equal(whole["emb"][:CHUNK], whole["emb"][1000:CHUNK + 1000])  # chunks draw their own rows
 
 
-@pytest.mark.parametrize("init", [lambda w: nn.init.orthogonal_(w), lambda w: nn.init.trunc_normal_(w), lambda w: w.data.copy_(torch.ones(ROWS, 8))])
+@pytest.mark.parametrize("init", [lambda w: nn.init.orthogonal_(w), lambda w: nn.init.trunc_normal_(w),
+                                  lambda w: w.data.copy_(torch.ones(ROWS, 8))])
 def test_an_initialisation_that_cannot_be_replayed_is_refused_with_the_fix(init):
     with pytest.raises(BlockInitError, match=r"placement.ps_init=whole"):
         _blocks(2, 0, init)

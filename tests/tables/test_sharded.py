@@ -97,7 +97,7 @@ def _compare_rank(rank: int, port: int, world: int) -> dict:
         store = build_tables([model], _plans(shards), torch.device("cpu"), torch.float32, dist.group.WORLD,
                              mesh.get_group(), mesh)
         out[kind] = {"losses": _train(model, store, rank, steps=6),
-                     "held": {n: (w.clone(), [s.clone() for s in states]) for n, (_, w, states) in store.held().items()}}
+                     **_held(store)}
     dist.destroy_process_group()
     return out
 
