@@ -107,8 +107,10 @@ class MemoryPlan:
     def _build(self) -> dict[str, int]:
         """{host, device, both}: each location while the model is built (``build`` terms; 0 without any)."""
         s = self._sums
-        built = {w: s[w]["always"] + s[w]["build"] if s[w]["build"] else 0 for w in s}
-        return {**built, "both": built["host"] + built["device"] if s["host"]["build"] else 0}
+        if not s["host"]["build"] and not s["device"]["build"]:
+            return {"host": 0, "device": 0, "both": 0}
+        built = {w: s[w]["always"] + s[w]["build"] for w in s}
+        return {**built, "both": built["host"] + built["device"]}
 
     @property
     def rank_peak(self) -> int:

@@ -44,6 +44,9 @@ def _all_to_all(send: torch.Tensor, sent: list[int], received: list[int], group)
 def route(ids: torch.Tensor, part: RowPartition, group, device: torch.device) -> Route:
     """Deduplicate ``ids`` and send each unique id to its owner (collective over ``group``)."""
     unique, inverse = torch.unique(ids.reshape(-1).to(torch.int64), sorted=True, return_inverse=True)
+    if len(unique) and (int(unique[0]) < 0 or int(unique[-1]) >= part.rows):  # here, not on the owner
+        raise IndexError(f"index out of range in self: ids {int(unique[0])}..{int(unique[-1])} looked up in a table "
+                         f"of {part.rows} rows")
     sent = part.counts(unique)
     if part.parts == 1:
         return Route(inverse, sent, sent, unique)

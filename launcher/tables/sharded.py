@@ -13,8 +13,10 @@ Per step (launcher/tables/ps_comm.py):
   optimizer to its rows. The step skips on every rank when any owner saw a non-finite gradient, as the replicated
   store's.
 
-Numerically it is the replicated store's update: the same sums in the same rank order, the same optimizer on the
-same rows. ``state_dict`` gives each block and its states as DTensors (``Shard(0)`` over the group's mesh), so
+Numerically it is the replicated store's update: the same optimizer on the same rows, and with one micro-batch a step
+the same sums in the same rank order (bit-identical losses on 2 ranks); with gradient accumulation an owner adds
+micro-batch by micro-batch, then rank by rank, so the sums may differ in their last bits. ``state_dict`` gives each
+block and its states as DTensors (``Shard(0)`` over the group, on a CPU mesh), so
 ``torch.distributed.checkpoint`` writes one copy of each table and reshards it on load onto another number of
 ranks (or into a replicated store, whose plain tensors take the whole table).
 """
@@ -52,15 +54,22 @@ class Lookup:
     ids: torch.Tensor
     rows: int
     route: Route
+    version: int
+    """ids._version when routed: an ids tensor changed in place since is routed again."""
+    names: list[str] = field(default_factory=list)
+    """Tables looked up with this route: a table looked up again (the next micro-batch) is routed again."""
     acts: list[tuple[str, torch.Tensor]] = field(default_factory=list)
     grads: list[tuple[str, torch.Tensor | None]] = field(default_factory=list)
+    open: bool = True
+    """False once collect took its gradients: the next forward routes its own ids."""
 
 
 class ShardedTables:
     def __init__(self, weights: dict[str, torch.Tensor], plans: tuple[TablePlan, ...], compute: torch.device,
                  dtype: torch.dtype = torch.float32, group=None, mesh=None,
                  padding: dict[str, int | None] | None = None, blocks: dict[str, torch.Tensor] | None = None) -> None:
-        self.compute, self.dtype, self.group, self.mesh = compute, dtype, group, mesh
+        self.compute, self.dtype, self.group = compute, dtype, group
+        self.mesh = mesh if mesh is None or mesh.device_type == "cpu" else _host_mesh(group)
         self.size = dist.get_world_size(group) if dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.comm_device = compute if dist.is_initialized() and dist.get_backend(group) == "nccl" else HOST
@@ -87,9 +96,12 @@ class ShardedTables:
         tracked = torch.is_grad_enabled()
         pool = self._lookups if tracked else [self._last] if self._last is not None else []
         for entry in pool:
-            if entry.ids is ids and entry.rows == rows and all(n != name for n, _ in entry.acts):
+            if entry.open and entry.ids is ids and entry.version == ids._version and entry.rows == rows \
+                    and name not in entry.names:
+                entry.names.append(name)
                 return entry
-        entry = Lookup(ids, rows, route(ids, self.tables[name].part, self.group, self.comm_device))
+        entry = Lookup(ids, rows, route(ids, self.tables[name].part, self.group, self.comm_device), ids._version,
+                       [name])
         if tracked:
             self._lookups.append(entry)
         else:
@@ -115,7 +127,7 @@ class ShardedTables:
             for name, act in entry.acts:
                 entry.grads.append((name, None if act.grad is None else self._unique_grad(name, act, entry.ids,
                                                                                         inverse, n_unique, grad_scale)))
-            entry.acts = []
+            entry.acts, entry.open = [], False
 
     def _unique_grad(self, name: str, act: torch.Tensor, ids: torch.Tensor, inverse: torch.Tensor, n: int,
                      grad_scale: float) -> torch.Tensor:
@@ -125,7 +137,8 @@ class ShardedTables:
             g = g.masked_fill((ids.reshape(-1) == t.padding_idx).to(g.device).unsqueeze(1), 0.0)
         if grad_scale != 1.0:
             g = g / grad_scale
-        return g.new_zeros(n, t.plan.dim).index_add_(0, inverse, g)
+        positions, summed = coalesce(inverse, g)  # deterministic on CUDA too (no atomics)
+        return summed if len(positions) == n else g.new_zeros(n, t.plan.dim).index_copy_(0, positions, summed)
 
     # -- step -----------------------------------------------------------------------------------------------------
     def _reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
@@ -214,6 +227,14 @@ class ShardedTables:
         for name, t in self.tables.items():
             t.weight.copy_(_local(state[name]["weight"]))
             t.optimizer.load_state_dict({k: _local(v) for k, v in state[name]["optimizer"].items()})
+
+
+def _host_mesh(group):
+    """A CPU mesh over the table group: DTensor.from_local moves a local tensor to its mesh's device, and the blocks
+    live on the host (a CUDA mesh would copy every block to the GPU at each checkpoint). Never run on a GPU."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(group, "cpu", mesh_dim_names=("tables",))
 
 
 def _local(value: Any) -> Any:

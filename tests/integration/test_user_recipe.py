@@ -73,8 +73,9 @@ def run_script(project: Path, name: str, overrides: list[str]) -> dict:
 def test_prepare_trains_the_scripts_tables_on_the_host(project):
     built = run_script(project, "script_host", ["placement.host_device_mix=1"])
     assert built["parts"] == ["ddp"] and built["engine_params"] == 36 * 64 + 64 + 64 + 1
-    assert built["tables"] == {n: {"location": "host", "optimizer": "lazy_adam", "lr": 0.001, "torch_device": "cpu"}
-                               for n in ("user_emb", "item_emb")}
+    tables = {n: {k: v for k, v in t.items() if k != "rows_held"} for n, t in built["tables"].items()}
+    assert tables == {n: {"location": "host", "optimizer": "lazy_adam", "lr": 0.001, "torch_device": "cpu",
+                          "shards": 1} for n in ("user_emb", "item_emb")}
 
 
 def test_prepare_gets_zero_offload(project):

@@ -161,3 +161,25 @@ def test_a_checkpoint_of_4_shards_loads_onto_2(tmp_path):
             assert torch.equal(torch.cat([two[r]["held"][name][1][k] for r in range(2)]),
                                torch.cat([saved[r]["held"][name][1][k] for r in range(4)]))
         assert two[0]["steps"][name] == saved[0]["steps"][name] == (None if name == "wide" else 3)  # FTRL: none
+
+
+def test_an_ids_buffer_refilled_in_place_is_routed_again():
+    """A loop that refills one ids tensor each batch gets each batch's rows, in training and in evaluation; a second
+    table on the same ids in the same forward shares the route."""
+    torch.manual_seed(0)
+    model = UserModel()
+    store = build_tables([model], _plans(2), torch.device("cpu"), torch.float32)  # one process: a group of 1
+    ids = torch.tensor([[1, 2, 2]])
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            for fill in ([1, 2, 2], [7, 8, 9]):
+                ids.copy_(torch.tensor([fill]))
+                got = model.emb(ids)
+                assert torch.equal(got.detach(), store.tables["emb"].weight[torch.tensor([fill])])
+                model.wide(ids)
+                if grad:
+                    got.sum().backward()
+                    store.collect()
+        store.discard()
+    with pytest.raises(IndexError, match="index out of range"):
+        model.emb(torch.tensor([[ROWS["emb"]]]))
