@@ -22,7 +22,7 @@ from typing import Any
 
 from launcher.plan.budget import Budget, fits, gb, overs, ranks_that_fit, shortfall
 from launcher.plan.cost import step_time
-from launcher.plan.peak import PHASES, MemoryPlan, Term, peaks_of, phase_sums
+from launcher.plan.peak import PHASES, MemoryPlan, Term, host_total_of, phase_sums
 
 
 MARGIN = 0.05
@@ -158,8 +158,7 @@ def shard_tables(mem: MemoryPlan, b: Budget, sharding: Sharding | None) -> tuple
     sums = phase_sums(mem.terms)
 
     def host_total() -> int:
-        peaks = peaks_of(sums)
-        return mem.nproc_per_node * (peaks["both"] if mem.device_type == "cpu" else peaks["host"]) + mem.launcher
+        return host_total_of(sums, mem.device_type, mem.nproc_per_node, mem.launcher)
 
     split: list[str] = []
     for name in sharding.order:

@@ -106,11 +106,7 @@ class MemoryPlan:
     @functools.cached_property
     def _build(self) -> dict[str, int]:
         """{host, device, both}: each location while the model is built (``build`` terms; 0 without any)."""
-        s = self._sums
-        if not s["host"]["build"] and not s["device"]["build"]:
-            return {"host": 0, "device": 0, "both": 0}
-        built = {w: s[w]["always"] + s[w]["build"] for w in s}
-        return {**built, "both": built["host"] + built["device"]}
+        return build_peaks(self._sums)
 
     @property
     def rank_peak(self) -> int:
@@ -130,9 +126,8 @@ class MemoryPlan:
 
     @property
     def host_total(self) -> int:
-        """One host: its ranks' peaks and the launcher. A host's ranks build the model one at a time (sharded
-        tables), so at most one of them is at its build peak while the others are at their training peak."""
-        return self.nproc_per_node * self.training_peak + self.build_extra + self.launcher
+        """One host: its ranks' peaks and the launcher (host_total_of)."""
+        return host_total_of(self._sums, self.device_type, self.nproc_per_node, self.launcher)
 
     @property
     def measured_as(self) -> tuple[str, int]:
@@ -165,6 +160,22 @@ def peaks_of(sums: dict[str, dict[str, int]]) -> dict[str, int]:
     """{host, device, both}: each location's ``always`` plus its largest phase; both: one memory (a CPU host)."""
     both = {p: sums["host"][p] + sums["device"][p] for p in sums["host"]}
     return {w: s["always"] + max(s[p] for p in PHASES) for w, s in (*sums.items(), ("both", both))}
+
+
+def build_peaks(sums: dict[str, dict[str, int]]) -> dict[str, int]:
+    """{host, device, both} while the model is built: ``always`` plus the ``build`` terms (0 without any)."""
+    if not sums["host"]["build"] and not sums["device"]["build"]:
+        return {"host": 0, "device": 0, "both": 0}
+    built = {w: s["always"] + s["build"] for w, s in sums.items()}
+    return {**built, "both": built["host"] + built["device"]}
+
+
+def host_total_of(sums: dict[str, dict[str, int]], device_type: str, nproc: int, launcher: int) -> int:
+    """One host from phase_sums of one rank's terms: its ranks at their training peak, the launcher, and what one
+    rank building the model holds beyond that (a host's ranks build it one at a time with sharded tables)."""
+    key = "both" if device_type == "cpu" else "host"
+    training = peaks_of(sums)[key]
+    return nproc * training + max(0, build_peaks(sums)[key] - training) + launcher
 
 
 def memory_plan(m: MemoryInput) -> MemoryPlan:

@@ -74,8 +74,7 @@ def take_blocks(model: nn.Module, plans: tuple[TablePlan, ...], rank: int, size:
         module = held_module(model, p.name) if p.shards > 1 else None
         if module is None or movable(module) or module.weight.is_meta:
             continue  # not this model's, or build_tables says why it cannot move
-        start, stop = RowPartition(p.rows, size).bounds(rank)
-        blocks[p.name] = module.weight.detach()[start:stop].to("cpu", torch.float32, copy=True)
+        blocks[p.name] = RowPartition(p.rows, size).block_of(module.weight, rank)
         module.weight = nn.Parameter(torch.empty(module.weight.shape, device="meta"))
     return blocks
 

@@ -44,6 +44,11 @@ class RowPartition:
         """How many of ``sorted_ids`` (ascending) each rank owns: they are grouped by owner, in rank order."""
         return torch.bincount(self.owner(sorted_ids), minlength=self.parts).tolist()
 
+    def block_of(self, weight: torch.Tensor, rank: int) -> torch.Tensor:
+        """``rank``'s rows of a whole table, copied to the host in fp32 (the whole can then be freed)."""
+        start, stop = self.bounds(rank)
+        return weight.detach()[start:stop].to("cpu", torch.float32, copy=True).contiguous()
+
     def local(self, ids: torch.Tensor) -> torch.Tensor:
         """Each id's row in its owner's block."""
         return ids - self.owner(ids) * self.block

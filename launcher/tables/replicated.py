@@ -44,6 +44,16 @@ def table_digest(weight: torch.Tensor) -> str:
     return h.hexdigest()
 
 
+def row_grads(grad: torch.Tensor, ids: torch.Tensor, dim: int, padding_idx: int | None,
+              grad_scale: float) -> torch.Tensor:
+    """A lookup's gradient as (looked-up ids, dim) fp32 rows: the padding_idx rows at 0 (torch's embedding backward
+    leaves them so), divided by an fp16 loss scale."""
+    g = grad.float().reshape(-1, dim)
+    if padding_idx is not None:
+        g = g.masked_fill((ids.reshape(-1) == padding_idx).to(g.device).unsqueeze(1), 0.0)
+    return g / grad_scale if grad_scale != 1.0 else g
+
+
 def build_table_optimizer(p: TablePlan, weight: torch.Tensor) -> Any:
     """The row-sparse optimizer the registry names for p.optimizer (the planner refused unknown names)."""
     spec = TABLE_OPTIMIZERS[p.optimizer]
@@ -99,15 +109,8 @@ class ReplicatedTables:
             if not looked_up:
                 continue
             rows = ids.reshape(-1).to(self.compute, torch.int64)  # int32 ids too: every rank sends int64 rows
-            values = torch.cat([a.grad.float() for _, a in looked_up], dim=1)  # (n, dim_a + dim_b ...)
-            start = 0
-            for name, _ in looked_up:
-                t = self.tables[name]
-                if t.padding_idx is not None:  # torch's embedding backward leaves the padding row's gradient at 0
-                    values[rows == t.padding_idx, start : start + t.plan.dim] = 0.0
-                start += t.plan.dim
-            if grad_scale != 1.0:
-                values.div_(grad_scale)
+            values = torch.cat([row_grads(a.grad, rows, self.tables[n].plan.dim, self.tables[n].padding_idx,
+                                          grad_scale) for n, a in looked_up], dim=1)  # (n, dim_a + dim_b ...)
             self._grads.setdefault(tuple(n for n, _ in looked_up), []).append((rows, values))
         self._pending.clear()
 

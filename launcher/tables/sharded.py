@@ -32,7 +32,7 @@ import torch.distributed as dist
 from launcher.plan import TablePlan
 from launcher.tables.partition import RowPartition
 from launcher.tables.ps_comm import Route, bytes_sent, fetch, push, route
-from launcher.tables.replicated import HOST, table_digest, build_table_optimizer
+from launcher.tables.replicated import HOST, build_table_optimizer, row_grads, table_digest
 from launcher.tables.sparse_comm import coalesce
 from launcher.tables.transfer import host_to_device
 
@@ -76,10 +76,9 @@ class ShardedTables:
         self.tables: dict[str, Block] = {}
         for p in sorted(plans, key=lambda p: p.name):  # one order on every rank: the exchanges'
             part = RowPartition(p.rows, self.size)
-            start, stop = part.bounds(self.rank)
             block = (blocks or {}).get(p.name)  # taken when the model was built (lookup.take_blocks)
             if block is None:
-                block = weights[p.name].detach()[start:stop].to(HOST, torch.float32, copy=True).contiguous()
+                block = part.block_of(weights[p.name], self.rank)
             self.tables[p.name] = Block(p, part, block, build_table_optimizer(p, block), (padding or {}).get(p.name))
         self._lookups: list[Lookup] = []
         self._last: Lookup | None = None
@@ -123,22 +122,14 @@ class ShardedTables:
         """Each lookup's gradient summed per unique id (None where the loss did not reach it)."""
         for entry in self._lookups:
             inverse = entry.route.inverse.to(self.compute)
-            n_unique = sum(entry.route.sent)
             for name, act in entry.acts:
-                entry.grads.append((name, None if act.grad is None else self._unique_grad(name, act, entry.ids,
-                                                                                        inverse, n_unique, grad_scale)))
+                t = self.tables[name]
+                # summed per unique id (each was looked up at least once: coalesce gives all of them, in order),
+                # deterministically on CUDA too (no atomics)
+                grad = None if act.grad is None else coalesce(
+                    inverse, row_grads(act.grad, entry.ids, t.plan.dim, t.padding_idx, grad_scale))[1]
+                entry.grads.append((name, grad))
             entry.acts, entry.open = [], False
-
-    def _unique_grad(self, name: str, act: torch.Tensor, ids: torch.Tensor, inverse: torch.Tensor, n: int,
-                     grad_scale: float) -> torch.Tensor:
-        t = self.tables[name]
-        g = act.grad.float().reshape(-1, t.plan.dim)
-        if t.padding_idx is not None:  # torch's embedding backward leaves the padding row's gradient at 0
-            g = g.masked_fill((ids.reshape(-1) == t.padding_idx).to(g.device).unsqueeze(1), 0.0)
-        if grad_scale != 1.0:
-            g = g / grad_scale
-        positions, summed = coalesce(inverse, g)  # deterministic on CUDA too (no atomics)
-        return summed if len(positions) == n else g.new_zeros(n, t.plan.dim).index_copy_(0, positions, summed)
 
     # -- step -----------------------------------------------------------------------------------------------------
     def _reduce_sum(self, t: torch.Tensor) -> torch.Tensor:

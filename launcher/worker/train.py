@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -85,12 +86,13 @@ def build_model(plan: LaunchPlan, rank: int, stage: DeviceMesh | None) -> tuple[
     for turn in range(turns):
         if turn == plan.ranks[rank].local_rank % turns:
             torch.manual_seed(plan.seed)
-            deferred = DeferredTables({(t.rows, t.dim) for t in by_blocks})
-            with deferred:
+            deferred = DeferredTables({(t.rows, t.dim) for t in by_blocks}) if by_blocks else None
+            with deferred or nullcontext():
                 model = instantiate(plan.model)
-            modules = {t.name: m for t in by_blocks if (m := held_module(model, t.name)) is not None}
-            bounds = {t.name: RowPartition(t.rows, size).bounds(me) for t in by_blocks}
-            blocks = init_blocks(model, deferred, modules, bounds, plan.seed)
+            if deferred is not None:
+                modules = {t.name: m for t in by_blocks if (m := held_module(model, t.name)) is not None}
+                bounds = {t.name: RowPartition(t.rows, size).bounds(me) for t in by_blocks}
+                blocks = init_blocks(model, deferred, modules, bounds, plan.seed)
             blocks |= take_blocks(model, plan.placement.tables, me, size)
         if turns > 1:
             dist.barrier()

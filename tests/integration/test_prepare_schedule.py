@@ -37,15 +37,21 @@ def _losses(cwd) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-def test_host_tables_follow_a_warm_up_schedule_as_the_same_table_inside_the_engine(tmp_path):
+def _run_script(tmp_path, ranks: int, variants: dict[str, list[str]]) -> dict[str, dict[int, float]]:
+    """SCRIPT run once per variant (name -> overrides) on ``ranks`` ranks, each in its own folder: its losses."""
     (tmp_path / "train.py").write_text(SCRIPT)
     got = {}
-    for name, extra in (("inside", []), ("host", ["placement.host_device_mix=1"])):
+    for name, extra in variants.items():
         cwd = tmp_path / name
         cwd.mkdir()
-        res = run_cli([f"script={tmp_path / 'train.py'}", "cluster.nproc_per_node=1", *extra], cwd)
+        res = run_cli([f"script={tmp_path / 'train.py'}", f"cluster.nproc_per_node={ranks}", *extra], cwd)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         got[name] = _losses(cwd)
+    return got
+
+
+def test_host_tables_follow_a_warm_up_schedule_as_the_same_table_inside_the_engine(tmp_path):
+    got = _run_script(tmp_path, 1, {"inside": [], "host": ["placement.host_device_mix=1"]})
     prepared = json.loads((tmp_path / "host" / "log_output" / "latest" / "rank.0" / "prepared.json").read_text())
     assert "host" in json.dumps(prepared)  # the table did leave the engine
     worst = max(abs(got["host"][s] - got["inside"][s]) / abs(got["inside"][s]) for s in got["inside"])
@@ -55,14 +61,7 @@ def test_host_tables_follow_a_warm_up_schedule_as_the_same_table_inside_the_engi
 def test_a_scripts_tables_split_over_the_ranks_train_as_a_copy_per_rank(tmp_path):
     """The same loop on 2 ranks: its nn.Embedding's rows split over them (placement.ps=true) or copied to each
     (placement.host_device_mix=1): the same losses, and each rank holds its block."""
-    (tmp_path / "train.py").write_text(SCRIPT)
-    got = {}
-    for name, extra in (("host", ["placement.host_device_mix=1"]), ("ps", ["placement.ps=true"])):
-        cwd = tmp_path / name
-        cwd.mkdir()
-        res = run_cli([f"script={tmp_path / 'train.py'}", "cluster.nproc_per_node=2", *extra], cwd)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        got[name] = _losses(cwd)
+    got = _run_script(tmp_path, 2, {"host": ["placement.host_device_mix=1"], "ps": ["placement.ps=true"]})
     prepared = json.loads((tmp_path / "ps" / "log_output" / "latest" / "rank.0" / "prepared.json").read_text())
     assert {k: (t["shards"], t["rows_held"]) for k, t in prepared["tables"].items()} == {"0": (2, 3)}, prepared
     worst = max(abs(got["ps"][s] - got["host"][s]) / abs(got["host"][s]) for s in got["host"])
