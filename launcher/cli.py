@@ -32,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
             return _print_error(e)
     from launcher.config import compose_config, table_path_override
 
-    argv = [table_path_override(a) for a in argv]  # dotted table paths, for Hydra's own flags too
     try:
         config_dir, rest = _split_config_dir(argv)
     except ConfigError as e:
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 compose_config(overrides, config_dir)  # our messages for bad keys, before Hydra prints anything
             except ConfigError as e:
                 return _print_error(e)
-        return _hydra_app(argv)
+        return _hydra_app([table_path_override(a) for a in argv])  # compose_config rewrites them itself
     from rich.markup import escape
 
     from launcher.errors import printable

@@ -34,7 +34,9 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     ``--config-dir``) adds the user's config tree to the package's: their ``recipe/<name>.yaml`` is a recipe."""
     from launcher.recipes import RECIPES
 
-    overrides = [sharding_override(table_path_override(o)) for o in overrides]
+    given = list(overrides)
+    overrides = [sharding_override(table_path_override(o)) for o in given]
+    said = {new: old for old, new in zip(given, overrides) if new != old}  # messages quote the user's own line
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
@@ -71,7 +73,8 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
                 parsed = OverridesParser.create().parse_overrides(overrides)
                 cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])
             except (HydraException, OmegaConfBaseException) as error:
-                raise ConfigError(_diagnose(parsed, script_mode, users, search) or first_line(error)) from None
+                problems = _diagnose(parsed, script_mode, users, search) or [first_line(error)]
+                raise ConfigError([_as_given(p, said) for p in problems]) from None
         added = _added_unknown_keys(cfg, parsed) + _numbers_as_bools(cfg, parsed)
         if added:
             raise ConfigError(added)
@@ -94,6 +97,13 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     return cfg
 
 
+def _as_given(problem: str, said: dict[str, str]) -> str:
+    """A problem with each override the launcher rewrote (table_path_override) quoted as the user wrote it."""
+    for new, old in said.items():
+        problem = problem.replace(new, old)
+    return problem
+
+
 def _compose_smoke(cfg: DictConfig, overrides: Sequence[str], search: list[str], script_mode: bool) -> DictConfig:
     """The smoke run's config: the smoke settings in front of the user's overrides (theirs still win)."""
     from launcher.smoke import smoke_changes, smoke_overrides, smoke_settings
@@ -114,19 +124,20 @@ def _compose_smoke(cfg: DictConfig, overrides: Sequence[str], search: list[str],
 
 
 def table_path_override(line: str) -> str:
-    """A table's key is its module path, which may hold dots (``towers.0.item_emb``). Hydra would read
-    ``placement.tables.towers.0.item_emb=host`` as nested keys; it becomes ``+placement.tables={towers.0.item_emb:
-    host}`` (and ``tables.<path>.<field>=v`` becomes ``+tables={<path>: {<field>: v}}``), which Hydra merges."""
+    """A table's key is its module path, which may hold dots (``towers.0.item_emb``), or its name. Hydra would read
+    ``placement.tables.towers.0.item_emb=host`` as nested keys, and refuses a new key of a typed dict given field by
+    field (``+tables.t1.optimizer=ftrl``); ``placement.tables.<path>=v`` becomes ``+placement.tables={<path>: v}``
+    and ``tables.<path>.<field>=v`` becomes ``+tables={<path>: {<field>: v}}``, which Hydra merges (``+`` or not)."""
     key, eq, value = line.partition("=")
     bare = key.lstrip("+~")
     if not eq or key.startswith("~"):
         return line
-    if bare.startswith("placement.tables.") and "." in bare[len("placement.tables."):]:
+    if bare.startswith("placement.tables.") and len(bare) > len("placement.tables."):
         return f"+placement.tables={{{bare[len('placement.tables.'):]}: {value}}}"
     if bare.startswith("tables.") and bare.count(".") >= 2:
         path, _, leaf = bare[len("tables."):].rpartition(".")
-        if leaf in TableConfig.__dataclass_fields__:
-            return f"+tables={{{path}: {{{leaf}: {value}}}}}" if "." in path else line
+        if leaf in TableConfig.__dataclass_fields__:  # merged into the table's entry, or a new entry
+            return f"+tables={{{path}: {{{leaf}: {value}}}}}"
         return f"+tables={{{bare[len('tables.'):]}: {value}}}"  # tables.<dotted path>={optimizer: ftrl, ...}
     return line
 

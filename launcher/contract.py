@@ -68,6 +68,9 @@ class ModelFacts:
     """What to tell the user about the model before the plan."""
     kept: tuple[tuple[str, str], ...] = ()
     """Embeddings that always train inside the parts: (module path, why: a tied weight, max_norm, ...)."""
+    aliases: tuple[tuple[str, str], ...] = ()
+    """Other names of tables, (name, module path): a TorchRec collection's table name (``t_user`` for
+    ``sparse_arch.embedding_bag_collection.embedding_bags.t_user``), which placement.tables and tables may use."""
     split: str = ""
     """How a pipeline cuts a user's model (launcher/plan/pipeline.py SPLITS: chain or trace); '' = the recipe's
     own ``pipeline_split``."""

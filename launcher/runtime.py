@@ -131,11 +131,12 @@ def device() -> torch.device:
     return _S.device
 
 
-def move(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Tensors to this rank's device; floating ones in the training precision (bf16 with precision=bf16)."""
-    from launcher.tables.transfer import host_to_device
+def move(*batch: Any) -> tuple[Any, ...]:
+    """Tensors, or any structures of them (dicts, tuples, TorchRec's KeyedJaggedTensor), to this rank's device;
+    floating ones in the training precision (bf16 with precision=bf16)."""
+    from launcher.usercode.items import move_to
 
-    return tuple(host_to_device(t, _S.device, _S.dtype) for t in tensors)
+    return tuple(move_to(b, _S.device, _S.dtype) for b in batch)
 
 
 def _tables_of(model: nn.Module) -> dict[str, tuple[int, int]]:

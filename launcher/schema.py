@@ -75,6 +75,26 @@ class TableConfig:
     """ftrl's learning-rate power (<= 0; -0.5 = 1/sqrt schedule)."""
     initial_accumulator: float = 0.1
     """ftrl's starting squared-gradient accumulator (> 0)."""
+    hash: int = 0
+    """Raw ids -> rows inside the table's lookup: 0 = the ids are rows (0 .. rows-1, as nn.Embedding takes them);
+    n > 0 = every id (any int64: hashed 32/64-bit feature ids) is hashed into the table's first n rows (n <= its
+    rows), so the model and its data keep raw ids. Needs the table outside the parts (a sparse optimizer)."""
+    hash_fn: str = "mix"
+    """With hash > 0: mix (splitmix64's 64-bit mixer, then the remainder by hash) or mod (the id's remainder by
+    hash: TorchRec's convention for Criteo)."""
+
+
+@dataclass
+class LoaderConfig:
+    """The DataLoader of a recipe in your folder (its ``data``/``eval_data`` are the Datasets' own ``_target_``)."""
+
+    collate_fn: Any = None
+    """How a micro-batch's items become one batch: null = torch's default_collate; a function by dotted path
+    (my_project.data.collate, or {_target_: my_project.data.collate}); {_target_: fn, key: value, ...} binds those
+    keyword arguments (Hydra's _partial_); {_target_: SomeClass, ...} builds a callable object. It may return a tuple
+    (input_1, ..., input_k, label), a dict of keyword inputs and a label, or an object with them as attributes (a
+    dataclass such as TorchRec's Batch: name them with data_inputs and data_label); inputs may be any tensors or
+    structures of them (TorchRec's KeyedJaggedTensor)."""
 
 
 @dataclass
@@ -318,6 +338,7 @@ class HeteroConfig:
     [] = every key but the label."""
     data_label: str = ""
     """A recipe in your folder whose items are dicts: the label's key; "" = ``labels``, else ``label``."""
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     tables: dict[str, TableConfig] = field(default_factory=dict)
     """Per embedding table of the recipe: its optimizer. A table not listed uses TableConfig's defaults."""

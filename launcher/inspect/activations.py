@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from launcher.usercode.items import call, map_inputs
+from launcher.usercode.items import call, move_to
 
 
 def _bytes(t: Any) -> int:
@@ -54,10 +54,11 @@ def estimate_activations(model: nn.Module, layers: list[tuple[str, nn.Module]], 
     handles = []
     for path, module in model.named_modules() if lookups is not None else ():
         if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
-            def ids(_m, args, _path=path):
-                lookups[_path] = lookups.get(_path, 0.0) + (args[0].numel() / samples if args else 0.0)
+            def ids(_m, args, kwargs, _path=path):
+                given = args[0] if args else kwargs.get("input")
+                lookups[_path] = lookups.get(_path, 0.0) + (given.numel() / samples if given is not None else 0.0)
 
-            handles.append(module.register_forward_pre_hook(ids))
+            handles.append(module.register_forward_pre_hook(ids, with_kwargs=True))
     for name, module in layers:
         def pre(_m, args, kwargs, _name=name):
             stack.append(_name)
@@ -83,11 +84,11 @@ def activation_facts(recipe, model_spec: dict, batch: tuple) -> Trace | None:
 
     with torch.device("meta"):
         model = instantiate(model_spec)
-    inputs = map_inputs(batch[0], lambda t: t.to("meta"))
+    inputs = move_to(batch[0], "meta")
     lookups: dict[str, float] = {}
     try:
         per_layer = estimate_activations(model, recipe.layers(model), inputs, len(batch[1]), lookups)
-    except (NotImplementedError, RuntimeError):
+    except Exception:  # noqa: BLE001 - a forward meta cannot run (a data-dependent branch, a KeyedJaggedTensor)
         return None
     conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
     return Trace(layers=per_layer, lookups=lookups, families=("conv",) if conv else ())

@@ -32,6 +32,7 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
             kept.append((path, why))
         else:
             tables[path] = (m.num_embeddings, m.embedding_dim)
+    aliases, collections = torchrec_names(model, tables)
     table_ids = {id(model.get_submodule(p).weight) for p in tables}
     dense = sum(p.numel() for p in model.parameters() if id(p) not in table_ids)
     layered = units(model)
@@ -41,7 +42,35 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
     lines = [f"model: {type(model).__module__}.{type(model).__name__}, {total:,} "
              f"parameters: tables {', '.join(f'{p} {r:,}×{d}' for p, (r, d) in tables.items()) or 'none'}; "
              f"dense {dense:,}; layers {', '.join(layers) or '-'}"]
+    lines += collections
     if kept_inside:
         lines.append(f"model: embeddings that always train inside the engine: {'; '.join(kept_inside)}")
     return ModelFacts(tables=tables, dense_params=dense, layers=layers, layer_params=layer_params, tied=tied,
-                      layer_paths={n: n for n in layers}, lines=tuple(lines), kept=tuple(kept))
+                      layer_paths={n: n for n in layers}, lines=tuple(lines), kept=tuple(kept),
+                      aliases=tuple(aliases.items()))
+
+
+TORCHREC_COLLECTIONS = {"embedding_bags": "embedding_bag_configs", "embeddings": "embedding_configs"}
+"""A TorchRec EmbeddingBagCollection / EmbeddingCollection keeps one nn.EmbeddingBag / nn.Embedding per table in a
+ModuleDict under this attribute, keyed by the table's name, and lists its configs with this method."""
+
+
+def torchrec_names(model: nn.Module, tables: dict[str, tuple[int, int]]) -> tuple[dict[str, str], list[str]]:
+    """({TorchRec table name: module path} for each table of an unsharded TorchRec collection whose name is unique in
+    the model and no module path, plan lines naming the collections), by TorchRec's module structure (no import)."""
+    found: dict[str, list[str]] = {}
+    lines = []
+    for path, m in model.named_modules():
+        for attr, method in TORCHREC_COLLECTIONS.items():
+            holder = getattr(m, attr, None)
+            if not isinstance(holder, nn.ModuleDict) or not callable(getattr(m, method, None)):
+                continue
+            prefix = f"{path}.{attr}." if path else f"{attr}."
+            names = [n for n in holder if prefix + n in tables]
+            for n in names:
+                found.setdefault(n, []).append(prefix + n)
+            shown = ", ".join(names[:6]) + (f" ... ({len(names)} tables)" if len(names) > 6 else "")
+            lines.append(f"model: TorchRec {type(m).__name__} at {path or '(the model)'}: tables {shown or 'none'} "
+                         f"(placement.tables.<name> and tables.<name> take these names or the module paths)")
+    aliases = {n: paths[0] for n, paths in found.items() if len(paths) == 1 and n not in tables}
+    return aliases, lines

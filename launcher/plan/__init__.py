@@ -290,6 +290,10 @@ def _plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: _Draft) -> No
         d.sharding, sharding_problems = _plan_sharding(d.recipe, d.model, sharding_cfg, cfg.parallel.search_mode,
                                                        d.dims, d.batch.micro_size)
         d.problems += sharding_problems
+    if not d.user and cfg.loader.collate_fn is not None:
+        d.problems.append(f"loader.collate_fn: recipe {cfg.recipe.name} batches its own data (its data source makes "
+                          f"whole batches), so a collate function would not be called. Remove loader.collate_fn; it "
+                          f"is for a recipe in your folder whose data is a Dataset of items.")
     if cfg.debug.fail_rank >= d.world:
         d.problems.append(f"debug.fail_rank={cfg.debug.fail_rank} is not a rank of this run (world size {d.world}). "
                           f"Set debug.fail_rank to 0 .. {d.world - 1}, or -1 (off).")
@@ -300,7 +304,7 @@ def _plan_where(cfg: DictConfig, host: HostFacts, d: _Draft) -> None:
     d.device_type, d.backend = device_and_backend(cfg.cluster.backend, host, cfg.cluster.device)
     d.placement, d.zero, placement_problems, placement_notes = plan_placement(
         cfg, d.sizes.tables, d.sizes.dense_params, d.device_type, _table_default(cfg, d.user),
-        dict(d.sizes.kept), stage_ranks(d.dims))
+        dict(d.sizes.kept), stage_ranks(d.dims), dict(d.sizes.aliases))
     d.problems += placement_problems
     d.notes += placement_notes
     outside = {t.name for t in d.placement.tables if t.location != "engine"}
@@ -360,7 +364,8 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     data = OmegaConf.to_container(cfg.data, resolve=True)
     if d.user:
         eval_data = OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data else None
-        data = UserRecipe.data_spec(data, eval_data, list(cfg.data_inputs), cfg.data_label)
+        loader = OmegaConf.to_container(cfg.loader, resolve=True)
+        data = UserRecipe.data_spec(data, eval_data, list(cfg.data_inputs), cfg.data_label, loader["collate_fn"])
     return LaunchPlan(
         recipe=cfg.recipe.name, dims=dims, parts=parts, world_size=d.world, nnodes=nnodes, nproc_per_node=d.nproc,
         zero_stage=zero, backend=d.backend, device_type=d.device_type, precision=cfg.precision, steps=d.steps,

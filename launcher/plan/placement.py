@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.plain import to_plain
 from launcher.plan.registry import CPU_OPTIMIZERS, DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, unknown
+from launcher.plan.table_keys import hash_problems, resolve_aliases
 from launcher.plan.ps import place_problems
 from launcher.plan.values import number_problems
 from launcher.schema import TableConfig
@@ -61,6 +62,12 @@ class TablePlan:
     rank that holds the table has a whole copy; n > 1 = the n ranks of the table's pipeline stage (all ranks without
     pipeline stages) each own one contiguous block of ceil(rows / n) rows, as torch.chunk and DTensor's Shard(0) split
     them (launcher/tables/partition.py), with that block's optimizer states: one copy per job."""
+    alias: str = ""
+    """The table's other name placement.tables / tables take (a TorchRec table's own name); '' = none."""
+    hash_buckets: int = 0
+    """tables.<name>.hash: raw ids are hashed into this many rows inside the lookup (0 = ids are rows)."""
+    hash_fn: str = "mix"
+    """tables.<name>.hash_fn: mix or mod (launcher/tables/hashing.py)."""
     built: str = "whole"
     """With shards > 1, how a rank gets its block: whole (the recipe builds the table, the rank copies its block out
     and frees it; a host's ranks take turns) or blocks (the table is made on the meta device and each rank replays
@@ -165,8 +172,10 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
                 name=name, rows=rows, dim=dim, location="host" if want == "ps" else want, optimizer=opt, lr=d.lr,
                 betas=(d.betas[0], d.betas[1]), eps=d.eps, l1=d.l1, l2=d.l2, lr_power=d.lr_power,
                 initial_accumulator=d.initial_accumulator, shards=group_size if want == "ps" else 1,
+                hash_buckets=d.hash, hash_fn=d.hash_fn,
             )
         )
+        problems += hash_problems(name, rows, d, opt)
         if opt != "dense":
             problems += number_problems(f"tables.{name}", {
                 "lr": (d.lr, "positive"), "l1": (d.l1, "non_negative"), "l2": (d.l2, "non_negative"),
@@ -315,22 +324,29 @@ def settings_words(t: TablePlan) -> str:
 
 def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, dense_count: int, device_type: str,
                    default: TableConfig | None = None, kept: dict[str, str] | None = None,
-                   group_size: int = 1) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
+                   group_size: int = 1, aliases: dict[str, str] | None = None
+                   ) -> tuple[PlacementPlan | None, int, list[str], list[str]]:
     """(placement, effective ZeRO stage, problems, notes) for the recipe's tables (module path -> (rows, dim)) and
     its dense_count parameters outside them. ``default`` is how a table without a ``tables.<path>`` entry trains:
     dense, or outside the engine (then with optimizer.name's twin: plan_table_optimizers). ``shapes=None``: the
     tables are not known yet (a script run). ``group_size``: the ranks of one pipeline stage (world size /
-    pipeline_stages), over which a ps table's rows are split."""
+    pipeline_stages), over which a ps table's rows are split. ``aliases``: other names of tables (a TorchRec table's
+    own name) -> module path, which placement.tables and tables may use."""
     known = shapes is not None
     shapes = shapes or {}
     pl, o = cfg.placement, cfg.optimizer
     # Plain containers: OmegaConf node access costs ~50 us a key, and a recipe may have thousands of tables
     # (to_plain: OmegaConf.to_container at a tenth of its cost).
-    table_cfgs = {name: TableConfig(**t) for name, t in to_plain(cfg.tables, resolve=False).items()}
+    table_cfgs, problems = resolve_aliases("tables", {name: TableConfig(**t) for name, t in
+                                                      to_plain(cfg.tables, resolve=False).items()}, aliases or {})
+    wanted, alias_problems = resolve_aliases("placement.tables", to_plain(pl.tables, resolve=False), aliases or {})
     owner = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
-    tables, problems, notes = plan_tables(shapes, table_cfgs, to_plain(pl.tables, resolve=False), pl.host_device_mix,
-                                          default or TableConfig(), f"recipe {owner}" if owner else "the model", known,
-                                          kept, ps=pl.ps, group_size=group_size)
+    tables, table_problems, notes = plan_tables(shapes, table_cfgs, wanted, pl.host_device_mix,
+                                                default or TableConfig(), f"recipe {owner}" if owner else "the model",
+                                                known, kept, ps=pl.ps, group_size=group_size)
+    problems += alias_problems + table_problems
+    named = {path: name for name, path in (aliases or {}).items()}
+    tables = [replace(t, alias=named.get(t.name, "")) for t in tables]
     dense_settings = recipe_dense(o)
     tables, follow_problems, follow = plan_table_optimizers(tables, set(table_cfgs), lambda _: dense_settings,
                                                             f"optimizer.name={o.name}")

@@ -95,6 +95,11 @@ CPU_OPTIMIZERS: dict[str, CpuOptimizer] = {
 }
 
 
+HASH_FUNCTIONS = ("mix", "mod")
+"""What tables.<name>.hash_fn may name (launcher/tables/hashing.py): splitmix64's mixer then the remainder, or the
+remainder alone."""
+
+
 def unknown(key: str, value: str, known: Mapping[str, object] | tuple[str, ...]) -> str:
     """'key=value is not one of ...' with a did-you-mean, for any registry."""
     names = list(known)

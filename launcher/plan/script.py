@@ -169,6 +169,9 @@ def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
         problems.append(f"parallel.pipeline_stages={cfg.parallel.pipeline_stages} with script=: runtime.prepare() "
                         f"trains your loop data-parallel; pipelines run recipes (your model in a recipe YAML, see "
                         f"'Bring your own model'). Set parallel.pipeline_stages=1.")
+    if cfg.loader.collate_fn is not None:
+        problems.append("loader.collate_fn with script=: your script builds its own DataLoader, which takes the "
+                        "collate function (DataLoader(..., collate_fn=...)). Remove loader.collate_fn.")
     if problems:
         raise ConfigError(problems)
     nproc, note = resolve_nproc(c.nproc_per_node, host)

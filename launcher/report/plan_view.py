@@ -69,12 +69,15 @@ def placement_table(plan: LaunchPlan) -> Table:
         t.add_column(col, overflow="fold")  # a long module path wraps, never ends in …
     per_host = plan.nproc_per_node if plan.pipeline is None else None
     for tb in pl.tables:
+        name = f"{_shown(tb.alias)} ({_shown(tb.name)})" if tb.alias else _shown(tb.name)
+        size = f"{tb.rows:,}×{tb.dim}" + (f"; raw ids hashed into {tb.hash_buckets:,} rows ({tb.hash_fn})"
+                                          if tb.hash_buckets else "")
         if tb.location == "engine":
-            t.add_row(_shown(tb.name), f"{tb.rows:,}×{tb.dim}", "device, with the model", "as the parts split it",
-                      f"{o.name} dense", pl.optimizer_location)
+            t.add_row(name, size, "device, with the model", "as the parts split it", f"{o.name} dense",
+                      pl.optimizer_location)
         else:
             twin = twin_words(tb)  # how it relates to the dense optimizer whose settings it took
-            t.add_row(_shown(tb.name), f"{tb.rows:,}×{tb.dim}", tb.location + (" (ps)" if tb.shards > 1 else ""),
+            t.add_row(name, size, tb.location + (" (ps)" if tb.shards > 1 else ""),
                       partition_words(tb, per_host), f"{tb.optimizer} rows{f' ({twin})' if twin else ''}",
                       tb.location)
     impl = f" ({pl.cpu_impl})" if pl.optimizer_location == "host" else ""

@@ -3,6 +3,8 @@ table store, and ``build_tables``, which makes the swap (the model's own code do
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,6 +12,7 @@ from torch import nn
 from launcher.parallel.rank import held_module, set_module
 
 from launcher.plan import TablePlan
+from launcher.tables.hashing import HashStats, IdHash
 from launcher.tables.partition import RowPartition
 from launcher.tables.replicated import ReplicatedTables
 from launcher.tables.sharded import ShardedTables
@@ -17,36 +20,81 @@ from launcher.tables.store import Stores, TableStore
 
 
 class TableLookup(nn.Module):
-    """Stands in for an ``nn.Embedding`` or ``nn.EmbeddingBag`` whose table lives in a TableStore: same call, same
-    result, no parameters."""
+    """Stands in for an ``nn.Embedding`` whose table lives in a TableStore: the same call (``lookup(ids)`` or
+    ``lookup(input=ids)``), the same result, no parameters. The replaced module's attributes (``num_embeddings``,
+    ``embedding_dim``, ``padding_idx``, ...) are kept for code that reads them; its ``weight`` is in the store.
+    ``hashing``: raw ids are hashed into rows first (``tables.<name>.hash``)."""
 
-    def __init__(self, tables: TableStore, name: str, bag_mode: str | None = None,
-                 include_last_offset: bool = False) -> None:
+    def __init__(self, tables: TableStore, name: str, like: nn.Module, hashing: IdHash | None = None) -> None:
         super().__init__()
         self._tables = [tables]  # a list: not a submodule, not in state_dict
-        self.name, self.bag_mode, self.include_last_offset = name, bag_mode, include_last_offset
+        self.name, self.hashing = name, hashing
+        for attr in MIRRORED:
+            if hasattr(like, attr):
+                setattr(self, attr, getattr(like, attr))
+        self.hash_stats = HashStats() if hashing is not None else None
 
-    def forward(self, ids: torch.Tensor, offsets: torch.Tensor | None = None,
-                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
-        rows = self._tables[0].lookup(self.name, ids)
-        if self.bag_mode is None:
-            return rows
-        # EmbeddingBag: reduce the looked-up rows per bag on the compute device; each looked-up row is its own
-        # "table row" here, so the gradient comes back per lookup, as from nn.Embedding.
-        flat = rows.reshape(-1, rows.shape[-1])
-        if ids.dim() == 2:
-            if offsets is not None:
-                raise ValueError("if input is 2D, then offsets has to be None (as nn.EmbeddingBag says)")
-            offsets = torch.arange(0, ids.numel(), ids.shape[1], device=flat.device)
-        index = torch.arange(flat.shape[0], device=flat.device)
-        if per_sample_weights is not None:
-            per_sample_weights = per_sample_weights.reshape(-1).to(flat.device, flat.dtype)
-        return F.embedding_bag(index, flat, offsets.to(flat.device), mode=self.bag_mode,
-                               per_sample_weights=per_sample_weights, include_last_offset=self.include_last_offset)
+    def _rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The table rows of ``ids`` (raw ids hashed when the table hashes them)."""
+        if self.hashing is None:
+            return ids
+        rows = self.hashing(ids)
+        if self.training and torch.is_grad_enabled():
+            self.hash_stats.add(ids, rows)
+        return rows
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Embedding's own argument name)
+        return self._tables[0].lookup(self.name, self._rows(input))
 
     def extra_repr(self) -> str:
         t = self._tables[0].tables[self.name]
-        return f"{self.name}: {t.plan.rows}x{t.plan.dim} on {t.plan.location}, {t.plan.optimizer}"
+        hashed = f", ids hashed into {self.hashing.buckets} rows ({self.hashing.function})" if self.hashing else ""
+        return f"{self.name}: {t.plan.rows}x{t.plan.dim} on {t.plan.location}, {t.plan.optimizer}{hashed}"
+
+
+class BagLookup(TableLookup):
+    """Stands in for an ``nn.EmbeddingBag``: ``forward(input, offsets=None, per_sample_weights=None)`` as torch's,
+    positional or by keyword (TorchRec's EmbeddingBagCollection calls ``input=``, ``offsets=``,
+    ``per_sample_weights=``): a 1-D input with offsets (``include_last_offset`` as the module had it) or a 2-D input
+    of fixed-size bags, modes sum, mean and max, per-sample weights (sum), ``padding_idx`` (those entries leave their
+    bag, as torch's). Each looked-up row is reduced into its bag on the compute device; its gradient comes back per
+    lookup, as from nn.Embedding."""
+
+    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,  # noqa: A002
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        ids = self._rows(input)
+        rows = self._tables[0].lookup(self.name, ids)
+        flat = rows.reshape(-1, rows.shape[-1])
+        index = torch.arange(flat.shape[0], device=flat.device).view(input.shape)
+        padding = None
+        if self.padding_idx is not None:  # its entries point at one zero row, which embedding_bag leaves out
+            padding = flat.shape[0]
+            index = index.masked_fill((ids == self.padding_idx).to(flat.device), padding)
+            flat = torch.cat([flat, flat.new_zeros(1, flat.shape[1])])
+        if offsets is not None:
+            offsets = offsets.to(flat.device, torch.int64)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.to(flat.device, flat.dtype)
+        return F.embedding_bag(index, flat, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
+                               include_last_offset=self.include_last_offset, padding_idx=padding)
+
+
+MIRRORED = ("num_embeddings", "embedding_dim", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq",
+            "sparse", "mode", "include_last_offset")
+"""Attributes of nn.Embedding / nn.EmbeddingBag a lookup keeps from the module it replaces."""
+
+
+def lookup_for(store: Any, name: str, module: nn.Module, hashing: IdHash | None = None) -> TableLookup:
+    """The lookup that stands where ``module`` (an nn.Embedding or nn.EmbeddingBag) was."""
+    cls = BagLookup if isinstance(module, nn.EmbeddingBag) else TableLookup
+    return cls(store, name, module, hashing)
+
+
+def hashing_of(plan: TablePlan, module: nn.Module) -> IdHash | None:
+    """The id hash a table's plan asks for (tables.<name>.hash), or None."""
+    if not plan.hash_buckets:
+        return None
+    return IdHash(plan.hash_buckets, plan.hash_fn, module.padding_idx)
 
 
 def movable(m: nn.Module) -> str:
@@ -60,8 +108,6 @@ def movable(m: nn.Module) -> str:
         return "it renormalises rows (max_norm)"
     if m.scale_grad_by_freq:
         return "it scales gradients by id frequency (scale_grad_by_freq)"
-    if isinstance(m, nn.EmbeddingBag) and m.padding_idx is not None:
-        return "an EmbeddingBag with padding_idx"
     return ""
 
 
@@ -106,7 +152,5 @@ def build_tables(models: list[nn.Module], plans: tuple[TablePlan, ...], compute:
         stores.append(ShardedTables(weights, sharded, compute, dtype, ps_group, ps_mesh, padding, blocks))
     store = stores[0] if len(stores) == 1 else Stores(stores)
     for model, p, module in found:
-        bag = module.mode if isinstance(module, nn.EmbeddingBag) else None
-        lookup = TableLookup(store, p.name, bag, getattr(module, "include_last_offset", False))
-        set_module(model, p.name, lookup)
+        set_module(model, p.name, lookup_for(store, p.name, module, hashing_of(p, module)))
     return store

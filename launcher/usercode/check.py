@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import inspect
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,41 +17,23 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
-from launcher.errors import ConfigError, first_line
+from launcher.errors import ConfigError
 from launcher.inspect.model import model_facts_on_meta
+from launcher.plain import to_plain
+from launcher.plan.placement import takes_tables_out
+from launcher.plan.table_keys import resolve_aliases
+from launcher.usercode.data_check import dataset_facts, first_labels, first_words, two_items
+from launcher.usercode.forward_check import CPU_CHECK_PARAMS, Swap, check_model_and_loss, cpu_model, swap_tables
 from launcher.usercode.pipeline_check import check_pipeline
-from launcher.usercode.items import call, describe_output, input_tensors, map_inputs, select_output, split_item
-
-HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
-"""Keys of a _target_ spec that are Hydra's, not the constructor's arguments."""
-
-CPU_CHECK_PARAMS = 50_000_000
-"""A model whose forward cannot run on the meta device (a data-dependent branch: HuggingFace's masks) is checked on
-the CPU, built for real, when it has at most this many parameters; a larger one is checked by its first step."""
+from launcher.usercode.targets import HYDRA_KEYS, build_collate, import_targets, locate
 
 LABEL_SCAN = 256
 """Dataset items read to decide whether the labels are binary (eval.metrics=auto)."""
 
+SHARDED_TORCHREC = "torchrec.distributed"
+"""TorchRec's sharded modules (DistributedModelParallel, ShardedEmbeddingBagCollection) live under this package."""
 
-def _first_line(e: BaseException) -> str:
-    """``Type: first line`` of an exception (errors.first_line with the exception's type in front)."""
-    return f"{type(e).__name__}: {first_line(e)}" if str(e).strip() else type(e).__name__
-
-
-def locate(path: str) -> Any:
-    """The object at a dotted path (``pkg.module.Class``); raises ImportError/AttributeError as Python would."""
-    parts = path.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError as e:
-            if e.name and ".".join(parts[:cut]).startswith(e.name):
-                continue  # a shorter prefix may be the module
-            raise
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    return importlib.import_module(path)
+_first_line = first_words
 
 
 def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple[Any, list[str]]:
@@ -63,11 +43,12 @@ def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple
         return None, [f"{key} ({source}) needs a _target_: the dotted path of a class, e.g. "
                       f"{key}: {{_target_: my_project.model.Net, ...}}."]
     target = spec["_target_"]
-    try:
-        cls = locate(target)
-    except Exception as e:  # noqa: BLE001 (the user's module may raise anything on import)
-        return None, [f"{key}._target_={target} ({where}) does not import: {_first_line(e)}. Check the dotted path "
-                      f"and that its package is in the folder you run from (or next to --config-dir)."]
+    failed = import_targets(spec, key)  # nested ones too: a package's import-time code never runs on meta
+    if failed:
+        return None, [f"{k}._target_={t} ({where}) does not import: {_first_line(e)}. Check the dotted path "
+                      f"and that its package is in the folder you run from (or next to --config-dir)."
+                      for k, t, e in failed]
+    cls = locate(target)
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
@@ -115,212 +96,203 @@ def _wrong_number(p: inspect.Parameter, value: Any) -> bool:
     return kind == "int" and not isinstance(value, int)
 
 
-def _item_problem(item: Any, keys: tuple[tuple[str, ...], str]) -> str:
-    """Why ``item`` is not one the ranks can batch and split ('' when it is): a tuple/list of at least an input and
-    a label, or a dict with a label key, of what default_collate batches."""
-    from torch.utils.data import default_collate
-
-    if not isinstance(item, (tuple, list, Mapping)) or (not isinstance(item, Mapping) and len(item) < 2):
-        got = type(item).__name__ if not isinstance(item, (tuple, list)) else f"a {len(item)}-element {type(item).__name__}"
-        return (f"is {got}; an item is (input_1, ..., input_k, label) or a dict of inputs and a label "
-                f"({{'input_ids': ..., 'labels': ...}}), of tensors, numbers or numpy arrays")
-    try:
-        split_item(default_collate([item]), *keys)
-    except KeyError as e:
-        missing = [k for k in keys[0] if k not in item]
-        what = f"has no key {', '.join(missing)} (data_inputs)" if missing else f"has {e.args[0]}"
-        return f"{what}. Set data_label (and data_inputs) to its keys: {', '.join(map(str, item))}"
-    except TypeError as e:
-        return f"does not batch with DataLoader's default_collate: {_first_line(e)}"
-    return ""
-
-
-def dataset_facts(key: str, spec: Mapping[str, Any], source: str,
-                  keys: tuple[tuple[str, ...], str] = ((), "")) -> tuple[Any, list[str]]:
-    """(the built dataset, problems): it builds, has a length, and its items batch and split (_item_problem)."""
-    try:
-        ds = instantiate(spec, _convert_="all")
-    except Exception as e:  # noqa: BLE001
-        return None, [f"{key} ({source}): building {spec['_target_']} failed: {_first_line(e.__cause__ or e)}."]
-    try:
-        n = len(ds)
-        item = ds[0] if n else None
-    except Exception as e:  # noqa: BLE001
-        return None, [f"{key} ({source}): {spec['_target_']} is not a map-style Dataset (len() and [i]): "
-                      f"{_first_line(e)}. Give a torch.utils.data.Dataset with __len__ and __getitem__."]
-    if n == 0:
-        return None, [f"{key} ({source}): {spec['_target_']} has no items. Give a non-empty dataset."]
-    why = _item_problem(item, keys)
-    if why:
-        return None, [f"{key} ({source}): item 0 of {spec['_target_']} {why}."]
-    return ds, []
-
-
-def _two_items(dataset: Any, keys: tuple[tuple[str, ...], str]) -> tuple[Any, Any]:
-    """The dataset's first two items batched as the ranks' DataLoader does: (inputs, label)."""
-    from torch.utils.data import default_collate
-
-    return split_item(default_collate([dataset[i] for i in range(min(2, len(dataset)))]), *keys)
-
-
-def _labels(dataset: Any, keys: tuple[tuple[str, ...], str], count: int) -> list:
-    """The labels of the first ``count`` items, each batched alone as the ranks' DataLoader batches it."""
-    from torch.utils.data import default_collate
-
-    return [split_item(default_collate([dataset[i]]), *keys)[1] for i in range(min(count, len(dataset)))]
-
-
-def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[Any, Any], source: str,
-                         model_output: str = "auto", device: str = "meta") -> tuple[list[str], bool, str]:
-    """One micro-batch of two items, on the model's device (meta: no memory): the model takes the inputs, the loss
-    takes what ``model_output`` selects of its output and the label. Returns (problems, whether the output has one
-    score per label element: what binary metrics need, a line saying what the loss takes; all empty when the model
-    cannot run on meta)."""
-    inputs, label = map_inputs(batch[0], lambda t: t.to(device)), batch[1].to(device)
-    try:
-        with torch.no_grad():
-            out = call(model, inputs)
-    except NotImplementedError:
-        return [], False, ""
-    except Exception as e:  # noqa: BLE001
-        if "meta" in str(e).lower():
-            return [], False, ""
-        if isinstance(inputs, Mapping):
-            shapes, how = ", ".join(f"{k}={tuple(v.shape)}" for k, v in inputs.items()), "model(**inputs)"
-        else:
-            shapes, how = ", ".join(str(tuple(t.shape)) for t in inputs), "model(input_1, ..., input_k)"
-        return [f"model ({source}): its forward fails on a batch of 2 dataset items (inputs {shapes}): "
-                f"{_first_line(e)}. The model is called as {how} with every item's inputs (all but the label), "
-                f"batched."], False, ""
-    try:
-        picked = select_output(out, model_output)
-    except (KeyError, IndexError, AttributeError) as e:
-        return [f"model_output={model_output}: the model's output ({type(out).__name__}) has no {e}. Set "
-                f"model_output to one of its keys or attributes, or auto."], False, ""
-    if not torch.is_tensor(picked):
-        fields = f" (its keys: {', '.join(out)})" if isinstance(out, Mapping) else ""
-        return [f"model_output={model_output}: the loss would get a {type(picked).__name__} of the model's "
-                f"{type(out).__name__}{fields}, not a tensor. Set model_output to the key or attribute path of the "
-                f"tensor the loss takes (e.g. model_output=logits)."], False, ""
-    line = describe_output(out, model_output)
-    out = picked
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", UserWarning)  # e.g. MSELoss broadcasting a target of another size
-            value = loss_fn(out, label)
-    except Exception as e:  # noqa: BLE001
-        if "meta" in str(e).lower() and "size" not in str(e).lower():
-            return [], False, line
-        return [f"loss ({source}): {type(loss_fn).__name__} rejects the model's output {tuple(out.shape)} "
-                f"{str(out.dtype).removeprefix('torch.')} against the label {tuple(label.shape)} "
-                f"{str(label.dtype).removeprefix('torch.')}: {_first_line(e)}. Make the model's output and the "
-                f"dataset's label the shapes and dtypes the loss expects."], False, line
-    problem = scalar_loss_problem(value, loss_fn, f"loss ({source})")
-    if problem:
-        return [problem], False, line
-    return [], out.numel() == label.numel(), line
-
-
-def scalar_loss_problem(value: Any, loss_fn: Any, where: str) -> str:
-    """'' when the loss returned one number (a tensor of one element) for the batch; else the problem: backward()
-    and the logged loss need a scalar, not one value per sample (``reduction: none``)."""
-    if torch.is_tensor(value) and value.numel() == 1:
-        return ""
-    got = f"a tensor of shape {tuple(value.shape)}" if torch.is_tensor(value) else f"a {type(value).__name__}"
-    reduction = getattr(loss_fn, "reduction", None)
-    fix = (f"Set loss.reduction=mean (it is {reduction}: one value per sample)" if isinstance(reduction, str)
-           and reduction not in ("mean", "sum") else "Make the loss return one number for the batch (e.g. its "
-           "values' .mean()), or set its reduction to mean")
-    return (f"{where}: {type(loss_fn).__name__} returns {got} on a batch of 2 dataset items; the loss must return a "
-            f"scalar (one number, which backward() and the logged loss take). {fix}.")
-
-
 def inspect_user_recipe(cfg: DictConfig, source: str,
                         trace_activations: bool = False) -> tuple[DataFacts, ModelFacts, Any]:
     """Every check of a user recipe, then its facts; ConfigError listing all problems. ``trace_activations``: also
     the per-layer activation bytes of one meta forward and the rows each table looks up per sample
-    (launcher/inspect/activations.py Trace; None otherwise), which the caller asks for when the plan needs them (launcher.launch.preflight.wants_activations)."""
-    model_spec = OmegaConf.to_container(cfg.model, resolve=True)
-    data_spec = OmegaConf.to_container(cfg.data, resolve=True)
-    eval_spec = OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data is not None else None
-    loss_spec = OmegaConf.to_container(cfg.loss, resolve=True)
-    keys = (tuple(cfg.data_inputs), cfg.data_label)
+    (launcher/inspect/activations.py Trace; None otherwise), which the caller asks for when the plan needs them
+    (launcher.launch.preflight.wants_activations)."""
+    specs = {key: OmegaConf.to_container(node, resolve=True) for key, node in
+             (("model", cfg.model), ("data", cfg.data), ("eval_data", cfg.eval_data), ("loss", cfg.loss))
+             if node is not None}
     problems: list[str] = []
     checked = {}
-    for key, spec in (("model", model_spec), ("data", data_spec), ("eval_data", eval_spec), ("loss", loss_spec)):
-        if spec is None:
-            continue
+    for key, spec in specs.items():
         cls, found = check_target(key, spec, source)
         problems += found
         checked[key] = cls is not None and not found
-    train = evaluation = model = loss_fn = None
-    if checked.get("data"):
-        train, found = dataset_facts("data", data_spec, source, keys)
-        problems += found
-    if checked.get("eval_data"):
-        evaluation, found = dataset_facts("eval_data", eval_spec, source, keys)
-        problems += found
-    if checked.get("model"):
-        try:
-            with torch.device("meta"):
-                model = instantiate(model_spec, _convert_="all")
-        except Exception as e:  # noqa: BLE001
-            problems.append(f"model ({source}): building {model_spec['_target_']} on the meta device failed: "
-                            f"{_first_line(e.__cause__ or e)}.")
-        if model is not None and not isinstance(model, nn.Module):
-            problems.append(f"model._target_={model_spec['_target_']} ({source}) built a {type(model).__name__}, "
-                            f"not a torch.nn.Module.")
-            model = None
-    if checked.get("loss"):
-        try:
-            loss_fn = instantiate(loss_spec, _convert_="all")
-        except Exception as e:  # noqa: BLE001
-            problems.append(f"loss ({source}): building {loss_spec['_target_']} failed: {_first_line(e.__cause__ or e)}.")
-    scores, batch, output_line = False, None, ""
-    if train is not None:
-        try:
-            batch = _two_items(train, keys)
-        except Exception as e:  # noqa: BLE001
-            problems.append(f"data ({source}): items 0 and 1 do not batch together: {_first_line(e)}. Every item "
-                            f"needs the same number of tensors, each of the same shape in every item.")
-    if model is not None and loss_fn is not None and batch is not None:
-        found, scores, output_line = check_model_and_loss(model, loss_fn, batch, source, cfg.model_output)
-        if not (found or output_line) and sum(p.numel() for p in model.parameters()) <= CPU_CHECK_PARAMS:
-            found, scores, output_line = check_model_and_loss(instantiate(model_spec, _convert_="all"), loss_fn,
-                                                              batch, source, cfg.model_output, device="cpu")
+    collate, collate_problems = _collate(cfg, source)
+    problems += collate_problems
+    keys = (tuple(cfg.data_inputs), cfg.data_label)
+    data = {}
+    for key in ("data", "eval_data"):
+        if checked.get(key) and not collate_problems:
+            data[key], more = dataset_facts(key, specs[key], source, keys, collate)
+            problems += more
+    model, more = _meta_model(specs["model"], source) if checked.get("model") else (None, [])
+    problems += more
+    loss_fn, more = _loss(specs["loss"], source) if checked.get("loss") else (None, [])
+    problems += more
+    batch, labels, more = _first_batches(data.get("data"), keys, collate, source)
+    problems += more
+    facts = model_facts_on_meta(model) if model is not None else None
+    scores, output_line = False, ""
+    if facts is not None and loss_fn is not None and batch is not None:
+        found, scores, output_line = forward_checks(specs["model"], facts, _swap(cfg, facts), loss_fn, batch, source,
+                                                    cfg.model_output)
         problems += found
         if cfg.parallel.pipeline_stages > 1 and not found:
-            found, split, order = check_pipeline(model_spec, model, batch, source, cfg.parallel.pipeline_stages,
+            found, split, order = check_pipeline(specs["model"], model, batch, source, cfg.parallel.pipeline_stages,
                                                  cfg.model_output)
             problems += found
-    labels = []
-    if train is not None:
-        try:
-            labels = _labels(train, keys, LABEL_SCAN)
-        except Exception as e:  # noqa: BLE001
-            problems.append(f"data ({source}): reading and batching its first {LABEL_SCAN} items failed: "
-                            f"{_first_line(e)}. Every item needs the same structure (the same keys or number of "
-                            f"elements).")
+            facts = dataclasses.replace(facts, layers=order, split=split)
     if problems:
         raise ConfigError(problems)
-    facts = model_facts_on_meta(model)
-    if cfg.parallel.pipeline_stages > 1:
-        facts = dataclasses.replace(facts, layers=order, split=split)
-    # Binary metrics (AUC, accuracy) when each label element is a 0/1 float with one score from the model: a
-    # BCE-style model. Integer class labels (CrossEntropyLoss) keep the loss only.
-    binary = scores and all(y.is_floating_point() and bool(((y == 0) | (y == 1)).all()) for y in labels)
-    n_eval = len(evaluation) if evaluation is not None else 0
-    inputs = (f"keyword inputs {', '.join(batch[0])}" if isinstance(batch[0], Mapping) else
-              f"{len(batch[0])} input(s)")
-    line = (f"data: {data_spec['_target_']}: {len(train):,} items of {inputs} + label"
-            f"{', binary labels' if binary else ''}; eval_data: "
-            f"{f'{n_eval:,} items' if evaluation is not None else 'none (no evaluation)'}")
+    data_facts = _data_facts(specs["data"], data["data"], data.get("eval_data"), batch, labels, scores, output_line)
     activations = None
     if trace_activations:
         from launcher.inspect.activations import activation_facts
         from launcher.usercode.recipe import UserRecipe
 
-        activations = activation_facts(UserRecipe(cfg.recipe.name), model_spec, batch)
-    data = DataFacts(train_samples=len(train), lines=(line, output_line) if output_line else (line,),
+        activations = activation_facts(UserRecipe(cfg.recipe.name), specs["model"], batch)
+    return data_facts, facts, activations
+
+
+def _collate(cfg: DictConfig, source: str) -> tuple[Any, list[str]]:
+    """(loader.collate_fn built, problems)."""
+    spec = OmegaConf.to_container(cfg.loader, resolve=True)["collate_fn"]
+    try:
+        return build_collate(spec), []
+    except Exception as e:  # noqa: BLE001 (the user's code may raise anything)
+        shown = spec.get("_target_") if isinstance(spec, Mapping) else spec
+        return None, [f"loader.collate_fn={shown} ({source}): {_first_line(e.__cause__ or e)}. Give a function by its "
+                      f"dotted path (loader.collate_fn=my_project.data.collate), or {{_target_: ..., ...}} with its "
+                      f"arguments."]
+
+
+def _meta_model(spec: dict[str, Any], source: str) -> tuple[nn.Module | None, list[str]]:
+    """(the model built on the meta device, problems)."""
+    if str(spec["_target_"]).startswith(SHARDED_TORCHREC):
+        return None, [f"model._target_={spec['_target_']} ({source}): a sharded TorchRec module shards and places its "
+                      f"tables itself, in a process group it needs at construction. Give the unsharded model (its "
+                      f"EmbeddingBagCollection / EmbeddingCollection inside): hetero-launch places its tables "
+                      f"(placement.host_device_mix, placement.ps, placement.tables.<name>). To run "
+                      f"DistributedModelParallel yourself, use a script= job."]
+    try:
+        with torch.device("meta"):
+            model = instantiate(spec, _convert_="all")
+    except Exception as e:  # noqa: BLE001
+        return None, [f"model ({source}): building {spec['_target_']} on the meta device failed: "
+                      f"{_first_line(e.__cause__ or e)}."]
+    if not isinstance(model, nn.Module):
+        return None, [f"model._target_={spec['_target_']} ({source}) built a {type(model).__name__}, not a "
+                      f"torch.nn.Module."]
+    return model, []
+
+
+def _loss(spec: dict[str, Any], source: str) -> tuple[Any, list[str]]:
+    try:
+        return instantiate(spec, _convert_="all"), []
+    except Exception as e:  # noqa: BLE001
+        return None, [f"loss ({source}): building {spec['_target_']} failed: {_first_line(e.__cause__ or e)}."]
+
+
+def _first_batches(train: Any, keys: tuple[tuple[str, ...], str], collate: Any,
+                   source: str) -> tuple[Any, list, list[str]]:
+    """(a batch of the first two items, the labels of the first LABEL_SCAN items, problems)."""
+    if train is None:
+        return None, [], []
+    try:
+        batch = two_items(train, keys, collate)
+    except Exception as e:  # noqa: BLE001
+        return None, [], [f"data ({source}): items 0 and 1 do not batch together: {_first_line(e)}. Every item "
+                          f"needs the same number of tensors, each of the same shape in every item (or a "
+                          f"loader.collate_fn that batches them)."]
+    try:
+        return batch, first_labels(train, keys, LABEL_SCAN, collate), []
+    except Exception as e:  # noqa: BLE001
+        return batch, [], [f"data ({source}): reading and batching its first {LABEL_SCAN} items failed: "
+                           f"{_first_line(e)}. Every item needs the same structure (the same keys or number of "
+                           f"elements)."]
+
+
+def _swap(cfg: DictConfig, facts: ModelFacts) -> Swap | None:
+    """The tables the check swaps for lookups, with the id hash of those that hash, as the config asks (the plan
+    checks the keys themselves): those the run takes out of the parts (Swap.planned), or, when it trains them inside
+    as written, every movable one for the check alone (their ids are then checked against their rows too)."""
+    pl = cfg.placement
+    aliases = dict(facts.aliases)
+    table_cfgs, _ = resolve_aliases("tables", to_plain(cfg.tables, resolve=True), aliases)
+    wanted, _ = resolve_aliases("placement.tables", to_plain(pl.tables, resolve=True), aliases)
+    planned = takes_tables_out(pl.host_device_mix, wanted, table_cfgs, pl.ps) or pl.mode == "auto"
+    shapes = {n: s for n, s in facts.tables.items() if (table_cfgs.get(n) or {}).get("optimizer") != "dense"}
+    hashing = {}
+    for name, (rows, _) in shapes.items():
+        buckets, fn = (table_cfgs.get(name) or {}).get("hash", 0), (table_cfgs.get(name) or {}).get("hash_fn", "mix")
+        if isinstance(buckets, int) and not isinstance(buckets, bool) and 2 <= buckets <= rows and fn in ("mix", "mod"):
+            hashing[name] = (buckets, fn)
+    names = {path: name for name, path in aliases.items()}
+    return Swap(shapes, hashing, names, planned) if shapes else None
+
+
+def forward_checks(spec: dict[str, Any], facts: ModelFacts, swap: Swap | None, loss_fn: Any, batch: Any, source: str,
+                   output: str) -> tuple[list[str], bool, str]:
+    """check_model_and_loss as the ranks will run the model. With tables to swap and a small dense part, on the CPU
+    with the tables swapped for lookups and never made (the ids checked against the tables' rows too); a failure
+    other than the ids' is then, when the run trains the tables inside as written (not Swap.planned), checked again
+    on the model as written. Otherwise on meta (tables swapped when planned), then on the CPU when meta cannot run
+    it and the model is small."""
+    def build() -> nn.Module:
+        return instantiate(spec, _convert_="all")
+
+    total = facts.dense_params + sum(r * d for r, d in facts.tables.values())
+    found, scores, line = [], False, ""
+    cpu_swapped = swap is not None and not facts.kept and facts.dense_params <= CPU_CHECK_PARAMS
+    if cpu_swapped:
+        found, scores, line = check_model_and_loss(cpu_model(build, total, facts.dense_params, swap, False), loss_fn,
+                                                   batch, source, output, device="cpu")
+        if swap.planned or not found or found[0].startswith(f"data ({source})"):
+            return _blamed(found, swap, build, loss_fn, batch, source, output), scores, line
+    planned = swap if swap is not None and swap.planned else None
+    with torch.device("meta"):
+        meta = build()
+    if planned is not None:
+        swap_tables(meta, planned, "meta")
+    found, scores, line = check_model_and_loss(meta, loss_fn, batch, source, output)
+    if not (found or line):  # it cannot run on meta
+        cpu = cpu_model(build, total, facts.dense_params, planned, bool(facts.kept))
+        if cpu is not None:
+            found, scores, line = check_model_and_loss(cpu, loss_fn, batch, source, output, device="cpu")
+    return _blamed(found, planned, build, loss_fn, batch, source, output), scores, line
+
+
+def _blamed(found: list[str], swap: Swap | None, build, loss_fn: Any, batch: Any, source: str,
+            output: str) -> list[str]:
+    """``found``, where a forward that failed with the run's tables swapped runs as written on meta: the problem
+    says the swap makes it fail."""
+    if swap is None or not swap.planned or not found or not found[0].startswith(f"model ({source}): its forward"):
+        return found
+    with torch.device("meta"):
+        as_written = build()
+    if check_model_and_loss(as_written, loss_fn, batch, source, output)[0]:
+        return found
+    return [_swap_blamed(found[0], swap, source)]
+
+
+def _swap_blamed(problem: str, swap: Swap, source: str) -> str:
+    """The forward's failure when the model as written runs and only its tables outside the parts make it fail."""
+    why = problem.split(": ", 2)[-1].split(". The model is called as")[0]
+    shown = [swap.names.get(n, n) for n in swap.shapes]
+    names = ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
+    return (f"model ({source}): with its tables {names} outside the parallel parts (each nn.Embedding / "
+            f"nn.EmbeddingBag swapped for a lookup into the table store, as the run's placement asks), its forward "
+            f"fails on a batch of 2 dataset items, which it takes as written: {why}. The lookup takes every call "
+            f"nn.Embedding and nn.EmbeddingBag take (input, offsets, per_sample_weights, by position or keyword); code "
+            f"that uses a table's weight itself (emb.weight) needs the table inside the parts: remove the placement "
+            f"keys that take tables out (placement.host_device_mix, placement.ps, placement.tables, tables.<name>).")
+
+
+def _data_facts(spec: dict[str, Any], train: Any, evaluation: Any, batch: Any, labels: list, scores: bool,
+                output_line: str) -> DataFacts:
+    """The data's facts: sizes, inputs, whether the labels are binary (AUC, accuracy) — each label element a 0/1
+    float with one score from the model, a BCE-style model; integer class labels keep the loss only."""
+    binary = scores and all(torch.is_tensor(y) and y.is_floating_point() and bool(((y == 0) | (y == 1)).all())
+                            for y in labels)
+    n_eval = len(evaluation) if evaluation is not None else 0
+    inputs = (f"keyword inputs {', '.join(batch[0])}" if isinstance(batch[0], Mapping) else
+              f"{len(batch[0])} input(s)")
+    line = (f"data: {spec['_target_']}: {len(train):,} items of {inputs} + label"
+            f"{', binary labels' if binary else ''}; eval_data: "
+            f"{f'{n_eval:,} items' if evaluation is not None else 'none (no evaluation)'}")
+    return DataFacts(train_samples=len(train), lines=(line, output_line) if output_line else (line,),
                      binary_labels=binary, eval_samples=n_eval)
-    return data, facts, activations

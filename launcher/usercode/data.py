@@ -1,6 +1,8 @@
-"""The data source around a user's map-style ``torch.utils.data.Dataset``: each item is what ``default_collate``
-batches, ``(input_1, ..., input_k, label)`` or a dict of keyword inputs and a label (``launcher.usercode.items``); ranks batch it with ``DataLoader`` and shard it by dp rank with
-``DistributedSampler`` (seeded, reshuffled every epoch, the last partial batch dropped), as PyTorch users expect.
+"""The data source around a user's map-style ``torch.utils.data.Dataset``: ranks batch it with ``DataLoader`` (its
+collate: ``default_collate``, or ``loader.collate_fn``) and shard it by dp rank with ``DistributedSampler``
+(seeded, reshuffled every epoch, the last partial batch dropped), as PyTorch users expect. A batch is ``(input_1, ...,
+input_k, label)``, a dict of keyword inputs and a label, or an object with them as attributes
+(``launcher.usercode.items``).
 
 Global micro-batch k is the same samples however it is split over ranks: rank r of dp takes every dp-th index of
 the epoch's permutation, so ranks 0..dp-1's k-th micro-batches together are positions [k·m·dp, (k+1)·m·dp) of it.
@@ -16,17 +18,25 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from launcher.contract import Batch
 from launcher.usercode.items import split_item
+from launcher.usercode.targets import build_collate
 
 
 class MapData:
     _keys: tuple[tuple[str, ...], str] = ((), "")
     """(data_inputs, data_label) for dict items."""
+    _collate: Any = None
+    """loader.collate_fn, built (None: default_collate)."""
 
     def __init__(self, train: dict[str, Any], eval: dict[str, Any] | None = None,  # noqa: A002 (YAML key)
-                 data_inputs: list[str] | None = None, data_label: str = "") -> None:
+                 data_inputs: list[str] | None = None, data_label: str = "", collate_fn: Any = None) -> None:
         self.train = instantiate(train, _convert_="all")
         self.eval = instantiate(eval, _convert_="all") if eval else None
         self._keys = (tuple(data_inputs or ()), data_label)
+        self._collate = build_collate(collate_fn)
+
+    def _loader(self, dataset: Any, order: list[int], micro_size: int, drop_last: bool) -> DataLoader:
+        return DataLoader(dataset, batch_sampler=BatchSampler(order, micro_size, drop_last=drop_last),
+                          collate_fn=self._collate)
 
     def _split(self, items: Any) -> Batch:
         return split_item(items, *self._keys)
@@ -39,8 +49,7 @@ class MapData:
         while True:
             sampler.set_epoch(epoch)
             order = list(sampler)[skip * micro_size : per_epoch * micro_size]
-            loader = DataLoader(self.train, batch_sampler=BatchSampler(order, micro_size, drop_last=True))
-            for items in loader:
+            for items in self._loader(self.train, order, micro_size, True):
                 yield self._split(items)
             epoch, skip = epoch + 1, 0
 
@@ -54,5 +63,5 @@ class MapData:
         total = -(-n // dp_size) * dp_size
         order = [i % n for i in range(total)]
         mine = order[dp_rank:total:dp_size]
-        for items in DataLoader(self.eval, batch_sampler=BatchSampler(mine, micro_size, drop_last=False)):
+        for items in self._loader(self.eval, mine, micro_size, False):
             yield self._split(items)

@@ -1,10 +1,12 @@
 """Data items and model outputs as third-party code makes them, for a recipe in your folder.
 
-Items: whatever ``DataLoader``'s ``default_collate`` batches. A tuple/list item is ``(input_1, ..., input_k, label)``
-(tensors, Python numbers, numpy arrays; torchvision's ``(Tensor, int)``): the model is called with the inputs as
-positional arguments. A dict item (HuggingFace style, ``{"input_ids": ..., "labels": ...}``) gives keyword inputs:
+Batches: what the DataLoader's collate makes of a micro-batch's items (``default_collate``, or ``loader.collate_fn``).
+A tuple/list is ``(input_1, ..., input_k, label)`` (tensors, Python numbers, numpy arrays; torchvision's ``(Tensor,
+int)``; any structure of tensors, such as TorchRec's ``KeyedJaggedTensor``): the model is called with the inputs as
+positional arguments. A dict (HuggingFace style, ``{"input_ids": ..., "labels": ...}``) gives keyword inputs:
 ``data_inputs`` names them (default: every key but the label) and ``data_label`` the label's key (default ``labels``,
-else ``label``).
+else ``label``). Any other object (a dataclass such as TorchRec's ``Batch``) is read by its attributes the same way:
+its fields, or the attributes ``data_inputs`` and ``data_label`` name.
 
 Outputs: ``model_output`` names what of the model's output the loss (and evaluation) takes: ``auto`` takes a tensor
 as it is, a dict or HuggingFace ``ModelOutput``'s ``logits`` (else its first value), a tuple's first element; a key
@@ -13,6 +15,7 @@ or attribute path (``logits``, ``out.0``) takes that.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,8 +32,26 @@ def label_key(item: Mapping[str, Any], data_label: str) -> str | None:
     return next((k for k in LABEL_KEYS if k in item), None)
 
 
+def attributes(obj: Any, data_inputs: Sequence[str] = (), data_label: str = "") -> dict[str, Any]:
+    """A batch object's inputs and label by name: a dataclass's fields, else the attributes data_inputs and
+    data_label name (KeyError when it has none of them)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    names = [*data_inputs, *([data_label] if data_label else [])]
+    if not names:
+        raise KeyError(f"no label key: a {type(obj).__name__} batch needs data_inputs and data_label naming its "
+                       f"attributes")
+    missing = [n for n in names if not hasattr(obj, n)]
+    if missing:
+        raise KeyError(f"no attribute {', '.join(missing)} in the {type(obj).__name__} batch")
+    return {n: getattr(obj, n) for n in names}
+
+
 def split_item(collated: Any, data_inputs: Sequence[str] = (), data_label: str = "") -> tuple[Any, Any]:
-    """(inputs, label) of a collated batch: a tuple of positional inputs, or a dict of keyword inputs."""
+    """(inputs, label) of a collated batch: a tuple of positional inputs, or a dict of keyword inputs (from a dict
+    or a batch object's attributes)."""
+    if not isinstance(collated, (Mapping, tuple, list)):
+        collated = attributes(collated, data_inputs, data_label)
     if isinstance(collated, Mapping):
         key = label_key(collated, data_label)
         if key is None:
@@ -38,6 +59,49 @@ def split_item(collated: Any, data_inputs: Sequence[str] = (), data_label: str =
         names = list(data_inputs) or [k for k in collated if k != key]
         return {k: collated[k] for k in names}, collated[key]
     return tuple(collated[:-1]), collated[-1]
+
+
+def move_to(batch: Any, device: Any, dtype: torch.dtype | None = None) -> Any:
+    """Every tensor of ``batch`` (any nesting of tuples, lists, dicts and pytree-registered types such as TorchRec's
+    KeyedJaggedTensor) on ``device``, floating ones in ``dtype``; an object with a ``to`` method that is no pytree
+    (a TensorDict, HuggingFace's BatchEncoding) moves by it, as accelerate's send_to_device does."""
+    from torch.utils._pytree import tree_map
+
+    from launcher.tables.transfer import host_to_device
+
+    device = torch.device(device)
+
+    def one(x: Any) -> Any:
+        if torch.is_tensor(x):
+            return host_to_device(x, device, dtype)
+        if callable(getattr(x, "to", None)) and not isinstance(x, type):
+            return x.to(device)
+        return x
+
+    return tree_map(one, batch)
+
+
+def leaves(batch: Any) -> list[torch.Tensor]:
+    """The tensors of a batch structure, in pytree order."""
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(batch) if torch.is_tensor(t)]
+
+
+def all_tensors(inputs: Any) -> bool:
+    """Whether every input is a plain tensor (what torch's pipeline tracer and micro-batch split take)."""
+    return all(torch.is_tensor(t) for t in input_tensors(inputs))
+
+
+def batch_rows(inputs: Any) -> int:
+    """Samples in a batch of inputs: the first dimension of its first tensor input, or a KeyedJaggedTensor's stride
+    (its batch size)."""
+    for x in input_tensors(inputs):
+        if torch.is_tensor(x):
+            return int(x.shape[0]) if x.dim() else 1
+        if callable(getattr(x, "stride", None)):
+            return int(x.stride())
+    return 0
 
 
 def call(model, inputs: Any):

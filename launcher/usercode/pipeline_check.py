@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from launcher.errors import first_line
-from launcher.usercode.items import call, map_inputs
+from launcher.usercode.items import call, move_to
 from launcher.usercode.recipe import units
 
 
@@ -64,7 +64,7 @@ def check_pipeline(model_spec: dict[str, Any], model: nn.Module, batch: tuple[An
     from launcher.parallel.pipeline_trace import trace
     from launcher.plan.pipeline import PipelinePlan, StagePlan
 
-    inputs = map_inputs(batch[0], lambda t: t.to("meta"))
+    inputs = move_to(batch[0], "meta")
     order = tuple(forward_order(model, inputs))
     if is_chain(model, inputs):
         return [], "chain", order

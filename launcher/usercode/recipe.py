@@ -33,12 +33,12 @@ class UserRecipe:
 
     @staticmethod
     def data_spec(data: Mapping[str, Any], eval_data: Mapping[str, Any] | None, data_inputs: list[str] | None = None,
-                  data_label: str = "") -> dict[str, Any]:
-        """What every rank instantiates: the user's Dataset(s) inside a MapData source (with how its dict items
-        split into keyword inputs and a label)."""
+                  data_label: str = "", collate_fn: Any = None) -> dict[str, Any]:
+        """What every rank instantiates: the user's Dataset(s) inside a MapData source (with the collate function
+        that batches their items, and how a batch splits into inputs and a label)."""
         return {"_target_": DATA_TARGET, "_recursive_": False, "train": dict(data),
                 "eval": dict(eval_data) if eval_data else None, "data_inputs": list(data_inputs or []),
-                "data_label": data_label}
+                "data_label": data_label, "collate_fn": collate_fn}
 
 
 def units(model: Any) -> list[tuple[str, Any]]:

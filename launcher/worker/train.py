@@ -25,9 +25,8 @@ from launcher.tables import build_tables
 from launcher.tables.block_init import DeferredTables, init_blocks
 from launcher.tables.lookup import take_blocks
 from launcher.tables.partition import RowPartition
-from launcher.tables.transfer import host_to_device
 from launcher.usercode import recipe_for
-from launcher.usercode.items import OutputLoss, map_inputs
+from launcher.usercode.items import OutputLoss, move_to
 from launcher.worker.accounting import resident_bytes
 from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh, stage_mesh
 from launcher.worker.optimizers import build_optimizer
@@ -112,7 +111,7 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
     rt = RankContext(plan=plan, mesh=mesh, device=device, dp_group=dp.group, rank=rank,
                      grad_accum=plan.batch.grad_accum, loss_fn=loss_fn,
                      layers_of=layers_of,
-                     example=map_inputs(example, lambda t: host_to_device(t, device, DTYPES[plan.precision])))
+                     example=move_to(example, device, DTYPES[plan.precision]))
     chunks = split(model, layers_of(model), rt)
     if plan.precision != "fp32":
         for c in chunks:

@@ -30,8 +30,7 @@ from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.metrics_writer import MetricsWriter
 from launcher.rundir import CheckpointDir, RankDir, RunDir
 from launcher.tables import TableStore
-from launcher.tables.transfer import host_to_device
-from launcher.usercode.items import call, map_inputs
+from launcher.usercode.items import call, move_to
 from launcher.worker.accounting import SavedActivations, StepTracker, measure_memory, measure_peak
 from launcher.worker.evaluate import evaluate, mean_over
 from launcher.worker.mesh import DataParallel
@@ -103,8 +102,7 @@ class Trainer:
         """(inputs, labels) of a micro-batch on the device, floats in the run's dtype; inputs a tuple (positional)
         or a dict (keyword)."""
         inputs, labels = batch
-        return (map_inputs(inputs, lambda t: host_to_device(t, self.device, self.dtype)),
-                host_to_device(labels, self.device, self.dtype))
+        return move_to(inputs, self.device, self.dtype), move_to(labels, self.device, self.dtype)
 
     def _next_batch(self):
         if self._batches is None:

@@ -101,7 +101,6 @@ def test_a_table_looked_up_twice_in_one_forward_steps_once_with_the_summed_gradi
     (nn.Embedding(5, 2).requires_grad_(False), "frozen"),
     (nn.Embedding(5, 2, scale_grad_by_freq=True), "scale_grad_by_freq"),
     (nn.Embedding(5, 2, max_norm=1.0), "max_norm"),
-    (nn.EmbeddingBag(5, 2, padding_idx=0), "padding_idx"),
 ])
 def test_embeddings_the_lookup_cannot_reproduce_stay_in_the_engine(module, why):
     from launcher.inspect.model import model_facts_on_meta

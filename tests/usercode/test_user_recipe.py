@@ -158,15 +158,27 @@ def test_a_config_dir_with_a_comma_in_its_path(project, tmp_path, cpu_host):
 @pytest.mark.parametrize("line, rewritten", [
     ("placement.tables.towers.0.item_emb=host", "+placement.tables={towers.0.item_emb: host}"),
     ("+placement.tables.towers.0.item_emb=host", "+placement.tables={towers.0.item_emb: host}"),
-    ("placement.tables.user_emb=host", "placement.tables.user_emb=host"),
+    ("placement.tables.user_emb=host", "+placement.tables={user_emb: host}"),
     ("tables.towers.0.item_emb.optimizer=ftrl", "+tables={towers.0.item_emb: {optimizer: ftrl}}"),
     ("tables.towers.0.item_emb={optimizer: ftrl}", "+tables={towers.0.item_emb: {optimizer: ftrl}}"),
-    ("tables.user_emb.lr=0.1", "tables.user_emb.lr=0.1"),
+    ("tables.user_emb.lr=0.1", "+tables={user_emb: {lr: 0.1}}"),
+    ("~placement.tables.user_emb", "~placement.tables.user_emb"),
 ])
 def test_dotted_table_paths_become_one_key(line, rewritten):
     from launcher.config import table_path_override
 
     assert table_path_override(line) == rewritten
+
+
+def test_a_table_the_recipe_does_not_list_takes_keys_field_by_field(project):
+    """Hydra refuses a new key of a typed dict given field by field (+tables.x.optimizer=ftrl: 'dict is not a
+    subclass of TableConfig'); the launcher merges it as one entry, with or without +."""
+    from launcher.config import compose_config
+
+    cfg = compose_config(["recipe=my_ctr", "tables.user_emb.optimizer=ftrl", "+tables.item_emb.lr=0.5",
+                          "placement.tables.user_emb=host"], str(project / "conf"))
+    assert cfg.tables.user_emb.optimizer == "ftrl" and cfg.tables.item_emb.lr == 0.5
+    assert cfg.placement.tables == {"user_emb": "host"}
 
 
 def test_a_script_run_takes_table_placement_it_cannot_check_yet(cpu_host, tmp_path):

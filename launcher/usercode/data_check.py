@@ -1,0 +1,91 @@
+"""Preflight of a user recipe's data: its Datasets build, have a length, and their items batch with the run's collate
+(``default_collate``, or ``loader.collate_fn``) into a batch that splits into inputs and a label."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hydra.utils import instantiate
+
+from launcher.errors import first_line
+from launcher.usercode.items import split_item
+
+Keys = tuple[tuple[str, ...], str]
+"""(data_inputs, data_label)."""
+
+
+def first_words(e: BaseException) -> str:
+    """``Type: first line`` of an exception (errors.first_line with the exception's type in front)."""
+    return f"{type(e).__name__}: {first_line(e)}" if str(e).strip() else type(e).__name__
+
+
+def collate_of(collate: Any):
+    """The collate function the ranks batch with: ``collate`` (loader.collate_fn, built) or default_collate."""
+    from torch.utils.data import default_collate
+
+    return collate or default_collate
+
+
+def item_problem(item: Any, keys: Keys, collate: Any = None) -> str:
+    """Why ``item`` is not one the ranks can batch and split ('' when it is): with default_collate a tuple/list of at
+    least an input and a label, or a dict with a label key; with loader.collate_fn whatever it makes of one item must
+    split (a tuple, a dict or a batch object)."""
+    if collate is None and (not isinstance(item, (tuple, list, Mapping))
+                            or (not isinstance(item, Mapping) and len(item) < 2)):
+        got = type(item).__name__ if not isinstance(item, (tuple, list)) else f"a {len(item)}-element {type(item).__name__}"
+        return (f"is {got}; an item is (input_1, ..., input_k, label) or a dict of inputs and a label "
+                f"({{'input_ids': ..., 'labels': ...}}), of tensors, numbers or numpy arrays; or give loader.collate_fn "
+                f"(a function that batches a list of items)")
+    try:
+        batch = collate_of(collate)([item])
+    except Exception as e:  # noqa: BLE001 (the user's collate may raise anything)
+        if collate is not None:
+            return f"does not batch with loader.collate_fn: {first_words(e)}"
+        return (f"does not batch with DataLoader's default_collate: {first_words(e)}. Give loader.collate_fn (a "
+                f"function that batches a list of items, e.g. into a KeyedJaggedTensor)")
+    if isinstance(batch, (tuple, list)) and len(batch) < 2:
+        return (f"batches into a {len(batch)}-element {type(batch).__name__}: a batch is (input_1, ..., input_k, "
+                f"label), a dict of inputs and a label, or an object with them as attributes")
+    try:
+        split_item(batch, *keys)
+    except KeyError as e:
+        names = list(batch) if isinstance(batch, Mapping) else list(item) if isinstance(item, Mapping) else []
+        missing = [k for k in keys[0] if names and k not in names]
+        what = f"has no key {', '.join(missing)} (data_inputs)" if missing else f"has {e.args[0]}"
+        return f"{what}. Set data_label (and data_inputs) to its keys: {', '.join(map(str, names)) or '-'}"
+    except (TypeError, IndexError) as e:
+        return f"cannot be split into inputs and a label: {first_words(e)}"
+    return ""
+
+
+def dataset_facts(key: str, spec: Mapping[str, Any], source: str, keys: Keys = ((), ""),
+                  collate: Any = None) -> tuple[Any, list[str]]:
+    """(the built dataset, problems): it builds, has a length, and its items batch and split (item_problem)."""
+    try:
+        ds = instantiate(spec, _convert_="all")
+    except Exception as e:  # noqa: BLE001
+        return None, [f"{key} ({source}): building {spec['_target_']} failed: {first_words(e.__cause__ or e)}."]
+    try:
+        n = len(ds)
+        item = ds[0] if n else None
+    except Exception as e:  # noqa: BLE001
+        return None, [f"{key} ({source}): {spec['_target_']} is not a map-style Dataset (len() and [i]): "
+                      f"{first_words(e)}. Give a torch.utils.data.Dataset with __len__ and __getitem__."]
+    if n == 0:
+        return None, [f"{key} ({source}): {spec['_target_']} has no items. Give a non-empty dataset."]
+    why = item_problem(item, keys, collate)
+    if why:
+        return None, [f"{key} ({source}): item 0 of {spec['_target_']} {why}."]
+    return ds, []
+
+
+def two_items(dataset: Any, keys: Keys, collate: Any = None) -> tuple[Any, Any]:
+    """The dataset's first two items batched as the ranks' DataLoader does: (inputs, label)."""
+    return split_item(collate_of(collate)([dataset[i] for i in range(min(2, len(dataset)))]), *keys)
+
+
+def first_labels(dataset: Any, keys: Keys, count: int, collate: Any = None) -> list:
+    """The labels of the first ``count`` items, each batched alone as the ranks' DataLoader batches it."""
+    batch = collate_of(collate)
+    return [split_item(batch([dataset[i]]), *keys)[1] for i in range(min(count, len(dataset)))]

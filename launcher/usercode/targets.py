@@ -1,0 +1,84 @@
+"""The user's code named by dotted paths: ``_target_`` specs (importing every nested one before anything is built)
+and ``loader.collate_fn``.
+
+Packages may run code when they are imported (tensordict, which TorchRec imports, calls ``Tensor.item()`` at import).
+Inside ``with torch.device("meta")`` that code fails, so every ``_target_`` of a spec, nested ones included, is imported
+first (``import_targets``) and only then is the spec built on the meta device.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
+"""Keys of a _target_ spec that are Hydra's, not the constructor's arguments."""
+
+
+def locate(path: str) -> Any:
+    """The object at a dotted path (``pkg.module.Class``); raises ImportError/AttributeError as Python would."""
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as e:
+            if e.name and ".".join(parts[:cut]).startswith(e.name):
+                continue  # a shorter prefix may be the module
+            raise
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    return importlib.import_module(path)
+
+
+def nested_targets(spec: Any, key: str) -> list[tuple[str, str]]:
+    """(dotted key, _target_) of every spec nested in ``spec`` (not ``spec``'s own), in order."""
+    found = []
+    items = spec.items() if isinstance(spec, Mapping) else enumerate(spec) if isinstance(spec, list) else ()
+    for k, v in items:
+        here = f"{key}.{k}"
+        if isinstance(v, Mapping) and isinstance(v.get("_target_"), str):
+            found.append((here, v["_target_"]))
+        found += nested_targets(v, here)
+    return found
+
+
+def import_targets(spec: Any, key: str) -> list[tuple[str, str, BaseException]]:
+    """Import every ``_target_`` of ``spec`` (its own and the nested ones): (key, target, error) of each that does
+    not import."""
+    own = [(key, spec["_target_"])] if isinstance(spec, Mapping) and isinstance(spec.get("_target_"), str) else []
+    failed = []
+    for where, target in own + nested_targets(spec, key):
+        try:
+            locate(target)
+        except Exception as e:  # noqa: BLE001 (the user's module may raise anything on import)
+            failed.append((where, target, e))
+    return failed
+
+
+def build_collate(spec: Any) -> Callable[[list], Any] | None:
+    """The collate function ``loader.collate_fn`` names (None: DataLoader's default_collate): a dotted path or
+    ``{_target_: fn}`` is the function itself; ``{_target_: fn, key: value}`` binds the keyword arguments (Hydra's
+    ``_partial_``); ``{_target_: Class, ...}`` builds a callable object. Raises what the import or construction
+    raises, TypeError when the result cannot be called."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        fn = locate(spec)
+    elif isinstance(spec, Mapping) and isinstance(spec.get("_target_"), str):
+        target = locate(spec["_target_"])
+        args = {k: v for k, v in spec.items() if k not in HYDRA_KEYS}
+        if inspect.isclass(target):
+            from hydra.utils import instantiate
+
+            fn = instantiate(dict(spec), _convert_="all")
+        else:
+            fn = functools.partial(target, **args) if args else target
+    else:
+        raise TypeError(f"it is a {type(spec).__name__}; give a dotted path or {{_target_: ...}}")
+    if not callable(fn):
+        raise TypeError(f"{type(fn).__name__} object is not callable")
+    return fn
