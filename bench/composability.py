@@ -83,9 +83,12 @@ def reference_of(combo: tuple[str, ...], intents: dict[str, list[str]]) -> tuple
 
 
 def plan_all(recipe: str, world: int, combos: list[tuple[str, ...]], intents: dict[str, list[str]] = INTENTS,
-             data_parallel: dict[tuple[str, ...], str] | None = None) -> tuple[dict, dict]:
+             data_parallel: dict[tuple[str, ...], str] | None = None, config_dir: str | None = None,
+             base: list[str] | None = None) -> tuple[dict, dict]:
     """({key: plan as a dict}, {key: the refusal's problems}) as the launcher plans them; ``data_parallel``: the
-    data-parallel part to force per combination (a one-process reference runs the part its combination got)."""
+    data-parallel part to force per combination (a one-process reference runs the part its combination got).
+    ``config_dir``: a user's config tree (--config-dir) holding the recipe; ``base``: the overrides every
+    combination starts from (BASE and the recipe's FAST learning rates by default)."""
     from launcher.config import compose_config
     from launcher.errors import ConfigError
     from launcher.launch.host import probe_host
@@ -97,11 +100,12 @@ def plan_all(recipe: str, world: int, combos: list[tuple[str, ...]], intents: di
     for combo in combos:
         dp = (data_parallel or {}).get(combo, "")
         reference = [*ONE_PROCESS, f"parallel.data_parallel={dp}"] if dp else []
-        overrides = [f"recipe={recipe}", *BASE, *FAST.get(recipe, []), f"cluster.nproc_per_node={world}",
+        start = [*BASE, *FAST.get(recipe, [])] if base is None else base
+        overrides = [f"recipe={recipe}", *start, f"cluster.nproc_per_node={world}",
                      *(o for name in combo for o in intents[name]), *reference]
         try:
-            cfg = compose_config(overrides)
-            plans[key(recipe, combo, dp)] = plan_launch(cfg, host, gather_facts(cfg)).to_dict()
+            cfg = compose_config(overrides, config_dir)
+            plans[key(recipe, combo, dp)] = plan_launch(cfg, host, gather_facts(cfg, config_dir)).to_dict()
         except ConfigError as e:
             refused[key(recipe, combo, dp)] = list(e.problems)
     return plans, refused
@@ -138,13 +142,15 @@ def tolerance(plan: dict) -> float:
 
 
 def run(recipes: list[str], steps: int, workdir: Path, intents: dict[str, list[str]] = INTENTS,
-        combos: list[tuple[str, ...]] | None = None, world: int = WORLD) -> dict:
+        combos: list[tuple[str, ...]] | None = None, world: int = WORLD, config_dir: str | None = None,
+        base: list[str] | None = None) -> dict:
     """Plan, train and compare: {"rows": [...], "refused": {...}} for every recipe and combination of ``intents``
-    (by default each alone and every pair), on ``world`` ranks against one process."""
+    (by default each alone and every pair), on ``world`` ranks against one process (``config_dir``, ``base``: as
+    plan_all's)."""
     combos = combos if combos is not None else combinations()
     ref_plans, matrix_plans, refused, ref_key = {}, {}, {}, {}
     for recipe in recipes:
-        planned, no = plan_all(recipe, world, combos, intents)
+        planned, no = plan_all(recipe, world, combos, intents, config_dir=config_dir, base=base)
         matrix_plans.update(planned)
         refused.update(no)
         pairs = set()
@@ -154,7 +160,7 @@ def run(recipes: list[str], steps: int, workdir: Path, intents: dict[str, list[s
                 ref_key[key(recipe, combo)] = key(recipe, *pair)
                 pairs.add(pair)
         for combo, dp in sorted(pairs):
-            refs_planned, refs_refused = plan_all(recipe, 1, [combo], intents, {combo: dp})
+            refs_planned, refs_refused = plan_all(recipe, 1, [combo], intents, {combo: dp}, config_dir, base)
             ref_plans.update(refs_planned)
             refused.update(refs_refused)
     t0 = time.perf_counter()

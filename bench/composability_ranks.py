@@ -35,6 +35,7 @@ from launcher.worker.train import build_trainer
 
 def run_plan(plan: LaunchPlan, rank: int, steps: int) -> dict:
     t0 = time.perf_counter()
+    sys.path[:0] = [p for p in plan.code_paths if p not in sys.path]  # a user's recipe code, by _target_
     mesh, dp = build_mesh(plan.dims, "cpu")
     trainer = build_trainer(plan, dp, torch.device("cpu"), rank, mesh)
     losses = [mean_over(trainer.train_step(), dp) for _ in range(steps)]

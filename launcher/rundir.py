@@ -9,7 +9,7 @@ Launch, worker and report ask this module for paths, so the layout can change he
         checkpoints/step<N>/              CheckpointDir: the parts' files (model/ through DCP, or DeepSpeed's),
                                           tables/ (DCP), trainer.<rank>.pt, checkpoint.json (written last)
         rank.<N>/                         RankDir
-            stdout stderr error.json pid exit.json last_step metrics.jsonl memory.json tables.json mesh.json
+            stdout stderr error.json pid exit.json last_step metrics.jsonl memory.json tables.json hashing.json mesh.json
                                           prepared.json (a script's runtime.prepare())
         attempt.<k>/                      an earlier attempt's rank.<N>/ and plan.json (launcher.max_restarts)
     <log_dir>/latest -> <run> (or a sweep)
@@ -95,6 +95,9 @@ class RankDir:
         self.metrics = path / "metrics.jsonl"
         self.memory = path / "memory.json"
         self.tables = path / "tables.json"
+        self.hashing = path / "hashing.json"
+        """Tables that hash raw ids (tables.<name>.hash): per table, the ids this rank looked up while training, and
+        per batch the distinct ids and the rows they landed in (launcher/tables/hashing.py HashStats)."""
         self.mesh = path / "mesh.json"
         self.sharding = path / "sharding.json"
         """Op-level sharding / tensor parallel: the local shapes each sharded operator computed on, per operator."""

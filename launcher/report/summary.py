@@ -148,11 +148,32 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
         "eval": {k: v for k, v in evals[-1].items() if k not in ("event", "time", "wall_s")} if evals else {},
         "reference": reference,
     }
+    hashing = _hashing(run_dir, rank_exits)
+    if hashing:
+        summary["hashing"] = hashing
     if plan.get("kind") == "script" and not any(r["logged"] for r in ranks):
         summary["note"] = NOT_LOGGED
     if skipped:
         summary["skipped_metrics"] = skipped
     return summary
+
+
+def _hashing(run_dir: RunDir, rank_exits: list[dict]) -> dict:
+    """Per hashed table, its ranks' hashing.json counts summed (this node's ranks): ids looked up, distinct ids and
+    rows per batch, and how many of a batch's distinct ids shared a row with another (collided) and their share."""
+    total: dict[str, dict[str, int]] = {}
+    for e in rank_exits:
+        try:
+            record = json.loads(run_dir.rank(e["rank"]).hashing.read_text())
+        except (OSError, ValueError):
+            continue
+        for name, counts in (record.items() if isinstance(record, dict) else ()):
+            t = total.setdefault(name, {"ids": 0, "distinct_ids_per_batch": 0, "rows_per_batch": 0, "collided": 0})
+            for k in t:
+                t[k] += _number(counts.get(k)) or 0 if isinstance(counts, dict) else 0
+    for t in total.values():
+        t["collided_share"] = round(t["collided"] / t["distinct_ids_per_batch"], 6) if t["distinct_ids_per_batch"] else 0.0
+    return total
 
 
 def _number(v: object) -> int | float | None:

@@ -97,6 +97,17 @@ def hashing_of(plan: TablePlan, module: nn.Module) -> IdHash | None:
     return IdHash(plan.hash_buckets, plan.hash_fn, module.padding_idx)
 
 
+def hash_report(model: nn.Module) -> dict[str, dict[str, float | int]]:
+    """{table: its HashStats} of the hashed lookups in ``model`` (a table looked up from several places: summed)."""
+    out: dict[str, HashStats] = {}
+    for m in model.modules():
+        if isinstance(m, TableLookup) and m.hash_stats is not None:
+            s = out.setdefault(m.name, HashStats())
+            s.ids, s.distinct, s.rows, s.batches = (s.ids + m.hash_stats.ids, s.distinct + m.hash_stats.distinct,
+                                                    s.rows + m.hash_stats.rows, s.batches + m.hash_stats.batches)
+    return {name: s.to_dict() for name, s in out.items()}
+
+
 def movable(m: nn.Module) -> str:
     """Why module ``m`` cannot be swapped for a TableLookup ('' when it can): the lookup reproduces nn.Embedding's
     forward and backward and nn.EmbeddingBag's, not their extras."""

@@ -30,6 +30,7 @@ from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.metrics_writer import MetricsWriter
 from launcher.rundir import CheckpointDir, RankDir, RunDir
 from launcher.tables import TableStore
+from launcher.tables.lookup import hash_report
 from launcher.usercode.items import call, move_to
 from launcher.worker.accounting import SavedActivations, StepTracker, measure_memory, measure_peak
 from launcher.worker.evaluate import evaluate, mean_over
@@ -214,6 +215,9 @@ class Trainer:
             metrics.write(event="eval", step=p.steps, **self.evaluate())
         if self.tables is not None:
             rank_dir.tables.write_text(json.dumps(self.tables.digests(), indent=2))
+            hashing = hash_report(self.engine.module)
+            if hashing:
+                run_dir.write_json(rank_dir.hashing, hashing)
         if self._memory is not None:  # the peak now covers every step, evaluation and save
             self.write_memory(run_dir, rank_dir)
 
