@@ -219,8 +219,9 @@ def _swap(cfg: DictConfig, facts: ModelFacts) -> Swap | None:
     hashing = {}
     for name, (rows, _) in shapes.items():
         buckets, fn = (table_cfgs.get(name) or {}).get("hash", 0), (table_cfgs.get(name) or {}).get("hash_fn", "mix")
-        if isinstance(buckets, int) and not isinstance(buckets, bool) and 2 <= buckets <= rows and fn in ("mix", "mod"):
-            hashing[name] = (buckets, fn)
+        if buckets:  # a hash the plan refuses (too many rows, a bad function) still maps the ids into the table here
+            ok = isinstance(buckets, int) and not isinstance(buckets, bool) and 2 <= buckets <= rows
+            hashing[name] = (buckets if ok else rows, fn if fn in ("mix", "mod") else "mix")
     names = {path: name for name, path in aliases.items()}
     return Swap(shapes, hashing, names, planned) if shapes else None
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,13 +51,22 @@ def item_problem(item: Any, keys: Keys, collate: Any = None) -> str:
     try:
         split_item(batch, *keys)
     except KeyError as e:
-        names = list(batch) if isinstance(batch, Mapping) else list(item) if isinstance(item, Mapping) else []
+        names = _names(batch) or (list(item) if isinstance(item, Mapping) else [])
         missing = [k for k in keys[0] if names and k not in names]
         what = f"has no key {', '.join(missing)} (data_inputs)" if missing else f"has {e.args[0]}"
         return f"{what}. Set data_label (and data_inputs) to its keys: {', '.join(map(str, names)) or '-'}"
     except (TypeError, IndexError) as e:
         return f"cannot be split into inputs and a label: {first_words(e)}"
     return ""
+
+
+def _names(batch: Any) -> list[str]:
+    """The keys of a dict batch, or the fields of a dataclass batch ([] for a tuple or another object)."""
+    if isinstance(batch, Mapping):
+        return list(batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return [f.name for f in dataclasses.fields(batch)]
+    return []
 
 
 def dataset_facts(key: str, spec: Mapping[str, Any], source: str, keys: Keys = ((), ""),
