@@ -72,7 +72,7 @@ class ModelFacts:
     """Other names of tables, (name, module path): a TorchRec collection's table name (``t_user`` for
     ``sparse_arch.embedding_bag_collection.embedding_bags.t_user``), which placement.tables and tables may use."""
     split: str = ""
-    """How a pipeline cuts a user's model (launcher/plan/pipeline.py SPLITS: chain or trace); '' = the recipe's
+    """How a pipeline cuts a user's model (launcher/plan/pipeline.py SPLITS: chain, graph or trace); '' = the recipe's
     own ``pipeline_split``."""
 
 
@@ -153,6 +153,10 @@ class Facts:
     lookups: dict[str, float] | None = None
     """Rows each sample looks up per embedding table (module path -> rows), from the same trace; None = not traced
     (the memory model takes 1 per table)."""
+    imports: tuple[int, str] = (0, "")
+    """A recipe in your folder: (bytes importing its model's, data's, loss's and collate's packages added to the
+    launcher's resident memory, what they were), measured in preflight; every rank imports them too (TorchRec and
+    FBGEMM: ~110 MiB)."""
 
 
 def model_facts(recipe: Recipe, model: Mapping[str, Any]) -> ModelFacts:

@@ -202,9 +202,9 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
         if p not in sys.path:
             sys.path.insert(0, p)
     source = f"{config_dir or 'conf'}/recipe/{recipe.name}.yaml"
-    data, model, trace = inspect_user_recipe(cfg, source, trace_activations=wants_activations(cfg))
+    data, model, trace, imports = inspect_user_recipe(cfg, source, trace_activations=wants_activations(cfg))
     return Facts(data=data, model=model, code_paths=code_paths, activations=trace and trace.layers,
-                 lookups=trace and trace.lookups, families=trace.families if trace else ())
+                 lookups=trace and trace.lookups, families=trace.families if trace else (), imports=imports)
 
 
 def wants_activations(cfg: DictConfig) -> bool:

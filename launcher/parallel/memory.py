@@ -27,6 +27,8 @@ class ModelMemory:
     nproc_per_node: int = 1
     families: tuple[str, ...] = ()
     """Operator kinds with a runtime cost of their own (conv)."""
+    imports: tuple[int, str] = (0, "")
+    """(bytes, what) the user's code's imports add to a rank (Facts.imports)."""
 
 
 def kept_activations(per_sample: dict | None, recompute: tuple[str, ...], micro: int) -> int | None:
@@ -54,7 +56,8 @@ def rank_memory(i: Intents, parts: tuple[PartPlan, ...], placement, m: ModelMemo
         estimate=est, device_type=i.device_type, nproc_per_node=m.nproc_per_node, micro_size=micro,
         grad_accum=accum, in_flight=in_flight, activation_bytes=act, tables=placement.tables, lookups=m.lookups,
         optimizer=i.optimizer, optimizer_location=placement.optimizer_location, buffers=buffers,
-        data_bytes=m.data_bytes, families=m.families, deepspeed=any(p.name == "deepspeed" for p in parts),
+        data_bytes=m.data_bytes, families=m.families, imports=m.imports,
+        deepspeed=any(p.name == "deepspeed" for p in parts),
         per_table=pipeline is None,
         table_terms=tables))
     return est, pipeline, mem

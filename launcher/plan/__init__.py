@@ -388,7 +388,8 @@ def model_memory(sizes: ModelFacts, facts: Facts, nproc: int):
     from launcher.parallel.memory import ModelMemory
 
     return ModelMemory(layer_paths=sizes.layer_paths, per_sample=facts.activations, lookups=dict(facts.lookups or {}),
-                       data_bytes=facts.data.resident_bytes, nproc_per_node=nproc, families=facts.families)
+                       data_bytes=facts.data.resident_bytes, nproc_per_node=nproc, families=facts.families,
+                       imports=facts.imports)
 
 
 def _plan_sharding(recipe, model: dict, sharding_cfg: dict, search_mode: str, dims: ParallelDims,

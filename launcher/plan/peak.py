@@ -74,6 +74,8 @@ class MemoryInput:
     deepspeed: bool = False
     families: tuple[str, ...] = ()
     """Operator kinds the model runs whose CPU kernels cost memory of their own (conv)."""
+    imports: tuple[int, str] = (0, "")
+    """(bytes, what) importing the user's code adds to a rank (measured in the launcher's preflight)."""
     table_terms: tuple[Term, ...] | None = None
     """The tables' terms when already computed (``table_terms``): they do not depend on the dense layout, and
     placement=auto evaluates many layouts of the same tables."""
@@ -244,6 +246,9 @@ def _runtime(m: MemoryInput) -> list[Term]:
     if "conv" in m.families and m.device_type == "cpu":
         out.append(Term("conv kernels", "host", int(C.CONV_KERNELS.value), basis="constant",
                         source=C.CONV_KERNELS.source))
+    if m.imports[0] > 0:
+        out.append(Term("your code's imports", "host", m.imports[0], basis="measured",
+                        source=f"what importing {m.imports[1]} added to the launcher's RSS in preflight"))
     if m.deepspeed:
         out.append(Term("deepspeed runtime", "host", int(C.DEEPSPEED_RUNTIME.value), basis="constant",
                         source=C.DEEPSPEED_RUNTIME.source))

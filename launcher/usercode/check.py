@@ -20,6 +20,7 @@ from launcher.contract import DataFacts, ModelFacts
 from launcher.errors import ConfigError
 from launcher.inspect.model import model_facts_on_meta
 from launcher.plain import to_plain
+from launcher.procfs import kernel_field
 from launcher.plan.placement import takes_tables_out
 from launcher.plan.table_keys import resolve_aliases
 from launcher.usercode.data_check import dataset_facts, first_labels, first_words, two_items
@@ -97,11 +98,13 @@ def _wrong_number(p: inspect.Parameter, value: Any) -> bool:
 
 
 def inspect_user_recipe(cfg: DictConfig, source: str,
-                        trace_activations: bool = False) -> tuple[DataFacts, ModelFacts, Any]:
+                        trace_activations: bool = False) -> tuple[DataFacts, ModelFacts, Any, tuple[int, str]]:
     """Every check of a user recipe, then its facts; ConfigError listing all problems. ``trace_activations``: also
     the per-layer activation bytes of one meta forward and the rows each table looks up per sample
     (launcher/inspect/activations.py Trace; None otherwise), which the caller asks for when the plan needs them
-    (launcher.launch.preflight.wants_activations)."""
+    (launcher.launch.preflight.wants_activations). Last, (bytes, what): the resident memory importing the recipe's
+    packages added (Facts.imports)."""
+    before = kernel_field("/proc/self/status", "VmRSS")
     specs = {key: OmegaConf.to_container(node, resolve=True) for key, node in
              (("model", cfg.model), ("data", cfg.data), ("eval_data", cfg.eval_data), ("loss", cfg.loss))
              if node is not None}
@@ -113,6 +116,7 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
         checked[key] = cls is not None and not found
     collate, collate_problems = _collate(cfg, source)
     problems += collate_problems
+    imports = (max(0, kernel_field("/proc/self/status", "VmRSS") - before), _packages(specs, cfg))
     keys = (tuple(cfg.data_inputs), cfg.data_label)
     data = {}
     for key in ("data", "eval_data"):
@@ -145,7 +149,18 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
         from launcher.usercode.recipe import UserRecipe
 
         activations = activation_facts(UserRecipe(cfg.recipe.name), specs["model"], batch)
-    return data_facts, facts, activations
+    return data_facts, facts, activations, imports
+
+
+def _packages(specs: dict[str, Any], cfg: DictConfig) -> str:
+    """The top-level packages the recipe's _target_s (nested ones too) and loader.collate_fn name: 'torchrec,
+    my_ctr'."""
+    from launcher.usercode.targets import nested_targets
+
+    named = [t for key, spec in specs.items() for _, t in [(key, spec.get("_target_", ""))] + nested_targets(spec, key)]
+    collate = OmegaConf.to_container(cfg.loader, resolve=True)["collate_fn"]
+    named.append(collate.get("_target_", "") if isinstance(collate, Mapping) else collate or "")
+    return ", ".join(dict.fromkeys(t.split(".")[0] for t in named if isinstance(t, str) and t)) or "-"
 
 
 def _collate(cfg: DictConfig, source: str) -> tuple[Any, list[str]]:
