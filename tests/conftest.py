@@ -26,6 +26,19 @@ def cpu_host() -> HostFacts:
     return HostFacts(hostname="ci", cpu_count=2, accelerators=0, extensions_dir=str(extensions_dir()))
 
 
+def needs_torchrec() -> None:
+    """Skip the calling test module when TorchRec does not import here (run.sh installs torchrec 1.9.2 with
+    fbgemm-gpu-cpu 1.8.0, which load next to torch 2.13 on CPU; another torch may not load that FBGEMM build)."""
+    try:
+        import torchrec  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - FBGEMM's native library may fail to load with an OSError or RuntimeError
+        import torch
+
+        pytest.skip(f"torchrec does not import next to torch {torch.__version__} ({type(e).__name__}: {e}); run.sh "
+                    f"installs torchrec 1.9.2 with fbgemm-gpu-cpu 1.8.0, tested with torch 2.13 (CPU)",
+                    allow_module_level=True)
+
+
 def plan_of(overrides: list[str], host: HostFacts, config_dir: str | None = None):
     """Compose and plan as the CLI does (the recipe's facts gathered first)."""
     from launcher.launch.preflight import gather_facts

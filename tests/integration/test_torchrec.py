@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import needs_torchrec, run_cli
 
-pytest.importorskip("torchrec", reason="torchrec is not installed next to this torch (run.sh installs 1.9.2 with "
-                                       "fbgemm-gpu-cpu 1.8.0 for the tests)")
+needs_torchrec()
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import composability  # noqa: E402
 

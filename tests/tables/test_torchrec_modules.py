@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-torchrec = pytest.importorskip("torchrec", reason="torchrec is not installed next to this torch (run.sh installs "
-                                                  "1.9.2 with fbgemm-gpu-cpu 1.8.0 for the tests)")
+from tests.conftest import needs_torchrec  # noqa: E402
+
+needs_torchrec()
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig  # noqa: E402
 from torchrec.modules.embedding_configs import PoolingType  # noqa: E402
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
