@@ -33,6 +33,7 @@ from torch import nn
 from launcher.log_args import checked_log_args
 from launcher.loggers.sink import open_metrics
 from launcher.plan.placement import follow_notes, plan_table_optimizers, plan_tables, takes_tables_out
+from launcher.plan.table_keys import resolve_aliases
 from launcher.metrics_writer import MetricsWriter
 from launcher.plan.script import RuntimePlan
 from launcher.rundir import RUN_DIR_ENV, RankDir, RunDir, register_stack_dump
@@ -139,10 +140,12 @@ def move(*batch: Any) -> tuple[Any, ...]:
     return tuple(move_to(b, _S.device, _S.dtype) for b in batch)
 
 
-def _tables_of(model: nn.Module) -> dict[str, tuple[int, int]]:
+def _tables_of(model: nn.Module) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """The model's tables (module path -> (rows, dim)) and their other names (a TorchRec table's) -> module path."""
     from launcher.inspect.model import model_facts_on_meta
 
-    return model_facts_on_meta(model).tables
+    facts = model_facts_on_meta(model)
+    return facts.tables, dict(facts.aliases)
 
 
 def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
@@ -163,12 +166,16 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     if _S.device.type == "cuda":
         torch.cuda.set_device(_S.device)
     _S.plan, _S.dtype, _S.micro = plan, DTYPES[plan.precision], 0  # the precision's dtype, as the Trainer's
-    shapes = _tables_of(model)
+    shapes, aliases = _tables_of(model)
     intent = takes_tables_out(plan.host_device_mix, plan.table_locations, plan.table_configs, plan.ps)
-    table_cfgs = {n: TableConfig(**t) for n, t in plan.table_configs.items()}
-    tables, problems, _ = plan_tables(shapes, table_cfgs, plan.table_locations, plan.host_device_mix,
+    table_cfgs, problems = resolve_aliases("tables", {n: TableConfig(**t) for n, t in plan.table_configs.items()},
+                                           aliases)
+    locations, more = resolve_aliases("placement.tables", plan.table_locations, aliases)
+    problems += more
+    tables, found, _ = plan_tables(shapes, table_cfgs, locations, plan.host_device_mix,
                                       TableConfig(optimizer="lazy_adam" if intent else "dense"),
                                       f"the model ({type(model).__name__})", ps=plan.ps, group_size=world_size())
+    problems += found
     yours = f"your {type(optimizer).__name__}"
     tables, follow_problems, table_notes = plan_table_optimizers(
         tables, set(table_cfgs), lambda name: dense_settings(optimizer, model.get_submodule(name).weight), yours)

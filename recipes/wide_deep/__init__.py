@@ -75,11 +75,16 @@ class TabularDataConfig:
     test_fraction: float = 0.2
     """Share of rows held out for evaluation (seeded split)."""
     max_vocab: int = 100_000
-    """A categorical column with more distinct values is hashed into this many buckets."""
+    """A categorical column with more distinct values is hashed into this many buckets (vocabularies only: with
+    hash_buckets a value other than this default is refused, as it would do nothing)."""
     crosses: list[list[str]] = field(default_factory=list)
     """Pairs of columns whose value pairs become extra categorical fields, e.g. [[education,occupation]]."""
     seed: int = 0
     """Seed of the train/test split."""
+    hash_buckets: int = 0
+    """Rows of every categorical field and cross when > 0: each value hashed from the file as it is read (row
+    1 + blake2b-64(text) mod (hash_buckets - 1); row 0 = a missing value), no vocabulary; collisions are counted and
+    shown in the plan. 0 = vocabularies from the train split (max_vocab). At least 2 (ids are int32)."""
 
 
 class WideDeepRecipe:
@@ -92,21 +97,23 @@ class WideDeepRecipe:
         like config errors and the model is sized from its columns and vocabularies."""
         if not isinstance(data, TabularDataConfig):
             return DataFacts()
-        from launcher.recipes.wide_deep.tabular import TabularError, prepare
+        from launcher.recipes.wide_deep.tabular import TabularError, collision_lines, prepare
 
         try:
             p = prepare(data.path, data.label, str(data.positive), str(data.negative), list(data.categorical),
                         list(data.continuous), list(data.drop), data.test_fraction, data.max_vocab,
-                        [list(c) for c in data.crosses], data.seed, tensors=False)  # the facts only
+                        [list(c) for c in data.crosses], data.seed, data.hash_buckets, tensors=False)  # the facts only
         except TabularError as e:
             raise ConfigError(e.problems) from None
         rows = p.train_rows
+        fields = (f"{p.categorical} hashed into {data.hash_buckets:,} rows each (row 0: a missing value)"
+                  if data.hash_buckets and p.categorical else
+                  f"{dict(zip(p.categorical, p.field_sizes)) or '-'} (rows incl. the out-of-vocabulary row)")
         line = (f"data: {data.path}: {rows:,} train + {p.test_rows:,} test rows, {p.train_positive:.1%} "
-                f"positive; continuous {p.continuous or '-'}; categorical "
-                f"{dict(zip(p.categorical, p.field_sizes)) or '-'} (rows incl. the out-of-vocabulary row)"
-                f"{'; ' + p.note if p.note else ''}")
+                f"positive; continuous {p.continuous or '-'}; categorical {fields}{'; ' + p.note if p.note else ''}")
         sizes = {"num_dense": len(p.continuous), "num_sparse": len(p.categorical), "field_sizes": p.field_sizes}
-        return DataFacts(train_samples=rows, model_sizes=sizes, lines=(line,), resident_bytes=p.resident_bytes())
+        return DataFacts(train_samples=rows, model_sizes=sizes, lines=(line, *collision_lines(p)),
+                         resident_bytes=p.resident_bytes())
 
     def model_spec(self, model: ModelConfig, facts: DataFacts) -> dict:
         return {**asdict(model), **facts.model_sizes}

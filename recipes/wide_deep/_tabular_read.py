@@ -1,10 +1,11 @@
 """Reading a tabular file column by column, for recipes/wide_deep/tabular.py.
 
-A column comes back dictionary-encoded (``Coded``: an int32 code per row into its distinct values as text, "" for
-a missing value) or, for a Parquet number column that need not be text, as float64 (NaN = missing). No Python
-object is made per cell: pyarrow's streaming CSV reader and Parquet batches are encoded batch by batch and the
-dictionaries unified at the end. Without pyarrow, a CSV is read with Python's csv module in chunks of rows (the cells
-of one chunk at a time), which is slower but no bigger; Parquet needs pyarrow.
+The file comes in batches of rows (``read_batches``: pyarrow's streaming CSV reader, 1 MiB of text at a time, or
+Parquet batches; without pyarrow, Python's csv module CHUNK rows at a time: slower, no bigger; Parquet needs
+pyarrow). In a batch a column is dictionary-encoded (``Coded``: an int32 code per row into the batch's distinct
+values as text, "" for a missing value) or, for a Parquet number column that need not be text, float64 (NaN =
+missing); no Python object per cell. ``read_table`` unifies the batches' dictionaries into one per column
+(vocabularies); data.hash_buckets folds each batch as it comes and keeps no dictionary beyond the batch.
 
 Text is as the reader before this one saw it: a CSV is UTF-8 (a BOM dropped, bad bytes replaced), its separator
 sniffed among , ; tab | from the first 64 KiB, each cell stripped of whitespace, rows with only blank cells skipped;
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import gzip
 import io
 import zlib
 from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -31,6 +35,7 @@ CHUNK = 65536
 BLOCK_BYTES = 1 << 20
 """Bytes of CSV text pyarrow parses at a time (bigger blocks: more read ahead, held at once)."""
 INSTALL = "pip install pyarrow"
+T = TypeVar("T")
 
 
 class ReadError(ValueError):
@@ -79,20 +84,52 @@ def is_parquet(path: Path) -> bool:
     return path.name.lower().endswith((".parquet", ".pq"))
 
 
-def read_table(path: Path, text: set[str], skip: set[str]) -> Table:
-    """The columns of path other than skip (each in text comes back Coded). ReadError for a file that is not a
-    table."""
+def read_batches(path: Path, text: set[str], skip: set[str], fold: Callable[[list[str], str, Iterator], T]) -> T:
+    """fold(header, reader, batches) over the batches of path: each batch is (rows, {column: Coded or float64 array})
+    with every column but skip (each in text Coded), the reader "pyarrow" or "Python's csv module". ReadError for a
+    file that is not a table. A CSV with bad UTF-8 past the sampled head is folded again from its start by the csv
+    module (which replaces bad bytes), so fold must keep no state between calls."""
     if is_parquet(path):
-        return _read_parquet(path, text, skip)
+        f = _parquet_file(path)
+        return fold(list(f.schema_arrow.names), "pyarrow", _parquet_batches(path, f, text, skip))
     head = _head(path)
     dialect = _dialect(head)
     pa = _pyarrow()
     if pa is not None and "\ufffd" not in _text(head):
         try:
-            return _read_csv_arrow(path, dialect, skip)
+            names = header(path)
+            return fold(names, "pyarrow", _csv_arrow_batches(path, dialect, skip, names))
         except UnicodeError:  # bad bytes past the sample: the csv module replaces them, as it always did
             pass
-    return _read_csv_python(path, dialect, skip)
+    batches = _csv_python_batches(path, dialect, skip)
+    return fold(next(batches), "Python's csv module", batches)  # its first item: the header it found
+
+
+def read_table(path: Path, text: set[str], skip: set[str]) -> Table:
+    """The columns of path other than skip (each in text comes back Coded), every batch's dictionaries unified.
+    ReadError for a file that is not a table."""
+    return read_batches(path, text, skip, _gathered)
+
+
+def _gathered(names: list[str], reader: str, batches: Iterator) -> Table:
+    codes: dict[str, array] = {}  # grown in place (realloc): no copy of a column, no heap of small chunks
+    parts: dict[str, list] = {}  # (rows, dictionary) per batch
+    floats: dict[str, list] = {}
+    rows = 0
+    for n, cols in batches:
+        rows += n
+        for h, col in cols.items():
+            if isinstance(col, np.ndarray):
+                floats.setdefault(h, []).append(col)
+            else:
+                codes.setdefault(h, array("i")).frombytes(_bytes(col.codes))
+                parts.setdefault(h, []).append((n, col.uniques))
+    columns: dict = {h: np.concatenate(floats.pop(h)) for h in list(floats)}
+    for h in list(codes):  # each batch's dictionary holds only values its rows use: unified, each used, none twice
+        columns[h] = Coded(*_unified(codes.pop(h), parts.pop(h)))
+        if reader == "pyarrow":
+            _pyarrow().default_memory_pool().release_unused()  # what unifying a big dictionary took, back to the OS
+    return Table(names, rows, columns, reader)
 
 
 def _open(path: Path):
@@ -130,7 +167,10 @@ def _unreadable(path: Path, e: BaseException) -> str:
             f"line (.csv, or gzip'd .csv.gz) or a Parquet file (.parquet).")
 
 
+@functools.lru_cache(maxsize=2)
 def _dialect(head: bytes):
+    """The CSV dialect sniffed from head (the same head asked again, as each pass asks it three times: cached, since
+    csv.Sniffer takes up to a second on 64 KiB)."""
     sample = _text(head).removeprefix("\ufeff")
     try:
         return csv.Sniffer().sniff(sample, delimiters=",;\t|")
@@ -159,12 +199,11 @@ def _blank(row_text: str, delimiter: str, quote: str | None) -> bool:
     return not row_text.strip()
 
 
-def _read_csv_arrow(path: Path, dialect, skip: set[str]) -> Table:
+def _csv_arrow_batches(path: Path, dialect, skip: set[str], names: list[str]) -> Iterator:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 
-    names = header(path)
     width = len(names)
     bad: list[str] = []
 
@@ -183,9 +222,7 @@ def _read_csv_arrow(path: Path, dialect, skip: set[str]) -> Table:
     convert = pcsv.ConvertOptions(column_types={k: pa.string() for k in keys}, strings_can_be_null=False,
                                   quoted_strings_can_be_null=False, null_values=[])
     keep = [i for i, h in enumerate(names) if h not in skip]
-    codes = {i: array("i") for i in keep}  # grown in place (realloc): no copy of a column, no heap of small chunks
-    chunks: dict[int, list] = {i: [] for i in keep}  # (rows, dictionary) per batch
-    rows, before_header = 0, True
+    before_header = True
     try:
         with _open(path) as raw, pa.PythonFile(raw, mode="r") as source:
             for batch in pcsv.open_csv(source, read_options=read, parse_options=parse, convert_options=convert):
@@ -203,14 +240,16 @@ def _read_csv_arrow(path: Path, dialect, skip: set[str]) -> Table:
                     if not len(filled):
                         continue
                     start, before_header = 1 + int(filled[0]), False
+                columns = {}
                 for i in keep:  # the codes as numpy at once: pyarrow's pool would keep what it held
                     col = trimmed[i] if i in trimmed else pc.utf8_trim_whitespace(batch.column(i))
                     col, mask = col.slice(start), None if keep_rows is None else keep_rows.slice(start)
                     encoded = (col if mask is None else col.filter(mask)).dictionary_encode()
-                    codes[i].frombytes(_bytes(encoded.indices.to_numpy(zero_copy_only=False)))
-                    chunks[i].append((len(encoded), encoded.dictionary))
+                    columns[names[i]] = Coded(encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary)
                 n = batch.num_rows - start
-                rows += n if keep_rows is None else int(pc.sum(keep_rows.slice(start)).as_py() or 0)
+                n = n if keep_rows is None else int(pc.sum(keep_rows.slice(start)).as_py() or 0)
+                if n:
+                    yield n, columns
     except pa.ArrowInvalid as e:
         if bad:
             raise ReadError(bad[0]) from None
@@ -219,22 +258,27 @@ def _read_csv_arrow(path: Path, dialect, skip: set[str]) -> Table:
         raise ReadError(_unreadable(path, e)) from None
     except (OSError, EOFError, zlib.error) as e:
         raise ReadError(_unreadable(path, e)) from None
-    columns = {}
-    for i in keep:  # each batch's dictionary holds only values its rows use: unified, each used, none twice
-        columns[names[i]] = Coded(*_unified(codes.pop(i), chunks.pop(i)))
-        pa.default_memory_pool().release_unused()  # what unifying a big dictionary took, back to the system
-    return Table(names, rows, columns, "pyarrow")
 
 
 def _unified(buffer: array, parts: list):
     """The codes of every batch one after the other in buffer, each batch's (rows, dictionary) in parts -> (int32
-    codes of all rows into one sorted dictionary of distinct values, that dictionary); the codes are rewritten in
-    buffer itself. Sorting the batches' dictionaries together finds the distinct values with a fraction of the
-    memory of a hash table (pyarrow's unify_dictionaries took 150 bytes a value, 0.7 GB for 4.8 M ids)."""
+    codes of all rows into one dictionary of distinct values, that dictionary); the codes are rewritten in buffer
+    itself. pyarrow dictionaries are sorted together: that finds the distinct values with a fraction of the memory
+    of a hash table (pyarrow's unify_dictionaries took 150 bytes a value, 0.7 GB for 4.8 M ids). The csv module's
+    lists of text are merged in a dict, in the order values first appear."""
+    codes = np.frombuffer(buffer, np.int32) if len(buffer) else np.zeros(0, np.int32)
+    if parts and isinstance(parts[0][1], list):
+        index: dict[str, int] = {}
+        at = 0
+        for n, d in parts:
+            lut = np.fromiter((index.setdefault(v, len(index)) for v in d), np.int32, len(d))
+            np.take(lut, codes[at : at + n], out=codes[at : at + n], mode="clip")  # in place: clip needs no buffer
+            at += n
+        parts.clear()
+        return codes, list(index)
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    codes = np.frombuffer(buffer, np.int32) if len(buffer) else np.zeros(0, np.int32)
     if not parts:
         return codes, pa.array([], pa.string())
     values = pa.chunked_array([d for _, d in parts], type=parts[0][1].type).combine_chunks()
@@ -256,19 +300,21 @@ def _unified(buffer: array, parts: list):
     return codes, dictionary
 
 
-def _read_csv_python(path: Path, dialect, skip: set[str]) -> Table:
+def _csv_python_batches(path: Path, dialect, skip: set[str]) -> Iterator:
+    """First the header ([] for a file without one), then batches of CHUNK rows, each column's text in a dict."""
     names: list[str] = []
     keep: list[int] = []
-    codes: dict[int, array] = {}
-    vocab: dict[int, dict[str, int]] = {}
-    rows, chunk = 0, []
+    chunk: list[list[str]] = []
 
-    def flush() -> None:
+    def batch() -> tuple[int, dict]:
+        columns = {}
         for i in keep:
-            d = vocab[i]
-            column = np.fromiter((d.setdefault(r[i].strip(), len(d)) for r in chunk), np.int32, len(chunk))
-            codes[i].frombytes(_bytes(column))
+            d: dict[str, int] = {}
+            codes = np.fromiter((d.setdefault(r[i].strip(), len(d)) for r in chunk), np.int32, len(chunk))
+            columns[names[i]] = Coded(codes, list(d))
+        n = len(chunk)
         chunk.clear()
+        return n, columns
 
     try:
         with _open(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="") as text:
@@ -279,24 +325,20 @@ def _read_csv_python(path: Path, dialect, skip: set[str]) -> Table:
                 if not names:
                     names = [h.strip() for h in r]
                     keep = [i for i, h in enumerate(names) if h not in skip]
-                    codes, vocab = {i: array("i") for i in keep}, {i: {} for i in keep}
+                    yield names
                     continue
                 if len(r) != len(names):
                     raise ReadError(f"data.path={path}: line {reader.line_num} has {len(r)} fields, the header has "
                                     f"{len(names)}. Fix that line (a stray separator or quote?) or remove it.")
                 chunk.append(r)
-                rows += 1
                 if len(chunk) == CHUNK:
-                    flush()
-            flush()
+                    yield batch()
+            if not names:
+                yield names
+            elif chunk:
+                yield batch()
     except (csv.Error, OSError, EOFError, zlib.error) as e:
         raise ReadError(_unreadable(path, e)) from None
-    columns = {}
-    for i in keep:
-        buffer = codes.pop(i)
-        columns[names[i]] = Coded(np.frombuffer(buffer, np.int32) if len(buffer) else np.zeros(0, np.int32),
-                                  list(vocab.pop(i)))
-    return Table(names, rows, columns, "Python's csv module")
 
 
 def _parquet_file(path: Path):
@@ -311,37 +353,30 @@ def _parquet_file(path: Path):
         raise ReadError(_unreadable(path, e)) from None
 
 
-def _read_parquet(path: Path, text: set[str], skip: set[str]) -> Table:
+def _parquet_batches(path: Path, f, text: set[str], skip: set[str]) -> Iterator:
     import pyarrow as pa
 
-    f = _parquet_file(path)
     schema = f.schema_arrow
-    names = list(schema.names)
-    want = [h for h in dict.fromkeys(names) if h not in skip]
+    want = [h for h in dict.fromkeys(schema.names) if h not in skip]
     number = {h for h in want if h not in text and _is_number_type(schema.field(h).type)}
-    floats: dict[str, list] = {h: [] for h in want if h in number}
-    codes = {h: array("i") for h in want if h not in number}
-    parts: dict[str, list] = {h: [] for h in codes}  # (rows, dictionary as text) per batch
     try:
         for batch in f.iter_batches(batch_size=CHUNK, columns=want, use_threads=True):
-            for h in want:
+            columns: dict = {}
+            for h in want:  # str(value) of a batch's distinct values may repeat ("" for None and "")
                 col = batch.column(h)
                 if h in number:
-                    floats[h].append(col.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False))
+                    columns[h] = col.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
                     continue
                 try:
                     encoded = col.dictionary_encode(null_encoding="encode")
                 except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # a type the hash kernels do not take
                     encoded = _as_text(col).dictionary_encode()
-                codes[h].frombytes(_bytes(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)))
-                parts[h].append((len(encoded), _as_text(encoded.dictionary)))
+                columns[h] = Coded(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32),
+                                   _as_text(encoded.dictionary))
+            if batch.num_rows:
+                yield batch.num_rows, columns
     except (pa.ArrowException, OSError) as e:
         raise ReadError(_unreadable(path, e)) from None
-    columns = {}
-    for h in want:  # str(value) of a batch's distinct values may repeat ("" for None and ""): _unified merges them
-        columns[h] = (np.concatenate(floats.pop(h)) if floats[h] else np.zeros(0)) if h in number else \
-            Coded(*_unified(codes.pop(h), parts.pop(h)))
-    return Table(names, f.metadata.num_rows, columns, "pyarrow")
 
 
 def _as_text(column):

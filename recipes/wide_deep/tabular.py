@@ -12,20 +12,32 @@ each column's distinct values, never on a Python string per cell. The launcher a
 row counts, vocabulary sizes: ``prepare(..., tensors=False)``); every rank prepares the tensors itself, identically
 (same seed), keeps the train split (float32 continuous, int32 ids, float32 labels; each epoch reshuffles all of it
 over the ranks) and the test split, and reads only its shard of each epoch.
+
+``hash_buckets`` > 0 builds no vocabulary (recipes/wide_deep/_tabular_hash.py, imported only then): each pass streams
+the file in batches and hashes each batch's values as they come, row 1 + blake2b-64(text) mod (hash_buckets - 1), row
+0 for a missing value; a column is typed by data.continuous / data.categorical, a Parquet number type, else its first
+TYPE_ROWS rows. The launcher's pass counts collisions per field in memory proportional to hash_buckets (``Occupancy``
+-> ``Collisions``, ``collision_lines``: importable from here). A ``max_vocab`` other than its default is refused with
+it (it would do nothing).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from launcher.recipes.wide_deep._tabular_read import INSTALL, Coded, ReadError, compact, header, read_table
+
+if TYPE_CHECKING:
+    from launcher.recipes.wide_deep._tabular_hash import Collisions
 
 
 class TabularError(ValueError):
@@ -52,7 +64,13 @@ BIG = 32 << 20
 """A file this big (bytes) read without pyarrow gets a note on installing it."""
 BLOCK = 1 << 16
 """Distinct values turned into Python strings at a time (number checks, hashing)."""
-
+MAX_VOCAB = 100_000
+"""data.max_vocab's default; with data.hash_buckets another value is refused (it would do nothing)."""
+MAX_ROWS = 2**31 - 1
+"""Most rows of a hashed field: ids are int32."""
+TYPE_ROWS = 65536
+"""data.hash_buckets: a column that data.categorical / data.continuous do not name (and that is not a Parquet number
+column) is typed from its first TYPE_ROWS rows: continuous when every non-empty value there is a number."""
 
 def _blocks(col: Coded) -> Iterator[tuple[int, list[str]]]:
     for start in range(0, len(col), BLOCK):
@@ -84,24 +102,33 @@ def _arrow_floats(uniques) -> np.ndarray | None:
 
 def _floats(col) -> np.ndarray:
     """float64 per row; NaN for a missing or non-numeric value."""
-    if isinstance(col, np.ndarray):
-        return col
+    return col if isinstance(col, np.ndarray) else _float_lut(col)[0][col.codes]
+
+
+def _float_lut(col: Coded) -> tuple[np.ndarray, int]:
+    """(float64 per distinct value, NaN for "" or a non-number; the index of the first non-number, -1 if none)."""
     lut = None if isinstance(col.uniques, list) else _arrow_floats(col.uniques)
-    if lut is None:
-        lut = np.full(len(col), np.nan)
-        for start, texts in _blocks(col):
-            for k, v in enumerate(texts):
-                if v != "" and _is_number(v):
-                    lut[start + k] = float(v)
-    return lut[col.codes]
+    if lut is not None:
+        return lut, -1
+    lut, bad = np.full(len(col), np.nan), -1
+    for start, texts in _blocks(col):
+        for k, v in enumerate(texts):
+            if v != "" and _is_number(v):
+                lut[start + k] = float(v)
+            elif v != "" and bad < 0:
+                bad = start + k
+    return lut, bad
 
 
-def _cross(a: Coded, b: Coded) -> Coded:
-    """The field of value pairs "a|b" (pairs that read the same, e.g. x|y + z and x + y|z, are one value)."""
+def _cross(a: Coded, b: Coded, hashed: bool = False) -> Coded:
+    """The field of value pairs "a|b" (pairs that read the same, e.g. x|y + z and x + y|z, are one value). hashed
+    (a batch's pairs, to be hashed): a pair with a missing side is "" (missing), and equal texts are not merged."""
     pairs, codes = np.unique(a.codes.astype(np.int64) * len(b) + b.codes, return_inverse=True)
     ta, tb = a.texts(), b.texts()
-    texts = [f"{ta[p // len(b)]}|{tb[p % len(b)]}" for p in pairs.tolist()]
-    return compact(codes.astype(np.int32).reshape(-1), texts)
+    pair = [(ta[p // len(b)], tb[p % len(b)]) for p in pairs.tolist()]
+    texts = ["" if hashed and "" in (x, y) else f"{x}|{y}" for x, y in pair]
+    codes = codes.astype(np.int32).reshape(-1)
+    return Coded(codes, texts) if hashed else compact(codes, texts)
 
 
 def _vocabulary(col: Coded, train: np.ndarray, max_vocab: int, lookup: bool) -> tuple[int, np.ndarray | None]:
@@ -145,6 +172,8 @@ class Prepared:
     train: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     """(dense float32, ids int32, labels float32); None from prepare(tensors=False)."""
     test: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    collisions: list[Collisions] = field(default_factory=list)
+    """data.hash_buckets, ``prepare(tensors=False)``: what hashing did to each field; empty otherwise."""
 
     def resident_bytes(self) -> int:
         """Bytes of the tensors a rank keeps for the run, ``train`` and ``test`` (known from the facts alone): per
@@ -159,13 +188,18 @@ DENSE, IDS, LABELS = torch.float32, torch.int32, torch.float32
 
 
 def prepare(path: str, label: str, positive: str, negative: str = "", categorical=(), continuous=(), drop=(),
-            test_fraction: float = 0.2, max_vocab: int = 100_000, crosses=(), seed: int = 0,
+            test_fraction: float = 0.2, max_vocab: int = MAX_VOCAB, crosses=(), seed: int = 0, hash_buckets: int = 0,
             tensors: bool = True) -> Prepared:
-    """The file's columns typed, split and encoded; ``tensors=False``: the same facts without the tensors."""
+    """The file's columns typed, split and encoded; ``tensors=False``: the same facts without the tensors.
+    ``hash_buckets`` > 0: every categorical field hashed into that many rows as the file streams by (see
+    ``_prepare_hashed``); 0: vocabularies from the train split (``max_vocab``)."""
+    config = _hash_problems(hash_buckets, max_vocab)
     p = Path(path)
     if not p.is_file():
-        raise TabularError([f"data.path={path}: no such file (relative paths start at {Path.cwd()}). "
-                            f"Give a CSV, .csv.gz or Parquet file."])
+        raise TabularError([*config, f"data.path={path}: no such file (relative paths start at {Path.cwd()}). "
+                                     f"Give a CSV, .csv.gz or Parquet file."])
+    if config:
+        raise TabularError(config)
     no_rows = f"data.path={path}: the file has no data rows. Give a file with a header line and rows."
     try:
         names = header(p)
@@ -173,6 +207,14 @@ def prepare(path: str, label: str, positive: str, negative: str = "", categorica
         raise TabularError([e.problem]) from None
     if not names:
         raise TabularError([no_rows])
+    problems = _key_problems(path, names, label, categorical, continuous, drop, crosses, test_fraction, max_vocab)
+    if hash_buckets:
+        if problems:  # before reading the whole file
+            raise TabularError(problems)
+        from launcher.recipes.wide_deep._tabular_hash import _prepare_hashed  # it builds on this module
+
+        return _prepare_hashed(p, names, label, str(positive), negative, list(categorical), list(continuous),
+                               list(drop), test_fraction, list(crosses), seed, hash_buckets, tensors)
     crossed = {c for pair in crosses for c in pair}
     text = {label, *categorical, *crossed}
     try:
@@ -181,6 +223,51 @@ def prepare(path: str, label: str, positive: str, negative: str = "", categorica
         raise TabularError([e.problem]) from None
     if not table.rows:
         raise TabularError([no_rows])
+    if problems:
+        raise TabularError(problems)
+    return _prepare_vocab(p, names, table, label, str(positive), negative, categorical, continuous, drop,
+                          test_fraction, max_vocab, crosses, seed, tensors)
+
+
+def _prepare_vocab(p: Path, names, table, label, positive, negative, categorical, continuous, drop, test_fraction,
+                   max_vocab, crosses, seed, tensors) -> Prepared:
+    """data.hash_buckets=0: the whole file's columns (``read_table``), vocabularies from the train split."""
+    path = str(p)
+    cols = table.columns
+
+    labels = cols[label]
+    _check_labels(label, positive, negative, sorted(labels.texts()))
+    features = [h for h in names if h != label and h not in drop]
+    cont = [h for h in features if h in continuous or (h not in categorical and _is_numeric(cols[h]))]
+    cats = [h for h in features if h not in cont]
+    if not cont and not cats and not crosses:
+        raise TabularError([f"data.path={path}: no feature columns left after data.label and data.drop."])
+
+    y = torch.from_numpy((labels.codes == labels.texts().index(positive)).astype(np.float32)).to(LABELS)
+    train_idx, test_idx = _split(path, table.rows, test_fraction, seed)
+    train_np = train_idx.numpy()
+    fields = [cols[h] for h in cats] + [_cross(cols[a], cols[b]) for a, b in crosses]
+    prepared = _prepared(p, cont, cats, crosses, y, train_idx, test_idx, table.reader)
+    if not tensors:
+        prepared.field_sizes = [_vocabulary(f, train_np, max_vocab, lookup=False)[0] for f in fields]
+        return prepared
+
+    dense = (torch.zeros(len(train_idx), len(cont), dtype=DENSE), torch.zeros(len(test_idx), len(cont), dtype=DENSE))
+    for j, h in enumerate(cont):
+        dense[0][:, j], dense[1][:, j] = _standardised(torch.from_numpy(_floats(cols.pop(h)).astype(np.float32)),
+                                                       train_idx, test_idx)
+    ids = (torch.zeros(len(train_idx), len(fields), dtype=IDS), torch.zeros(len(test_idx), len(fields), dtype=IDS))
+    for j, f in enumerate(fields):
+        size, lut = _vocabulary(f, train_np, max_vocab, lookup=True)
+        prepared.field_sizes.append(size)
+        ids[0][:, j] = torch.from_numpy(lut[f.codes[train_np]])
+        ids[1][:, j] = torch.from_numpy(lut[f.codes[test_idx.numpy()]])
+    prepared.train = (dense[0], ids[0], y[train_idx])
+    prepared.test = (dense[1], ids[1], y[test_idx])
+    return prepared
+
+
+def _key_problems(path, names, label, categorical, continuous, drop, crosses, test_fraction, max_vocab) -> list[str]:
     problems = []
     named = [("data.label", [label]), ("data.categorical", categorical), ("data.continuous", continuous),
              ("data.drop", drop), ("data.crosses", [c for pair in crosses for c in pair])]
@@ -192,76 +279,90 @@ def prepare(path: str, label: str, positive: str, negative: str = "", categorica
         problems.append(f"data.test_fraction={test_fraction} must be between 0 and 1 (e.g. 0.2).")
     if max_vocab < 2:
         problems.append(f"data.max_vocab={max_vocab} must be >= 2.")
-    if problems:
-        raise TabularError(problems)
-    cols = table.columns
+    return problems
 
-    labels = cols[label]
-    values = sorted(labels.texts())
-    if str(positive) not in values:
+
+def _check_labels(label: str, positive: str, negative: str, values: list[str]) -> None:
+    """TabularError unless the label column's distinct values (sorted) are data.positive and one negative value."""
+    if positive not in values:
         raise TabularError([f"data.positive={positive}: no row of column {label!r} has that value; its values: "
                             f"{', '.join(values[:10])}. Set data.positive to the clicked/positive one."])
-    negatives = {negative} if negative else set(values) - {str(positive)}
+    negatives = {negative} if negative else set(values) - {positive}
     if not negative and len(negatives) != 1:
         raise TabularError([f"data.label={label}: has {len(values)} values ({', '.join(values[:10])}); with "
                             f"data.positive={positive} the negative one is ambiguous. Set data.negative=<value>."])
-    unknown = sorted(set(values) - negatives - {str(positive)})
+    unknown = sorted(set(values) - negatives - {positive})
     if unknown:
         raise TabularError([f"data.label={label}: values {', '.join(unknown[:10])} are neither data.positive="
                             f"{positive} nor data.negative={negative}. Fix the file or set data.negative."])
-    features = [h for h in names if h != label and h not in drop]
-    cont = [h for h in features if h in continuous or (h not in categorical and _is_numeric(cols[h]))]
-    cats = [h for h in features if h not in cont]
-    if not cont and not cats and not crosses:
-        raise TabularError([f"data.path={path}: no feature columns left after data.label and data.drop."])
 
-    n = table.rows
-    y = torch.from_numpy((labels.codes == labels.texts().index(str(positive))).astype(np.float32)).to(LABELS)
+
+def _split(path: str, n: int, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train rows, test rows): a seeded permutation of the n rows, its first test_fraction the test split."""
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_test = max(1, int(round(n * test_fraction)))
-    test_idx, train_idx = order[:n_test], order[n_test:]
-    if not len(train_idx):
+    if n_test >= n:
         raise TabularError([f"data.path={path}: {n} rows leave nothing to train on with data.test_fraction="
                             f"{test_fraction}."])
-    train_np = train_idx.numpy()
+    return order[n_test:], order[:n_test]
 
-    fields = [cols[h] for h in cats] + [_cross(cols[a], cols[b]) for a, b in crosses]
-    names_out = cats + [f"{a}|{b}" for a, b in crosses]
-    prepared = Prepared(cont, names_out, [], len(train_idx), n_test, float(y[train_idx].mean()), table.reader)
-    if table.reader != "pyarrow" and p.stat().st_size > BIG:
-        prepared.note = f"read by {table.reader}; {INSTALL} reads a file this big several times faster"
-    if not tensors:
-        prepared.field_sizes = [_vocabulary(f, train_np, max_vocab, lookup=False)[0] for f in fields]
-        return prepared
 
-    dense = (torch.zeros(len(train_idx), len(cont), dtype=DENSE), torch.zeros(n_test, len(cont), dtype=DENSE))
-    for j, h in enumerate(cont):
-        t = torch.from_numpy(_floats(cols.pop(h)).astype(np.float32))
-        train_vals = t[train_idx]
-        ok = ~torch.isnan(train_vals)
-        mean = train_vals[ok].mean() if ok.any() else torch.tensor(0.0)
-        std = train_vals[ok].std() if ok.sum() > 1 else torch.tensor(1.0)
-        t = torch.where(torch.isnan(t), mean, t)
-        t = (t - mean) / (std if std > 0 else 1.0)
-        dense[0][:, j], dense[1][:, j] = t[train_idx], t[test_idx]
-    ids = (torch.zeros(len(train_idx), len(fields), dtype=IDS), torch.zeros(n_test, len(fields), dtype=IDS))
-    for j, f in enumerate(fields):
-        size, lut = _vocabulary(f, train_np, max_vocab, lookup=True)
-        prepared.field_sizes.append(size)
-        ids[0][:, j] = torch.from_numpy(lut[f.codes[train_np]])
-        ids[1][:, j] = torch.from_numpy(lut[f.codes[test_idx.numpy()]])
-    prepared.train = (dense[0], ids[0], y[train_idx])
-    prepared.test = (dense[1], ids[1], y[test_idx])
+def _prepared(p: Path, cont, cats, crosses, y, train_idx, test_idx, reader: str) -> Prepared:
+    """The facts both modes share (field_sizes still empty)."""
+    names = cats + [f"{a}|{b}" for a, b in crosses]
+    prepared = Prepared(cont, names, [], len(train_idx), len(test_idx), float(y[train_idx].mean()), reader)
+    if reader != "pyarrow" and p.stat().st_size > BIG:
+        prepared.note = f"read by {reader}; {INSTALL} reads a file this big several times faster"
     return prepared
+
+
+def _standardised(t: torch.Tensor, train_idx, test_idx) -> tuple[torch.Tensor, torch.Tensor]:
+    """A continuous column (float32 per row, NaN = missing) -> (train, test) standardised with the train mean and
+    standard deviation; a missing value becomes the train mean (0 after standardising)."""
+    train_vals = t[train_idx]
+    ok = ~torch.isnan(train_vals)
+    mean = train_vals[ok].mean() if ok.any() else torch.tensor(0.0)
+    std = train_vals[ok].std() if ok.sum() > 1 else torch.tensor(1.0)
+    t = torch.where(torch.isnan(t), mean, t)
+    t = (t - mean) / (std if std > 0 else 1.0)
+    return t[train_idx], t[test_idx]
+
+
+def _hash_problems(hash_buckets, max_vocab: int) -> list[str]:
+    if isinstance(hash_buckets, bool) or not isinstance(hash_buckets, numbers.Integral):
+        return [f"data.hash_buckets={hash_buckets!r} is not a whole number of rows. Set e.g. "
+                f"data.hash_buckets=1000000 (rows per categorical field), or 0 to build vocabularies."]
+    if hash_buckets and not 2 <= hash_buckets <= MAX_ROWS:
+        return [f"data.hash_buckets={hash_buckets} must be between 2 and {MAX_ROWS:,} rows per field (row 0 is a "
+                f"missing value's, ids are int32), or 0 to build vocabularies. Set e.g. data.hash_buckets=1000000."]
+    if hash_buckets and max_vocab != MAX_VOCAB:
+        return [f"data.max_vocab={max_vocab} does nothing with data.hash_buckets={hash_buckets}: every categorical "
+                f"column is hashed into data.hash_buckets rows and none gets a vocabulary. Remove data.max_vocab, "
+                f"or set data.hash_buckets=0 to build vocabularies."]
+    return []
+
+
+_HASHED = ("Collisions", "Occupancy", "collision_lines")
+"""The public names of recipes/wide_deep/_tabular_hash.py, importable from here as before it was split off."""
+
+
+def __getattr__(name: str):
+    """``from ...tabular import Collisions`` and the like (PEP 562): _tabular_hash imports this module, so this one
+    imports it only when asked, never while either is being loaded."""
+    if name in _HASHED:
+        from launcher.recipes.wide_deep import _tabular_hash
+
+        return getattr(_tabular_hash, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class TabularCTR:
     """The data source of data=tabular: epochs of the train split, sharded over ranks; the whole test split."""
 
     def __init__(self, path: str, label: str, positive: str, negative: str, categorical, continuous, drop,
-                 test_fraction: float, max_vocab: int, crosses, seed: int) -> None:
+                 test_fraction: float, max_vocab: int, crosses, seed: int, hash_buckets: int = 0) -> None:
         self.prepared = prepare(path, label, str(positive), str(negative), list(categorical), list(continuous),
-                                list(drop), test_fraction, max_vocab, [list(c) for c in crosses], seed)
+                                list(drop), test_fraction, max_vocab, [list(c) for c in crosses], seed, hash_buckets)
 
     def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[tuple]:
         dense, ids, y = self.prepared.train
