@@ -113,6 +113,9 @@ def movable(m: nn.Module) -> str:
     forward and backward and nn.EmbeddingBag's, not their extras."""
     if not isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
         return f"it is a {type(m).__name__}, not an nn.Embedding or nn.EmbeddingBag"
+    base = nn.EmbeddingBag if isinstance(m, nn.EmbeddingBag) else nn.Embedding
+    if type(m).forward is not base.forward:  # e.g. an embedding that scales its rows: the lookup would drop that
+        return f"its class {type(m).__name__} has a forward of its own (the lookup reproduces {base.__name__}'s)"
     if not m.weight.requires_grad:
         return "its weight is frozen (requires_grad=False)"
     if m.max_norm is not None:

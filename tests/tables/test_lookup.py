@@ -97,7 +97,15 @@ def test_a_table_looked_up_twice_in_one_forward_steps_once_with_the_summed_gradi
     assert torch.allclose(tables.tables["emb"].weight, p.detach(), atol=1e-6)
 
 
+class Scaled(nn.Embedding):
+    """As Gemma's scaled word embedding: its own forward, which a lookup would not run."""
+
+    def forward(self, input):  # noqa: A002
+        return super().forward(input) * 8.0
+
+
 @pytest.mark.parametrize("module, why", [
+    (Scaled(5, 2), "has a forward of its own"),
     (nn.Embedding(5, 2).requires_grad_(False), "frozen"),
     (nn.Embedding(5, 2, scale_grad_by_freq=True), "scale_grad_by_freq"),
     (nn.Embedding(5, 2, max_norm=1.0), "max_norm"),
