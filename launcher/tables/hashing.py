@@ -20,6 +20,7 @@ rows (TorchRec's managed-collision modules, Huawei mxRec's dynamic hash tables),
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -64,24 +65,35 @@ class IdHash:
         return torch.where(raw == pad, torch.full_like(rows, pad), rows)
 
 
+def _distinct(t: torch.Tensor) -> torch.Tensor:
+    """How many distinct values ``t`` holds, as a tensor where ``t`` is (no host sync on a GPU)."""
+    flat = t.reshape(-1)
+    if flat.numel() == 0:
+        return flat.new_zeros((), dtype=torch.int64)
+    ordered = flat.sort().values
+    return (ordered[1:] != ordered[:-1]).sum() + 1
+
+
 @dataclass
 class HashStats:
     """Per hashed table, summed over the batches a rank looked up while training: ids, distinct ids per batch, and
     distinct rows they landed in per batch. ``distinct - rows`` is how many of a batch's distinct ids shared a row
-    with another id of the same batch (collisions in the batch, a lower bound of those over the whole data)."""
+    with another id of the same batch (collisions in the batch, a lower bound of those over the whole data). The
+    per-batch counts stay tensors where the ids are until they are read (``to_dict``)."""
 
     ids: int = 0
-    distinct: int = 0
-    rows: int = 0
+    distinct: Any = 0
+    rows: Any = 0
     batches: int = 0
 
     def add(self, raw: torch.Tensor, rows: torch.Tensor) -> None:
         self.ids += raw.numel()
-        self.distinct += int(torch.unique(raw).numel())
-        self.rows += int(torch.unique(rows).numel())
+        self.distinct = self.distinct + _distinct(raw)
+        self.rows = self.rows + _distinct(rows)
         self.batches += 1
 
     def to_dict(self) -> dict[str, float | int]:
+        self.distinct, self.rows = int(self.distinct), int(self.rows)
         collided = self.distinct - self.rows
         return {"ids": self.ids, "distinct_ids_per_batch": self.distinct, "rows_per_batch": self.rows,
                 "collided": collided, "collided_share": round(collided / self.distinct, 6) if self.distinct else 0.0,

@@ -166,4 +166,7 @@ def test_a_hashed_table_looks_up_raw_ids_as_the_model_on_hashed_rows(bag):
     got.sum().backward()
     want.sum().backward()
     assert torch.allclose(_row_grad(store), holder["t"].weight.grad, atol=1e-6)
-    assert swapped["t"].hash_stats.to_dict()["ids"] == len(RAW)
+    stats = swapped["t"].hash_stats.to_dict()
+    assert (stats["ids"], stats["distinct_ids_per_batch"], stats["rows_per_batch"]) == (
+        len(RAW), len(set(RAW.tolist())), len(set(rows.tolist())))
+    assert stats["collided"] == len(set(RAW.tolist())) - len(set(rows.tolist()))
