@@ -341,7 +341,30 @@ def _compose(lines: list[str]) -> DictConfig:
         raise ConfigError(first_line(e)) from None
 
 
+def _table_entries(value) -> list[str]:
+    """Problems of ``+tables={<name>: {<field>: v}}`` (what table_path_override makes of tables.<name>.<field>=v),
+    each as the user's tables.<name>.<field>=v: a field TableConfig has not, or a value of the wrong type."""
+    problems = []
+    known = list(TableConfig.__dataclass_fields__)
+    for name, fields in (value.items() if isinstance(value, dict) else ()):
+        if not isinstance(fields, dict) and "." in name:  # tables.<name>.<not a field>=v
+            table, _, leaf = name.rpartition(".")
+            close = difflib.get_close_matches(leaf, known, n=1)
+            hint = f" Did you mean tables.{table}.{close[0]}?" if close else ""
+            problems.append(f"tables.{name}={fields}: a table has no field {leaf}.{hint} Fields of a table: "
+                            f"{', '.join(known)}.")
+        for field, v in (fields.items() if isinstance(fields, dict) else ()):
+            try:
+                OmegaConf.merge(OmegaConf.structured(TableConfig), {field: v})
+            except OmegaConfBaseException as e:
+                problems.append(f"tables.{name}.{field}={v}: {first_line(e)}. Fields of a table: "
+                                f"{', '.join(TableConfig.__dataclass_fields__)}.")
+    return problems
+
+
 def _check_value_override(base: DictConfig, key: str, value, line: str, delete: bool) -> list[str]:
+    if key == "tables" and line.startswith("+tables=") and _table_entries(value):
+        return _table_entries(value)
     if not _exists(base, key):
         if line.startswith("+"):
             return []  # an explicit append; Hydra reports it if the schema forbids it

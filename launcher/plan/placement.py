@@ -124,17 +124,17 @@ def takes_tables_out(host_device_mix: int, locations: Any, table_configs: Any, p
 def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableConfig], wanted: dict[str, str],
                 host_device_mix: int, default: TableConfig, owner: str, known: bool = True,
                 kept: dict[str, str] | None = None, ps: bool = False,
-                group_size: int = 1) -> tuple[list[TablePlan], list[str], list[str]]:
+                group_size: int = 1, names: dict[str, str] | None = None) -> tuple[list[TablePlan], list[str], list[str]]:
     """(tables, problems, notes): where each table (module path -> (rows, dim)) lives and how it trains, from the
     ``tables`` section (table_cfgs), ``placement.tables`` (wanted), ``placement.host_device_mix`` and
     ``placement.ps``. ``default``: how a table without a ``tables.<path>`` entry trains. ``owner`` names the model in
     messages. Also what a script's ``runtime.prepare()`` calls, with its live model's tables. ``known=False``: the
     tables are not known yet (a script's, before it runs): names are not checked. ``kept``: embeddings that stay
     inside the parts, and why. ``group_size``: the ranks of a table's pipeline stage, over which a ps table's rows
-    are split (its ``shards``)."""
+    are split (its ``shards``). ``names``: module path -> the name messages call a table by (a TorchRec table's)."""
     problems: list[str] = []
     notes: list[str] = []
-    kept = kept or {}
+    kept, names = kept or {}, names or {}
     for section, keys in (("tables", table_cfgs.keys()), ("placement.tables", wanted.keys())):
         for name in keys:
             if known and name in kept:
@@ -142,9 +142,9 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
                                 f"Untie or change it in the model (a HuggingFace config: tie_word_embeddings: false) "
                                 f"to place it, or remove {section}.{name}.")
             elif known and name not in shapes:
-                close = difflib.get_close_matches(name, [*shapes, *kept], n=1)
+                close = difflib.get_close_matches(name, [*names.values(), *shapes, *kept], n=1)
                 hint = f" Did you mean {section}.{close[0]}?" if close else ""
-                listing = ", ".join(shapes) or "none"
+                listing = ", ".join(names.get(p, p) for p in shapes) or "none"
                 problems.append(f"{section}.{name}: {owner} has no table {name}.{hint} Its tables: {listing}.")
     if host_device_mix not in (0, 1):
         problems.append(f"placement.host_device_mix={host_device_mix} must be 0 (tables on the device) or 1 (tables on the host).")
@@ -157,11 +157,12 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
     tables, one_rank = [], []  # one_rank: the ps tables, said in a note when a stage has one rank
     for name, (rows, dim) in shapes.items():
         t = table_cfgs.get(name)
+        shown = names.get(name, name)
         opt = t.optimizer if t is not None else default.optimizer
         if opt not in TABLE_OPTIMIZERS:
-            problems.append(unknown(f"tables.{name}.optimizer", opt, TABLE_OPTIMIZERS))
+            problems.append(unknown(f"tables.{shown}.optimizer", opt, TABLE_OPTIMIZERS))
         want = wanted.get(name, "ps" if ps else "host" if host_device_mix == 1 else "device")
-        problems += place_problems(name, want, opt, name in wanted)
+        problems += place_problems(shown, want, opt, name in wanted)
         if opt == "dense":
             want = "engine"
         elif want == "ps":
@@ -175,9 +176,9 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
                 hash_buckets=d.hash, hash_fn=d.hash_fn,
             )
         )
-        problems += hash_problems(name, rows, d, opt)
+        problems += hash_problems(shown, rows, d, opt)
         if opt != "dense":
-            problems += number_problems(f"tables.{name}", {
+            problems += number_problems(f"tables.{shown}", {
                 "lr": (d.lr, "positive"), "l1": (d.l1, "non_negative"), "l2": (d.l2, "non_negative"),
                 "lr_power": (d.lr_power, "non_positive"), "initial_accumulator": (d.initial_accumulator, "positive"),
                 "eps": (d.eps, "positive"), "betas[0]": (d.betas[0], "unit"), "betas[1]": (d.betas[1], "unit")})
@@ -341,11 +342,11 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, d
                                                       to_plain(cfg.tables, resolve=False).items()}, aliases or {})
     wanted, alias_problems = resolve_aliases("placement.tables", to_plain(pl.tables, resolve=False), aliases or {})
     owner = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
+    named = {path: name for name, path in (aliases or {}).items()}
     tables, table_problems, notes = plan_tables(shapes, table_cfgs, wanted, pl.host_device_mix,
                                                 default or TableConfig(), f"recipe {owner}" if owner else "the model",
-                                                known, kept, ps=pl.ps, group_size=group_size)
+                                                known, kept, ps=pl.ps, group_size=group_size, names=named)
     problems += alias_problems + table_problems
-    named = {path: name for name, path in (aliases or {}).items()}
     tables = [replace(t, alias=named.get(t.name, "")) for t in tables]
     dense_settings = recipe_dense(o)
     tables, follow_problems, follow = plan_table_optimizers(tables, set(table_cfgs), lambda _: dense_settings,
