@@ -45,6 +45,11 @@ def item_problem(item: Any, keys: Keys, collate: Any = None) -> str:
             return f"does not batch with loader.collate_fn: {first_words(e)}"
         return (f"does not batch with DataLoader's default_collate: {first_words(e)}. Give loader.collate_fn (a "
                 f"function that batches a list of items, e.g. into a KeyedJaggedTensor)")
+    if isinstance(batch, (tuple, list)) and (keys[0] or keys[1]):
+        given = " and ".join(k for k, v in (("data_inputs", keys[0]), ("data_label", keys[1])) if v)
+        return (f"batches into a {len(batch)}-element {type(batch).__name__} (positional inputs, the label last), so "
+                f"{given} would do nothing: they name the keys of dict batches or the attributes of batch objects. "
+                f"Remove {given}")
     if isinstance(batch, (tuple, list)) and len(batch) < 2:
         return (f"batches into a {len(batch)}-element {type(batch).__name__}: a batch is (input_1, ..., input_k, "
                 f"label), a dict of inputs and a label, or an object with them as attributes")

@@ -180,6 +180,8 @@ def test_batches_a_collate_makes_plan(project, cpu_host, overrides):
     (["loader.collate_fn=batches_code.code.as_batch", "data_label=click"],
      r"item 0 of batches_code.code.Ids has no label key click. Set data_label \(and data_inputs\) to its keys: ids, "
      r"offsets, dense, labels"),
+    (["data_label=label"], r"batches into a 4-element tuple \(positional inputs, the label last\), so data_label would "
+                           r"do nothing"),
     (["+data.raw=true"], r"data \(.*\): table emb has 100 rows \(ids 0 .. 99\); the batch looked up ids from .* Raw "
                          r"feature ids\? Set tables.emb.hash=100"),
     (["+data.raw=true", "tables.emb.hash=1000"], r"tables.emb.hash=1,000: the table has 100 rows"),
