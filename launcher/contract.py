@@ -74,6 +74,8 @@ class ModelFacts:
     split: str = ""
     """How a pipeline cuts a user's model (launcher/plan/pipeline.py SPLITS: chain, graph or trace); '' = the recipe's
     own ``pipeline_split``."""
+    uncuttable: tuple[tuple[str, str], ...] = ()
+    """Layers no pipeline stage may begin at, with why: (layer, a value that is no tensor would cross there) each."""
 
 
 @dataclass(frozen=True)

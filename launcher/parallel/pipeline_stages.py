@@ -1,9 +1,11 @@
 """A rank's pipeline stages cut from the whole model (torchtitan's manual split): each stage's module is the model with
 the layers of other stages removed (set to None), so its parameters and buffers keep the whole model's names.
 
-How a stage runs (PipelinePlan.split; ``trace``, for any other model, is launcher/parallel/pipeline_trace.py): ``chain`` runs the stage's layers one after the other (the first takes every
+How a stage runs (PipelinePlan.split): ``chain`` runs the stage's layers one after the other (the first takes every
 input the stage gets: the batch's inputs on stage 0, the previous stage's outputs after it), which is the forward of
-a sequential model; ``model`` keeps the model's own forward, which skips the layers set to None (wide_deep's).
+a sequential model; ``model`` keeps the model's own forward, which skips the layers set to None (wide_deep's). A
+user's model that is no chain is cut from its forward's graph (``graph``: launcher/parallel/pipeline_graph.py) or by
+torch's tracer (``trace``: launcher/parallel/pipeline_trace.py).
 
 ``stage_examples`` gives each stage the shapes and dtypes it receives and sends, from the model built on the meta
 device: torch's PipelineStage takes them up front (its static mode) instead of inferring them at the first step by
@@ -50,11 +52,16 @@ def stage_chunk(module: nn.Module, paths: dict[str, str], plan: PipelinePlan, st
 def split_model(model: nn.Module, layers: list[tuple[str, nn.Module]], plan: PipelinePlan, pp_rank: int,
                 rt: Any) -> list[Chunk]:
     """The chunks of pipeline rank ``pp_rank``: one per stage it runs (a copy of the model each when it runs
-    several), in stage order; a ``trace`` split cuts them with torch's tracer."""
+    several), in stage order; a ``trace`` split cuts them with torch's tracer, a ``graph`` split from the forward's
+    graph."""
     if plan.split == "trace":
         from launcher.parallel.pipeline_trace import traced_chunks
 
         return traced_chunks(model, plan, pp_rank, rt)
+    if plan.split == "graph":
+        from launcher.parallel.pipeline_graph import graph_chunks
+
+        return graph_chunks(model, plan, pp_rank, rt)
     paths = dict(layer_paths(model, layers))
     local = [s for s in plan.stages if plan.rank_of(s.index) == pp_rank]
     return [stage_chunk(model if len(local) == 1 else copy.deepcopy(model), paths, plan, s) for s in local]

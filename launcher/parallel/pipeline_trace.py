@@ -10,10 +10,12 @@ module paths), so DCP checkpoints move between layouts.
 
 The traced forward is the model's forward on positional tensors (dict items: their values in the dataset's key
 order, passed as keywords) followed by ``model_output``'s choice, so the last stage sends the one tensor the loss
-takes. Parameters a stage's graph never uses (the export leaves GPT-2's head on stage 0 as an alias of the embedding)
-are removed from it. Each stage's inputs and outputs are found by tracing the model built on the meta device the same
-way and running the stages one after the other. A table the plan trains outside the parts is the model's own
-``nn.Embedding`` again in its stage (the export made it a graph module), for the table store to take out.
+takes. torch's tracer gives stage 0 only the inputs it uses (``first_inputs``): it is called with every input and
+takes those. Parameters a stage's graph never uses (the export leaves GPT-2's head on stage 0 as an alias of the
+embedding) are removed from it. Each stage's inputs and outputs are found by tracing the model built on the meta
+device the same way and running the stages one after the other. A table the plan trains outside the parts is the
+model's own ``nn.Embedding`` again in its stage (the export made it a graph module), for the table store to take
+out.
 """
 
 from __future__ import annotations
@@ -56,6 +58,22 @@ def trace(model: nn.Module, plan: PipelinePlan, example: Any, output: str) -> An
     return pipe
 
 
+def first_inputs(pipe: Any) -> list[int]:
+    """Which of the model's inputs (by position in the traced forward) stage 0's module takes, in its order: torch's
+    tracer gives a stage only the inputs it uses (an input no layer uses, or one a later stage takes, is not
+    stage 0's; the pre-launch check refuses the latter: torch's runtime hands the inputs to stage 0 only)."""
+    nodes = list(pipe.split_gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    first = next(n for n in nodes if n.op == "call_module" and n.target == "submod_pp_0")
+    return [placeholders.index(a) for a in first.args]
+
+
+def _taking(module: nn.Module, picks: list[int]) -> None:
+    """Stage 0's module called with every input of the model takes those ``picks`` names."""
+    forward = module.forward
+    module.forward = lambda *inputs: forward(*(inputs[i] for i in picks))
+
+
 def stage_io(model_spec: dict[str, Any], plan: PipelinePlan, example: Any, output: str,
              dtype: torch.dtype) -> tuple[dict[int, tuple[tuple, tuple]], dict[int, set[str]]]:
     """(stage -> (what it receives, what it sends), stage -> names of parameters its graph never uses), from the
@@ -70,10 +88,11 @@ def stage_io(model_spec: dict[str, Any], plan: PipelinePlan, example: Any, outpu
     pipe = trace(whole, plan, meta, output)
     state = tuple(input_tensors(meta))
     io, unused = {}, {}
+    picks = first_inputs(pipe)
     with torch.enable_grad():
         for stage in plan.stages:
             module = pipe.get_stage_module(stage.index)
-            sent = module(*state)
+            sent = module(*(state if stage.index else [state[i] for i in picks]))
             sent = sent if isinstance(sent, tuple) else (sent,)
             floats = [t for t in sent if t.requires_grad]
             if floats:
@@ -114,6 +133,8 @@ def traced_chunks(model: nn.Module, plan: PipelinePlan, pp_rank: int, rt: Any) -
             _modify_graph_op_device(module, rt.device)
         _restore_tables(module, model, rt.plan.placement.tables)
         _dense_outputs(module)
+        if stage.index == 0:
+            _taking(module, first_inputs(pipe))
         held = [(n, n) for n in stage.layers if held_module(module, n) is not None]
         chunks.append(Chunk(module=module, paths=held, stage=stage.index, io=io[stage.index]))
     return chunks

@@ -158,7 +158,7 @@ def _pipeline(cfg: DictConfig, dims: ParallelDims | None, batch: BatchPlan | Non
         schedule = "gpipe"
     pipeline, found = plan_pipeline(dims.pp, batch.grad_accum, dict(par.stages), par.partition, sizes.layers,
                                     sizes.layer_params, sizes.tied, schedule, par.stages_per_rank,
-                                    sizes.split or getattr(recipe, "pipeline_split", "chain"))
+                                    sizes.split or getattr(recipe, "pipeline_split", "chain"), sizes.uncuttable)
     problems += found
     if pipeline is not None and batch.grad_accum < dims.pp:
         runs = ("; with fewer micro-batches than stages 1F1B is GPipe (torch's Schedule1F1B refuses it): "

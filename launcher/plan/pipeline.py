@@ -19,11 +19,13 @@ from launcher.plan.registry import unknown
 
 PARTITIONS = ("parameters", "uniform")
 SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
-SPLITS = ("chain", "model", "trace")
+SPLITS = ("chain", "model", "graph", "trace")
 """How a stage runs its layers: chain (the layers one after the other, the first taking every input: the forward of
 a sequential model), model (the model's own forward, which skips the layers another stage holds, set to None:
-torchtitan's manual split) or trace (torch.distributed.pipelining's tracer cuts the model's traced forward before
-each stage's first layer: any model torch.export captures)."""
+torchtitan's manual split), graph (the model's top-level forward recorded by torch.fx with its layers as leaves, each
+stage a graph over its own layers: the code between layers may be anything fx records, the inputs anything, e.g. a
+KeyedJaggedTensor) or trace (torch.distributed.pipelining's tracer cuts the model's traced forward before each
+stage's first layer: a model fx cannot record and torch.export captures, e.g. HuggingFace's GPT-2)."""
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,10 @@ class PipelinePlan:
         return (p - 1) / (v * self.micro_batches + p - 1)
 
 
-def _balanced(weights: list[int], parts: int) -> list[int]:
+def _balanced(weights: list[int], parts: int, allowed: set[int] | None = None) -> list[int]:
     """Start index of each of ``parts`` contiguous non-empty parts of ``weights`` whose largest sum is smallest
-    (exact, by dynamic programming over the cut points; ties go to the earliest cut)."""
+    (exact, by dynamic programming over the cut points; ties go to the earliest cut); only ``allowed`` indices may
+    start a part after the first (None: any)."""
     n = len(weights)
     prefix = [0]
     for w in weights:
@@ -107,6 +110,8 @@ def _balanced(weights: list[int], parts: int) -> list[int]:
     for k in range(1, parts + 1):
         for i in range(k, n + 1):
             for j in range(k - 1, i):
+                if k > 1 and allowed is not None and j not in allowed:
+                    continue
                 cost = max(best[k - 1][j], prefix[i] - prefix[j])
                 if cost < best[k][i]:
                     best[k][i], cut[k][i] = cost, j
@@ -117,9 +122,12 @@ def _balanced(weights: list[int], parts: int) -> list[int]:
     return starts[::-1]
 
 
-def _uniform(n: int, parts: int) -> list[int]:
+def _uniform(n: int, parts: int, allowed: set[int] | None = None) -> list[int]:
     """Start indices of ``parts`` contiguous parts of n layers, sizes differing by at most one (larger ones last,
-    as DeepSpeed's partition_uniform)."""
+    as DeepSpeed's partition_uniform); with ``allowed`` start indices, the parts whose largest layer count is
+    smallest among those cuts."""
+    if allowed is not None:
+        return _balanced([1] * n, parts, allowed)
     base, extra = divmod(n, parts)
     sizes = [base + (1 if k >= parts - extra else 0) for k in range(parts)]
     return [sum(sizes[:k]) for k in range(parts)]
@@ -172,27 +180,51 @@ def _in_flight(schedule: str, ranks: int, per_rank: int, micro: int, stage: int)
     return min(ranks - r, micro)
 
 
+def _cut_problems(order: list[int], layers: tuple[str, ...], uncuttable: dict[str, str]) -> list[str]:
+    """parallel.stages begins a stage at a layer no stage may begin at (``uncuttable``: layer -> why)."""
+    problems = []
+    for i in range(1, len(layers)):
+        if order[i] != order[i - 1] and layers[i] in uncuttable:
+            fine = [n for n in layers[1:] if n not in uncuttable]
+            where = (f"Begin stage {order[i]} where only tensors cross: at {', '.join(fine[:8])}"
+                     f"{' …' if len(fine) > 8 else ''} ('+parallel.stages={{{fine[0]}: {order[i]}}}'), or"
+                     if fine else "No layer of it can begin a stage:")
+            problems.append(f"parallel.stages: stage {order[i]} cannot begin at layer {layers[i]}: "
+                            f"{uncuttable[layers[i]]}, and pipeline stages send each other tensors only. {where} "
+                            f"set parallel.pipeline_stages=1.")
+    return problems
+
+
 def plan_pipeline(pp: int, micro_batches: int, stages: dict[str, int], partition: str, layers: tuple[str, ...],
                   layer_params: dict[str, int], tied: tuple[tuple[tuple[str, ...], int], ...],
-                  schedule: str = "1f1b", per_rank: int = 1, split: str = "chain"
-                  ) -> tuple[PipelinePlan | None, list[str]]:
+                  schedule: str = "1f1b", per_rank: int = 1, split: str = "chain",
+                  uncuttable: tuple[tuple[str, str], ...] = ()) -> tuple[PipelinePlan | None, list[str]]:
     """The stages of a pipeline over ``layers`` (with their parameter counts and the weights they share: (paths,
-    numel) each) on ``pp`` ranks with ``per_rank`` stages each, or the problems."""
+    numel) each) on ``pp`` ranks with ``per_rank`` stages each, or the problems. ``uncuttable``: (layer, why) of the
+    layers no stage may begin at (a graph split would send a value that is no tensor there)."""
     ranks, pp = pp, pp * per_rank
+    total = f"parallel.pipeline_stages={ranks}" + (f" × stages_per_rank={per_rank}" if per_rank > 1 else "")
     if len(layers) < pp:
-        total = f"parallel.pipeline_stages={ranks}" + (f" × stages_per_rank={per_rank}" if per_rank > 1 else "")
         return None, [f"{total} needs at least {pp} layers; the model has {len(layers)} "
                       f"({', '.join(layers) or 'none'}). Lower parallel.pipeline_stages."]
+    barred = dict(uncuttable)
+    allowed = {i for i, n in enumerate(layers) if i and n not in barred} if barred else None
     if stages:
         order, problems = _from_yaml(dict(stages), layers, pp)
+        problems = problems or _cut_problems(order, layers, barred)
         if problems:
             return None, problems
         how = "parallel.stages"
     elif partition not in PARTITIONS:
         return None, partition_problems(partition)
+    elif allowed is not None and len(allowed) < pp - 1:
+        shown = "; ".join(f"not at {n}: {why}" for n, why in uncuttable[:3])
+        return None, [f"{total} needs {pp - 1} places to cut the model into stages; it can begin a stage only at "
+                      f"{', '.join(layers[i] for i in sorted(allowed)) or 'none of its layers'} (pipeline stages "
+                      f"send each other tensors only: {shown}). Lower parallel.pipeline_stages."]
     else:
-        starts = (_balanced([layer_params[n] for n in layers], pp) if partition == "parameters"
-                  else _uniform(len(layers), pp))
+        starts = (_balanced([layer_params[n] for n in layers], pp, allowed) if partition == "parameters"
+                  else _uniform(len(layers), pp, allowed))
         order = [sum(1 for s in starts[1:] if i >= s) for i in range(len(layers))]
         how = partition
     stage_of = dict(zip(layers, order))

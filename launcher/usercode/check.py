@@ -136,10 +136,10 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
                                                     cfg.model_output)
         problems += found
         if cfg.parallel.pipeline_stages > 1 and not found:
-            found, split, order = check_pipeline(specs["model"], model, batch, source, cfg.parallel.pipeline_stages,
-                                                 cfg.model_output)
+            found, split, order, barred = check_pipeline(specs["model"], model, batch, source, cfg.parallel,
+                                                         cfg.model_output, facts)
             problems += found
-            facts = dataclasses.replace(facts, layers=order, split=split)
+            facts = dataclasses.replace(facts, layers=order, split=split, uncuttable=barred)
     if problems:
         raise ConfigError(problems)
     data_facts = _data_facts(specs["data"], data["data"], data.get("eval_data"), batch, labels, scores, output_line)

@@ -8,7 +8,7 @@ import itertools
 import torch
 import torch.distributed as dist
 
-from launcher.usercode.items import input_tensors, select_output
+from launcher.usercode.items import select_output
 from launcher.worker.eval_metrics import auc, binary_metrics
 from launcher.worker.mesh import DataParallel
 
@@ -33,24 +33,17 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
-def _padded(inputs: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
-    """Each input with its rows repeated up to ``rows`` (a pipeline's stages were shaped by full micro-batches)."""
-    n = len(inputs[0])
-    if n == rows:
-        return inputs
-    index = torch.arange(rows, device=inputs[0].device) % n
-    return tuple(t[index] for t in inputs)
-
-
 def _outputs(trainer, batch) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(the model's output, the labels) of one held-out micro-batch on the device; a pipeline's output exists on
-    its last stage only (None elsewhere)."""
+    its last stage only (None elsewhere). A short last batch goes through a pipeline's stages, which were shaped by
+    full micro-batches, with its rows repeated after the first stage (``PipelineEngine.outputs``); the repeated rows'
+    outputs are dropped here."""
     if not getattr(trainer.engine, "drives_schedule", False):
         return trainer.forward(batch)
     inputs, labels = trainer._move(batch)
     if len(labels) == 0:  # every stage of this pipeline got the same empty batch: none of them runs it
         return None, labels
-    out = trainer.engine.outputs(_padded(tuple(input_tensors(inputs)), trainer.plan.batch.micro_size))
+    out = trainer.engine.outputs(inputs)
     return (out[:len(labels)] if out is not None else None), labels
 
 

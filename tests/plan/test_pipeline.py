@@ -67,6 +67,22 @@ def test_a_named_layer_begins_its_stage():
     assert [s.layers for s in plan.stages] == [LAYERS[:LAYERS.index("block.1")], LAYERS[LAYERS.index("block.1"):]]
 
 
+def test_a_layer_no_stage_may_begin_at_is_never_cut_before():
+    """A graph split cannot send a value that is no tensor (a KeyedJaggedTensor): the partition cuts elsewhere, as
+    evenly as the other cuts allow, and too few cuts left is refused with where it can cut."""
+    barred = (("block.1", "input kjt (a KeyedJaggedTensor) would cross into it from the stage before, to layer "
+                          "block.1"),)
+    plan, _ = plan_pipeline(2, 4, {}, "parameters", LAYERS, PARAMS, ())
+    assert plan.stages[1].layers[0] == "block.1"  # the best cut, barred below
+    plan, _ = plan_pipeline(2, 4, {}, "parameters", LAYERS, PARAMS, (), uncuttable=barred)
+    assert [s.layers for s in plan.stages] == [("embedding",), ("block.0", "block.1", "head")]  # 190 beats 200
+    plan, problems = plan_pipeline(4, 4, {}, "parameters", LAYERS, PARAMS, (), uncuttable=barred)
+    assert plan is None and problems == [
+        "parallel.pipeline_stages=4 needs 3 places to cut the model into stages; it can begin a stage only at block.0, "
+        "head (pipeline stages send each other tensors only: not at block.1: input kjt (a KeyedJaggedTensor) would "
+        "cross into it from the stage before, to layer block.1). Lower parallel.pipeline_stages."]
+
+
 def test_resnet_default_is_the_seeds_two_stages_and_round_trips(cpu_host):
     plan = plan_of(["recipe=resnet"], cpu_host)
     p = plan.pipeline

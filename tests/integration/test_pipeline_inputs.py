@@ -1,0 +1,182 @@
+"""Pipeline stages of a user's recommendation model that is no chain of its children (issue 31): seven positional
+inputs (user and item ids, a bag of history ids with their weights, a category, dense features, and a scale that only
+the last layer's input uses: a skip connection past the first stage), cut from its forward's graph
+(launcher/parallel/pipeline_graph.py), trained on 2 pipeline ranks with its tables inside the parts and with its
+tables on the host, each against one process per step, and its held-out metrics through the pipeline with a short
+last batch. A model whose input is no tensor (a bag read by value, as TorchRec's KeyedJaggedTensor is) is refused
+before launch when the cut asked for would send that input to stage 1, naming it and a cut that works.
+
+The project (model, data, YAML) is written to the test's own folder. SGD: a table trained outside the parts takes
+torch's SGD step on the rows looked up, so one one-process run is the reference of both layouts.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.integration.test_placement_runs import assert_close, losses
+
+pytestmark = pytest.mark.integration
+
+MODEL = '''
+import itertools
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+
+class Seven(nn.Module):
+    def __init__(self, users=1000, items=500, dim=8, dense=4):
+        super().__init__()
+        self.user_emb = nn.Embedding(users, dim)
+        self.item_emb = nn.Embedding(items, dim)
+        self.hist = nn.EmbeddingBag(items, dim, mode="sum")
+        self.cat_emb = nn.Embedding(20, dim)
+        self.dense_net = nn.Sequential(nn.Linear(dense, dim), nn.ReLU())
+        self.top = nn.Sequential(nn.Linear(5 * dim, 16), nn.ReLU())
+        self.out = nn.Linear(16 + dense, 1)
+
+    def forward(self, user, item, hist, hist_weights, category, dense, scale):
+        h = self.hist(hist, per_sample_weights=hist_weights)
+        x = torch.cat([self.user_emb(user), self.item_emb(item), h, self.cat_emb(category), self.dense_net(dense)],
+                      dim=1)
+        return self.out(torch.cat([self.top(x), dense * scale], dim=1)).squeeze(-1)
+
+
+class SevenData(Dataset):
+    def __init__(self, n=2048, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.user = torch.randint(0, 1000, (n,), generator=g)
+        self.item = torch.randint(0, 500, (n,), generator=g)
+        self.hist = torch.randint(0, 500, (n, 5), generator=g)
+        self.hw = torch.rand(n, 5, generator=g)
+        self.cat = torch.randint(0, 20, (n,), generator=g)
+        self.dense = torch.randn(n, 4, generator=g)
+        self.scale = torch.rand(n, 1, generator=g)
+        self.label = torch.bernoulli(torch.sigmoid(self.dense.sum(1)), generator=g)
+
+    def __len__(self):
+        return len(self.label)
+
+    def __getitem__(self, i):
+        return (self.user[i], self.item[i], self.hist[i], self.hw[i], self.cat[i], self.dense[i], self.scale[i],
+                self.label[i])
+
+
+@dataclass
+class Bag:
+    ids: torch.Tensor
+    lengths: torch.Tensor
+
+    def to(self, device):
+        return Bag(self.ids.to(device), self.lengths.to(device))
+
+
+class Pooled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(100, 4, mode="sum")
+
+    def forward(self, bag):
+        offsets = torch.tensor([0, *itertools.accumulate(bag.lengths.tolist())][:-1], device=bag.ids.device)
+        return self.bag(bag.ids, offsets)
+
+
+class BagNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense_net = nn.Linear(3, 4)
+        self.pooled = Pooled()
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, dense, bag):
+        return self.head(torch.cat([self.dense_net(dense), self.pooled(bag)], dim=1)).squeeze(-1)
+
+
+class Bags(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.randn(3), torch.arange(i % 3 + 1) + i % 50, float(i % 2)
+
+
+def bags(items):
+    ids = [it[1] for it in items]
+    return (torch.stack([it[0] for it in items]), Bag(torch.cat(ids), torch.tensor([len(x) for x in ids])),
+            torch.tensor([it[2] for it in items]))
+'''
+
+SEVEN = """# @package _global_
+recipe: {name: seven}
+model: {_target_: recsys7.model.Seven}
+data: {_target_: recsys7.model.SevenData}
+eval_data: {_target_: recsys7.model.SevenData, n: 250, seed: 1}
+loss: {_target_: torch.nn.BCEWithLogitsLoss}
+optimizer: {name: sgd, lr: 0.5}
+trainer: {steps: 8, log_every: 1, checkpoint_every: -1}
+batch: {global_size: 64, micro_batches: 2}
+"""
+
+BAGNET = """# @package _global_
+recipe: {name: bagnet}
+model: {_target_: recsys7.model.BagNet}
+data: {_target_: recsys7.model.Bags}
+loader: {collate_fn: recsys7.model.bags}
+loss: {_target_: torch.nn.BCEWithLogitsLoss}
+trainer: {steps: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("recsys7")
+    (root / "recsys7").mkdir()
+    (root / "recsys7" / "__init__.py").write_text("")
+    (root / "recsys7" / "model.py").write_text(MODEL)
+    (root / "conf" / "recipe").mkdir(parents=True)
+    (root / "conf" / "recipe" / "seven.yaml").write_text(SEVEN)
+    (root / "conf" / "recipe" / "bagnet.yaml").write_text(BAGNET)
+    return root
+
+
+def train(project: Path, name: str, overrides: list[str]) -> Path:
+    res = run_cli(["--config-dir", "conf", "recipe=seven", f"output.run_name={name}", *overrides], project)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return project / "log_output" / name
+
+
+def test_seven_inputs_on_two_stages_match_one_process_with_device_and_host_tables(project):
+    one = train(project, "one", ["cluster.nproc_per_node=1"])
+    device = train(project, "pp2", ["parallel.pipeline_stages=2"])
+    host = train(project, "pp2_host", ["parallel.pipeline_stages=2", "placement.host_device_mix=1"])
+    plan = json.loads((host / "plan.json").read_text())
+    assert plan["pipeline"]["split"] == "graph" and [p["name"] for p in plan["parts"]] == ["ddp", "pipeline"]
+    assert [s["layers"] for s in plan["pipeline"]["stages"]] == [["hist", "user_emb"], [  # the forward's order
+        "item_emb", "cat_emb", "dense_net", "top", "out"]]
+    assert {t["location"] for t in plan["placement"]["tables"]} == {"host"}
+    stage1 = json.loads((host / "rank.1" / "memory.json").read_text())["tables"]
+    assert set(stage1) == {"item_emb", "cat_emb"}  # each stage's tables live with its rank
+    reference = losses(one)
+    assert len(reference) == 8 and reference[-1] < reference[0]
+    evals = {}
+    for run in (one, device, host):
+        assert_close(reference, losses(run), rel=1e-5)
+        evals[run.name] = json.loads((run / "summary.json").read_text())["eval"]
+    for name in ("pp2", "pp2_host"):  # 250 held-out items: 7 micro-batches of 32 and one of 26 through the stages
+        assert evals[name]["n"] == 250 and abs(evals[name]["auc"] - evals["one"]["auc"]) <= 1e-6, evals
+        assert abs(evals[name]["loss"] - evals["one"]["loss"]) <= 1e-5 * evals["one"]["loss"], evals
+
+
+def test_a_cut_that_would_send_an_input_that_is_no_tensor_is_refused_before_launch(project):
+    res = run_cli(["--config-dir", "conf", "recipe=bagnet", "parallel.pipeline_stages=2",
+                   "+parallel.stages={pooled: 1}"], project)
+    assert res.returncode == 2, res.stdout[-3000:] + res.stderr[-3000:]
+    out = " ".join((res.stdout + res.stderr).split())
+    assert ("parallel.stages: stage 1 cannot begin at layer pooled: input bag (a Bag) would cross into it from the "
+            "stage before, to layer pooled, and pipeline stages send each other tensors only. Begin stage 1 where only "
+            "tensors cross: at head ('+parallel.stages={head: 1}'), or set parallel.pipeline_stages=1.") in out, out
