@@ -1,7 +1,7 @@
 """A TorchRec DLRM from YAML (docs/torchrec.md's project, written to a folder outside the repository verbatim): an
 EmbeddingBagCollection of 8 tables, KeyedJaggedTensor batches from the user's collate function, dense features. On 2
 gloo ranks it trains with device tables, host tables, parameter-server tables and the optimizer on the CPU, and with
-raw 64-bit ids hashed inside the lookups; host and ps tables match device tables with the same row-sparse optimizer
+raw 64-bit ids hashed inside the lookups, and as 2 pipeline stages with host tables and the optimizer on the CPU; host and ps tables match device tables with the same row-sparse optimizer
 per step, and every combination matches one process (bench/composability.py trains all of them in one launched job
 per world size, through the worker's own code). One real run checkpoints, reads its checkpoint back and reports the
 hashed tables' collisions."""
@@ -33,8 +33,10 @@ INTENTS = {
     "ps": ["placement.ps=true"],
     "CPU optimizer": ["optimizer.target=CPU"],
     "raw ids hashed": HASHED,
+    "pp 2": ["parallel.pipeline_stages=2"],  # cut from the forward's graph: the KeyedJaggedTensor stays on stage 0
 }
-COMBOS = [("device tables",), ("host tables",), ("ps",), ("CPU optimizer",), ("host tables", "raw ids hashed")]
+COMBOS = [("device tables",), ("host tables",), ("ps",), ("CPU optimizer",), ("host tables", "raw ids hashed"),
+          ("host tables", "pp 2", "CPU optimizer")]
 BASE = ["data.n=2048", "eval_data.n=256", "batch.global_size=64", "batch.micro_batches=2", "eval.max_batches=2",
         "optimizer.lr=0.02"]
 """Two micro-batches a step (gradient accumulation in every layout) at a rate where each step moves the loss by
