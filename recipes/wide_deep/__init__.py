@@ -55,11 +55,13 @@ class SyntheticDataConfig:
 
 @dataclass
 class TabularDataConfig:
-    """data=tabular: a user's CSV / CSV.gz / Parquet file (see recipes/wide_deep/tabular.py)."""
+    """data=tabular: a user's CSV / CSV.gz / Parquet file (see recipes/wide_deep/tabular.py), or a directory or glob of
+    Parquet files streamed by row group (recipes/wide_deep/_tabular_stream.py)."""
 
     _target_: str = "launcher.recipes.wide_deep.tabular.TabularCTR"
     path: str = MISSING
-    """The file."""
+    """The file; or a directory or glob of Parquet files (data larger than memory: each rank streams its own row
+    groups; needs hash_buckets)."""
     label: str = MISSING
     """The label column."""
     positive: str = MISSING
@@ -73,7 +75,7 @@ class TabularDataConfig:
     drop: list[str] = field(default_factory=list)
     """Columns to ignore (ids, leaks)."""
     test_fraction: float = 0.2
-    """Share of rows held out for evaluation (seeded split)."""
+    """Share of rows held out for evaluation (seeded split); streamed: share of the row groups."""
     max_vocab: int = 100_000
     """A categorical column with more distinct values is hashed into this many buckets (vocabularies only: with
     hash_buckets a value other than this default is refused, as it would do nothing)."""
@@ -85,6 +87,14 @@ class TabularDataConfig:
     """Rows of every categorical field and cross when > 0: each value hashed from the file as it is read (row
     1 + blake2b-64(text) mod (hash_buckets - 1); row 0 = a missing value), no vocabulary; collisions are counted and
     shown in the plan. 0 = vocabularies from the train split (max_vocab). At least 2 (ids are int32)."""
+    eval_path: str = ""
+    """Streamed data only: a directory or glob of held-out Parquet files; empty = hold out test_fraction of
+    data.path's row groups."""
+    shuffle_rows: int = 0
+    """Streamed data only: rows of a rank's shuffle window (rounded up to micro-batches); 0 = the biggest row
+    group's rows. Memory grows with it."""
+    prefetch: int = 1
+    """Streamed data only: windows a background thread reads ahead of training; 0 = read on the training thread."""
 
 
 class WideDeepRecipe:
@@ -97,8 +107,16 @@ class WideDeepRecipe:
         like config errors and the model is sized from its columns and vocabularies."""
         if not isinstance(data, TabularDataConfig):
             return DataFacts()
+        from launcher.recipes.wide_deep._tabular_files import is_streamed
         from launcher.recipes.wide_deep.tabular import TabularError, collision_lines, prepare
 
+        if is_streamed(data.path):
+            return _streamed_facts(data)
+        stream_only = [k for k, default in STREAM_ONLY.items() if getattr(data, k) != default]
+        if stream_only:
+            raise ConfigError([f"data.{k}={getattr(data, k)} is for streamed data (data.path a directory or glob of "
+                               f"Parquet files); data.path={data.path} is one file, read whole. Remove data.{k}."
+                               for k in stream_only])
         try:
             p = prepare(data.path, data.label, str(data.positive), str(data.negative), list(data.categorical),
                         list(data.continuous), list(data.drop), data.test_fraction, data.max_vocab,
@@ -185,6 +203,25 @@ class WideDeepRecipe:
             problems.append(f"parallel.tp={tp}: model.hidden={list(model['hidden'])} leaves the MLP no pair of Linear "
                             f"layers to split. Give model.hidden at least one width.")
         return ops, problems
+
+
+STREAM_ONLY = {"eval_path": "", "shuffle_rows": 0, "prefetch": 1}
+"""data=tabular keys of streamed data only, with their defaults (another value with one file is refused)."""
+
+
+def _streamed_facts(data: TabularDataConfig) -> DataFacts:
+    """data.path a directory or glob: the facts from the Parquet footers (and one row group's label column)."""
+    from launcher.recipes.wide_deep._tabular_files import stream_facts
+    from launcher.recipes.wide_deep.tabular import TabularError
+
+    try:
+        lay, lines, held = stream_facts(data)
+    except TabularError as e:
+        raise ConfigError(e.problems) from None
+    sizes = {"num_dense": len(lay.continuous), "num_sparse": len(lay.fields),
+             "field_sizes": [data.hash_buckets] * len(lay.fields)}
+    return DataFacts(train_samples=int(lay.train[:, 2].sum()), eval_samples=int(lay.eval[:, 2].sum()),
+                     model_sizes=sizes, lines=tuple(lines), resident_bytes=held)
 
 
 RECIPE = WideDeepRecipe()

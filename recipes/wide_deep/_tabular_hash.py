@@ -40,6 +40,14 @@ def _hashes(texts: list[str]) -> np.ndarray:
     return np.frombuffer(b"".join([digest(v.encode(), digest_size=8).digest() for v in texts]), "<u8")
 
 
+def bucket_ids(texts: list[str], buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 row of each text: 1 + blake2b-64 mod (buckets - 1), 0 for "" (missing); its uint64 hash)."""
+    hashes = _hashes(texts)
+    ids = (hashes % np.uint64(buckets - 1)).astype(np.int32) + 1
+    ids[np.fromiter((t == "" for t in texts), bool, len(texts))] = 0
+    return ids, hashes
+
+
 def _prepare_hashed(p: Path, names, label, positive, negative, categorical, continuous, drop, test_fraction,
                     crosses, seed, buckets, tensors) -> Prepared:
     """data.hash_buckets: the file streamed once in batches (``read_batches``), each batch's values hashed as it
@@ -127,9 +135,7 @@ class _HashedRead:
         crossed = [_cross(cols[a], cols[b], hashed=True) for a, b in self.crosses]
         for f, col in zip(self.fields, [cols[h] for h in self.cats] + crossed):
             texts = col.texts()
-            hashes = _hashes(texts)
-            ids = (hashes % np.uint64(self.buckets - 1)).astype(np.int32) + 1
-            ids[np.fromiter((t == "" for t in texts), bool, len(texts))] = 0
+            ids, hashes = bucket_ids(texts, self.buckets)
             if self.tensors:
                 self.ids[f].frombytes(_bytes(ids[col.codes]))
             else:

@@ -365,18 +365,46 @@ def _parquet_batches(path: Path, f, text: set[str], skip: set[str]) -> Iterator:
             for h in want:  # str(value) of a batch's distinct values may repeat ("" for None and "")
                 col = batch.column(h)
                 if h in number:
-                    columns[h] = col.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+                    columns[h] = floats(col)
                     continue
-                try:
-                    encoded = col.dictionary_encode(null_encoding="encode")
-                except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # a type the hash kernels do not take
-                    encoded = _as_text(col).dictionary_encode()
-                columns[h] = Coded(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32),
-                                   _as_text(encoded.dictionary))
+                columns[h] = coded(col, used_only=True)
             if batch.num_rows:
                 yield batch.num_rows, columns
     except (pa.ArrowException, OSError) as e:
         raise ReadError(_unreadable(path, e)) from None
+
+
+def coded(column, used_only: bool = False) -> Coded:
+    """A pyarrow column (array or chunked) as int32 codes into its distinct values as text, None and "" as "". A
+    dictionary-encoded column keeps its own dictionary (used_only: only the values its rows use, as a batch's
+    dictionary must be for vocabularies and typing), any other is encoded here."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray):
+        dictionary = pa.types.is_dictionary(column.type)
+        column = (column.unify_dictionaries() if dictionary else column).combine_chunks()
+    if pa.types.is_dictionary(column.type) and used_only:
+        column = column.dictionary_decode()
+    if not pa.types.is_dictionary(column.type):
+        try:
+            column = pc.dictionary_encode(column, null_encoding="encode")
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # a type the hash kernels do not take
+            column = pc.dictionary_encode(_as_text(column))
+    uniques, indices = _as_text(column.dictionary), column.indices
+    if indices.null_count:  # a dictionary column's nulls: one more value, ""
+        indices = indices.fill_null(len(uniques))
+        uniques = pa.concat_arrays([uniques, pa.array([""], pa.string())])
+    return Coded(indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False), uniques)
+
+
+def floats(column) -> np.ndarray:
+    """A pyarrow number column (array or chunked, dictionary-encoded or not) as float64, NaN for a missing value."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    return column.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
 
 
 def _as_text(column):
