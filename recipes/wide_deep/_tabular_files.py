@@ -30,7 +30,7 @@ from launcher.recipes.wide_deep.tabular import (TEST_FRACTION, TabularError, _ch
                                                 _key_problems)
 
 SUFFIXES = (".parquet", ".pq")
-CSV = (".csv", ".csv.gz", ".tsv", ".txt")
+CSV = (".csv", ".csv.gz", ".tsv")
 CONVERT = ("pyarrow.parquet.write_table(pyarrow.csv.read_csv(f), f.replace('.csv', '.parquet'), "
            "row_group_size=250_000)")
 
