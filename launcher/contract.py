@@ -43,6 +43,11 @@ class DataFacts:
     resident_bytes: int = 0
     """Bytes of the data set each rank holds in memory for the whole run (its arrays' own bytes, e.g. a tabular
     file's encoded splits); 0 = none or unknown: a stream generated batch by batch, or a user's Dataset (not sized)."""
+    item_seconds: float = 0.0
+    """Seconds a user's Dataset takes to give one item (the median of a few, timed before the plan; 0 = not timed):
+    what ``loader.num_workers=auto`` decides by (launcher/plan/loader.py)."""
+    item_cpu_share: float = 1.0
+    """The share of that time spent on a CPU (the rest waits on files or the network)."""
 
 
 @dataclass(frozen=True)

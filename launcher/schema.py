@@ -95,6 +95,16 @@ class LoaderConfig:
     (input_1, ..., input_k, label), a dict of keyword inputs and a label, or an object with them as attributes (a
     dataclass such as TorchRec's Batch: name them with data_inputs and data_label); inputs may be any tensors or
     structures of them (TorchRec's KeyedJaggedTensor)."""
+    num_workers: Any = "auto"
+    """DataLoader worker processes per rank that read and collate micro-batches ahead of the step: auto = none when a
+    micro-batch's items read in under a millisecond (measured before launch: a worker's hand-over would cost more than
+    it saves), else one per CPU core a rank has beyond its own, at most 4; or a number >= 0."""
+    pin_memory: Any = "auto"
+    """Page-locked batches for faster, asynchronous copies to the GPU: auto = on with CUDA, off on the CPU."""
+    prefetch_factor: Any = None
+    """Micro-batches each worker reads ahead: null = torch's default (2); needs num_workers > 0."""
+    persistent_workers: Any = "auto"
+    """Keep the workers between epochs (and evaluations): auto = yes when there are workers."""
 
 
 @dataclass

@@ -38,7 +38,7 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
         check_script(cfg)
         plan = plan_script(cfg, host)
         check_log_dir(Path(cfg.output.log_dir))
-        return plan, [*host.notes, *_warnings(plan, host)]
+        return plan, [*host.notes, *_warnings(plan, host, False)]
     resume = resume_checkpoint(cfg)
     if resume:  # trainer.resume=<run>|latest is that run's newest complete checkpoint: the config says which
         cfg = cfg.copy()
@@ -62,12 +62,15 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
     check_resume(plan, f"trainer.resume={cfg.trainer.resume}" if resume else "")
     check_log_dir(Path(cfg.output.log_dir))  # where the run dir and log_dir/latest will go, before either is made
     model_lines = facts.model.lines if facts.model else ()
-    return plan, [*host.notes, *lines, *facts.data.lines, *model_lines, *_warnings(plan, host)]
+    given = cfg.loader.num_workers != "auto"
+    return plan, [*host.notes, *lines, *facts.data.lines, *model_lines, *_warnings(plan, host, given)]
 
 
-def _warnings(plan: RunPlan, host: HostFacts) -> list[str]:
-    """What the plan lets run but the user should hear: more ranks than cores."""
-    warning = oversubscribed(plan.nproc_per_node, host)
+def _warnings(plan: RunPlan, host: HostFacts, workers_given: bool) -> list[str]:
+    """What the plan lets run but the user should hear: more ranks (and DataLoader workers the user asked for) than
+    cores."""
+    loader = plan.data.get("loader", {}) if workers_given and isinstance(getattr(plan, "data", None), dict) else {}
+    warning = oversubscribed(plan.nproc_per_node, host, loader.get("num_workers", 0))
     return [warning] if warning else []
 
 

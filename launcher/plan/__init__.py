@@ -19,6 +19,7 @@ from launcher.loggers import logger_specs
 from launcher.plan.batch import DEFAULT_MICRO_SIZE, BatchPlan, plan_batch
 from launcher.plan.budget import budget_of, check_fit
 from launcher.plan.layout import ClusterLayout
+from launcher.plan.loader import LoaderPlan, plan_loader
 from launcher.plan.memory import Bytes, MemoryEstimate
 from launcher.plan.parallel import ParallelDims, plan_parallel
 from launcher.plan.pipeline import PipelinePlan, plan_pipeline
@@ -110,8 +111,9 @@ def _steps(cfg: DictConfig, batch: BatchPlan | None, dp: int, data_facts, proble
     if cfg.trainer.epochs > 0 and batch is not None:
         per_epoch = data_facts.train_samples
         if per_epoch is None:
-            problems.append(f"trainer.epochs={cfg.trainer.epochs} needs a data set of known size; this data is an "
-                            f"endless stream. Set trainer.epochs=0 and use trainer.steps.")
+            problems.append(f"trainer.epochs={cfg.trainer.epochs} needs a data set of known size; this data is a "
+                            f"stream (endless, or an IterableDataset read to its end each epoch). Set "
+                            f"trainer.epochs=0 and use trainer.steps.")
             return steps
         steps_per_epoch = per_epoch // (batch.micro_size * dp) // batch.grad_accum
         if steps_per_epoch < 1:
@@ -205,6 +207,7 @@ class _Draft:
     zero: int = 0
     recompute: tuple[str, ...] = ()
     pipeline: PipelinePlan | None = None
+    loader: LoaderPlan | None = None
 
 
 def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout | None = None) -> LaunchPlan:
@@ -214,6 +217,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
     d = _Draft(problems=check_config(cfg, host) + check_script_ops(cfg), notes=_smoke_notes(cfg))
     _plan_shape(cfg, host, facts, d)
     _plan_where(cfg, host, d)
+    _plan_loader(cfg, host, facts, d)
     intents, parts = _plan_parts(cfg, d)
     if d.problems or intents is None:
         raise ConfigError(list(dict.fromkeys(d.problems)))  # a rule checked twice says it once
@@ -299,6 +303,17 @@ def _plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: _Draft) -> No
                           f"Set debug.fail_rank to 0 .. {d.world - 1}, or -1 (off).")
 
 
+def _plan_loader(cfg: DictConfig, host: HostFacts, facts: Facts, d: _Draft) -> None:
+    """The DataLoader of a user's Dataset (launcher/plan/loader.py), stated in the plan's notes."""
+    if d.batch is None:
+        return
+    d.loader, found = plan_loader(OmegaConf.to_container(cfg.loader, resolve=True), d.user, facts.data.item_seconds,
+                                  facts.data.item_cpu_share, d.batch.micro_size, host.cpu_count, d.nproc,
+                                  d.device_type)
+    d.problems += found
+    d.notes += [d.loader.line()] if d.loader is not None else []
+
+
 def _plan_where(cfg: DictConfig, host: HostFacts, d: _Draft) -> None:
     """Device and backend, where tables and parameters live, what is recomputed, the pipeline's stages."""
     d.device_type, d.backend = device_and_backend(cfg.cluster.backend, host, cfg.cluster.device)
@@ -365,7 +380,8 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     if d.user:
         eval_data = OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data else None
         loader = OmegaConf.to_container(cfg.loader, resolve=True)
-        data = UserRecipe.data_spec(data, eval_data, list(cfg.data_inputs), cfg.data_label, loader["collate_fn"])
+        data = UserRecipe.data_spec(data, eval_data, list(cfg.data_inputs), cfg.data_label, loader["collate_fn"],
+                                    d.loader.kwargs() if d.loader is not None else {})
     return LaunchPlan(
         recipe=cfg.recipe.name, dims=dims, parts=parts, world_size=d.world, nnodes=nnodes, nproc_per_node=d.nproc,
         zero_stage=zero, backend=d.backend, device_type=d.device_type, precision=cfg.precision, steps=d.steps,

@@ -92,12 +92,19 @@ MAX_NPROC_PER_NODE = 4096
 GPUs), each rank is a Python process with torch (hundreds of MB), and a plan of that many ranks is itself slow."""
 
 
-def oversubscribed(nproc: int, host: HostFacts) -> str:
-    """A warning line when ``nproc`` ranks on this host outnumber its CPU cores ('' when they do not): each gets
-    OMP_NUM_THREADS=1 (plan_ranks shares the cores) and the ranks take turns on the cores."""
+def oversubscribed(nproc: int, host: HostFacts, workers: int = 0) -> str:
+    """A warning line when ``nproc`` ranks on this host, each with ``workers`` DataLoader workers, outnumber its CPU
+    cores ('' when they do not): each rank gets OMP_NUM_THREADS=1 (plan_ranks shares the cores) and the processes
+    take turns on the cores."""
     cores = max(1, host.cpu_count)
-    if nproc <= cores:
+    processes = nproc * (1 + workers)
+    if processes <= cores:
         return ""
+    if nproc <= cores:
+        return (f"warning: {nproc} rank(s) with loader.num_workers={workers} each run {processes} processes on {cores} "
+                f"CPU core(s) of {host.hostname}: the workers and the ranks take turns on the cores, which helps only "
+                f"when reading waits on files or the network. Set loader.num_workers={max(0, cores // nproc - 1)} "
+                f"(or auto) if reading is CPU work.")
     return (f"warning: cluster.nproc_per_node={nproc} puts {nproc} ranks on {cores} CPU core(s) of {host.hostname}: "
             f"each rank gets OMP_NUM_THREADS=1 and the ranks take turns on the cores ({nproc / cores:.1f} per core), "
             f"so a step is slower than with {cores} rank(s) and each rank's memory adds up. Set "

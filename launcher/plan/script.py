@@ -20,6 +20,7 @@ from launcher.backends import backend as launch_backend
 from launcher.errors import ConfigError
 from launcher.loggers import logger_specs
 from launcher.parallel.intents import PartPlan
+from launcher.plan.loader import changed
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, plan_placement
 from launcher.plan.registry import CPU_OPTIMIZERS
@@ -169,9 +170,10 @@ def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
         problems.append(f"parallel.pipeline_stages={cfg.parallel.pipeline_stages} with script=: runtime.prepare() "
                         f"trains your loop data-parallel; pipelines run recipes (your model in a recipe YAML, see "
                         f"'Bring your own model'). Set parallel.pipeline_stages=1.")
-    if cfg.loader.collate_fn is not None:
-        problems.append("loader.collate_fn with script=: your script builds its own DataLoader, which takes the "
-                        "collate function (DataLoader(..., collate_fn=...)). Remove loader.collate_fn.")
+    keys = changed(OmegaConf.to_container(cfg.loader, resolve=True))
+    if keys:
+        problems.append(f"loader.{', loader.'.join(keys)} with script=: your script builds its own DataLoader, which "
+                        f"takes them (DataLoader(..., collate_fn=..., num_workers=...)). Remove them.")
     if problems:
         raise ConfigError(problems)
     nproc, note = resolve_nproc(c.nproc_per_node, host)

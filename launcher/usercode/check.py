@@ -300,15 +300,25 @@ def _swap_blamed(problem: str, swap: Swap, source: str) -> str:
 
 def _data_facts(spec: dict[str, Any], train: Any, evaluation: Any, batch: Any, labels: list, scores: bool,
                 output_line: str) -> DataFacts:
-    """The data's facts: sizes, inputs, whether the labels are binary (AUC, accuracy) — each label element a 0/1
-    float with one score from the model, a BCE-style model; integer class labels keep the loss only."""
+    """The data's facts: sizes (None for a stream), inputs, whether the labels are binary (AUC, accuracy) — each label
+    element a 0/1 float with one score from the model, a BCE-style model; integer class labels keep the loss only —
+    and how long an item takes to read (loader.num_workers=auto)."""
+    from launcher.usercode.data import is_stream
+    from launcher.usercode.data_check import read_time
+
     binary = scores and all(torch.is_tensor(y) and y.is_floating_point() and bool(((y == 0) | (y == 1)).all())
                             for y in labels)
-    n_eval = len(evaluation) if evaluation is not None else 0
+    n_train = None if is_stream(train) else len(train)
+    n_eval = 0 if evaluation is None else None if is_stream(evaluation) else len(evaluation)
     inputs = (f"keyword inputs {', '.join(batch[0])}" if isinstance(batch[0], Mapping) else
               f"{len(batch[0])} input(s)")
-    line = (f"data: {spec['_target_']}: {len(train):,} items of {inputs} + label"
-            f"{', binary labels' if binary else ''}; eval_data: "
-            f"{f'{n_eval:,} items' if evaluation is not None else 'none (no evaluation)'}")
-    return DataFacts(train_samples=len(train), lines=(line, output_line) if output_line else (line,),
-                     binary_labels=binary, eval_samples=n_eval)
+    seconds, share = read_time(train)
+
+    def size(n: int | None) -> str:
+        return f"{n:,} items" if n is not None else "a stream (IterableDataset)"
+
+    line = (f"data: {spec['_target_']}: {size(n_train)} of {inputs} + label{', binary labels' if binary else ''}, "
+            f"{seconds * 1e3:.2g} ms an item; eval_data: "
+            f"{size(n_eval) if evaluation is not None else 'none (no evaluation)'}")
+    return DataFacts(train_samples=n_train, lines=(line, output_line) if output_line else (line,),
+                     binary_labels=binary, eval_samples=n_eval, item_seconds=seconds, item_cpu_share=share)

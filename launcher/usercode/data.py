@@ -1,11 +1,14 @@
-"""The data source around a user's map-style ``torch.utils.data.Dataset``: ranks batch it with ``DataLoader`` (its
-collate: ``default_collate``, or ``loader.collate_fn``) and shard it by dp rank with ``DistributedSampler``
-(seeded, reshuffled every epoch, the last partial batch dropped), as PyTorch users expect. A batch is ``(input_1, ...,
-input_k, label)``, a dict of keyword inputs and a label, or an object with them as attributes
-(``launcher.usercode.items``).
+"""The data source around a user's Dataset(s) (``UserData``): a map-style ``torch.utils.data.Dataset`` is batched by
+``DataLoader`` (its collate: ``default_collate``, or ``loader.collate_fn``) and sharded by dp rank with
+``DistributedSampler`` (seeded, reshuffled every epoch, the last partial batch dropped), as PyTorch users expect; an
+``IterableDataset`` is launcher/usercode/stream.py's. Either is read by the plan's DataLoader settings (workers,
+pinned memory, read-ahead: ``loader:``; launcher/plan/loader.py), each sample seeded by (seed, epoch, its index)
+(launcher/usercode/loading.py). A batch is ``(input_1, ..., input_k, label)``, a dict of keyword inputs and a label,
+or an object with them as attributes (``launcher.usercode.items``).
 
 Global micro-batch k is the same samples however it is split over ranks: rank r of dp takes every dp-th index of
 the epoch's permutation, so ranks 0..dp-1's k-th micro-batches together are positions [k·m·dp, (k+1)·m·dp) of it.
+Resuming at global micro-batch k reads on from there: the same samples, read the same way.
 """
 
 from __future__ import annotations
@@ -14,32 +17,61 @@ from collections.abc import Iterator
 from typing import Any
 
 from hydra.utils import instantiate
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from launcher.contract import Batch
 from launcher.usercode.items import split_item
+from launcher.usercode.loading import Batches, SeededItems, loader
 from launcher.usercode.targets import build_collate
 
 
+def is_stream(dataset: Any) -> bool:
+    """Whether ``dataset`` is read by iterating it (a torch IterableDataset, or any iterable without ``[i]``)."""
+    from torch.utils.data import IterableDataset
+
+    return isinstance(dataset, IterableDataset) or (hasattr(dataset, "__iter__") and
+                                                    not hasattr(dataset, "__getitem__"))
+
+
+def UserData(train: dict[str, Any], eval: dict[str, Any] | None = None,  # noqa: A002 N802 (YAML key; a factory)
+             data_inputs: list[str] | None = None, data_label: str = "", collate_fn: Any = None,
+             loader: dict[str, Any] | None = None) -> Any:
+    """What every rank builds from the plan's data spec: MapData, or StreamData for an iterable train Dataset."""
+    built = instantiate(train, _convert_="all")
+    held = instantiate(eval, _convert_="all") if eval else None
+    keys = (tuple(data_inputs or ()), data_label)
+    if is_stream(built):
+        from launcher.usercode.stream import StreamData
+
+        return StreamData(built, held, keys, build_collate(collate_fn), dict(loader or {}))
+    return MapData(built, held, keys, build_collate(collate_fn), dict(loader or {}))
+
+
 class MapData:
-    _keys: tuple[tuple[str, ...], str] = ((), "")
-    """(data_inputs, data_label) for dict items."""
-    _collate: Any = None
-    """loader.collate_fn, built (None: default_collate)."""
+    def __init__(self, train: Any, eval: Any = None, keys: tuple[tuple[str, ...], str] = ((), ""),  # noqa: A002
+                 collate: Any = None, settings: dict[str, Any] | None = None) -> None:
+        self.train, self.eval = train, eval
+        self._keys = keys
+        """(data_inputs, data_label) for dict items."""
+        self._collate = collate
+        """loader.collate_fn, built (None: default_collate)."""
+        self._settings = dict(settings or {})
+        """DataLoader keyword arguments (launcher/plan/loader.py LoaderPlan.kwargs)."""
+        self._loaders: dict[str, tuple[DataLoader, Batches]] = {}
 
-    def __init__(self, train: dict[str, Any], eval: dict[str, Any] | None = None,  # noqa: A002 (YAML key)
-                 data_inputs: list[str] | None = None, data_label: str = "", collate_fn: Any = None) -> None:
-        self.train = instantiate(train, _convert_="all")
-        self.eval = instantiate(eval, _convert_="all") if eval else None
-        self._keys = (tuple(data_inputs or ()), data_label)
-        self._collate = build_collate(collate_fn)
-
-    def _loader(self, dataset: Any, order: list[int], micro_size: int, drop_last: bool) -> DataLoader:
-        return DataLoader(dataset, batch_sampler=BatchSampler(order, micro_size, drop_last=drop_last),
-                          collate_fn=self._collate)
-
-    def _split(self, items: Any) -> Batch:
-        return split_item(items, *self._keys)
+    def _batches(self, split: str, dataset: Any, seed: int, keys: list[tuple[int, int]], micro_size: int,
+                 drop_last: bool) -> Iterator[Batch]:
+        """The micro-batches of ``keys`` ((epoch, index) each), read by this split's DataLoader (made once, so
+        persistent workers last the run)."""
+        if split not in self._loaders:
+            order = Batches()
+            self._loaders[split] = (loader(SeededItems(dataset, seed), seed, self._settings, batch_sampler=order,
+                                           collate_fn=self._collate), order)
+        data, order = self._loaders[split]
+        end = len(keys) - len(keys) % micro_size if drop_last else len(keys)
+        order.batches = [keys[i:i + micro_size] for i in range(0, end, micro_size)]
+        for items in data:
+            yield split_item(items, *self._keys)
 
     def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[Batch]:
         sampler = DistributedSampler(self.train, num_replicas=dp_size, rank=dp_rank, shuffle=True, seed=seed,
@@ -48,9 +80,8 @@ class MapData:
         epoch, skip = divmod(start, per_epoch)
         while True:
             sampler.set_epoch(epoch)
-            order = list(sampler)[skip * micro_size : per_epoch * micro_size]
-            for items in self._loader(self.train, order, micro_size, True):
-                yield self._split(items)
+            keys = [(epoch, i) for i in list(sampler)[skip * micro_size: per_epoch * micro_size]]
+            yield from self._batches("train", self.train, seed, keys, micro_size, True)
             epoch, skip = epoch + 1, 0
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
@@ -59,9 +90,14 @@ class MapData:
         ZeRO-3 forwards are collective). ``count`` is for endless data; unused here."""
         if self.eval is None:
             return
+        if is_stream(self.eval):
+            from launcher.usercode.stream import held_out
+
+            yield from held_out(self.eval, self._collate, self._keys, self._settings, (dp_rank, dp_size), micro_size,
+                                count)
+            return
         n = len(self.eval)
         total = -(-n // dp_size) * dp_size
         order = [i % n for i in range(total)]
-        mine = order[dp_rank:total:dp_size]
-        for items in self._loader(self.eval, mine, micro_size, False):
-            yield self._split(items)
+        keys = [(0, i) for i in order[dp_rank:total:dp_size]]
+        yield from self._batches("eval", self.eval, 0, keys, micro_size, False)

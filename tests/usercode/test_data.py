@@ -9,10 +9,8 @@ SPEC = {"_target_": "torch.utils.data.TensorDataset"}
 
 
 def _data(n: int) -> MapData:
-    data = MapData.__new__(MapData)  # the datasets directly (instantiate is Hydra's, tested by the runs)
-    data.train = TensorDataset(torch.arange(n).float()[:, None], torch.arange(n).float())
-    data.eval = TensorDataset(torch.arange(5).float()[:, None], torch.arange(5).float())
-    return data
+    return MapData(TensorDataset(torch.arange(n).float()[:, None], torch.arange(n).float()),
+                   TensorDataset(torch.arange(5).float()[:, None], torch.arange(5).float()))
 
 
 def _take(it, k):

@@ -30,7 +30,7 @@ def test_the_model_is_read_on_the_meta_device_and_trains_as_written_without_inte
         "user_emb": (100_000, 16, "engine"), "item_emb": (1_000, 16, "engine")}
     assert p.placement.dense_params == 100_000 * 16 + 1_000 * 16 + (36 * 64 + 64) + (64 + 1)
     assert p.engine == "ddp" and p.eval_metrics == "binary"  # labels are 0/1
-    assert p.data["_target_"] == "launcher.usercode.data.MapData" and p.data["eval"]["seed"] == 1
+    assert p.data["_target_"] == "launcher.usercode.data.UserData" and p.data["eval"]["seed"] == 1
     assert str(project) in p.code_paths
 
 
