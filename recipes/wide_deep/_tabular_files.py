@@ -274,11 +274,15 @@ def _stat_text(v) -> str:
 
 
 def buffer_bytes(layout: Layout, shuffle_rows: int, prefetch: int) -> int:
-    """What a rank's stream holds at most, in bytes: prefetch + 2 windows of decoded rows (the one trained on, the
-    one being built, those queued) with their shuffle permutation, a row group as read and one decoded."""
-    row = 4 * (len(layout.continuous) + len(layout.fields)) + 4
+    """What a rank's stream holds at most, in bytes: prefetch + 3 windows of shuffled rows (float32 per continuous
+    column, int64 ids, a float32 label: the one being built, those queued, the one trained on and the one before it,
+    which the last micro-batch handed out still views) with the permutation, one row group decoded (int32 ids) and
+    one as read (8 bytes per value and cell, and the column chunks' own bytes for dictionaries)."""
+    decoded = 4 * (len(layout.continuous) + len(layout.fields)) + 4
+    shuffled = decoded + 4 * len(layout.fields) + 16
     window = shuffle_rows or layout.group_rows
-    return (prefetch + 2) * window * (row + 8) + layout.group_bytes + layout.group_rows * row
+    read = layout.group_rows * 8 * len(layout.columns) + layout.group_bytes
+    return (prefetch + 3) * window * shuffled + layout.group_rows * decoded + read
 
 
 def stream_facts(data) -> tuple[Layout, list[str], int]:

@@ -30,9 +30,8 @@ from __future__ import annotations
 import math
 import queue
 import threading
-import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -113,21 +112,27 @@ class Encoder:
         return self._stats
 
     def _sample_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """Row group by row group (one held at a time), merged as Chan et al. do: count, mean, sum of squared
+        deviations per column; NaN (missing) left out."""
         lay, cont = self.layout, list(self.layout.continuous)
-        if not cont:
-            return np.zeros(0), np.ones(0)
-        chosen, rows = [], 0
-        for k in np.random.default_rng([self.seed % 2**64, 1]).permutation(len(lay.train)):
-            chosen.append(lay.train[k])
-            rows += int(lay.train[k][2])
+        count, mean, m2 = np.zeros(len(cont)), np.zeros(len(cont)), np.zeros(len(cont))
+        rows = 0
+        for k in np.random.default_rng([self.seed % 2**64, 1]).permutation(len(lay.train)) if cont else ():
+            f, g, n = (int(v) for v in lay.train[k])
+            table = self._file(f).read_row_group(g, columns=cont, use_threads=False)
+            for j, h in enumerate(cont):
+                x = self._floats(table.column(h))
+                x = x[~np.isnan(x)]
+                if len(x):
+                    delta, total = x.mean() - mean[j], count[j] + len(x)
+                    m2[j] += ((x - x.mean()) ** 2).sum() + delta**2 * count[j] * len(x) / total
+                    mean[j] += delta * len(x) / total
+                    count[j] = total
+            rows += n
             if rows >= STATS_ROWS:
                 break
-        parts = [self._file(int(u[0])).read_row_group(int(u[1]), columns=cont, use_threads=False) for u in chosen]
-        x = np.stack([np.concatenate([self._floats(p.column(h)) for p in parts]) for h in cont], 1)
-        with warnings.catch_warnings():  # a column missing in every sampled row: mean 0, deviation 1
-            warnings.simplefilter("ignore", RuntimeWarning)
-            mean, std = np.nanmean(x, 0), np.nanstd(x, 0, ddof=1)
-        return np.nan_to_num(mean), np.where(np.isfinite(std) & (std > 0), std, 1.0)
+        std = np.sqrt(m2 / np.maximum(count - 1, 1))
+        return mean, np.where((count > 1) & (std > 0), std, 1.0)
 
 
 def _is_text_type(t) -> bool:
@@ -147,19 +152,35 @@ def pieces(units: np.ndarray, a: int, b: int) -> Iterator[tuple[np.ndarray, int,
         k += 1
 
 
-def rechunk(parts: Iterator[tuple], sizes: Iterable[int]) -> Iterator[tuple]:
-    """The rows of ``parts`` (tuples of arrays with rows first) cut into chunks of ``sizes`` rows."""
-    buf: list[tuple] = []
-    have = 0
-    for size in sizes:
-        while have < size:
-            part = next(parts)
-            buf.append(part)
-            have += len(part[-1])
-        joined = buf[0] if len(buf) == 1 else tuple(np.concatenate(c) for c in zip(*buf))
-        rest = tuple(a[size:] for a in joined)
-        buf, have = ([rest] if len(rest[-1]) else []), have - size
-        yield tuple(a[:size] for a in joined)
+class Rows:
+    """Decoded row-group pieces one after the other, taken n rows at a time into new arrays (ids as int64): no piece
+    is copied twice and none is joined to the next."""
+
+    def __init__(self, parts: Iterator[tuple], widths: tuple[int, int]) -> None:
+        self.parts, self.widths = parts, widths
+        self.piece: tuple | None = None
+        self.at = 0
+
+    def take(self, n: int, mix: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The next n rows; with mix (a permutation of n), row j of the result is the mix[j]-th of them."""
+        out = (np.empty((n, self.widths[0]), np.float32), np.empty((n, self.widths[1]), np.int64),
+               np.empty(n, np.float32))
+        where = None
+        if mix is not None:  # where each row goes: the inverse permutation
+            where = np.empty(n, np.int64)
+            where[mix] = np.arange(n)
+        done = 0
+        while done < n:
+            if self.piece is None:
+                self.piece, self.at = next(self.parts), 0
+            k = min(n - done, len(self.piece[-1]) - self.at)
+            to = slice(done, done + k) if where is None else where[done:done + k]
+            for o, src in zip(out, self.piece):
+                o[to] = src[self.at:self.at + k]
+            done, self.at = done + k, self.at + k
+            if self.at == len(self.piece[-1]):
+                self.piece = None  # not held while the window waits
+        return out
 
 
 class _Failed:
@@ -171,10 +192,15 @@ _END = object()
 
 
 def ahead(make: Callable[[], Iterator], depth: int) -> Iterator:
-    """The items of make() produced by a background thread up to ``depth`` ahead (0: on this thread); its errors
-    raised here. Closing this generator stops the thread at its next item."""
+    """The items of make(): the first on this thread (a caller that takes one, as the trainer's example batch
+    does, starts no thread), the others made by a background thread up to ``depth`` ahead (0: on this thread); its
+    errors raised here. Closing this generator stops the thread at its next item."""
+    made = make()
+    for item in made:
+        yield item
+        break
     if depth <= 0:
-        yield from make()
+        yield from made
         return
     items: queue.Queue = queue.Queue(depth)
     stop = threading.Event()
@@ -190,7 +216,7 @@ def ahead(make: Callable[[], Iterator], depth: int) -> Iterator:
 
     def run() -> None:
         try:
-            for item in make():
+            for item in made:
                 if not put(item):
                     return
             put(_END)
@@ -214,6 +240,7 @@ class StreamedTabular:
         self.layout, self.shuffle_rows, self.prefetch = layout, shuffle_rows, prefetch
         self.encoder = Encoder(layout, buckets, seed)
         self.train_rows = int(layout.train[:, 2].sum())
+        self._widths = (len(layout.continuous), len(layout.fields))
 
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
         """The train row groups (file, group, rows) in epoch ``epoch``'s order."""
@@ -237,11 +264,11 @@ class StreamedTabular:
         while True:
             order = self.epoch_order(seed, epoch)
             begin = dp_rank * part + first * window
-            parts = (self.encoder.read(*p) for p in pieces(order, begin, (dp_rank + 1) * part))
-            sizes = [min(window, part - w * window) for w in range(first, math.ceil(part / window))]
-            for w, (dense, ids, y) in enumerate(rechunk(parts, sizes), start=first):
-                mix = np.random.default_rng([seed % 2**64, epoch, dp_size, dp_rank, w]).permutation(len(y))
-                yield dense[mix], ids[mix], y[mix], skip
+            rows = Rows((self.encoder.read(*p) for p in pieces(order, begin, (dp_rank + 1) * part)), self._widths)
+            for w in range(first, math.ceil(part / window)):
+                size = min(window, part - w * window)
+                mix = np.random.default_rng([seed % 2**64, epoch, dp_size, dp_rank, w]).permutation(size)
+                yield (*rows.take(size, mix), skip)
                 skip = 0
             epoch, first = epoch + 1, 0
 
@@ -251,7 +278,7 @@ class StreamedTabular:
         for dense, ids, y, skip in windows:
             dense, ids, y = torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(y)
             for s in range(skip, len(y), micro_size):
-                yield (dense[s:s + micro_size], ids[s:s + micro_size].long()), y[s:s + micro_size]
+                yield (dense[s:s + micro_size], ids[s:s + micro_size]), y[s:s + micro_size]
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[tuple]:
         """The held-out row groups in file order, this rank rows [r × E // dp, (r + 1) × E // dp) of them, in as many
@@ -262,13 +289,10 @@ class StreamedTabular:
         batches = max(1, math.ceil(math.ceil(rows / dp_size) / micro_size))
         n, extra = divmod(hi - lo, batches)
         sizes = [n + 1] * extra + [n] * (batches - extra)
-        empty = (np.zeros((0, len(self.layout.continuous)), np.float32),
-                 np.zeros((0, len(self.layout.fields)), np.int32), np.zeros(0, np.float32))
 
-        def chunks() -> Iterator[tuple]:  # sizes of 0 (fewer rows than batches) come last
-            filled = [s for s in sizes if s]
-            yield from rechunk((self.encoder.read(*p) for p in pieces(units, lo, hi)), filled)
-            yield from (empty for _ in range(len(sizes) - len(filled)))
+        def chunks() -> Iterator[tuple]:
+            rows = Rows((self.encoder.read(*p) for p in pieces(units, lo, hi)), self._widths)
+            yield from (rows.take(size) for size in sizes)
 
         for dense, ids, y in ahead(chunks, self.prefetch):
-            yield (torch.from_numpy(dense), torch.from_numpy(ids).long()), torch.from_numpy(y)
+            yield (torch.from_numpy(dense), torch.from_numpy(ids)), torch.from_numpy(y)
