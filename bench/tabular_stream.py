@@ -154,8 +154,9 @@ def report(results: dict, args) -> str:
     for n in results:
         term = results[n][0]["data_term"][-1]
         stream = statistics.median(results[n][0]["stream"] + results[n][1]["stream"])
-        lines.append(f"{n:,} rows: the plan's data term (a rank's stream buffers) {term / gib:.2f} GiB; measured in the "
-                     f"data path (peak RSS - RSS once the source is built, median of both ranks) {stream / gib:.2f} GiB")
+        lines.append(f"{n:,} rows: the plan's data term (a rank's stream buffers) {term / gib:.2f} GiB; measured in "
+                     f"the data path (peak RSS - RSS once the source is built, median of both ranks) "
+                     f"{stream / gib:.2f} GiB")
     return "\n".join(lines) + "\n"
 
 

@@ -107,7 +107,7 @@ class WideDeepRecipe:
         like config errors and the model is sized from its columns and vocabularies."""
         if not isinstance(data, TabularDataConfig):
             return DataFacts()
-        from launcher.recipes.wide_deep._tabular_files import is_streamed
+        from launcher.recipes.wide_deep._tabular_read import is_streamed
         from launcher.recipes.wide_deep.tabular import TabularError, collision_lines, prepare
 
         if is_streamed(data.path):

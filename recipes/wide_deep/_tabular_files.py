@@ -25,19 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.recipes.wide_deep._tabular_read import INSTALL, _as_text, _is_number_type, _pyarrow, _unreadable
-from launcher.recipes.wide_deep.tabular import (TEST_FRACTION, TabularError, _check_labels, _hash_problems,
-                                                _key_problems)
+from launcher.recipes.wide_deep._tabular_parquet import _as_text, _is_number_type
+from launcher.recipes.wide_deep._tabular_read import INSTALL, _pyarrow, _unreadable
+from launcher.recipes.wide_deep.tabular import TabularError, _check_labels, _hash_problems, _key_problems
 
 SUFFIXES = (".parquet", ".pq")
+TEST_FRACTION = 0.2
+"""data.test_fraction's default; with data.eval_path another value is refused (it would do nothing)."""
 CSV = (".csv", ".csv.gz", ".tsv")
 CONVERT = ("pyarrow.parquet.write_table(pyarrow.csv.read_csv(f), f.replace('.csv', '.parquet'), "
            "row_group_size=250_000)")
-
-
-def is_streamed(path: str) -> bool:
-    """data.path names a directory or a glob (streamed by row group) rather than one file."""
-    return glob.has_magic(str(path)) or Path(str(path)).is_dir()
 
 
 @dataclass(frozen=True)
@@ -277,11 +274,11 @@ def buffer_bytes(layout: Layout, shuffle_rows: int, prefetch: int) -> int:
     """What a rank's stream holds at most, in bytes: prefetch + 3 windows of shuffled rows (float32 per continuous
     column, int64 ids, a float32 label: the one being built, those queued, the one trained on and the one before it,
     which the last micro-batch handed out still views) with the permutation, one row group decoded (int32 ids) and
-    one as read (8 bytes per value and cell, and the column chunks' own bytes for dictionaries)."""
+    one as read (8 bytes per value, the column chunks' bytes pre-buffered and for dictionaries)."""
     decoded = 4 * (len(layout.continuous) + len(layout.fields)) + 4
     shuffled = decoded + 4 * len(layout.fields) + 16
     window = shuffle_rows or layout.group_rows
-    read = layout.group_rows * 8 * len(layout.columns) + layout.group_bytes
+    read = layout.group_rows * 8 * len(layout.columns) + 2 * layout.group_bytes
     return (prefetch + 3) * window * shuffled + layout.group_rows * decoded + read
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import csv
 import functools
+import glob
 import gzip
 import io
 import zlib
@@ -84,14 +85,22 @@ def is_parquet(path: Path) -> bool:
     return path.name.lower().endswith((".parquet", ".pq"))
 
 
+def is_streamed(path: str) -> bool:
+    """data.path names a directory or a glob (streamed by row group: _tabular_stream.py) rather than one file (a file
+    whose name holds * ? [ is that file)."""
+    return Path(str(path)).is_dir() or (glob.has_magic(str(path)) and not Path(str(path)).is_file())
+
+
 def read_batches(path: Path, text: set[str], skip: set[str], fold: Callable[[list[str], str, Iterator], T]) -> T:
     """fold(header, reader, batches) over the batches of path: each batch is (rows, {column: Coded or float64 array})
     with every column but skip (each in text Coded), the reader "pyarrow" or "Python's csv module". ReadError for a
     file that is not a table. A CSV with bad UTF-8 past the sampled head is folded again from its start by the csv
     module (which replaces bad bytes), so fold must keep no state between calls."""
     if is_parquet(path):
-        f = _parquet_file(path)
-        return fold(list(f.schema_arrow.names), "pyarrow", _parquet_batches(path, f, text, skip))
+        from launcher.recipes.wide_deep._tabular_parquet import parquet_batches, parquet_file
+
+        f = parquet_file(path)
+        return fold(list(f.schema_arrow.names), "pyarrow", parquet_batches(path, f, text, skip))
     head = _head(path)
     dialect = _dialect(head)
     pa = _pyarrow()
@@ -181,7 +190,9 @@ def _dialect(head: bytes):
 def header(path: Path) -> list[str]:
     """The column names (stripped); [] for a file without a header line. ReadError for an unreadable file."""
     if is_parquet(path):
-        return list(_parquet_file(path).schema_arrow.names)
+        from launcher.recipes.wide_deep._tabular_parquet import parquet_file
+
+        return list(parquet_file(path).schema_arrow.names)
     head = _head(path)
     reader = csv.reader(io.StringIO(_text(head).removeprefix("\ufeff")), _dialect(head))
     try:
@@ -339,87 +350,6 @@ def _csv_python_batches(path: Path, dialect, skip: set[str]) -> Iterator:
                 yield batch()
     except (csv.Error, OSError, EOFError, zlib.error) as e:
         raise ReadError(_unreadable(path, e)) from None
-
-
-def _parquet_file(path: Path):
-    pa = _pyarrow()
-    if pa is None:
-        raise ReadError(f"data.path={path}: reading Parquet needs pyarrow. Install it: {INSTALL}")
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:
-        raise ReadError(_unreadable(path, e)) from None
-
-
-def _parquet_batches(path: Path, f, text: set[str], skip: set[str]) -> Iterator:
-    import pyarrow as pa
-
-    schema = f.schema_arrow
-    want = [h for h in dict.fromkeys(schema.names) if h not in skip]
-    number = {h for h in want if h not in text and _is_number_type(schema.field(h).type)}
-    try:
-        for batch in f.iter_batches(batch_size=CHUNK, columns=want, use_threads=True):
-            columns: dict = {}
-            for h in want:  # str(value) of a batch's distinct values may repeat ("" for None and "")
-                col = batch.column(h)
-                if h in number:
-                    columns[h] = floats(col)
-                    continue
-                columns[h] = coded(col, used_only=True)
-            if batch.num_rows:
-                yield batch.num_rows, columns
-    except (pa.ArrowException, OSError) as e:
-        raise ReadError(_unreadable(path, e)) from None
-
-
-def coded(column, used_only: bool = False) -> Coded:
-    """A pyarrow column (array or chunked) as int32 codes into its distinct values as text, None and "" as "". A
-    dictionary-encoded column keeps its own dictionary (used_only: only the values its rows use, as a batch's
-    dictionary must be for vocabularies and typing), any other is encoded here."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(column, pa.ChunkedArray):
-        dictionary = pa.types.is_dictionary(column.type)
-        column = (column.unify_dictionaries() if dictionary else column).combine_chunks()
-    if pa.types.is_dictionary(column.type) and used_only:
-        column = column.dictionary_decode()
-    if not pa.types.is_dictionary(column.type):
-        try:
-            column = pc.dictionary_encode(column, null_encoding="encode")
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # a type the hash kernels do not take
-            column = pc.dictionary_encode(_as_text(column))
-    uniques, indices = _as_text(column.dictionary), column.indices
-    if indices.null_count:  # a dictionary column's nulls: one more value, ""
-        indices = indices.fill_null(len(uniques))
-        uniques = pa.concat_arrays([uniques, pa.array([""], pa.string())])
-    return Coded(indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False), uniques)
-
-
-def floats(column) -> np.ndarray:
-    """A pyarrow number column (array or chunked, dictionary-encoded or not) as float64, NaN for a missing value."""
-    import pyarrow as pa
-
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(column.type.value_type)
-    return column.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
-
-
-def _as_text(column):
-    """A pyarrow array as text: each value's str(), None as "" (text itself without a Python string each)."""
-    import pyarrow as pa
-
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        return column.fill_null("").cast(pa.string())
-    return pa.array(["" if v is None else str(v) for v in column.to_pylist()], pa.string())
-
-
-def _is_number_type(t) -> bool:
-    import pyarrow as pa
-
-    return pa.types.is_integer(t) or pa.types.is_floating(t)
 
 
 def compact(codes: np.ndarray, uniques: list[str]) -> Coded:

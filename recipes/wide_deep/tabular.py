@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from launcher.recipes.wide_deep._tabular_read import INSTALL, Coded, ReadError, compact, header, read_table
+from launcher.recipes.wide_deep._tabular_read import INSTALL, Coded, ReadError, compact, header, is_streamed, read_table
 
 if TYPE_CHECKING:
     from launcher.recipes.wide_deep._tabular_hash import Collisions
@@ -66,8 +66,6 @@ BLOCK = 1 << 16
 """Distinct values turned into Python strings at a time (number checks, hashing)."""
 MAX_VOCAB = 100_000
 """data.max_vocab's default; with data.hash_buckets another value is refused (it would do nothing)."""
-TEST_FRACTION = 0.2
-"""data.test_fraction's default; with data.eval_path another value is refused (it would do nothing)."""
 MAX_ROWS = 2**31 - 1
 """Most rows of a hashed field: ids are int32."""
 TYPE_ROWS = 65536
@@ -190,8 +188,8 @@ DENSE, IDS, LABELS = torch.float32, torch.int32, torch.float32
 
 
 def prepare(path: str, label: str, positive: str, negative: str = "", categorical=(), continuous=(), drop=(),
-            test_fraction: float = TEST_FRACTION, max_vocab: int = MAX_VOCAB, crosses=(), seed: int = 0,
-            hash_buckets: int = 0, tensors: bool = True) -> Prepared:
+            test_fraction: float = 0.2, max_vocab: int = MAX_VOCAB, crosses=(), seed: int = 0, hash_buckets: int = 0,
+            tensors: bool = True) -> Prepared:
     """The file's columns typed, split and encoded; ``tensors=False``: the same facts without the tensors.
     ``hash_buckets`` > 0: every categorical field hashed into that many rows as the file streams by (see
     ``_prepare_hashed``); 0: vocabularies from the train split (``max_vocab``)."""
@@ -359,29 +357,25 @@ def __getattr__(name: str):
 
 
 class TabularCTR:
-    """The data source of data=tabular: epochs of the train split, sharded over ranks; the whole test split. A
-    directory or glob of Parquet files is streamed instead (``_tabular_stream.StreamedTabular``)."""
+    """The data source of data=tabular: one file's splits in memory, or a directory or glob streamed by row group."""
 
     def __init__(self, path: str, label: str, positive: str, negative: str, categorical, continuous, drop,
                  test_fraction: float, max_vocab: int, crosses, seed: int, hash_buckets: int = 0, eval_path: str = "",
                  shuffle_rows: int = 0, prefetch: int = 1) -> None:
-        from launcher.recipes.wide_deep._tabular_files import is_streamed, layout
-
         self.prepared = self.stream = None
         if is_streamed(path):  # a directory or glob: each rank streams its own row groups (_tabular_stream.py)
             from launcher.recipes.wide_deep._tabular_stream import StreamedTabular
 
-            lay = layout(path, label, str(positive), str(negative), list(categorical), list(continuous), list(drop),
-                         test_fraction, max_vocab, [list(c) for c in crosses], seed, hash_buckets, eval_path)
-            self.stream = StreamedTabular(lay, hash_buckets, seed, shuffle_rows, prefetch)
+            self.stream = StreamedTabular.of(path, label, positive, negative, categorical, continuous, drop,
+                                             test_fraction, max_vocab, crosses, seed, hash_buckets, eval_path,
+                                             shuffle_rows, prefetch)
             return
         self.prepared = prepare(path, label, str(positive), str(negative), list(categorical), list(continuous),
                                 list(drop), test_fraction, max_vocab, [list(c) for c in crosses], seed, hash_buckets)
 
     def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[tuple]:
         if self.stream is not None:
-            yield from self.stream.train_batches(dp_rank, dp_size, micro_size, seed, start)
-            return
+            return (yield from self.stream.train_batches(dp_rank, dp_size, micro_size, seed, start))
         dense, ids, y = self.prepared.train
         group = micro_size * dp_size
         per_epoch = len(y) // group
@@ -397,8 +391,7 @@ class TabularCTR:
         """The whole test split (count is ignored), each data-parallel rank a disjoint part, micro_size rows at a
         time."""
         if self.stream is not None:
-            yield from self.stream.eval_batches(dp_rank, dp_size, micro_size, count)
-            return
+            return (yield from self.stream.eval_batches(dp_rank, dp_size, micro_size, count))
         dense, ids, y = self.prepared.test
         mine = torch.arange(dp_rank, len(y), dp_size)
         # The same number of batches on every rank (ZeRO-3 gathers parameters collectively in each forward).

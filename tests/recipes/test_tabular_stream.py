@@ -229,3 +229,11 @@ def test_one_file_with_dictionary_columns_reads_as_before(tmp_path):
     (tmp_path / "one.parquet").rename(tmp_path / "dir" / "one.parquet")
     (dense, ids), _ = next(source(tmp_path / "dir").train_batches(0, 1, 100, 0))
     assert set(ids[:, 0].tolist()) <= {0} | {_bucket(f"v{i}", BUCKETS) for i in range(37)}
+
+
+def test_a_file_whose_name_looks_like_a_glob_is_that_file(tmp_path):
+    from launcher.recipes.wide_deep._tabular_read import is_streamed
+
+    (tmp_path / "clicks[1].csv").write_text("a,clicked\n1,yes\n")
+    assert not is_streamed(str(tmp_path / "clicks[1].csv")) and not is_streamed(str(tmp_path / "none.csv"))
+    assert is_streamed(str(tmp_path)) and is_streamed(str(tmp_path / "*.parquet"))
