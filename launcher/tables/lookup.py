@@ -14,6 +14,7 @@ from launcher.parallel.rank import held_module, set_module
 from launcher.plan import TablePlan
 from launcher.tables.hashing import HashStats, IdHash
 from launcher.tables.partition import RowPartition
+from launcher.tables.record import RECORDING
 from launcher.tables.replicated import ReplicatedTables
 from launcher.tables.sharded import ShardedTables
 from launcher.tables.store import Stores, TableStore
@@ -43,8 +44,16 @@ class TableLookup(nn.Module):
             self.hash_stats.add(ids, rows)
         return rows
 
+    def _lookup(self, rows: torch.Tensor) -> torch.Tensor:
+        """The store's rows, or while a recording pass runs (placement.prefetch: launcher/tables/record.py) the
+        recorder's zeros."""
+        recorder = RECORDING.get()
+        if recorder is not None:
+            return recorder.lookup(self.name, rows, self.embedding_dim)
+        return self._tables[0].lookup(self.name, rows)
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Embedding's own argument name)
-        return self._tables[0].lookup(self.name, self._rows(input))
+        return self._lookup(self._rows(input))
 
     def extra_repr(self) -> str:
         t = self._tables[0].tables[self.name]
@@ -63,7 +72,7 @@ class BagLookup(TableLookup):
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,  # noqa: A002
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         ids = self._rows(input)
-        rows = self._tables[0].lookup(self.name, ids)
+        rows = self._lookup(ids)
         flat = rows.reshape(-1, rows.shape[-1])
         index = torch.arange(flat.shape[0], device=flat.device).view(input.shape)
         padding = None

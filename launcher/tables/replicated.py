@@ -23,8 +23,9 @@ from hydra.utils import get_class
 
 from launcher.plan import TablePlan
 from launcher.plan.registry import TABLE_OPTIMIZERS
+from launcher.tables.prefetch import Ahead
 from launcher.tables.sparse_comm import coalesce, reduce_tables
-from launcher.tables.transfer import device_to_host, host_to_device
+from launcher.tables.transfer import device_to_host, gather_to_device
 
 HOST = torch.device("cpu")
 
@@ -80,9 +81,14 @@ class ReplicatedTables:
             weight = weights[p.name].detach().to(where).float().contiguous()
             self.tables[p.name] = Table(p, weight, build_table_optimizer(p, weight), (padding or {}).get(p.name))
         # Tables looked up with the same ids tensor in one forward (Wide&Deep's two tables) coalesce together and
-        # travel side by side: their gradients are the columns of one (rows, dim_a + dim_b) tensor.
-        self._pending: list[tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]] = []
+        # travel side by side: their gradients are the columns of one (rows, dim_a + dim_b) tensor. Each group also
+        # keeps the ids' (unique, inverse) when the prefetch thread computed them (CPU): the coalesce needs no sort.
+        self._pending: list[tuple[torch.Tensor, list[tuple[str, torch.Tensor]], list[Any]]] = []
         self._grads: dict[tuple[str, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._known: dict[tuple[str, ...], Any] = {}
+        """A group's (unique, inverse) from the prefetch, while it has one micro-batch's gradient."""
+        self._ahead: Ahead | None = None
+        """The prefetch queue of the host tables (placement.prefetch > 0: start_prefetch)."""
         self.skipped_steps = 0
         """Steps whose table gradients were not finite (nothing was updated)."""
 
@@ -91,28 +97,38 @@ class ReplicatedTables:
 
     def lookup(self, name: str, ids: torch.Tensor) -> torch.Tensor:
         t = self.tables[name]
-        rows = torch.index_select(t.weight, 0, ids.reshape(-1).to(t.weight.device))  # 4.6x weight[ids] at dim 16
-        act = host_to_device(rows, self.compute, self.dtype)
+        served = self._ahead.take(name, ids) if self._ahead is not None and torch.is_grad_enabled() else None
+        if served is None:
+            if self._ahead is not None:
+                self._ahead.settle()  # the last step's deferred row writes land first
+            act, known = gather_to_device(t.weight, ids.reshape(-1), self.compute, self.dtype), None
+        else:
+            act, known = served
         if torch.is_grad_enabled():
             act.requires_grad_()
             group = next((g for g in self._pending if g[0] is ids and all(n != name for n, _ in g[1])), None)
             if group is None:  # a new ids tensor, or this table looked up twice with the same ids
-                group = (ids, [])
+                group = (ids, [], [None])
                 self._pending.append(group)
             group[1].append((name, act))
+            group[2][0] = group[2][0] or known
         return act.view(*ids.shape, t.plan.dim)
 
     def collect(self, grad_scale: float = 1.0) -> None:
         """Lookups the loss did not reach (no gradient) are dropped."""
-        for ids, looked_up in self._pending:
+        for ids, looked_up, known in self._pending:
             looked_up = [(n, a) for n, a in looked_up if a.grad is not None]
             if not looked_up:
                 continue
             rows = ids.reshape(-1).to(self.compute, torch.int64)  # int32 ids too: every rank sends int64 rows
             values = torch.cat([row_grads(a.grad, rows, self.tables[n].plan.dim, self.tables[n].padding_idx,
                                           grad_scale) for n, a in looked_up], dim=1)  # (n, dim_a + dim_b ...)
-            self._grads.setdefault(tuple(n for n, _ in looked_up), []).append((rows, values))
+            group = tuple(n for n, _ in looked_up)
+            self._known[group] = known[0] if group not in self._grads else None
+            self._grads.setdefault(group, []).append((rows, values))
         self._pending.clear()
+        if self._ahead is not None:
+            self._ahead.done()
 
     def _local(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor] | None], list[int]]:
         """This rank's coalesced gradient of each table (None: none), and which earlier table each shares its rows
@@ -121,7 +137,8 @@ class ReplicatedTables:
         parts: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         shares = [-1] * len(names)
         for group, entries in self._grads.items():
-            rows, values = coalesce(torch.cat([r for r, _ in entries]), torch.cat([v for _, v in entries]))
+            rows, values = coalesce(torch.cat([r for r, _ in entries]), torch.cat([v for _, v in entries]),
+                                    self._known.get(group))
             start = 0
             for name in group:
                 dim = self.tables[name].plan.dim
@@ -142,37 +159,79 @@ class ReplicatedTables:
             else:  # looked up in several groups: one gradient per table
                 local.append(coalesce(torch.cat([r for r, _ in got]), torch.cat([v for _, v in got])))
         self._grads.clear()
+        self._known.clear()
         return local, shares
 
     def step(self) -> bool:
+        self._settle()
         local, shares = self._local()
         dims = [t.plan.dim for t in self.tables.values()]
         reduced = reduce_tables(local, dims, shares, group=self.dp_group, device=self.compute)
         if not all(bool(torch.isfinite(r[1]).all()) for r in reduced if r is not None):
             self.skipped_steps += 1  # the same reduced values on every rank: every rank decides the same
             return False
-        for t, r in zip(self.tables.values(), reduced):
-            if r is not None:
-                rows, grads = r
-                t.optimizer.step(rows.to(t.weight.device), device_to_host(grads, t.weight.device).contiguous())
+        for name, t, r in zip(self.tables, self.tables.values(), reduced):
+            if r is None:
+                continue
+            rows, grads = r[0].to(t.weight.device), device_to_host(r[1], t.weight.device).contiguous()
+            if self._ahead is None or name not in self._ahead.tables:
+                t.optimizer.step(rows, grads)
+            elif hasattr(t.optimizer, "updates"):  # written in two parts: prefetch.Ahead.write
+                self._ahead.write(name, rows, t.optimizer.updates(rows, grads))
+            else:  # torch's SparseAdam: one step, then every touched row re-gathered where it is queued
+                t.optimizer.step(rows, grads)
+                self._ahead.patch(name, rows)
         return True
 
     def discard(self) -> None:
         self._pending.clear()
         self._grads.clear()
+        self._known.clear()
 
+    # -- prefetch (placement.prefetch: launcher/tables/prefetch.py) ---------------------------------------------------
+    def start_prefetch(self) -> list[str]:
+        """Gather the host tables' rows of queued micro-batches ahead (``prefetch``); the tables it covers."""
+        host = {name: t.weight for name, t in self.tables.items() if t.plan.location == "host"}
+        if host and self._ahead is None:
+            self._ahead = Ahead(host, self.compute, self.dtype)
+        return sorted(host)
+
+    def prefetch(self, lookups: list[tuple[str, torch.Tensor]]) -> None:
+        """Queue the next micro-batch's recorded lookups (launcher/tables/record.py)."""
+        if self._ahead is not None:
+            self._ahead.queue(lookups)
+
+    def drop_prefetch(self, stop: bool = False) -> None:
+        if self._ahead is not None:
+            self._ahead.drop()
+            if stop:
+                self._ahead.close()
+                self._ahead = None
+
+    def prefetch_stats(self) -> dict[str, int]:
+        return dict(self._ahead.stats) if self._ahead is not None else {}
+
+    def _settle(self) -> None:
+        if self._ahead is not None:
+            self._ahead.settle()
+
+    # -- state ------------------------------------------------------------------------------------------------------
     def digests(self) -> dict[str, str]:
+        self._settle()
         return {name: table_digest(t.weight) for name, t in self.tables.items()}
 
     def held(self) -> dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]:
+        self._settle()
         return {name: (t.plan.location, t.weight, t.optimizer.state_tensors()) for name, t in self.tables.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """Each table's weights and its optimizer's state, step counts included (identical on every rank).
         References to the live tensors, as torch's state_dict gives: no copy of a large table just to save it."""
+        self._settle()
         return {name: {"weight": t.weight, "optimizer": t.optimizer.state_dict()} for name, t in self.tables.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.drop_prefetch()  # deferred writes land before, and no queued row survives, the load
         for name, t in self.tables.items():
             t.weight.copy_(state[name]["weight"])
             t.optimizer.load_state_dict(state[name]["optimizer"])

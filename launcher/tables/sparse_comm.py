@@ -15,13 +15,15 @@ import torch
 import torch.distributed as dist
 
 
-def coalesce(rows: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unique sorted rows and the sum of the values of each, in a deterministic order."""
+def coalesce(rows: torch.Tensor, values: torch.Tensor,
+             known: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique sorted rows and the sum of the values of each, in a deterministic order. ``known``: (unique, inverse)
+    of ``rows`` on the CPU, already computed (by the prefetch thread): the same sums, without the sort."""
     if rows.numel() == 0:
         return rows, values
     if rows.device.type == "cpu":
         # CPU index_add_ accumulates in index order (no atomics): deterministic, and 1.6x faster than the sort path.
-        unique, inverse = torch.unique(rows, sorted=True, return_inverse=True)
+        unique, inverse = known or torch.unique(rows, sorted=True, return_inverse=True)
         return unique, values.new_zeros(len(unique), *values.shape[1:]).index_add_(0, inverse, values)
     order = torch.sort(rows, stable=True).indices
     rows, values = rows[order], values[order]

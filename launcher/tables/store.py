@@ -8,6 +8,9 @@ through ``TableLookup`` modules (launcher/tables/lookup.py) that stand where its
 
 ``ReplicatedTables`` (replicated.py) keeps a whole copy of each table on every data-parallel rank, as MindSpore's
 host EmbeddingLookup does; a store that shards rows over ranks (a parameter server) implements the same protocol.
+A store may also gather the next micro-batches' rows ahead (``start_prefetch``, ``prefetch``, ``drop_prefetch``:
+placement.prefetch, launcher/tables/prefetch.py): the replicated store does for its host tables, the sharded one
+does not (its lookups are collectives on the training thread).
 """
 
 from __future__ import annotations
@@ -72,6 +75,27 @@ class Stores:
 
     def set_lr(self, name: str, lr: float) -> None:
         self._of[name].set_lr(name, lr)
+
+    # prefetch (placement.prefetch): the stores that have it (replicated host tables); the others look up as usual
+    def start_prefetch(self) -> list[str]:
+        return sorted(n for s in self.stores if hasattr(s, "start_prefetch") for n in s.start_prefetch())
+
+    def prefetch(self, lookups: list[tuple[str, torch.Tensor]]) -> None:
+        for s in self.stores:
+            if hasattr(s, "prefetch"):
+                s.prefetch(lookups)
+
+    def drop_prefetch(self, stop: bool = False) -> None:
+        for s in self.stores:
+            if hasattr(s, "drop_prefetch"):
+                s.drop_prefetch(stop)
+
+    def prefetch_stats(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.stores:
+            for k, v in (s.prefetch_stats() if hasattr(s, "prefetch_stats") else {}).items():
+                out[k] = out.get(k, 0) + v
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {k: v for s in self.stores for k, v in s.state_dict().items()}

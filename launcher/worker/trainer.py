@@ -91,6 +91,7 @@ class Trainer:
         self.saving: Callable[[], AbstractContextManager[None]] = nullcontext
         """Around a checkpoint's save: fit sets it to MetricsWriter.saving (the heartbeat says "saving" and a thread
         keeps it moving, so a save longer than launcher.watchdog_s is not taken for a hang)."""
+        self._lookahead = self._build_lookahead()
 
     # -- one step ---------------------------------------------------------------------------------------------------
     def forward(self, batch):
@@ -124,10 +125,10 @@ class Trainer:
                 self._tracker.next_micro_batch()
             if self.saved_activation_bytes is None:  # measured once, on the first micro-batch of the run
                 with SavedActivations(self.engine.module) as saved:  # the model's forward (the loss's not counted)
-                    out, labels = self.forward(self._next_batch())
+                    out, labels = self.forward(self._micro_batch())
                 self.saved_activation_bytes = saved.bytes
             else:
-                out, labels = self.forward(self._next_batch())
+                out, labels = self.forward(self._micro_batch())
             loss = self.loss_fn(out, labels)
             self.engine.backward(loss)
             if self.tables is not None:
@@ -138,6 +139,28 @@ class Trainer:
         self._step_tables()
         self.step += 1
         return total / accum if accum > 1 else total
+
+    # -- host-table prefetch (placement.prefetch; launcher/tables/record.py, prefetch.py) ------------------------------
+    def _build_lookahead(self) -> Any:
+        """A Lookahead when the plan prefetches and the store has tables it can prefetch (replicated host tables)."""
+        depth = getattr(self.plan.placement, "prefetch", 0)
+        if self.tables is None or depth <= 0 or not hasattr(self.tables, "start_prefetch"):
+            return None
+        if not self.tables.start_prefetch():
+            return None
+        from launcher.tables.record import Lookahead
+
+        return Lookahead(self.tables, depth, self.device, self.dtype)
+
+    def _micro_batch(self):
+        """The micro-batch to train on now. With prefetch, the next ones are drawn ahead (moved to the device) and
+        the store gathers their rows while this one steps; data_position still counts the micro-batches trained."""
+        if self._lookahead is None:
+            return self._next_batch()
+        batch, drawn = self._lookahead.take(lambda: self._move(self._next_batch()),
+                                            lambda b: call(self.engine.module, b[0]))
+        self.data_position += 1 - drawn  # _next_batch counted each one drawn
+        return batch
 
     def _step_tables(self) -> None:
         if self.tables is None:
@@ -215,6 +238,8 @@ class Trainer:
             metrics.write(event="eval", step=p.steps, **self.evaluate())
         if self.tables is not None:
             rank_dir.tables.write_text(json.dumps(self.tables.digests(), indent=2))
+            if self._lookahead is not None:
+                metrics.write(event="prefetch", step=p.steps, **self.tables.prefetch_stats())
             hashing = hash_report(self.engine.module)
             if hashing:
                 run_dir.write_json(rank_dir.hashing, hashing)
@@ -253,6 +278,8 @@ class Trainer:
     def _load_progress(self, state: dict[str, Any]) -> None:
         self.step, self.data_position = int(state["step"]), int(state["data_position"])
         self._batches = None  # restart the data source at data_position
+        if self._lookahead is not None:
+            self._lookahead.clear()  # what was drawn ahead is drawn again from there
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         if "cuda" in state["rng"]:
