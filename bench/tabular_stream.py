@@ -15,7 +15,8 @@ micro-batches of --batch / 2 rows after the first (which reads the statistics sa
 samples/s, its peak RSS (VmHWM) and what streaming added to it (the peak less the RSS once the source was built:
 compared with the plan's data term); (2) the training run: ``hetero-launch recipe=wide_deep data=tabular ...`` on 2
 ranks for --steps steps of global batch --batch (eval capped at 10 batches per rank), each rank's peak RSS (VmHWM,
-rank.N/memory.json via summary.json), the plan's predicted peak and the run's samples/s per rank. The table gives
+rank.N/memory.json via summary.json), the plan's predicted peak and the samples/s each rank trains on (the run's
+global samples/s / 2); data/train is the data path's samples/s over that. The table gives
 the median (min-max) over the rounds. Not a test: the figures belong to the machine.
 """
 
@@ -106,7 +107,8 @@ def data_path(path: Path, args) -> list[dict]:
 
 
 def train(path: Path, args, logs: Path) -> list[dict]:
-    """A 2-rank run; per rank its peak RSS, the plan's predicted peak and samples/s."""
+    """A 2-rank run; per rank its peak RSS, the plan's predicted peak and the samples/s it trains on (the run's
+    global samples/s, which every rank logs, over 2)."""
     name = f"run{time.monotonic_ns()}"
     cmd = [sys.executable, "-m", "launcher.cli", "recipe=wide_deep", "data=tabular", f"data.path={path}",
            "data.label=label", "data.positive=1", f"data.hash_buckets={args.buckets}", "trainer.epochs=0",
@@ -119,7 +121,7 @@ def train(path: Path, args, logs: Path) -> list[dict]:
     plan = json.loads((logs / name / "plan.json").read_text())
     data_term = next((t["bytes"] for t in plan["peak"]["terms"] if t["name"] == "data"), None)
     shutil.rmtree(logs / name)
-    return [{"rss": r["peak_bytes"], "planned": r["planned_peak_bytes"], "samples_per_s": r["samples_per_s"],
+    return [{"rss": r["peak_bytes"], "planned": r["planned_peak_bytes"], "samples_per_s": r["samples_per_s"] / 2,
              "data_term": data_term, "auc": summary.get("eval", {}).get("auc")} for r in summary["ranks"]]
 
 
@@ -137,7 +139,7 @@ def report(results: dict, args) -> str:
              f"(dp 2), micro-batch {args.batch // 2} rows; 1-minute load average {args.load[0]:.1f} at the start, "
              f"{os.getloadavg()[0]:.1f} at the end (other work shares this machine: throughput spreads are wide)", "",
              f"{'rows':>11} | {'rank':4} | {'data path samples/s':>25} | {'data path RSS GiB':>19} | "
-             f"{'train samples/s':>23} | {'train peak RSS GiB':>19} | planned GiB | data/train",
+             f"{'train samples/s/rank':>23} | {'train peak RSS GiB':>19} | planned GiB | data/train",
              "-" * 150]
     for n, per_rank in results.items():
         for rank, r in enumerate(per_rank):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.recipes.wide_deep._tabular_parquet import _as_text, _is_number_type
+from launcher.recipes.wide_deep._tabular_parquet import _is_number_type, coded
 from launcher.recipes.wide_deep._tabular_read import INSTALL, _pyarrow, _unreadable
 from launcher.recipes.wide_deep.tabular import TabularError, _check_labels, _hash_problems, _key_problems
 
@@ -245,9 +245,8 @@ def _labels(files, footers, train: np.ndarray, label: str, positive: str, negati
     import pyarrow.parquet as pq
 
     f, g, _ = (int(x) for x in train[0])
-    column = pq.ParquetFile(files[f]).read_row_group(g, columns=[label]).column(label).combine_chunks()
-    encoded = column.dictionary_encode(null_encoding="encode")
-    texts = _as_text(encoded.dictionary).to_pylist()
+    col = coded(pq.ParquetFile(files[f]).read_row_group(g, columns=[label]).column(label), used_only=True)
+    texts = col.texts()
     values = set(texts)
     for _, meta in footers:
         index = next(i for i in range(meta.num_columns) if meta.schema.column(i).path == label)
@@ -260,9 +259,8 @@ def _labels(files, footers, train: np.ndarray, label: str, positive: str, negati
     except TabularError as e:
         raise TabularError([f"{e.problems[0]} (streamed data: the values of row group {g} of {files[f]} and the "
                             f"footers' min / max)"]) from None
-    codes = encoded.indices.to_numpy(zero_copy_only=False)
-    share = float(np.mean(np.array([t == positive for t in texts])[codes])) if len(codes) else 0.0
-    return negative or next(v for v in sorted(values) if v != positive), (len(codes), share)
+    share = float(np.mean(np.array([t == positive for t in texts])[col.codes])) if len(col.codes) else 0.0
+    return negative or next(v for v in sorted(values) if v != positive), (len(col.codes), share)
 
 
 def _stat_text(v) -> str:
