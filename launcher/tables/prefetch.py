@@ -1,21 +1,23 @@
 """Host-table lookups overlapped with the dense step (``placement.prefetch``): the replicated store's side.
 
 The trainer draws the next ``depth`` micro-batches ahead and records the lookups each one's forward will make
-(launcher/tables/record.py). ``Ahead.queue`` hands each recorded micro-batch to one background thread, which
-deduplicates its ids and gathers the unique rows of each host table (on CUDA into pinned buffers, copied to the
-device on a side stream, non-blocking) while the current micro-batch runs its forward, backward and dense step. When
-the model then looks a table up, ``take`` serves the prefetched rows if the ids are the recorded ones (compared
-element by element; other ids are looked up as without prefetch) and hands the store the deduplication, so the
-store's per-step coalesce needs no sort.
+(launcher/tables/record.py). One background thread, first in first out, does the rest:
 
-Rows updated at step t are never served stale at t + 1. The choice is **re-gather the touched rows**: the update of
-step t computes every touched row as without prefetch, then writes first the rows a queued micro-batch will look up
-(``needed``) and re-gathers exactly those into the queued micro-batches (``patch``); the other rows are written by the
-background thread (``defer``) while step t + 1 runs, and the thread gathers the next micro-batch only after that
-write (one thread, first in first out). The update's arithmetic is done in one piece before either write, so the
-tables, served rows and losses are those of the serial path bit for bit (tested, tests/tables/test_prefetch.py).
-Anything else that reads or writes the tables (``settle``) waits for the thread first: a step's exchange, a lookup
-that was not prefetched (evaluation), state_dict, digests, loading a checkpoint (which also drops the queue).
+- ``queue``: deduplicates a recorded micro-batch's ids (the store's coalesce then needs no sort) and, when no table
+  update comes before it is used (a later micro-batch of the same step), gathers its rows at once;
+- ``update``: a step's table update, once the store computed it (its arithmetic in one piece on the training
+  thread, as without prefetch: only its writes move). The thread writes the rows the queued micro-batches look up,
+  then gathers those micro-batches' rows (after the write: **the update is ordered before the prefetch**, so no row is
+  served stale), then writes the other rows, while the next micro-batch's forward and backward run;
+- ``take``: inside the model's forward, serves the gathered rows if the ids are the recorded ones (compared element
+  by element; other ids are looked up as without prefetch).
+
+So the tables, the rows served and the losses are those of the serial path bit for bit (tests/tables/
+test_prefetch.py, tests/integration/test_prefetch_runs.py). Anything else that reads or writes the tables waits for
+the thread first (``settle``): a lookup that was not prefetched (evaluation), state_dict, digests, a learning-rate
+change, loading a checkpoint (which also drops the queue). On CUDA the unique rows are gathered into pinned buffers
+and copied on a side stream (``non_blocking``), expanded on the device when served, and the recorded ids are compared
+there (checked once per micro-batch); that path has not run on a GPU (written and reviewed only).
 """
 
 from __future__ import annotations
@@ -41,14 +43,17 @@ class Gather:
     """The ids as recorded (a copy, where the model had them: on the compute device)."""
     recorded: Any = None
     """CUDA: the event after which ``ids`` may be read on the side stream."""
+    flat: torch.Tensor | None = None
+    """The ids, flat, int64, on the host."""
     unique: torch.Tensor | None = None
-    """Sorted unique ids (int64, on the host)."""
+    """Sorted unique ids (on the host)."""
     inverse: torch.Tensor | None = None
-    """Each id's position in ``unique`` (on the compute device)."""
+    """Each id's position in ``unique`` (host; CUDA: also copied to the device, ``inverse_device``)."""
+    inverse_device: torch.Tensor | None = None
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Per table: its rows of ``unique`` (fp32, on the compute device)."""
+    """Per table, when gathered: CPU: the rows of ``flat``; CUDA: the rows of ``unique`` on the device."""
     ready: Any = None
-    """CUDA: the event after which ``rows`` and ``inverse`` are on the device."""
+    """CUDA: the event after which ``rows`` are on the device."""
     served: set[str] = field(default_factory=set)
 
 
@@ -56,6 +61,9 @@ class Gather:
 class MicroBatch:
     gathers: list[Gather]
     done: Future | None = None
+    """The thread's task that gathers its rows last (its queueing, or a table update that came before its use)."""
+    failed: BaseException | None = None
+    """Why its ids could not be prepared (an id out of range: the lookup then fails as without prefetch)."""
 
 
 class Ahead:
@@ -66,15 +74,18 @@ class Ahead:
         self.cuda = compute.type == "cuda"
         self._queue: deque[MicroBatch] = deque()
         self._pending: list[Future] = []
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="table-prefetch")
+        # the thread's own torch ops run with the training thread's intra-op thread count (same arithmetic)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="table-prefetch",
+                                          initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
         self._side = torch.cuda.Stream(compute) if self.cuda else None
         self._ring = PinnedRing() if self.cuda else None  # the thread's own pinned buffers
         self._mismatch: list[torch.Tensor] = []
-        self.stats = {"served": 0, "missed": 0, "deferred_rows": 0, "urgent_rows": 0}
+        self.stats = {"served": 0, "missed": 0, "urgent_rows": 0, "deferred_rows": 0}
 
-    # -- queueing (the trainer, after recording a micro-batch) --------------------------------------------------------
-    def queue(self, recorded: list[tuple[str, torch.Tensor]]) -> None:
-        """One micro-batch's recorded lookups, in the order its forward makes them (other stores' tables left out)."""
+    # -- on the training thread ---------------------------------------------------------------------------------------
+    def queue(self, recorded: list[tuple[str, torch.Tensor]], gather: bool = True) -> None:
+        """One micro-batch's recorded lookups, in the order its forward makes them (other stores' tables left out);
+        ``gather``: gather its rows now (no table update comes before its use)."""
         gathers: list[Gather] = []
         for name, ids in recorded:
             if name not in self.tables:
@@ -89,71 +100,33 @@ class Ahead:
                 g.recorded = torch.cuda.Event()
                 g.recorded.record(torch.cuda.current_stream(self.compute))
         mb = MicroBatch(gathers)
-        mb.done = self._submit(self._prepare, mb)
+        mb.done = self._submit(self._prepare, mb, gather)
         self._queue.append(mb)
 
-    def _submit(self, fn, *args) -> Future:
-        future = self._thread.submit(fn, *args)
-        self._pending.append(future)
-        return future
-
-    def _prepare(self, mb: MicroBatch) -> None:
-        """On the thread: deduplicate and gather (CUDA: on the side stream, into pinned buffers)."""
-        for g in mb.gathers:
-            if self.cuda:
-                with torch.cuda.stream(self._side):
-                    self._side.wait_event(g.recorded)
-                    self._gather(g, g.ids.reshape(-1).to("cpu", torch.int64))
-                    g.ready = torch.cuda.Event()
-                    g.ready.record(self._side)
-            else:
-                self._gather(g, g.ids.reshape(-1).to(torch.int64))
-
-    def _gather(self, g: Gather, ids: torch.Tensor) -> None:
-        g.unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-        for name in g.names:
-            g.rows[name] = gather_to_device(self.tables[name], g.unique, self.compute, staging=self._ring)
-        if self.cuda:
-            staged, slot = self._ring.stage(tuple(inverse.shape), inverse.dtype)
-            staged.copy_(inverse)
-            g.inverse = staged.to(self.compute, non_blocking=True)
-            self._ring.sent(slot, self.compute)
-        else:
-            g.inverse = inverse
-
-    # -- serving (inside the model's forward) -------------------------------------------------------------------------
     def take(self, name: str, ids: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None] | None:
         """(the rows of ``ids`` on the compute device, in the run's dtype; (unique, inverse) for the store's
         coalesce, on the CPU only) when the micro-batch now running recorded this lookup; else None."""
         mb = self._queue[0] if self._queue else None
-        if mb is None or not self._ready(mb):
-            self.stats["missed"] += 1
-            return None
-        g = next((g for g in mb.gathers if name in g.names and name not in g.served and g.ids.shape == ids.shape
-                  and self._same(g.ids, ids)), None)
+        if mb is not None:
+            mb.done.result()  # a failed table update raises here
+        g = None if mb is None or mb.failed is not None else next(
+            (g for g in mb.gathers if name in g.names and name in g.rows and name not in g.served
+             and g.ids.shape == ids.shape and self._same(g.ids, ids)), None)
         if g is None:
             self.stats["missed"] += 1
             return None
         g.served.add(name)
         self.stats["served"] += 1
-        rows, inverse = g.rows[name], g.inverse
+        rows = g.rows[name]
         if self.cuda:
             stream = torch.cuda.current_stream(self.compute)
             stream.wait_event(g.ready)
             rows.record_stream(stream)
-            inverse.record_stream(stream)
-        act = rows.index_select(0, inverse)
-        if act.dtype != self.dtype:
-            act = act.to(self.dtype)
-        return act, None if self.cuda else (g.unique, g.inverse)
-
-    def _ready(self, mb: MicroBatch) -> bool:
-        """Wait for the micro-batch's gathers; False when they failed (the lookup then says why, as without)."""
-        try:
-            mb.done.result()
-            return True
-        except Exception:  # noqa: BLE001 (e.g. an id out of range: the serial lookup raises the usual error)
-            return False
+            g.inverse_device.record_stream(stream)
+            rows = rows.index_select(0, g.inverse_device)
+        if rows.dtype != self.dtype:
+            rows = rows.to(self.dtype)
+        return rows, None if self.cuda else (g.unique, g.inverse)
 
     def _same(self, recorded: torch.Tensor, ids: torch.Tensor) -> bool:
         """Whether the model looks up the recorded ids. CUDA: compared on the device and checked at ``done`` (one
@@ -178,52 +151,23 @@ class Ahead:
                                    "something besides the batch), and the prefetched rows were used. Set "
                                    "placement.prefetch=0 for this model.")
 
-    # -- the update (the store's step) --------------------------------------------------------------------------------
+    def update(self, work: list[tuple[str, torch.Tensor, list | None]]) -> None:
+        """A step's table update to write, each (table, its sorted unique rows, the optimizer's ``updates`` of them;
+        None: written already), as the module's docstring says. The queued micro-batches' rows are gathered after it;
+        call it after every step, also one that updated no row. The caller ``settle``d the thread before it computed
+        the update (which read the rows the last one wrote)."""
+        entries = list(self._queue)
+        later: list[tuple[torch.Tensor, list, torch.Tensor]] = []
+        head = self._submit(self._update, work, entries, later)
+        for mb in entries:
+            mb.done = head
+        self._submit(self._write_later, later)
+
     def settle(self) -> None:
-        """Wait until the thread has nothing left: its gathers and deferred writes are done."""
+        """Wait until the thread has nothing left (a failed table update raises here)."""
         pending, self._pending = self._pending, []
         for future in pending:
-            try:
-                future.result()
-            except Exception:  # noqa: BLE001 (a failed gather: take serves nothing from it)
-                pass
-
-    def needed(self, name: str, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions in ``rows`` (sorted unique rows a step updates) a queued micro-batch looks up, and the others."""
-        queued = [g.unique for mb in self._queue for g in mb.gathers if name in g.names and g.unique is not None]
-        hit = torch.isin(rows, torch.cat(queued)) if queued else torch.zeros_like(rows, dtype=torch.bool)
-        return hit.nonzero().squeeze(1), (~hit).nonzero().squeeze(1)
-
-    def write(self, name: str, rows: torch.Tensor, updates: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Write a table's update (its arithmetic done): now the rows queued micro-batches need, and re-gather them
-        there; the rest on the thread, before anything it does next. The store settled the thread at the start of
-        its step (the queued gathers are done, so ``needed`` knows their ids)."""
-        urgent, rest = self.needed(name, rows)
-        write_rows(rows, updates, urgent)
-        self.patch(name, rows.index_select(0, urgent))
-        if len(rest):
-            self._submit(write_rows, rows, updates, rest)
-        self.stats["urgent_rows"] += len(urgent)
-        self.stats["deferred_rows"] += len(rest)
-
-    def patch(self, name: str, touched: torch.Tensor) -> None:
-        """Re-gather ``touched`` rows (sorted, just written) wherever a queued micro-batch holds them."""
-        weight = self.tables[name]
-        for mb in self._queue:
-            for g in mb.gathers:
-                if name not in g.names or g.unique is None or not len(touched):
-                    continue
-                pos = torch.searchsorted(g.unique, touched).clamp_(max=len(g.unique) - 1)
-                pos = pos[g.unique.index_select(0, pos) == touched]
-                if not len(pos):
-                    continue
-                fresh = gather_to_device(weight, g.unique.index_select(0, pos), self.compute)
-                if self.cuda:  # after the side stream's copy; the rows' memory kept until this stream is done
-                    stream = torch.cuda.current_stream(self.compute)
-                    stream.wait_event(g.ready)
-                    g.rows[name].record_stream(stream)
-                    pos = pos.to(self.compute)
-                g.rows[name].index_copy_(0, pos, fresh)
+            future.result()
 
     def drop(self) -> None:
         """Forget every queued micro-batch (the tables were written from outside: a checkpoint was loaded)."""
@@ -234,6 +178,85 @@ class Ahead:
     def close(self) -> None:
         self.drop()
         self._thread.shutdown(wait=True)
+
+    def _submit(self, fn, *args) -> Future:
+        self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
+        future = self._thread.submit(fn, *args)
+        self._pending.append(future)
+        return future
+
+    # -- on the thread ------------------------------------------------------------------------------------------------
+    def _prepare(self, mb: MicroBatch, gather: bool) -> None:
+        try:
+            for g in mb.gathers:
+                self._dedup(g)
+                if gather:
+                    self._gather(g)
+        except Exception as e:  # noqa: BLE001 (its lookups are made as without prefetch, which says what is wrong)
+            mb.failed = e
+
+    def _dedup(self, g: Gather) -> None:
+        if self.cuda:
+            with torch.cuda.stream(self._side):
+                self._side.wait_event(g.recorded)
+                g.flat = g.ids.reshape(-1).to("cpu", torch.int64)
+        else:
+            g.flat = g.ids.reshape(-1).to(torch.int64)
+        g.unique, g.inverse = torch.unique(g.flat, sorted=True, return_inverse=True)
+        if self.cuda:
+            with torch.cuda.stream(self._side):
+                g.inverse_device = self._to_device(g.inverse)
+
+    def _gather(self, g: Gather) -> None:
+        """Each table's rows of the micro-batch as they are now (CPU: one gather, as the serial lookup's)."""
+        if not self.cuda:
+            g.rows = {name: torch.index_select(self.tables[name], 0, g.flat) for name in g.names}
+            return
+        with torch.cuda.stream(self._side):
+            g.rows = {name: gather_to_device(self.tables[name], g.unique, self.compute, staging=self._ring)
+                      for name in g.names}
+            g.ready = torch.cuda.Event()
+            g.ready.record(self._side)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        staged, slot = self._ring.stage(tuple(t.shape), t.dtype)
+        staged.copy_(t)
+        out = staged.to(self.compute, non_blocking=True)
+        self._ring.sent(slot, self.compute)
+        return out
+
+    def _update(self, work, entries: list[MicroBatch], later: list) -> None:
+        """The rows the queued micro-batches need written, then those micro-batches gathered (``later``: the rest)."""
+        hits: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for name, rows, updates in work:
+            if updates is None:  # torch's SparseAdam wrote its step itself
+                continue
+            if id(rows) not in hits:  # tables looked up together share their rows: one search
+                hits[id(rows)] = self._needed(name, rows, entries)
+            urgent, rest = hits[id(rows)]
+            write_rows(rows, updates, urgent)
+            later.append((rows, updates, rest))
+            self.stats["urgent_rows"] += len(urgent)
+            self.stats["deferred_rows"] += len(rest)
+        for mb in entries:
+            if mb.failed is None:
+                for g in mb.gathers:
+                    self._gather(g)
+
+    def _needed(self, name: str, rows: torch.Tensor, entries: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions in ``rows`` (sorted unique) that a queued micro-batch looks up in table ``name``, and the others."""
+        hit = torch.zeros(len(rows), dtype=torch.bool)
+        for mb in entries:
+            for g in mb.gathers:
+                if name in g.names and g.unique is not None and len(g.unique):
+                    pos = torch.searchsorted(g.unique, rows).clamp_(max=len(g.unique) - 1)
+                    hit |= g.unique.index_select(0, pos) == rows
+        return hit.nonzero().squeeze(1), (~hit).nonzero().squeeze(1)
+
+    def _write_later(self, later: list) -> None:
+        for rows, updates, rest in later:
+            if len(rest):
+                write_rows(rows, updates, rest)
 
 
 def warn_once(message: str, _said: set[str] = set()) -> None:  # noqa: B006 (one set per process on purpose)

@@ -86,12 +86,15 @@ class Lookahead:
     """Micro-batches drawn ``depth`` ahead of the one training, each one's lookups recorded and queued in ``store``
     (its ``prefetch``), so its rows are gathered while the earlier ones step."""
 
-    def __init__(self, store: Any, depth: int, device: torch.device, dtype: torch.dtype) -> None:
-        self.store, self.depth, self.device, self.dtype = store, depth, device, dtype
+    def __init__(self, store: Any, depth: int, device: torch.device, dtype: torch.dtype, accum: int = 1) -> None:
+        self.store, self.depth, self.device, self.dtype, self.accum = store, depth, device, dtype, accum
         self.batches: deque[Any] = deque()
         self.limit: int | None = None
         """Lookups per micro-batch, from the first recording pass that ran to the end."""
         self.on = True
+        self.drawn = self.used = 0
+        """Micro-batches drawn and handed out since the start (or a clear: at a step boundary); every ``accum``-th
+        is the last of its step, after which the tables are updated."""
 
     def take(self, draw: Callable[[], Any], forward: Callable[[Any], Any]) -> tuple[Any, int]:
         """(the micro-batch to train on now, how many were drawn for it: 0 .. depth + 1). ``draw()`` gives the next
@@ -101,12 +104,16 @@ class Lookahead:
             batch = draw()
             drawn += 1
             self.batches.append(batch)
-            self._record(lambda b=batch: forward(b))
+            # its rows are gathered now unless a step's table update comes before it trains (that gathers them)
+            updates_first = any((k + 1) % self.accum == 0 for k in range(self.used, self.drawn))
+            self.drawn += 1
+            self._record(lambda b=batch: forward(b), not updates_first)
+        self.used += 1
         if not self.batches:
             return draw(), 1
         return self.batches.popleft(), drawn
 
-    def _record(self, run: Callable[[], Any]) -> None:
+    def _record(self, run: Callable[[], Any], gather: bool) -> None:
         try:
             lookups, complete = record_lookups(run, self.limit, self.device, self.dtype)
         except Exception as e:  # noqa: BLE001 (the run goes on without prefetch, and says so)
@@ -121,7 +128,7 @@ class Lookahead:
             if not lookups:  # its forward looks no table up: nothing to prefetch
                 self.stop()
                 return
-        self.store.prefetch(lookups)
+        self.store.prefetch(lookups, gather)
 
     def stop(self) -> None:
         """No more drawing ahead; the micro-batches already drawn are trained as usual, their lookups not prefetched."""
@@ -131,4 +138,5 @@ class Lookahead:
     def clear(self) -> None:
         """Forget the drawn-ahead micro-batches (the data source restarts: a checkpoint was loaded)."""
         self.batches.clear()
+        self.drawn = self.used = 0
         self.store.drop_prefetch()

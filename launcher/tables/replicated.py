@@ -93,6 +93,7 @@ class ReplicatedTables:
         """Steps whose table gradients were not finite (nothing was updated)."""
 
     def set_lr(self, name: str, lr: float) -> None:
+        self._settle()  # a queued update keeps the rate it was made with
         self.tables[name].optimizer.lr = lr
 
     def lookup(self, name: str, ids: torch.Tensor) -> torch.Tensor:
@@ -163,24 +164,26 @@ class ReplicatedTables:
         return local, shares
 
     def step(self) -> bool:
-        self._settle()
+        """With prefetch, a host table's update is computed here and written by the prefetch thread
+        (launcher/tables/prefetch.py), the rows the queued micro-batches need first, then gathered for them."""
         local, shares = self._local()
         dims = [t.plan.dim for t in self.tables.values()]
         reduced = reduce_tables(local, dims, shares, group=self.dp_group, device=self.compute)
         if not all(bool(torch.isfinite(r[1]).all()) for r in reduced if r is not None):
             self.skipped_steps += 1  # the same reduced values on every rank: every rank decides the same
             return False
+        self._settle()  # the last update's writes are in: this one reads those rows
+        writes = []
         for name, t, r in zip(self.tables, self.tables.values(), reduced):
             if r is None:
                 continue
             rows, grads = r[0].to(t.weight.device), device_to_host(r[1], t.weight.device).contiguous()
-            if self._ahead is None or name not in self._ahead.tables:
-                t.optimizer.step(rows, grads)
-            elif hasattr(t.optimizer, "updates"):  # written in two parts: prefetch.Ahead.write
-                self._ahead.write(name, rows, t.optimizer.updates(rows, grads))
-            else:  # torch's SparseAdam: one step, then every touched row re-gathered where it is queued
-                t.optimizer.step(rows, grads)
-                self._ahead.patch(name, rows)
+            if self._ahead is None or name not in self._ahead.tables or not hasattr(t.optimizer, "updates"):
+                t.optimizer.step(rows, grads)  # (torch's SparseAdam writes its step itself)
+            else:
+                writes.append((name, rows, t.optimizer.updates(rows, grads)))
+        if self._ahead is not None:
+            self._ahead.update(writes)
         return True
 
     def discard(self) -> None:
@@ -196,10 +199,11 @@ class ReplicatedTables:
             self._ahead = Ahead(host, self.compute, self.dtype)
         return sorted(host)
 
-    def prefetch(self, lookups: list[tuple[str, torch.Tensor]]) -> None:
-        """Queue the next micro-batch's recorded lookups (launcher/tables/record.py)."""
+    def prefetch(self, lookups: list[tuple[str, torch.Tensor]], gather: bool = True) -> None:
+        """Queue the next micro-batch's recorded lookups (launcher/tables/record.py); ``gather``: its rows now (no
+        table update comes before its use; else the update gathers them)."""
         if self._ahead is not None:
-            self._ahead.queue(lookups)
+            self._ahead.queue(lookups, gather)
 
     def drop_prefetch(self, stop: bool = False) -> None:
         if self._ahead is not None:

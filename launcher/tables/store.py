@@ -80,10 +80,10 @@ class Stores:
     def start_prefetch(self) -> list[str]:
         return sorted(n for s in self.stores if hasattr(s, "start_prefetch") for n in s.start_prefetch())
 
-    def prefetch(self, lookups: list[tuple[str, torch.Tensor]]) -> None:
+    def prefetch(self, lookups: list[tuple[str, torch.Tensor]], gather: bool = True) -> None:
         for s in self.stores:
             if hasattr(s, "prefetch"):
-                s.prefetch(lookups)
+                s.prefetch(lookups, gather)
 
     def drop_prefetch(self, stop: bool = False) -> None:
         for s in self.stores:

@@ -150,7 +150,7 @@ class Trainer:
             return None
         from launcher.tables.record import Lookahead
 
-        return Lookahead(self.tables, depth, self.device, self.dtype)
+        return Lookahead(self.tables, depth, self.device, self.dtype, self.plan.batch.grad_accum)
 
     def _micro_batch(self):
         """The micro-batch to train on now. With prefetch, the next ones are drawn ahead (moved to the device) and

@@ -41,7 +41,7 @@ def _train(model, store, depth: int, steps: int = 24, accum: int = 1, batches=No
     """A trainer's loop in small: each micro-batch forward, backward, collect; the dense and table steps."""
     batches = batches or _batches()
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    ahead = Lookahead(store, depth, CPU, torch.float32) if depth and store.start_prefetch() else None
+    ahead = Lookahead(store, depth, CPU, torch.float32, accum) if depth and store.start_prefetch() else None
     losses, evals = [], []
     for step in range(steps):
         total = 0.0
