@@ -143,6 +143,10 @@ VALUE_CASES: list[tuple[str, str, str, st.SearchStrategy[str], tuple[str, ...], 
     ("placement", WD, "placement.tables.deep_embedding", enum_outside(("host", "device")), (), None),
     ("placement", Q, "placement.tables.nosuch", st.sampled_from(["host", "device"]), (), "placement.tables.nosuch"),
     ("placement", Q, "placement.offload_params", st.just("true"), (), None),  # needs zero.stage=3
+    ("placement", WD, "placement.prefetch", st.one_of(st.integers(min_value=9).map(str),
+                                                        st.integers(max_value=-1).map(str), NOT_INT),
+     ("placement.host_device_mix=1",), None),
+    ("placement", Q, "placement.prefetch", st.sampled_from(["1", "2"]), (), None),  # no host table: would do nothing
     # precision
     ("precision", Q, "precision", enum_outside(("fp32", "bf16", "fp16")), (), None),
     ("precision", Q, "precision", st.just("fp16"), ("smoke=false", "cluster.device=cpu"), None),

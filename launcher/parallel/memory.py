@@ -55,6 +55,7 @@ def rank_memory(i: Intents, parts: tuple[PartPlan, ...], placement, m: ModelMemo
     mem = memory_plan(MemoryInput(
         estimate=est, device_type=i.device_type, nproc_per_node=m.nproc_per_node, micro_size=micro,
         grad_accum=accum, in_flight=in_flight, activation_bytes=act, tables=placement.tables, lookups=m.lookups,
+        prefetch=getattr(placement, "prefetch", 0),
         optimizer=i.optimizer, optimizer_location=placement.optimizer_location, buffers=buffers,
         data_bytes=m.data_bytes, families=m.families, imports=m.imports,
         deepspeed=any(p.name == "deepspeed" for p in parts),

@@ -24,6 +24,7 @@ from launcher.plan.memory import Bytes, MemoryEstimate
 from launcher.plan.parallel import ParallelDims, plan_parallel
 from launcher.plan.pipeline import PipelinePlan, plan_pipeline
 from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement, takes_tables_out
+from launcher.plan.prefetch import plan_prefetch
 from launcher.plan.ps import placed, plan_build, ps_fixes, stage_ranks
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table, visible_devices
 from launcher.plan.rules import check_config, device_and_backend, resolve_nproc
@@ -354,6 +355,8 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     zero, dims = run["zero"], dataclasses.replace(d.dims, dp_shard=run["dp_shard"])
     placement = dataclasses.replace(d.placement, param_location=run["param_location"],
                                     optimizer_location=run["optimizer_location"])
+    placement, prefetch_problems = plan_prefetch(cfg.placement.prefetch, placement, dims, zero, d.device_type)
+    d.problems += prefetch_problems
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
                        host.host_memory, host.device_memory, d.device_type, d.nproc)
     mm = model_memory(d.sizes, facts, d.nproc)

@@ -65,6 +65,8 @@ class MemoryInput:
     """The plan's TablePlans (those outside the parts have host/device locations)."""
     lookups: dict[str, float] = field(default_factory=dict)
     """Rows each sample looks up per table (default 1)."""
+    prefetch: int = 0
+    """Micro-batches whose host-table rows are gathered ahead (placement.prefetch)."""
     optimizer: str = "adam"
     optimizer_location: str = "device"
     buffers: tuple[Term, ...] = ()
@@ -295,12 +297,28 @@ def _table_steps(m: MemoryInput) -> list[Term]:
         out.append(Term(f"{t.name} step", t.location, step, phase="step", basis="estimate",
                         source=f"coalesce (2 × the gradient rows) and {temps} row-sized temporaries of its "
                                f"{t.optimizer} step ({kept})"))
+        if m.prefetch and t.location == "host" and t.shards == 1:
+            out += _prefetch_terms(m, t, rows)
         if (m.device_type == "cpu" or t.location == "host") and grad < MMAP_MAX:
             out.append(Term(f"{t.name} heap slack", "host", step, basis="estimate",
                             source=f"glibc keeps the freed step temporaries of {t.name} in its heap (each under "
                                    f"{MMAP_MAX >> 20} MiB, glibc's largest mmap threshold); wide_deep grew 19 MB over "
                                    f"300 steps here"))
     return out
+
+
+def _prefetch_terms(m: MemoryInput, t, rows: float) -> list[Term]:
+    """placement.prefetch: the queued micro-batches' rows (and the one running), each looked-up row counted (an
+    upper bound: they are gathered once per unique id) with its position and its recorded id; and a step's row
+    updates, kept past the step until the prefetch thread has written those the next micro-batches do not need."""
+    per_micro = rows / m.grad_accum
+    queued = int((m.prefetch + 1) * per_micro * (t.dim * 4 + 16))
+    return [Term(f"{t.name} prefetch", "device", queued, basis="estimate",
+                 source=f"{m.prefetch + 1} micro-batches × {per_micro:,.0f} rows × {t.dim} floats gathered ahead, "
+                        f"with their positions and recorded ids (launcher/tables/prefetch.py)"),
+            Term(f"{t.name} deferred writes", t.location, int(rows * t.dim * 4 * 3), phase="backward",
+                 basis="estimate", source="a step's new rows (weight and up to two states) kept until the prefetch "
+                                          "thread writes them, during the next forward and backward")]
 
 
 def _dense_step(m: MemoryInput) -> list[Term]:

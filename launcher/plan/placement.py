@@ -107,6 +107,11 @@ class PlacementPlan:
     cpu_impl: str
     """With the optimizer on the host: torch or deepspeed (DeepSpeedCPUAdam)."""
     pin_memory: bool
+    prefetch: int = 0
+    """Micro-batches whose host-table rows are gathered ahead (placement.prefetch; launcher/plan/prefetch.py);
+    0 = looked up when the forward asks."""
+    prefetch_words: str = ""
+    """How the tables are looked up, for the plan: what prefetch covers, or why it does not apply."""
 
     @property
     def offload(self) -> bool:

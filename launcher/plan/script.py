@@ -23,6 +23,7 @@ from launcher.parallel.intents import PartPlan
 from launcher.plan.loader import changed
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, plan_placement
+from launcher.plan.prefetch import prefetch_depth
 from launcher.plan.registry import CPU_OPTIMIZERS
 from launcher.plan.ranks import plan_ranks, rank_table
 from launcher.plan.rules import check_cluster, check_launcher, check_output, device_and_backend, resolve_nproc
@@ -82,6 +83,10 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str,
     if cfg.parallel.sharding or cfg.parallel.tp != 1:
         problems.append(f"parallel.sharding / parallel.tp={cfg.parallel.tp} shard a recipe's operators, which a "
                         f"script's runtime.prepare() does not know (it runs data parallel). Remove them, or run a recipe.")
+    depth, found = prefetch_depth(cfg.placement.prefetch)
+    problems += found or ([f"placement.prefetch={depth} would do nothing: a script's own loop draws its batches, so "
+                           f"there is no next micro-batch to gather rows for. Set placement.prefetch=0 (or auto)."]
+                          if depth else [])
     b = cfg.batch
     micro, accum = (b.micro_size if b.micro_size > 0 else 1), (b.grad_accum if b.grad_accum > 0 else 1)
     if problems:

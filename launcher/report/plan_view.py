@@ -157,6 +157,8 @@ def plan_tree(plan: LaunchPlan) -> Tree:
         root.add(pipeline_tree(plan))
     root.add(f"trainer: {plan.steps} steps, log every {plan.log_every}, seed {plan.seed}, precision {plan.precision}")
     root.add(f"optimizer: {o.name} lr {o.lr} on {plan.placement.optimizer_location}")
+    if plan.placement.sparse_tables and plan.placement.prefetch_words:
+        root.add(escape(f"table lookups: {plan.placement.prefetch_words}"))
     per_rank = "; per rank: the largest stage's" if plan.pipeline is not None else ""
     mem = root.add(memory_tree(plan)) if plan.peak is not None else root.add("memory")
     states = mem.add(f"states ({m.params:,} parameters, {m.dense_params:,} trained by the parts{per_rank})")
