@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from launcher.tables.sparse_optim import write_rows
-from launcher.tables.transfer import PinnedRing, gather_to_device
+from launcher.tables.transfer import PinnedRing, gather_to_device, host_to_device
 
 
 @dataclass
@@ -219,11 +219,7 @@ class Ahead:
             g.ready.record(self._side)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        staged, slot = self._ring.stage(tuple(t.shape), t.dtype)
-        staged.copy_(t)
-        out = staged.to(self.compute, non_blocking=True)
-        self._ring.sent(slot, self.compute)
-        return out
+        return host_to_device(t, self.compute, staging=self._ring)
 
     def _update(self, work, entries: list[MicroBatch], later: list) -> None:
         """The rows the queued micro-batches need written, then those micro-batches gathered (``later``: the rest)."""

@@ -17,28 +17,37 @@ from typing import Any
 import torch
 
 
+RING_MAX = 64 << 20
+"""Bytes of the largest copy a ring takes (a buffer grows up to this); a larger one is pinned by torch's caching host
+allocator instead (``pin_memory()``), so a run with large batches does not keep several such buffers pinned."""
+
+
 class PinnedRing:
     """``slots`` page-locked host buffers used in turn, each grown (to the next power of two, 1 MiB at least) when a
-    copy needs more, and kept for the run. ``stage`` hands out the next buffer as a tensor of the asked shape, after
-    waiting for the copy that last used it; ``sent`` records, after the copy was queued, the event that says when it
-    is done. One ring per thread that copies (the prefetch thread has its own)."""
+    copy needs more, and kept for the run: at most slots x RING_MAX bytes (wide_deep's lookups: 4 x 4 MiB). ``stage``
+    hands out the next buffer as a tensor of the asked shape, after waiting for the copy that last used it; ``sent``
+    records, after the copy was queued, the event that says when it is done. One ring per thread that copies (the
+    prefetch thread has its own)."""
 
-    def __init__(self, slots: int = 8) -> None:
+    def __init__(self, slots: int = 4) -> None:
         self._buffers: list[torch.Tensor | None] = [None] * slots
         self._events: list[Any] = [None] * slots
         self._next = 0
 
-    def stage(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, int]:
-        """(a pinned tensor of ``shape`` and ``dtype``, its slot): free to write until ``sent(slot)``."""
+    def stage(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor | None, int]:
+        """(a pinned tensor of ``shape`` and ``dtype``, its slot): free to write until ``sent(slot)``; (None, -1) for
+        a copy larger than RING_MAX."""
+        numel = 1
+        for n in shape:
+            numel *= n
+        need = max(numel, 1) * dtype.itemsize
+        if need > RING_MAX:
+            return None, -1
         slot = self._next
         self._next = (slot + 1) % len(self._buffers)
         if self._events[slot] is not None:
             self._events[slot].synchronize()  # its last copy has left the buffer
             self._events[slot] = None
-        numel = 1
-        for n in shape:
-            numel *= n
-        need = max(numel, 1) * dtype.itemsize
         buf = self._buffers[slot]
         if buf is None or buf.numel() < need:
             buf = torch.empty(max(1 << 20, 1 << (need - 1).bit_length()), dtype=torch.uint8, pin_memory=True)
@@ -83,11 +92,11 @@ def host_to_device(t: torch.Tensor, device: torch.device, dtype: torch.dtype | N
     pin_memory) is copied as it is."""
     if t.device != device:
         if device.type == "cuda" and t.device.type == "cpu":
-            if t.is_pinned():
-                t = t.to(device, non_blocking=True)
+            staging = staging or ring()
+            staged, slot = (None, -1) if t.is_pinned() else staging.stage(tuple(t.shape), t.dtype)
+            if staged is None:  # pinned already (a DataLoader's with pin_memory), or too large for the ring
+                t = (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
             else:
-                staging = staging or ring()
-                staged, slot = staging.stage(tuple(t.shape), t.dtype)
                 staged.copy_(t)
                 t = _to_device(staged, slot, staging, device)
         else:
@@ -104,8 +113,9 @@ def gather_to_device(table: torch.Tensor, index: torch.Tensor, device: torch.dev
     if device.type == "cuda" and table.device.type == "cpu":
         staging = staging or ring()
         staged, slot = staging.stage((index.numel(), *table.shape[1:]), table.dtype)
-        torch.index_select(table, 0, index, out=staged)
-        return _cast(_to_device(staged, slot, staging, device), dtype)
+        if staged is not None:
+            torch.index_select(table, 0, index, out=staged)
+            return _cast(_to_device(staged, slot, staging, device), dtype)
     return host_to_device(torch.index_select(table, 0, index), device, dtype)
 
 

@@ -200,6 +200,7 @@ def test_pinned_ring_reuses_its_buffers_and_waits_for_their_copies(monkeypatch):
         seen.append(slot)
     assert seen == [0, 1, 0, 1, 0, 1]
     assert allocated == [1 << 20, 1 << 20, 1 << 23]  # one per slot, then slot 0 grown to 8 MiB for 6.4 MB
+    assert ring.stage((20_000_000, 4), torch.float32) == (None, -1) and len(allocated) == 3  # 320 MB: not kept
     table = torch.arange(12.0).view(6, 2)
     rows = gather_to_device(table, torch.tensor([5, 0, 5]), CPU)  # the CPU path: one gather, no copy
     assert torch.equal(rows, table[[5, 0, 5]])
