@@ -228,7 +228,7 @@ class PlacementConfig:
     prefetch: Any = "auto"
     """Micro-batches drawn ahead whose host-table rows a background thread gathers while the current one steps
     (tables with a copy on each rank's host), after each step's writes of the rows they need: 0 = each table looked
-    up when the forward asks; 1-8; auto = 0 for now (measured slower on CPU ranks with no core to spare, not yet run
+    up when the forward asks; 1-8; auto = 0 for now (measured no faster on CPU ranks with no core to spare, not yet run
     on a GPU: the plan says why)."""
     mode: str = "manual"
     """manual: the intents above decide; auto (``placement=auto``): the planner chooses where each table lives, the

@@ -29,7 +29,7 @@ def test_a_depth_prefetches_host_tables_and_auto_stays_off_saying_why(cpu_host):
             "thread (placement.prefetch=1)") in _text(plan)
     assert plan_of([*HOST, "placement.prefetch=3"], cpu_host).placement.prefetch == 3
     auto = plan_of(HOST, cpu_host)  # measured nowhere to win yet: off, with the measurement
-    assert auto.placement.prefetch == 0 and "placement.prefetch=auto is 0 on CPU ranks: measured slower here" in _text(
+    assert auto.placement.prefetch == 0 and "placement.prefetch=auto is 0 on CPU ranks: measured no faster here" in _text(
         auto)
     serial = plan_of([*HOST, "placement.prefetch=0"], cpu_host)
     assert serial.placement.prefetch == 0 and "table lookups: when the forward asks (placement.prefetch=0)" in _text(
