@@ -96,7 +96,7 @@ def test_a_rank_saving_longer_than_the_limit_is_not_hung_and_one_stuck_outside_a
         for step in range(5, 25):  # 2 s: twice the limit
             _beat(run, 1, step)
             assert _poll(dog, {0, 1}, 0.1) == []
-        stalls = _poll(dog, {0, 1}, 1.3)  # rank 1 stopped; rank 0 saves on
+        stalls = _poll(dog, {0, 1}, 3.0)  # rank 1 stopped; rank 0 saves on (a wide window: a loaded host polls late)
     assert run.rank(0).read_heartbeat().get("state") is None  # the save is over
     stall = stalls[0]
     assert stall.ranks == (1,) and stall.limit_s <= stall.idle_s < stall.limit_s + 0.5
