@@ -122,8 +122,3 @@ def plan_loader(loader: dict[str, Any], user: bool, item_seconds: float, cpu_sha
     return LoaderPlan(num_workers=workers, pin_memory=device_type == "cuda" if pin is None else pin,
                       prefetch_factor=ahead, persistent_workers=True if keep is None else keep, why=why), []
 
-
-def ranks_processes(plan: LoaderPlan | None) -> int:
-    """Processes one rank runs: itself and its workers."""
-    return 1 + (plan.num_workers if plan is not None else 0)
-
