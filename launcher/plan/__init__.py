@@ -310,7 +310,7 @@ def _plan_loader(cfg: DictConfig, host: HostFacts, facts: Facts, d: _Draft) -> N
         return
     d.loader, found = plan_loader(OmegaConf.to_container(cfg.loader, resolve=True), d.user, facts.data.item_seconds,
                                   facts.data.item_cpu_share, d.batch.micro_size, host.cpu_count, d.nproc,
-                                  d.device_type)
+                                  d.device_type, stream=d.user and facts.data.train_samples is None)
     d.problems += found
     d.notes += [d.loader.line()] if d.loader is not None else []
 

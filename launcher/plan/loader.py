@@ -86,8 +86,10 @@ def _auto_workers(item_seconds: float, cpu_share: float, micro_size: int, cores:
 
 
 def plan_loader(loader: dict[str, Any], user: bool, item_seconds: float, cpu_share: float, micro_size: int,
-                cores: int, nproc: int, device_type: str) -> tuple[LoaderPlan | None, list[str]]:
-    """The DataLoader settings of a recipe in the user's folder (``user``), or the problems."""
+                cores: int, nproc: int, device_type: str, stream: bool = False) -> tuple[LoaderPlan | None, list[str]]:
+    """The DataLoader settings of a recipe in the user's folder (``user``), or the problems. A ``stream`` (an
+    IterableDataset) trains through one endless pass, whose workers live as long as the run: persistent workers
+    would keep nothing."""
     problems: list[str] = []
     if not user:
         keys = [k for k in changed(loader) if k != "collate_fn"]  # collate_fn has its own message
@@ -108,6 +110,10 @@ def plan_loader(loader: dict[str, Any], user: bool, item_seconds: float, cpu_sha
         problems.append("loader.pin_memory=true: pinned (page-locked) memory speeds copies to a GPU; this run is on the "
                         "CPU, where it would do nothing. Remove it (auto pins with CUDA).")
     keep = _flag("persistent_workers", loader["persistent_workers"], problems)
+    if keep and stream:
+        problems.append("loader.persistent_workers=true: the train data is a stream (IterableDataset), read in one "
+                        "endless pass whose workers live as long as the run (and each evaluation reads its data once), "
+                        "so there is nothing to keep between epochs. Remove it.")
     ahead = loader["prefetch_factor"]
     if ahead is not None and (isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 1):
         problems.append(f"loader.prefetch_factor={ahead!r}: give a whole number >= 1 of micro-batches each worker "
@@ -120,5 +126,5 @@ def plan_loader(loader: dict[str, Any], user: bool, item_seconds: float, cpu_sha
     if problems:
         return None, problems
     return LoaderPlan(num_workers=workers, pin_memory=device_type == "cuda" if pin is None else pin,
-                      prefetch_factor=ahead, persistent_workers=True if keep is None else keep, why=why), []
+                      prefetch_factor=ahead, persistent_workers=not stream if keep is None else keep, why=why), []
 

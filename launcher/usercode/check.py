@@ -23,7 +23,7 @@ from launcher.plain import to_plain
 from launcher.procfs import kernel_field
 from launcher.plan.placement import takes_tables_out
 from launcher.plan.table_keys import resolve_aliases
-from launcher.usercode.data_check import dataset_facts, first_labels, first_words, two_items
+from launcher.usercode.data_check import Sample, dataset_facts, first_words, item_labels, two_items
 from launcher.usercode.forward_check import CPU_CHECK_PARAMS, Swap, check_model_and_loss, cpu_model, swap_tables
 from launcher.usercode.pipeline_check import check_pipeline
 from launcher.usercode.targets import HYDRA_KEYS, build_collate, import_targets, locate
@@ -118,16 +118,17 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
     problems += collate_problems
     imports = (max(0, kernel_field("/proc/self/status", "VmRSS") - before), _packages(specs, cfg))
     keys = (tuple(cfg.data_inputs), cfg.data_label)
-    data = {}
+    data, samples = {}, {}
     for key in ("data", "eval_data"):
-        if checked.get(key) and not collate_problems:
-            data[key], more = dataset_facts(key, specs[key], source, keys, collate)
+        if checked.get(key) and not collate_problems:  # the train data's first LABEL_SCAN items, read once
+            data[key], samples[key], more = dataset_facts(key, specs[key], source, keys, collate,
+                                                          LABEL_SCAN if key == "data" else 1)
             problems += more
     model, more = _meta_model(specs["model"], source) if checked.get("model") else (None, [])
     problems += more
     loss_fn, more = _loss(specs["loss"], source) if checked.get("loss") else (None, [])
     problems += more
-    batch, labels, more = _first_batches(data.get("data"), keys, collate, source)
+    batch, labels, more = _first_batches(samples.get("data"), keys, collate, source)
     problems += more
     facts = model_facts_on_meta(model) if model is not None else None
     scores, output_line = False, ""
@@ -142,7 +143,8 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
             facts = dataclasses.replace(facts, layers=order, split=split, uncuttable=barred)
     if problems:
         raise ConfigError(problems)
-    data_facts = _data_facts(specs["data"], data["data"], data.get("eval_data"), batch, labels, scores, output_line)
+    data_facts = _data_facts(specs["data"], data["data"], samples["data"], data.get("eval_data"), batch, labels,
+                             scores, output_line)
     activations = None
     if trace_activations:
         from launcher.inspect.activations import activation_facts
@@ -202,19 +204,19 @@ def _loss(spec: dict[str, Any], source: str) -> tuple[Any, list[str]]:
         return None, [f"loss ({source}): building {spec['_target_']} failed: {_first_line(e.__cause__ or e)}."]
 
 
-def _first_batches(train: Any, keys: tuple[tuple[str, ...], str], collate: Any,
+def _first_batches(sample: Sample | None, keys: tuple[tuple[str, ...], str], collate: Any,
                    source: str) -> tuple[Any, list, list[str]]:
     """(a batch of the first two items, the labels of the first LABEL_SCAN items, problems)."""
-    if train is None:
+    if sample is None:
         return None, [], []
     try:
-        batch = two_items(train, keys, collate)
+        batch = two_items(sample.items, keys, collate)
     except Exception as e:  # noqa: BLE001
         return None, [], [f"data ({source}): items 0 and 1 do not batch together: {_first_line(e)}. Every item "
                           f"needs the same number of tensors, each of the same shape in every item (or a "
                           f"loader.collate_fn that batches them)."]
     try:
-        return batch, first_labels(train, keys, LABEL_SCAN, collate), []
+        return batch, item_labels(sample.items, keys, collate), []
     except Exception as e:  # noqa: BLE001
         return batch, [], [f"data ({source}): reading and batching its first {LABEL_SCAN} items failed: "
                            f"{_first_line(e)}. Every item needs the same structure (the same keys or number of "
@@ -298,13 +300,12 @@ def _swap_blamed(problem: str, swap: Swap, source: str) -> str:
             f"keys that take tables out (placement.host_device_mix, placement.ps, placement.tables, tables.<name>).")
 
 
-def _data_facts(spec: dict[str, Any], train: Any, evaluation: Any, batch: Any, labels: list, scores: bool,
-                output_line: str) -> DataFacts:
+def _data_facts(spec: dict[str, Any], train: Any, sample: Sample, evaluation: Any, batch: Any, labels: list,
+                scores: bool, output_line: str) -> DataFacts:
     """The data's facts: sizes (None for a stream), inputs, whether the labels are binary (AUC, accuracy) — each label
     element a 0/1 float with one score from the model, a BCE-style model; integer class labels keep the loss only —
     and how long an item takes to read (loader.num_workers=auto)."""
     from launcher.usercode.data import is_stream
-    from launcher.usercode.data_check import read_time
 
     binary = scores and all(torch.is_tensor(y) and y.is_floating_point() and bool(((y == 0) | (y == 1)).all())
                             for y in labels)
@@ -312,7 +313,7 @@ def _data_facts(spec: dict[str, Any], train: Any, evaluation: Any, batch: Any, l
     n_eval = 0 if evaluation is None else None if is_stream(evaluation) else len(evaluation)
     inputs = (f"keyword inputs {', '.join(batch[0])}" if isinstance(batch[0], Mapping) else
               f"{len(batch[0])} input(s)")
-    seconds, share = read_time(train)
+    seconds, share = sample.seconds, sample.cpu_share
 
     def size(n: int | None) -> str:
         return f"{n:,} items" if n is not None else "a stream (IterableDataset)"

@@ -74,48 +74,45 @@ def _names(batch: Any) -> list[str]:
     return []
 
 
-def dataset_facts(key: str, spec: Mapping[str, Any], source: str, keys: Keys = ((), ""),
-                  collate: Any = None) -> tuple[Any, list[str]]:
-    """(the built dataset, problems): it builds, is map-style (len() and [i]) or iterable, and its items batch and
-    split (item_problem)."""
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """The first items of a dataset, read once in the launcher (one pass over a stream), and how long they took."""
+
+    items: list[Any]
+    seconds: float
+    """Median wall seconds to read one item, after the first (which may warm caches); 0.0 with fewer than 2 items."""
+    cpu_share: float
+    """The share of that reading spent on a CPU (1.0 = all of it; low for reads that wait on disk or network)."""
+
+
+def dataset_facts(key: str, spec: Mapping[str, Any], source: str, keys: Keys = ((), ""), collate: Any = None,
+                  count: int = 1) -> tuple[Any, Sample | None, list[str]]:
+    """(the built dataset, its first ``count`` items read once, problems): it builds, is map-style (len() and [i])
+    or iterable, and its first item batches and splits (item_problem)."""
     from launcher.usercode.data import is_stream
 
     try:
         ds = instantiate(spec, _convert_="all")
     except Exception as e:  # noqa: BLE001
-        return None, [f"{key} ({source}): building {spec['_target_']} failed: {first_words(e.__cause__ or e)}."]
+        return None, None, [f"{key} ({source}): building {spec['_target_']} failed: {first_words(e.__cause__ or e)}."]
     try:
-        got = first_items(ds, 1)
+        sample = read_sample(ds, count)
     except Exception as e:  # noqa: BLE001
-        kind = "reading the first item of the IterableDataset" if is_stream(ds) else "len() and [0]"
-        return None, [f"{key} ({source}): {spec['_target_']} is not a Dataset the ranks can read ({kind}: "
-                      f"{first_words(e)}). Give a torch.utils.data.Dataset with __len__ and __getitem__, or an "
-                      f"IterableDataset."]
-    if not got:
-        return None, [f"{key} ({source}): {spec['_target_']} has no items. Give a non-empty dataset."]
-    why = item_problem(got[0], keys, collate)
+        kind = "reading the first items of the IterableDataset" if is_stream(ds) else "len() and [i]"
+        return None, None, [f"{key} ({source}): {spec['_target_']} is not a Dataset the ranks can read ({kind}: "
+                            f"{first_words(e)}). Give a torch.utils.data.Dataset with __len__ and __getitem__, or an "
+                            f"IterableDataset whose items all read."]
+    if not sample.items:
+        return None, None, [f"{key} ({source}): {spec['_target_']} has no items. Give a non-empty dataset."]
+    why = item_problem(sample.items[0], keys, collate)
     if why:
-        return None, [f"{key} ({source}): item 0 of {spec['_target_']} {why}."]
-    return ds, []
+        return None, None, [f"{key} ({source}): item 0 of {spec['_target_']} {why}."]
+    return ds, sample, []
 
 
-def first_items(dataset: Any, count: int) -> list[Any]:
-    """The dataset's first ``count`` items (fewer when it has fewer): by index, or by iterating a stream (in a random
-    state of its own, as the ranks read it)."""
-    import itertools
-
-    from launcher.usercode.data import is_stream
-    from launcher.usercode.loading import own_random_state
-
-    if is_stream(dataset):
-        with own_random_state():
-            return list(itertools.islice(iter(dataset), count))
-    return [dataset[i] for i in range(min(count, len(dataset)))]
-
-
-def read_time(dataset: Any, count: int = 16) -> tuple[float, float]:
-    """(median seconds to read one item, the share of the reading spent on a CPU) over the dataset's first ``count``
-    items after the first (which may warm caches): what loader.num_workers=auto decides by."""
+def read_sample(dataset: Any, count: int) -> Sample:
+    """The dataset's first ``count`` items (fewer when it has fewer), each read timed: by index, or by iterating a
+    stream once (in a random state of its own, as the ranks read it)."""
     import itertools
     import statistics
     import time
@@ -124,26 +121,32 @@ def read_time(dataset: Any, count: int = 16) -> tuple[float, float]:
     from launcher.usercode.loading import own_random_state
 
     with own_random_state():
-        source = iter(dataset) if is_stream(dataset) else (dataset[i] for i in range(min(count + 1, len(dataset))))
-        next(source, None)
-        walls, cpu, start = [], time.process_time(), time.perf_counter()
-        last = start
-        for _ in itertools.islice(source, count):
+        source = iter(dataset) if is_stream(dataset) else (dataset[i] for i in range(min(count, len(dataset))))
+        items: list[Any] = []
+        walls: list[float] = []
+        start = last = time.perf_counter()
+        cpu = 0.0
+        for item in itertools.islice(source, count):
             now = time.perf_counter()
-            walls.append(now - last)
+            if items:
+                walls.append(now - last)
+            else:  # the first read may warm caches: timing starts after it
+                start, cpu = now, time.process_time()
+            items.append(item)
             last = now
-        cpu, wall = time.process_time() - cpu, last - start
+        cpu = time.process_time() - cpu
     if not walls:
-        return 0.0, 1.0
-    return statistics.median(walls), min(1.0, cpu / wall) if wall > 0 else 1.0
+        return Sample(items, 0.0, 1.0)
+    wall = last - start
+    return Sample(items, statistics.median(walls), min(1.0, cpu / wall) if wall > 0 else 1.0)
 
 
-def two_items(dataset: Any, keys: Keys, collate: Any = None) -> tuple[Any, Any]:
-    """The dataset's first two items batched as the ranks' DataLoader does: (inputs, label)."""
-    return split_item(collate_of(collate)(first_items(dataset, 2)), *keys)
+def two_items(items: list[Any], keys: Keys, collate: Any = None) -> tuple[Any, Any]:
+    """The first two items batched as the ranks' DataLoader does: (inputs, label)."""
+    return split_item(collate_of(collate)(items[:2]), *keys)
 
 
-def first_labels(dataset: Any, keys: Keys, count: int, collate: Any = None) -> list:
-    """The labels of the first ``count`` items, each batched alone as the ranks' DataLoader batches it."""
+def item_labels(items: list[Any], keys: Keys, collate: Any = None) -> list:
+    """The labels of ``items``, each batched alone as the ranks' DataLoader batches it."""
     batch = collate_of(collate)
-    return [split_item(batch([item]), *keys)[1] for item in first_items(dataset, count)]
+    return [split_item(batch([item]), *keys)[1] for item in items]

@@ -40,6 +40,9 @@ class Slow(Dataset):
 class Stream(IterableDataset):
     """The same items, shuffled anew each time it is read (with torch's global generator)."""
 
+    opened = 0
+    """Times any Stream was read (the launcher's preflight counts here: it reads each dataset once)."""
+
     def __init__(self, n: int):
         self.n = n
         self.epochs = []
@@ -48,6 +51,7 @@ class Stream(IterableDataset):
         self.epochs.append(epoch)
 
     def __iter__(self):
+        Stream.opened += 1
         for i in torch.randperm(self.n).tolist():
             user, item_, dense, label = item(i)
             yield user, item_, dense + 0.1 * torch.randn(4), label

@@ -85,7 +85,7 @@ def test_a_stream_shorter_than_a_global_micro_batch_says_so():
         next(StreamData(Shuffled(5)).train_batches(0, 2, 4, seed=1))
 
 
-CPU = {"cores": 16, "nproc": 2, "device_type": "cpu"}
+CPU = {"cores": 16, "nproc": 2, "device_type": "cpu", "stream": False}
 DEFAULT = {"num_workers": "auto", "pin_memory": "auto", "prefetch_factor": None, "persistent_workers": "auto",
            "collate_fn": None}
 
@@ -93,7 +93,7 @@ DEFAULT = {"num_workers": "auto", "pin_memory": "auto", "prefetch_factor": None,
 def plan(seconds=0.0, share=1.0, micro=32, user=True, **loader):
     kw = {**CPU, **{k: loader.pop(k) for k in list(loader) if k in CPU}}
     return plan_loader({**DEFAULT, **loader}, user, seconds, share, micro, kw["cores"], kw["nproc"],
-                       kw["device_type"])
+                       kw["device_type"], kw["stream"])
 
 
 def test_auto_workers_follow_the_reading_time_and_the_cores():
@@ -119,6 +119,43 @@ def test_a_loader_value_that_means_nothing_is_refused(loader, words):
     assert got is None and any(words in p for p in problems), problems
 
 
+def test_a_stream_keeps_no_workers_between_epochs():
+    """A stream trains through one endless DataLoader pass (stream.read): the plan does not promise workers kept
+    between epochs, and refuses persistent_workers=true, which would keep nothing."""
+    kept, _ = plan(1e-3)
+    assert kept.persistent_workers and "kept between epochs" in kept.line()
+    got, problems = plan(1e-3, stream=True)
+    assert problems == [] and got.num_workers == 4 and not got.persistent_workers
+    assert "kept between epochs" not in got.line() and got.kwargs()["persistent_workers"] is False
+    got, problems = plan(1e-3, stream=True, persistent_workers=True)
+    assert got is None and "the train data is a stream" in problems[0]
+    assert plan(1e-3, stream=True, persistent_workers=False)[1] == []
+
+
 def test_a_built_in_recipe_refuses_loader_keys():
     assert plan(user=False)[1] == [] and plan(user=False)[0] is None
     assert "makes whole batches itself" in plan(user=False, num_workers=2)[1][0]
+
+
+def test_the_launcher_reads_a_stream_once_before_the_plan(tmp_path, monkeypatch):
+    """Preflight checks the first items, their labels and their read time from one pass over a user's stream (a
+    stream may be a remote dataset: each pass costs)."""
+    import sys
+
+    from launcher.config import compose_config
+    from launcher.launch.preflight import gather_facts
+    from tests.usercode.loader_project import write_project
+
+    project = write_project(tmp_path / "my_loaders")
+    monkeypatch.syspath_prepend(str(project))
+    for name in [m for m in sys.modules if m == "loaders" or m.startswith("loaders.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.chdir(project)
+    cfg = compose_config(["recipe=stream"], "conf")
+    facts = gather_facts(cfg, "conf")
+    import loaders.data
+
+    assert loaders.data.Stream.opened == 2  # data once, eval_data once
+    assert facts.data.train_samples is None and facts.data.binary_labels and facts.data.item_seconds > 0
+    for name in [m for m in sys.modules if m == "loaders" or m.startswith("loaders.")]:
+        del sys.modules[name]
