@@ -33,6 +33,7 @@ from launcher.tables import TableStore
 from launcher.tables.lookup import hash_report
 from launcher.usercode.items import call, move_to
 from launcher.worker.accounting import SavedActivations, StepTracker, measure_memory, measure_peak
+from launcher.worker.divergence import LossWatch
 from launcher.worker.evaluate import evaluate, mean_over
 from launcher.worker.mesh import DataParallel
 
@@ -48,19 +49,6 @@ def _flat(node: Any, prefix: str):
             yield from _flat(v, f"{prefix}.{i}")
     else:
         yield prefix, node
-
-
-class Diverged(FloatingPointError):
-    """A non-finite loss: the run fails (never ``ok``) and nothing after it is saved."""
-
-
-def check_finite(loss: torch.Tensor, step: int, rank: int, lr: float) -> None:
-    """Raise Diverged when this rank's loss of ``step`` is NaN or infinite (before it is logged or saved: the last
-    checkpoint stays the last finite one)."""
-    if not bool(torch.isfinite(loss)):
-        raise Diverged(f"training diverged: the loss is {loss.item()} at step {step} on rank {rank}; the run stops "
-                       f"and saves nothing after it. Lower optimizer.lr (now {lr}), clip or warm up, or check the "
-                       f"data for NaN/inf values; resume from the last checkpoint with trainer.resume=latest.")
 
 
 class Trainer:
@@ -208,27 +196,32 @@ class Trainer:
             fail_rank = -1  # debug.fail_* fails the first attempt only: a restart goes on
         tick, tick_step = time.perf_counter(), self.step
         first = self.step + 1  # 1, or the step after the checkpoint a resumed run loaded
+        watch = LossWatch(self.device, self.rank, p.optimizer.lr)  # a diverged run stops (divergence.py)
         while self.step < p.steps:
             loss, tracked = self._first_step() if self.step + 1 == first else (self.train_step(), None)
             step = self.step
-            check_finite(loss, step, self.rank, p.optimizer.lr)
+            watch.see(loss, step)
             if step == first:  # optimizer states exist from the first step on
                 self.write_memory(run_dir, rank_dir, tracked)
             metrics.step_done(step)
             if step == first or step % p.log_every == 0 or step == p.steps:
+                watch.check()
                 local, mean = loss.item(), mean_over(loss, self.dp)
                 now = time.perf_counter()
                 rate = (step - tick_step) * p.batch.global_size / (now - tick)
                 metrics.write(step=step, loss=mean, local_loss=local, samples_per_s=round(rate, 1), **self._lr())
                 tick, tick_step = now, step
             if p.eval_every > 0 and step % p.eval_every == 0 and step != p.steps and p.eval_batches > 0:
+                watch.check()
                 metrics.write(event="eval", step=step, **self.evaluate())
                 tick = time.perf_counter()  # evaluation time is not training throughput
             if p.checkpoint_every > 0 and step % p.checkpoint_every == 0 and step != p.steps:
+                watch.check()
                 self.save(run_dir.checkpoint(step))
                 tick = time.perf_counter()
             if self.rank == fail_rank and step == fail_step:  # after the step is logged: its loss is on record
                 raise RuntimeError(f"debug.fail_rank={fail_rank} debug.fail_step={fail_step}: injected failure")
+        watch.check()
         if p.checkpoint_every >= 0:  # before the evaluation: a failing evaluation loses no training
             self.save(run_dir.checkpoint(p.steps))
             if p.smoke:

@@ -65,3 +65,26 @@ def test_a_nan_loss_fails_the_run_and_keeps_the_last_finite_checkpoint(tmp_path:
     rows = [_strict(line) for line in (run / "rank.0" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "event" not in r] == [1, 2, 3, 4]  # the NaN step is never logged
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step2", "step4"]
+
+
+def test_the_deferred_watch_reports_the_first_bad_step_without_reading_each_loss():
+    """On an accelerator the watch keeps the first non-finite step on the device (no per-step wait) and reports it
+    when checked: the step and loss of the first bad one, not a later one, whatever came after."""
+    import pytest
+    import torch
+
+    from launcher.worker.divergence import Diverged, LossWatch
+
+    eager = LossWatch(torch.device("cpu"), rank=1, lr=0.5)
+    assert not eager.deferred and LossWatch(torch.device("meta"), 0, 0.1).deferred
+    eager.see(torch.tensor(0.3), 1)
+    with pytest.raises(Diverged, match="the loss is inf at step 2 on rank 1"):
+        eager.see(torch.tensor(float("inf")), 2)
+    watch = LossWatch(torch.device("cpu"), rank=0, lr=0.5, deferred=True)
+    watch.check()  # nothing seen yet
+    for step, value in enumerate([0.5, 0.4, float("nan"), float("-inf"), 0.2], start=1):
+        watch.see(torch.tensor(value), step)
+        if step == 2:
+            watch.check()  # all finite so far
+    with pytest.raises(Diverged, match=r"the loss is nan at step 3 on rank 0; .*optimizer.lr \(now 0.5\)"):
+        watch.check()
