@@ -96,7 +96,8 @@ def plan_loader(loader: dict[str, Any], user: bool, item_seconds: float, cpu_sha
         if keys:
             problems.append(f"loader.{', loader.'.join(keys)}: this recipe's data source makes whole batches itself, "
                             f"in the rank, so a DataLoader's settings would do nothing. Remove them; they are for a "
-                            f"recipe in your folder whose data is a Dataset.")
+                            f"recipe in your folder whose data is a Dataset. (data=tabular over a directory of "
+                            f"Parquet files reads ahead on a thread of its own: data.prefetch windows.)")
         return None, problems
     workers, why = loader["num_workers"], ""
     if workers == "auto":
