@@ -80,6 +80,8 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
             raise ConfigError(added)
         if cfg.smoke:
             cfg = _compose_smoke(cfg, overrides, search, script_mode)
+        if cfg.deepspeed.config is not None:  # the keys a DeepSpeed file may not change (parallel/deepspeed_file.py)
+            cfg.deepspeed.given = sorted({o.key_or_group.lstrip("+~") for o in parsed})
     try:  # an interpolation that does not resolve (${nope}) fails in any of these
         named = OmegaConf.select(cfg, "recipe.name", default=None, throw_on_missing=False)
         if chosen and named is not None and named != chosen[0]:

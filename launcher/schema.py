@@ -125,6 +125,10 @@ class TrainerConfig:
     resume: str = ""
     """A run to continue: its run dir (log_output/<run>) or latest (output.log_dir's newest run). The new run starts
     from the old run's newest complete checkpoint, in a new run dir. Empty = start fresh (or trainer.resume_from)."""
+    grad_clip: float = 0.0
+    """Clip the global L2 norm of the dense gradients to this before each optimizer step; 0 = off. ddp and fsdp:
+    one norm over every parameter of every stage (DTensor shards included), as torch's clip_grad_norm_; deepspeed:
+    its gradient_clipping. Tables trained outside the parts are not clipped (the plan says so)."""
 
 
 @dataclass
@@ -198,6 +202,19 @@ class ZeroConfig:
     """ZeRO stage 0-3: 0 = plain data parallel, 1 = shard optimizer states, 2 = + gradients, 3 = + parameters. On
     DeepSpeed exactly so; on FSDP2 (with tensor parallel or pipeline stages) 1-3 shard the parameters too, and 1 and 2
     keep each layer's gathered parameters from its forward to its backward."""
+
+
+@dataclass
+class DeepSpeedSection:
+    config: Any = None
+    """Your DeepSpeed config, merged with the one hetero-launch compiles: a JSON file's path (deepspeed.config=
+    ds_config.json) or a mapping (inline YAML). Keys hetero-launch does not model pass through to DeepSpeed; a key
+    it models (ZeRO stage, offload, bf16/fp16, batch sizes, gradient_clipping, optimizer) becomes the intent when
+    our key is not set, and must agree with it when it is (README "Bring your DeepSpeed config"). null = none."""
+    given: list[str] = field(default_factory=list)
+    """Set by the launcher: the keys the command line gave (a file's value never replaces those)."""
+    source: str = ""
+    """Set by the launcher: the file deepspeed.config was read from ("" = inline)."""
 
 
 @dataclass
@@ -362,6 +379,7 @@ class HeteroConfig:
     batch: BatchConfig = field(default_factory=BatchConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     zero: ZeroConfig = field(default_factory=ZeroConfig)
+    deepspeed: DeepSpeedSection = field(default_factory=DeepSpeedSection)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     precision: str = "fp32"
     """fp32, bf16 or fp16 (fp16 needs an accelerator)."""

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from launcher.backends import BACKENDS, backend
 from launcher.errors import ConfigError
+from launcher.launch.deepspeed_check import check_with_deepspeed, read_deepspeed_file
 from launcher.launch.preflight import check_resume, check_script, gather_facts, read_cluster_files, resume_checkpoint
 from launcher.loggers import check_loggers
 from launcher.plan import HostFacts, RunPlan, plan_launch
@@ -30,6 +31,10 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
     logger_problems = check_loggers(cfg.logger)  # the loggers' classes import, before anything slower
     if logger_problems:
         raise ConfigError(logger_problems)
+    if cfg.script and cfg.deepspeed.config is not None:
+        raise ConfigError("deepspeed.config with script=: not applied to a script yet (its runtime.prepare() gets "
+                          "the compiled config only). Remove deepspeed.config, or run a recipe.")
+    cfg = read_deepspeed_file(cfg)  # the plan reads no file
     if cfg.script:
         if cfg.trainer.resume or cfg.trainer.resume_from:
             key = "trainer.resume" if cfg.trainer.resume else "trainer.resume_from"
@@ -59,6 +64,8 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
                      f"ranks of every host rendezvous on)")
     facts = gather_facts(cfg, config_dir, estimate)
     plan = plan_launch(cfg, host, facts, layout)
+    if cfg.deepspeed.config is not None and plan.engine_config() is not None:
+        check_with_deepspeed(plan.engine_config(), plan.dims.dp, cfg.deepspeed.source or "(the inline config)")
     check_resume(plan, f"trainer.resume={cfg.trainer.resume}" if resume else "")
     check_log_dir(Path(cfg.output.log_dir))  # where the run dir and log_dir/latest will go, before either is made
     model_lines = facts.model.lines if facts.model else ()

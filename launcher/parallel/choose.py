@@ -23,8 +23,10 @@ SHARDED_PREFERENCE = ("ddp", "fsdp", "deepspeed")
 
 
 def preference(i: Intents) -> tuple[str, ...]:
-    """auto's order among the data-parallel parts for these intents."""
-    return SHARDED_PREFERENCE if i.zero == 3 and not i.offload else PREFERENCE
+    """auto's order among the data-parallel parts for these intents; deepspeed first when you brought a DeepSpeed
+    config (deepspeed.config)."""
+    order = SHARDED_PREFERENCE if i.zero == 3 and not i.offload else PREFERENCE
+    return ("deepspeed", *(n for n in order if n != "deepspeed")) if i.ds_file is not None else order
 
 
 def choose_data_parallel(i: Intents) -> tuple[str | None, list[str], list[str]]:
@@ -64,8 +66,25 @@ def plan_parts(i: Intents) -> tuple[tuple[PartPlan, ...], list[str], list[str]]:
     for name in names:
         part = PARTS[name]
         problems += part.problems(i)
+        notes += getattr(part, "notes", lambda _: [])(i)
         parts.append(PartPlan(name=name, dims=part.dims, config=part.config(i), why=part.why(i)))
+    if i.ds_file is not None and not any(getattr(PARTS[n], "config_file", False) for n in names):
+        problems += _file_unused(i, dp)
     return tuple(parts), problems, notes
+
+
+def _file_unused(i: Intents, dp: str) -> list[str]:
+    """deepspeed.config on a run without the deepspeed part: its intents apply, the keys only DeepSpeed reads would
+    do nothing."""
+    from launcher.parallel.deepspeed_file import unused
+
+    keys = unused(i.ds_file)
+    if not keys:
+        return []
+    why = PARTS["deepspeed"].cannot(i) or f"parallel.data_parallel={i.data_parallel}"
+    return [f"deepspeed.config: {', '.join(keys)} in {i.ds_source} would do nothing: the run's data-parallel part is "
+            f"{dp}, not deepspeed ({why}). Remove them from the file, or set parallel.data_parallel=deepspeed where "
+            f"DeepSpeed can run the layout."]
 
 
 def _data_parallel(parts: tuple[PartPlan, ...]):

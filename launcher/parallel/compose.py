@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from launcher.parallel.clip import attach_clip
 from launcher.parallel.engine import Engine, NoOptimizer, Optimizers, TorchEngine
 from launcher.parallel.rank import Chunk, RankContext, layer_paths
 from launcher.parallel.registry import PARTS
@@ -52,6 +53,9 @@ def apply_parts(chunks: list[Chunk], rt: RankContext,
     dp = data_parallel_part(rt.plan)
     dp.attach(optimizer, trained, rt)
     driver = next((p for p in reversed(parts) if hasattr(p, "engine")), None)
-    if driver is not None:
-        return driver.engine(chunks, optimizer, rt)
-    return TorchEngine(chunks[0], optimizer, dp, rt.grad_accum, rt.dp_group)
+    engine = driver.engine(chunks, optimizer, rt) if driver is not None else \
+        TorchEngine(chunks[0], optimizer, dp, rt.grad_accum, rt.dp_group)
+    clip = rt.config(dp.name).get("clip")  # trainer.grad_clip on a torch-native part (deepspeed clips itself)
+    if clip:
+        attach_clip(engine, optimizer, trained, rt, clip["max_norm"])  # after every other pre-step hook
+    return engine

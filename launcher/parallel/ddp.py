@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.parallel.intents import Intents
+from launcher.parallel.intents import Intents, clip_config
 from launcher.parallel.registry import DCP
 from launcher.plan.memory import Bytes, state_floats
 from launcher.plan.peak import Term
@@ -54,7 +54,7 @@ class ReplicatedDataParallel:
     def config(self, i: Intents) -> dict[str, Any]:
         flat = i.sharding is not None or i.dims.pp > 1
         how = ALONE if i.dims.dp == 1 and not i.client_optimizer else FLAT if flat else TORCH_DDP
-        return {"gradients": f"averaged over dp {i.dims.dp}", "implementation": how}
+        return {"gradients": f"averaged over dp {i.dims.dp}", "implementation": how, **clip_config(i)}
 
     def memory(self, i: Intents, params: int) -> tuple[Bytes, Bytes]:
         n = params * 4

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from launcher.parallel.deepspeed_file import merge, put
 from launcher.parallel.intents import Intents
 from launcher.parallel.registry import DEEPSPEED
 from launcher.plan.memory import WIDTH, Bytes, shard, state_floats
@@ -29,44 +30,62 @@ from launcher.plan.registry import CPU_OPTIMIZERS, DENSE_OPTIMIZERS
 
 _SKIP = object()  # a row that does not apply to this plan emits nothing
 
-_ROWS: list[tuple[str, Callable[[Intents], Any]]] = [
-    ("train_batch_size", lambda i: i.batch[0]),
-    ("train_micro_batch_size_per_gpu", lambda i: i.batch[1]),
-    ("gradient_accumulation_steps", lambda i: i.batch[2]),
-    ("steps_per_print", lambda i: i.log_every),
-    ("wall_clock_breakdown", lambda i: False),
-    # DeepSpeed clips the global gradient norm at 1.0 unless told otherwise; the other parts do not clip, and the
-    # same run must take the same steps whatever runs it (a resnet pipeline took 1/5 of DDP's step).
-    ("gradient_clipping", lambda i: 0.0),
-    ("zero_optimization.stage", lambda i: PART.zero_stage(i)),
-    ("zero_optimization.offload_optimizer",
-     lambda i: {"device": "cpu", "pin_memory": i.pin_memory} if i.offload_optimizer else _SKIP),
-    ("zero_optimization.offload_param",
-     lambda i: {"device": "cpu", "pin_memory": i.pin_memory} if i.offload_params else _SKIP),
+Row = tuple[str, Callable[[Intents], Any], Callable[[Intents], str] | None]
+_ROWS: list[Row] = [
+    # (DeepSpeed's dotted key, its value, the intent that decides it as "our.key=value": a file given with
+    # deepspeed.config must agree with those rows, and replaces the others; launcher/parallel/deepspeed_file.py)
+    ("train_batch_size", lambda i: i.batch[0], lambda i: f"batch.global_size={i.batch[0]}"),
+    ("train_micro_batch_size_per_gpu", lambda i: i.batch[1], lambda i: f"batch.micro_size={i.batch[1]}"),
+    ("gradient_accumulation_steps", lambda i: i.batch[2], lambda i: f"batch.grad_accum={i.batch[2]}"),
+    ("steps_per_print", lambda i: i.log_every, None),
+    ("wall_clock_breakdown", lambda i: False, None),
+    # trainer.grad_clip; DeepSpeed clips the global gradient norm at 1.0 when the key is missing, so 0.0 (off) is
+    # written: the same run must take the same steps whatever runs it (a resnet pipeline took 1/5 of DDP's step).
+    ("gradient_clipping", lambda i: i.grad_clip, lambda i: f"trainer.grad_clip={i.grad_clip}"),
+    ("zero_optimization.stage", lambda i: PART.zero_stage(i), lambda i: f"zero.stage={i.zero}"),
+    ("zero_optimization.offload_optimizer.device", lambda i: "cpu" if i.offload_optimizer else _SKIP,
+     lambda i: "optimizer.target=CPU"),
+    ("zero_optimization.offload_optimizer.pin_memory", lambda i: i.pin_memory if i.offload_optimizer else _SKIP,
+     lambda i: f"placement.pin_memory={str(i.pin_memory).lower()}"),
+    ("zero_optimization.offload_param.device", lambda i: "cpu" if i.offload_params else _SKIP,
+     lambda i: "placement.offload_params=true"),
+    ("zero_optimization.offload_param.pin_memory", lambda i: i.pin_memory if i.offload_params else _SKIP,
+     lambda i: f"placement.pin_memory={str(i.pin_memory).lower()}"),
     # A torch optimizer stepping on DeepSpeed's host partitions (as fast as DeepSpeedCPUAdam, no JIT build: README
     # "Performance"); DeepSpeed refuses a client optimizer with offload unless told otherwise.
     ("zero_force_ds_cpu_optimizer",
-     lambda i: False if i.offload_optimizer and not CPU_OPTIMIZERS[i.cpu_impl].impl else _SKIP),
+     lambda i: False if i.offload_optimizer and not CPU_OPTIMIZERS[i.cpu_impl].impl else _SKIP,
+     lambda i: f"optimizer.cpu_impl={i.cpu_impl}"),
     ("zero_allow_untested_optimizer",
-     lambda i: PART.zero_stage(i) > 0 and not DENSE_OPTIMIZERS.get(i.optimizer, DENSE_OPTIMIZERS["sgd"]).zero_tested),
-    ("bf16.enabled", lambda i: i.precision == "bf16"),
-    ("fp16.enabled", lambda i: i.precision == "fp16"),
+     lambda i: PART.zero_stage(i) > 0 and not DENSE_OPTIMIZERS.get(i.optimizer, DENSE_OPTIMIZERS["sgd"]).zero_tested,
+     None),
+    ("bf16.enabled", lambda i: i.precision == "bf16", lambda i: f"precision={i.precision}"),
+    ("fp16.enabled", lambda i: i.precision == "fp16", lambda i: f"precision={i.precision}"),
 ]
+_OFF = {"zero_optimization.offload_optimizer.device": "none", "zero_optimization.offload_param.device": "none"}
+"""Rows left out when their intent is off, and the file value that agrees with that."""
 
 
 def deepspeed_config(i: Intents) -> dict[str, Any]:
-    """The DeepSpeed config dict for these intents."""
+    """The DeepSpeed config dict for these intents (without a deepspeed.config file's keys)."""
     out: dict[str, Any] = {}
-    for dotted, row in _ROWS:
+    for dotted, row, _ in _ROWS:
         value = row(i)
-        if value is _SKIP:
-            continue
-        node = out
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
+        if value is not _SKIP:
+            put(out, dotted, value)
     return out
+
+
+def merged_config(i: Intents) -> tuple[dict[str, Any], list[str], list[str]]:
+    """(the config this run hands DeepSpeed, problems, notes): the compiled one, with deepspeed.config's file merged
+    on top by launcher/parallel/deepspeed_file.py's rule."""
+    compiled = deepspeed_config(i)
+    if i.ds_file is None:
+        return compiled, [], []
+    owned = {dotted: (value, words(i)) for dotted, row, words in _ROWS
+             if words is not None and (value := row(i)) is not _SKIP}
+    off = {dotted: value for dotted, value in _OFF.items() if dotted not in owned}
+    return merge(compiled, i.ds_file, owned, off, i.ds_source)
 
 
 class DeepSpeedZeRO:
@@ -85,7 +104,10 @@ class DeepSpeedZeRO:
         return ""
 
     def problems(self, i: Intents) -> list[str]:
-        return []
+        return merged_config(i)[1]
+
+    def notes(self, i: Intents) -> list[str]:
+        return merged_config(i)[2]
 
     def zero_stage(self, i: Intents) -> int:
         return max(i.zero, 2) if i.offload_optimizer and i.zero == 0 else i.zero
@@ -101,7 +123,7 @@ class DeepSpeedZeRO:
         return f"DeepSpeed ZeRO-{self.zero_stage(i)} for {', '.join(i.needs) or 'zero.stage=0'}"
 
     def config(self, i: Intents) -> dict[str, Any]:
-        return deepspeed_config(i)
+        return merged_config(i)[0]
 
     def memory(self, i: Intents, params: int) -> tuple[Bytes, Bytes]:
         zero, dp, width = self.zero_stage(i), i.dims.dp, WIDTH.get(i.precision, 4)
@@ -121,20 +143,28 @@ class DeepSpeedZeRO:
     """Seconds its engine adds to a step beyond compute and traffic (launcher/plan/constants.py)."""
 
     def buffers(self, i: Intents, params: int) -> tuple[Term, ...]:
-        """DeepSpeed's defaults: ZeRO-1/2 reduce gradients through a bucket of reduce_bucket_size (5e8) elements
-        (the ipg buffer, allocated for the run), ZeRO-0 flattens all-reduce buckets of allreduce_bucket_size (5e8)
-        during the backward, ZeRO-3 prefetches stage3_prefetch_bucket_size (5e7) parameters ahead."""
+        """DeepSpeed's buffers, at its defaults or deepspeed.config's values: ZeRO-1/2 reduce gradients through a
+        bucket of reduce_bucket_size (5e8) elements (the ipg buffer, allocated for the run; two with overlap_comm and
+        contiguous_gradients), ZeRO-0 flattens all-reduce buckets of 5e8 elements during the backward,
+        ZeRO-3 prefetches stage3_prefetch_bucket_size (5e7) parameters ahead."""
         zero, width = self.zero_stage(i), WIDTH.get(i.precision, 4)
+        config = self.config(i)
+        z = config.get("zero_optimization", {})
+        given = " (deepspeed.config)" if i.ds_file else ""
         if zero == 3:
-            return (Term("zero-3 prefetch", "device", min(params, 50_000_000) * width * 2, phase="backward",
-                         basis="estimate", source="stage3_prefetch_bucket_size 5e7: the gathered parameters in use "
-                                                  "and the next ones"),)
-        bucket = min(params, 500_000_000) * width
+            prefetch = int(z.get("stage3_prefetch_bucket_size", z.get("prefetch_bucket_size", 50_000_000)))
+            return (Term("zero-3 prefetch", "device", min(params, prefetch) * width * 2, phase="backward",
+                         basis="estimate", source=f"stage3_prefetch_bucket_size {prefetch:.3g}{given}: the gathered "
+                                                  f"parameters in use and the next ones"),)
         if zero in (1, 2):
-            return (Term("zero reduce bucket", "device", bucket, basis="estimate",
-                         source="reduce_bucket_size 5e8 elements (DeepSpeed's default), capped by the model"),)
-        return (Term("all-reduce bucket", "device", bucket, phase="backward", basis="estimate",
-                     source="allreduce_bucket_size 5e8 elements (DeepSpeed's default), capped by the model"),)
+            size = int(z.get("reduce_bucket_size", 500_000_000))
+            two = z.get("overlap_comm", False) and z.get("contiguous_gradients", True)
+            return (Term("zero reduce bucket", "device", min(params, size) * width * (2 if two else 1),
+                         basis="estimate", source=f"reduce_bucket_size {size:.3g} elements{given}"
+                         f"{', twice: overlap_comm' if two else ''}, capped by the model"),)
+        return (Term("all-reduce bucket", "device", min(params, 500_000_000) * width, phase="backward",
+                     basis="estimate", source="MEMORY_OPT_ALLREDUCE_SIZE 5e8 elements (DeepSpeed's constant), "
+                                              "capped by the model"),)
 
     def ops(self, i: Intents) -> tuple[str, ...]:
         ops = ("deepspeed_shm_comm",) if i.device_type == "cpu" else ()  # DeepSpeed's CPU accelerator loads it

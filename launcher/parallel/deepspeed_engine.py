@@ -40,6 +40,15 @@ class DeepSpeedEngine:
         self._ds.step()
 
     @property
+    def grad_norm(self) -> float | None:
+        """The global gradient norm of the last step before clipping, as DeepSpeed computed it to clip
+        (gradient_clipping > 0; None where its engine keeps none: ZeRO-0 in fp32 clips without keeping it)."""
+        if self._ds.gradient_clipping() <= 0:
+            return None
+        norm = self._ds.get_global_grad_norm()
+        return float(norm) if norm is not None else None
+
+    @property
     def loss_scale(self) -> float:
         opt = self.optimizer  # FP16_Optimizer: cur_scale; ZeRO optimizers: loss_scale; others scale nothing
         return float(getattr(opt, "cur_scale", None) or getattr(opt, "loss_scale", None) or 1.0)

@@ -162,6 +162,14 @@ class ChunkEngine(Unscaled):
     """What the torch-native engines share: this rank's chunks, their optimizer(s) (one per chunk), the in-memory state
     dict, train/eval (back to sharded parameters after an evaluation) and the DCP checkpoint."""
 
+    clip: Any = None
+    """trainer.grad_clip's hook (launcher/parallel/clip.py GradClip), when the run clips."""
+
+    @property
+    def grad_norm(self) -> torch.Tensor | None:
+        """The global gradient norm of the last step, before clipping (None when the run does not clip)."""
+        return self.clip.last if self.clip is not None else None
+
     def __init__(self, chunks: list[Any], optimizer: Any, dp_group: Any) -> None:
         self.chunks, self.optimizer, self._dp_group = chunks, optimizer, dp_group
         self.module = chunks[0].module if len(chunks) == 1 else nn.ModuleList(c.module for c in chunks)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.parallel.intents import Intents
+from launcher.parallel.intents import Intents, clip_config
 from launcher.parallel.registry import DCP
 from launcher.plan.memory import WIDTH, Bytes, shard, state_floats
 from launcher.plan.constants import FSDP_STEP
@@ -76,6 +76,7 @@ class ShardedDataParallel:
             "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"} if i.precision == "bf16" else None,
             "offload": {"pin_memory": i.pin_memory} if i.offload else None,
             "units": "each layer of layers() whose weights no other layer shares, then the whole model",
+            **clip_config(i),
         }
 
     def memory(self, i: Intents, params: int) -> tuple[Bytes, Bytes]:

@@ -44,6 +44,13 @@ class Intents:
     log_every: int = 10
     client_optimizer: bool = False
     """A script's runtime.prepare() brings its own optimizer, built before any part applies."""
+    grad_clip: float = 0.0
+    """trainer.grad_clip: the global gradient norm's bound, 0 = off."""
+    ds_file: dict[str, Any] | None = None
+    """deepspeed.config's keys (after its intents were adopted), merged into the deepspeed part's config; None = none."""
+    ds_source: str = ""
+    """Where they came from (the file's path, or "inline"), for messages."""
+
 
     @property
     def offload(self) -> bool:
@@ -83,7 +90,29 @@ def intents_of(cfg: Any, dims: ParallelDims, placement: Any, zero: int, device_t
                    offload_params=placement.param_location == "host", precision=cfg.precision,
                    optimizer=cfg.optimizer.name, cpu_impl=placement.cpu_impl, pin_memory=placement.pin_memory,
                    data_parallel=cfg.parallel.data_parallel, device_type=device_type, batch=batch,
-                   log_every=cfg.trainer.log_every, **layout)
+                   log_every=cfg.trainer.log_every, grad_clip=float(cfg.trainer.grad_clip), **_ds_file(cfg), **layout)
+
+
+def _ds_file(cfg: Any) -> dict[str, Any]:
+    """deepspeed.config as plain dicts, and where it came from (launcher/launch/deepspeed_check.py read a path)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    section = cfg.get("deepspeed")
+    if section is None or section.config is None:
+        return {}
+    file = OmegaConf.to_container(section.config, resolve=True) if isinstance(section.config, DictConfig) \
+        else section.config
+    if not isinstance(file, dict):  # a path not read yet: launcher/parallel/deepspeed_file.py adopt_config says so
+        return {}
+    return {"ds_file": file, "ds_source": section.source or "the inline config"}
+
+
+def clip_config(i: Intents) -> dict[str, Any]:
+    """What a torch-native data-parallel part's config says of trainer.grad_clip (the rank clips by it)."""
+    if i.grad_clip <= 0:
+        return {}
+    return {"clip": {"max_norm": i.grad_clip, "norm": "the global L2 norm of every stage's gradients, as torch's "
+                                                      "clip_grad_norm_ (launcher/parallel/clip.py)"}}
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,11 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
     """Plan a run of ``cfg`` on ``host`` with the ``facts`` gathered about its data and model, on the hosts and
     devices ``layout`` describes (a rank table, hostfile or Slurm allocation; None: cluster.* alone); raise
     ConfigError listing every problem."""
-    d = _Draft(problems=check_config(cfg, host) + check_script_ops(cfg), notes=_smoke_notes(cfg))
+    from launcher.parallel.deepspeed_file import adopt_config
+
+    cfg, ds_notes, ds_problems = adopt_config(cfg)  # deepspeed.config's intents, where ours are not set
+    d = _Draft(problems=check_config(cfg, host) + check_script_ops(cfg) + ds_problems,
+               notes=_smoke_notes(cfg) + ds_notes)
     _plan_shape(cfg, host, facts, d)
     _plan_where(cfg, host, d)
     _plan_loader(cfg, host, facts, d)
@@ -340,9 +344,21 @@ def _plan_parts(cfg: DictConfig, d: _Draft) -> tuple:
                                   (d.batch.global_size, d.batch.micro_size, d.batch.grad_accum), sharding=d.sharding,
                                   recompute=d.recompute, pipeline=d.pipeline)
     parts, part_problems, part_notes = parallel.plan_parts(intents)
-    d.problems += part_problems
+    d.problems += part_problems + _clip_problems(cfg)
     d.notes += part_notes
+    outside = [t.name for t in d.placement.tables if t.location != "engine"]
+    if cfg.trainer.grad_clip > 0 and outside:
+        d.notes.append(f"trainer.grad_clip={cfg.trainer.grad_clip} clips the parts' dense gradients; the tables "
+                       f"trained outside the parts ({', '.join(outside[:3])}{' ...' if len(outside) > 3 else ''}) "
+                       f"step unclipped (their row-sparse optimizers take each row's gradient as it is)")
     return intents, parts
+
+
+def _clip_problems(cfg: DictConfig) -> list[str]:
+    clip = cfg.trainer.grad_clip
+    if clip < 0 or clip != clip or clip == float("inf"):
+        return [f"trainer.grad_clip={clip} must be a finite number >= 0 (0 = no clipping)."]
+    return []
 
 
 def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout | None, d: _Draft, intents,

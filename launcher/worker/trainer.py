@@ -186,6 +186,12 @@ class Trainer:
         except (AttributeError, IndexError, KeyError, TypeError):
             return {}
 
+    def _grad_norm(self) -> dict[str, float]:
+        """{"grad_norm": the last step's global gradient norm before clipping} when the run clips (trainer.grad_clip;
+        every rank of a step has the same); {} otherwise."""
+        norm = getattr(self.engine, "grad_norm", None)
+        return {"grad_norm": float(norm)} if norm is not None else {}
+
     # -- the loop ---------------------------------------------------------------------------------------------------
     def fit(self, run_dir: RunDir, rank_dir: RankDir, metrics: MetricsWriter) -> None:
         """Train from self.step to plan.steps: metrics, evaluations and checkpoints as planned."""
@@ -209,7 +215,8 @@ class Trainer:
                 local, mean = loss.item(), mean_over(loss, self.dp)
                 now = time.perf_counter()
                 rate = (step - tick_step) * p.batch.global_size / (now - tick)
-                metrics.write(step=step, loss=mean, local_loss=local, samples_per_s=round(rate, 1), **self._lr())
+                metrics.write(step=step, loss=mean, local_loss=local, samples_per_s=round(rate, 1), **self._lr(),
+                              **self._grad_norm())
                 tick, tick_step = now, step
             if p.eval_every > 0 and step % p.eval_every == 0 and step != p.steps and p.eval_batches > 0:
                 watch.check()

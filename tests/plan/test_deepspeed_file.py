@@ -1,0 +1,111 @@
+"""deepspeed.config: a file's intents are adopted where ours are not set, conflicts stop the plan naming both sides,
+"auto" is resolved or refused, the rest passes through to DeepSpeed, and DeepSpeed's parser checks the merged config
+(the rule: launcher/parallel/deepspeed_file.py; a real run: tests/integration/test_grad_clip.py)."""
+
+import json
+
+import pytest
+
+from launcher.errors import ConfigError
+from launcher.launch.deepspeed_check import check_with_deepspeed, read_deepspeed_file
+from launcher.config import compose_config
+from tests.conftest import plan_of
+
+GPT = ["recipe=gpt", "smoke=true"]
+EXAMPLE = {
+    "train_batch_size": 8,
+    "gradient_clipping": 1.0,
+    "steps_per_print": 2000,
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                          "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 2e7,
+                          "allgather_bucket_size": 2e8},
+}
+
+
+def inline(d: dict) -> str:
+    return "deepspeed.config=" + json.dumps(d).replace('"', "")  # YAML flow style: JSON without quotes
+
+
+def test_the_files_intents_become_the_plan(cpu_host):
+    plan = plan_of([*GPT, inline(EXAMPLE)], cpu_host)
+    assert [p.name for p in plan.parts] == ["deepspeed"]  # a DeepSpeed config makes auto choose deepspeed
+    assert plan.zero_stage == 2 and plan.placement.optimizer_location == "host" and plan.placement.pin_memory
+    ds = plan.engine_config()
+    assert ds["gradient_clipping"] == 1.0 and ds["steps_per_print"] == 2000
+    assert ds["zero_optimization"]["overlap_comm"] is True and ds["zero_optimization"]["reduce_bucket_size"] == 2e7
+    assert any(n.startswith("zero.stage=2 from deepspeed.config") for n in plan.notes)
+    bucket = next(t for t in plan.peak.terms if t.name == "zero reduce bucket")
+    assert "2e+07" in bucket.source and "twice: overlap_comm" in bucket.source  # the file's keys reach the memory plan
+
+
+@pytest.mark.parametrize("ours, file, said", [
+    ("zero.stage=3", {"zero_optimization": {"stage": 2}}, "zero_optimization.stage=2 in the inline config conflicts "
+                                                          "with zero.stage=3"),
+    ("batch.global_size=16", {"train_batch_size": 8}, "train_batch_size=8 .* conflicts with batch.global_size=16"),
+    ("precision=fp32", {"bf16": {"enabled": True}}, "bf16.enabled=true .* conflicts with precision=fp32"),
+    ("optimizer.target=device", {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
+     "offload_optimizer.device=cpu .* conflicts with optimizer.target .*set optimizer.target=CPU"),
+    ("trainer.grad_clip=0.5", {"gradient_clipping": 1.0}, "gradient_clipping=1.0 .* conflicts with trainer.grad_clip"),
+    ("optimizer.lr=0.1", {"optimizer": {"type": "Adam", "params": {"lr": 0.001}}}, "optimizer.params.lr=0.001 .* "
+                                                                                   "conflicts with optimizer.lr=0.1"),
+])
+def test_a_key_we_set_must_agree(cpu_host, ours, file, said):
+    with pytest.raises(ConfigError, match=said):
+        plan_of([*GPT, ours, inline(file)], cpu_host)
+
+
+def test_auto_is_resolved_from_the_plan_or_refused(cpu_host):
+    plan = plan_of([*GPT, inline({"train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+                                  "zero_optimization": {"stage": 1},
+                                  "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}}})], cpu_host)
+    ds = plan.engine_config()
+    assert ds["train_batch_size"] == plan.batch.global_size and ds["gradient_accumulation_steps"] == 1
+    assert ds["scheduler"]["params"]["warmup_max_lr"] == plan.optimizer.lr
+    with pytest.raises(ConfigError, match="reduce_bucket_size=\"auto\" .*HF derives it from model.config.hidden_size"):
+        plan_of([*GPT, inline({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}})], cpu_host)
+
+
+def test_the_optimizer_section_becomes_ours_and_is_not_emitted(cpu_host):
+    # gpt's recipe sets optimizer.lr (0.005): a value of ours the file may not change (test_a_key_we_set_must_agree)
+    plan = plan_of([*GPT, inline({"optimizer": {"type": "AdamW", "params": {"lr": 0.005, "weight_decay": 0.01}}})],
+                   cpu_host)
+    assert (plan.optimizer.name, plan.optimizer.lr, plan.optimizer.weight_decay) == ("adamw", 0.005, 0.01)
+    assert "optimizer" not in plan.engine_config()
+
+
+def test_keys_that_would_do_nothing_are_refused(cpu_host):
+    with pytest.raises(ConfigError, match="zero_optimization.overlap_comm in the inline config would do nothing: the "
+                                          "run's data-parallel part is ddp, not deepspeed"):
+        plan_of([*GPT, "parallel.pipeline_stages=2", inline({"zero_optimization": {"overlap_comm": True}})], cpu_host)
+    with pytest.raises(ConfigError, match="activation_checkpointing .* use recompute"):
+        plan_of([*GPT, inline({"activation_checkpointing": {"partition_activations": True}})], cpu_host)
+    with pytest.raises(ConfigError, match="nvme is not planned"):
+        plan_of([*GPT, inline({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})], cpu_host)
+
+
+def test_deepspeeds_parser_checks_the_merged_config(cpu_host):
+    plan = plan_of([*GPT, inline(EXAMPLE)], cpu_host)
+    check_with_deepspeed(plan.engine_config(), plan.dims.dp, "ds.json")  # accepted as it is
+    with pytest.raises(ConfigError, match=r"DeepSpeed never reads overlap_comm \(it belongs under zero_optimization\)"):
+        check_with_deepspeed({**plan.engine_config(), "overlap_comm": True}, plan.dims.dp, "ds.json")
+    with pytest.raises(ConfigError, match=r"never reads gradient_clippin \(did you mean gradient_clipping\?\)"):
+        check_with_deepspeed({**plan.engine_config(), "gradient_clippin": 1.0}, plan.dims.dp, "ds.json")
+    bad = json.loads(json.dumps(plan.engine_config()))
+    bad["zero_optimization"]["overlap_com"] = True
+    with pytest.raises(ConfigError, match="DeepSpeed's parser refuses .*overlap_com"):
+        check_with_deepspeed(bad, plan.dims.dp, "ds.json")
+
+
+def test_the_file_is_read_before_planning(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.json").write_text(json.dumps(EXAMPLE))
+    cfg = read_deepspeed_file(compose_config([*GPT, "deepspeed.config=ds.json"]))
+    assert cfg.deepspeed.source == "ds.json" and cfg.deepspeed.config.zero_optimization.stage == 2
+    assert "deepspeed.config" in cfg.deepspeed.given
+    for text, said in (('{"a": 1,}', "not JSON at line 1"), ('{"a": 1, "a": 2}', "key a is given twice"),
+                       ("[1]", "a JSON object")):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ConfigError, match=said):
+            read_deepspeed_file(compose_config([*GPT, "deepspeed.config=bad.json"]))
+    with pytest.raises(ConfigError, match="cannot read it"):
+        read_deepspeed_file(compose_config([*GPT, "deepspeed.config=missing.json"]))
