@@ -32,6 +32,7 @@ from launcher.parallel.pipeline_stages import as_meta
 from launcher.parallel.rank import Chunk, held_module, set_module
 from launcher.plan.pipeline import PipelinePlan
 from launcher.usercode.items import input_tensors, map_inputs, select_output
+from launcher.worker.precision import as_compute_dtype, computing_in
 
 
 def _positional_forward(model: nn.Module, keys: tuple[str, ...], output: str) -> None:
@@ -55,6 +56,23 @@ def trace(model: nn.Module, plan: PipelinePlan, example: Any, output: str) -> An
     if pipe.num_stages != len(plan.stages):
         raise RuntimeError(f"torch's tracer cut the model into {pipe.num_stages} stages where the plan has "
                            f"{len(plan.stages)} (split before {', '.join(spec)})")
+    return pipe
+
+
+def trace_as_run(model: nn.Module, plan: PipelinePlan, example: Any, output: str, dtype: torch.dtype) -> Any:
+    """``trace`` of ``model`` in the dtypes the run computes in (``computing_in``: parameters in ``dtype``, buffers
+    as they are, BatchNorm in fp32): torch.export records each ``.to()`` and dtype check as it ran, so a graph traced
+    in fp32 asserts fp32 where FSDP2 hands bf16 ("Tensor dtype mismatch! Expected: Float, Got: c10::BFloat16").
+    Every stage's parameters hold the model's fp32 values after (a weight the tracer copied to a second stage, GPT-2's
+    tied head, is given the original's)."""
+    if dtype == torch.float32:
+        return trace(model, plan, example, output)
+    with computing_in(model, dtype) as masters:
+        pipe = trace(model, plan, example, output)
+    for k in range(pipe.num_stages):
+        for name, p in pipe.get_stage_module(k).named_parameters(remove_duplicate=False):
+            if id(p) not in masters and p.is_floating_point():  # a copy made while tracing: from the master
+                p.data = model.get_parameter(name).detach().clone()
     return pipe
 
 
@@ -83,7 +101,7 @@ def stage_io(model_spec: dict[str, Any], plan: PipelinePlan, example: Any, outpu
 
     with torch.device("meta"):
         whole = instantiate(model_spec)
-    whole.to(dtype)
+    as_compute_dtype(whole, dtype)
     meta = map_inputs(example, lambda t: as_meta(t, dtype))
     pipe = trace(whole, plan, meta, output)
     state = tuple(input_tensors(meta))
@@ -122,7 +140,7 @@ def traced_chunks(model: nn.Module, plan: PipelinePlan, pp_rank: int, rt: Any) -
 
     dtype = DTYPES[rt.plan.precision]
     io, unused = stage_io(rt.plan.model, plan, rt.example, rt.plan.model_output, dtype)
-    pipe = trace(model, plan, map_inputs(rt.example, lambda t: t.cpu()), rt.plan.model_output)
+    pipe = trace_as_run(model, plan, map_inputs(rt.example, lambda t: t.cpu()), rt.plan.model_output, dtype)
     chunks = []
     for stage in plan.stages:
         if plan.rank_of(stage.index) != pp_rank:

@@ -133,11 +133,19 @@ def _uniform(n: int, parts: int, allowed: set[int] | None = None) -> list[int]:
     return [sum(sizes[:k]) for k in range(parts)]
 
 
+def _first_inside(name: str, layers: tuple[str, ...]) -> str:
+    """A stack's name (``blocks``, ``layer3``: its items are the layers ``blocks.0``, ...) for its first layer."""
+    if name in layers:
+        return name
+    return next((n for n in layers if n.startswith(name + ".")), name)
+
+
 def _from_yaml(stages: dict[str, int], layers: tuple[str, ...], pp: int) -> tuple[list[int], list[str]]:
     """Stage of each layer from parallel.stages, and the problems (unknown layer, out of range, out of order, empty
     stage). Each named layer begins its stage: the layers after it up to the next named one run on the same stage,
     those before the first named one on stage 0 (MindSpore's form, every layer named, reads the same)."""
     problems = []
+    stages = {_first_inside(name, layers): s for name, s in stages.items()}
     for name, s in stages.items():
         if name not in layers:
             close = difflib.get_close_matches(name, layers, n=1)

@@ -25,7 +25,7 @@ from launcher.plan.placement import takes_tables_out
 from launcher.plan.table_keys import resolve_aliases
 from launcher.usercode.data_check import Sample, dataset_facts, first_words, item_labels, two_items
 from launcher.usercode.forward_check import CPU_CHECK_PARAMS, Swap, check_model_and_loss, cpu_model, swap_tables
-from launcher.usercode.pipeline_check import check_pipeline
+from launcher.usercode.pipeline_check import check_pipeline, with_outside
 from launcher.usercode.targets import HYDRA_KEYS, build_collate, import_targets, locate
 
 LABEL_SCAN = 256
@@ -140,7 +140,8 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
             found, split, order, barred = check_pipeline(specs["model"], model, batch, source, cfg.parallel,
                                                          cfg.model_output, facts)
             problems += found
-            facts = dataclasses.replace(facts, layers=order, split=split, uncuttable=barred)
+            params = facts.layer_params and with_outside(model, batch, order, facts.layer_params)
+            facts = dataclasses.replace(facts, layers=order, split=split, uncuttable=barred, layer_params=params)
     if problems:
         raise ConfigError(problems)
     data_facts = _data_facts(specs["data"], data["data"], samples["data"], data.get("eval_data"), batch, labels,

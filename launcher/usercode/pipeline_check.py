@@ -111,6 +111,32 @@ def check_pipeline(model_spec: dict[str, Any], model: nn.Module, batch: tuple[An
     return _trace_problems(model_spec, plan, order, inputs, source, stages, output, why), split, order, ()
 
 
+def with_outside(model: nn.Module, batch: Any, order: tuple[str, ...], layer_params: dict[str, int]) -> dict[str, int]:
+    """``layer_params`` with the parameters no layer holds (a ViT's ``cls_token`` and ``pos_embed``, on the model
+    itself) counted in the layer whose stage holds them: a graph split runs the code that reads one on the stage of
+    the latest layer its use is computed from (launcher/parallel/pipeline_graph.py ``cut_graph``); the first layer
+    where that is not known (the forward is not recorded by torch.fx: torch's tracer cuts it)."""
+    from launcher.parallel.pipeline_graph import cut_graph
+
+    inside = {id(p) for n in order for p in model.get_submodule(n).parameters()}
+    outside = {name: p.numel() for name, p in model.named_parameters() if id(p) not in inside}
+    if not outside or not order:
+        return layer_params
+    graph, _ = recorded(model, move_to(batch[0], "meta"))
+    owner = {name: order[0] for name in outside}
+    if graph is not None:
+        cut = cut_graph(graph, {n: 0 for n in order}, 1)
+        rank = {n: i for i, n in enumerate(order)}
+        for node in graph.nodes:
+            if node.op == "get_attr" and node.target in outside and node.users:
+                made = [_layer_made(cut, u) or order[0] for u in node.users]
+                owner[node.target] = min(made, key=rank.__getitem__)
+    out = dict(layer_params)
+    for name, count in outside.items():
+        out[owner[name]] += count
+    return out
+
+
 def uncuttable(model_spec: dict[str, Any], graph: fx.Graph, inputs: Any, order: tuple[str, ...],
                facts: Any) -> tuple[tuple[str, str], ...]:
     """(layer, why) of each layer no stage of a graph split may begin at: a value that is no tensor would cross that

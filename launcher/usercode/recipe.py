@@ -42,22 +42,33 @@ class UserRecipe:
 
 
 def units(model: Any) -> list[tuple[str, Any]]:
-    """A user model's layers: its top-level children, where a child holding a ModuleList (HF's ``transformer.h``,
-    ``model.layers``) is opened down to that list's items: (module path, module) in registration order. A pipeline
-    stage begins at one of them, recompute and FSDP units name them."""
+    """A user model's layers: its top-level children, where a child that is a stack of blocks (``_is_stack``: HF's
+    ``transformer.h`` and ``model.layers`` ModuleLists, timm's ViT ``blocks`` and torchvision's ResNet ``layer1``
+    Sequentials) or holds one is opened down to that stack's items: (module path, module) in registration order. A
+    pipeline stage begins at one of them, recompute and FSDP units name them."""
     out: list[tuple[str, Any]] = []
     for name, child in model.named_children():
-        if type(child).__name__ == "ModuleList" and len(child) > 1:
+        if _is_stack(child):
             out += [(f"{name}.{n}", m) for n, m in child.named_children()]
-        elif _holds_list(child):
+        elif _holds_stack(child):
             out += [(f"{name}.{n}", m) for n, m in units(child)]
         else:
             out.append((name, child))
     return out
 
 
-def _holds_list(module: Any) -> bool:
-    return any(type(m).__name__ == "ModuleList" and len(m) > 1 for m in module.modules())
+def _is_stack(module: Any) -> bool:
+    """A ModuleList of two or more modules, or a Sequential of two or more blocks (modules made of modules: a
+    Sequential of leaf operations, ``Linear, ReLU, Linear``, stays one layer)."""
+    kind = type(module).__name__
+    items = list(module.children()) if kind in ("ModuleList", "Sequential") else []
+    if len(items) < 2:
+        return False
+    return kind == "ModuleList" or all(any(True for _ in m.children()) for m in items)
+
+
+def _holds_stack(module: Any) -> bool:
+    return any(_is_stack(m) for m in module.modules())
 
 
 def recipe_for(name: str) -> Recipe | UserRecipe:

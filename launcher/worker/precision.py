@@ -9,6 +9,8 @@ its output on in the input's dtype; its gradients flow back in the parameters' d
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -51,3 +53,28 @@ def keep_batchnorm_fp32(model: nn.Module) -> int:
             m.forward = forward
             count += 1
     return count
+
+
+def as_compute_dtype(model: nn.Module, dtype: torch.dtype) -> None:
+    """``model`` (built on meta for the stages' shapes) as a run in ``dtype`` computes: its floating parameters in
+    ``dtype``, its buffers as they are (FSDP2's MixedPrecisionPolicy casts parameters only: a BatchNorm's running
+    statistics, Llama's rotary frequencies stay fp32), every BatchNorm in fp32 (``keep_batchnorm_fp32``)."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(dtype)
+    if dtype != torch.float32:
+        keep_batchnorm_fp32(model)
+
+
+@contextmanager
+def computing_in(model: nn.Module, dtype: torch.dtype) -> Iterator[dict[int, torch.Tensor]]:
+    """``model`` as ``as_compute_dtype`` makes it, for what runs inside (a trace records the dtypes of the run: its
+    ``.to()`` calls and dtype checks); its parameters' own values (by ``id``: the fp32 master weights, exact)
+    are put back after. Yields those values."""
+    kept = {id(p): (p, p.data) for p in model.parameters() if p.is_floating_point()}
+    try:
+        as_compute_dtype(model, dtype)
+        yield {k: data for k, (_, data) in kept.items()}
+    finally:
+        for p, data in kept.values():
+            p.data = data

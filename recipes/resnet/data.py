@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import Dataset
 
 from launcher.contract import dp_share, endless_shares
 
@@ -35,3 +36,21 @@ class SyntheticImages:
         for k in range(count):
             yield dp_share(self.global_micro_batch(_EVAL_STREAM + k, micro_size * dp_size, self.seed), dp_rank,
                            micro_size)
+
+
+class SyntheticImageDataset(Dataset):
+    """The same class patterns as a map-style Dataset of ``samples`` images, for a recipe of yours that names an image
+    model and no data code (torchvision's ``resnet18``, a timm ViT): item i is ``(image, label)``, the image
+    ``channels`` × ``image_size`` × ``image_size`` floats. ``split_seed`` draws the items (another one for held-out
+    data)."""
+
+    def __init__(self, classes: int = 10, image_size: int = 32, samples: int = 1024, channels: int = 3,
+                 noise: float = 1.0, seed: int = 0, split_seed: int = 0) -> None:
+        source = SyntheticImages(classes, image_size, channels, noise, seed)
+        (self.images,), self.labels = source.global_micro_batch(0, samples, split_seed)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[i], self.labels[i]

@@ -71,7 +71,7 @@ def test_a_resnet_cut_at_a_layer_runs_stage_after_stage_as_the_whole_model():
     model, x = TinyResNet(), torch.randn(2, 3, 8, 8)
     reference = copy.deepcopy(model)
     layers = tuple(forward_order(model, (x,)))
-    assert layers == ("conv1", "layer1", "layer2", "avgpool", "fc")
+    assert layers == ("conv1", "layer1.0", "layer1.1", "layer2", "avgpool", "fc")  # layer1: a Sequential of blocks
     plan = _plan(layers, "layer2")
     pipe = trace(model, plan, (x,), "auto")
     first, second = pipe.get_stage_module(0), pipe.get_stage_module(1)
