@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -159,13 +160,33 @@ class RankDir:
             return None
 
     def error_message(self) -> str:
-        """The message of error.json, or '' when there is none."""
+        """The message of error.json, or '' when there is none; where the exception was raised from another (torch's
+        pipeline stage raises "[Stage 0] failed to run forward" from the error its forward hit), the first line of
+        the root cause follows: "<message> (caused by RuntimeError: Tensor dtype mismatch! ...)"."""
         try:
             err = json.loads(self.error.read_text())
             msg = err.get("message")
-            return msg["message"] if isinstance(msg, dict) else str(msg or "")
-        except (OSError, ValueError, KeyError, TypeError):
+            if not isinstance(msg, dict):
+                return str(msg or "")
+            root = root_cause(str(msg.get("extraInfo", {}).get("py_callstack", "")))
+            text = str(msg["message"])
+            return f"{text.rstrip()} (caused by {root})" if root and root not in text else text
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return ""
+
+
+_CHAINED = re.compile(r"\n(?:The above exception was the direct cause of the following exception:|During handling "
+                      r"of the above exception, another exception occurred:)\n")
+
+
+def root_cause(callstack: str) -> str:
+    """The first line of the first exception of a chained traceback (Python prints the root cause first), '' when
+    the traceback has one exception."""
+    blocks = _CHAINED.split(callstack)
+    if len(blocks) < 2:
+        return ""
+    lines = [line for line in blocks[0].splitlines() if line.strip()]  # a header, indented frames, the exception
+    return next((line.strip() for line in lines[1:] if not line.startswith(" ")), "")
 
 
 class RunDir:

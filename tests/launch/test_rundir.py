@@ -71,3 +71,29 @@ def test_an_unwritable_log_dir_is_named_before_anything_is_made(tmp_path, monkey
     with pytest.raises(ConfigError, match=rf"output.log_dir={tmp_path}/a/b: {tmp_path} is not writable by this user"):
         create_run_dir(tmp_path / "a" / "b", "", "run")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rank_error_raised_from_another_names_its_root_cause(tmp_path):
+    """torch's pipeline stage raises "[Stage 0] failed to run forward" from the error its forward hit; the message the
+    console and the summary show ends with that cause (from error.json's traceback), not with the wrapper alone."""
+    import traceback
+
+    def forward():
+        raise RuntimeError("Tensor dtype mismatch! Expected: Float, Got: c10::BFloat16\n\nWhile executing %x")
+
+    rank = RunDir(tmp_path / "run").rank(0)
+    rank.path.mkdir(parents=True)
+    try:
+        try:
+            forward()
+        except RuntimeError as e:
+            raise RuntimeError("\n    [Stage 0] failed to run forward:\n    args: ('Tensor(...)',)") from e
+    except RuntimeError as e:
+        callstack = "".join(traceback.format_exception(e))
+    rank.error.write_text(json.dumps({"message": {"message": "RuntimeError: [Stage 0] failed to run forward",
+                                                  "extraInfo": {"py_callstack": callstack, "timestamp": "0"}}}))
+    assert rank.error_message() == ("RuntimeError: [Stage 0] failed to run forward (caused by RuntimeError: Tensor "
+                                    "dtype mismatch! Expected: Float, Got: c10::BFloat16)")
+    rank.error.write_text(json.dumps({"message": {"message": "ValueError: alone", "extraInfo": {
+        "py_callstack": "Traceback (most recent call last):\n  File \"x\", line 1\nValueError: alone\n"}}}))
+    assert rank.error_message() == "ValueError: alone"
