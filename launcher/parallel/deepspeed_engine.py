@@ -3,6 +3,7 @@ the Engine seam (launcher/parallel/engine.py); DeepSpeed's own checkpoints."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -11,11 +12,20 @@ from torch import nn
 from launcher.rundir import CheckpointDir
 
 
+_DEPRECATED_COLLECTIVES = (r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor|_all_gather_base|"
+                           r"_reduce_scatter_base)` is (deprecated|a private function)")
+"""torch's FutureWarnings for the collectives DeepSpeed's ZeRO calls (torch/distributed/distributed_c10d.py)."""
+
+
 class DeepSpeedEngine:
     """deepspeed.initialize with the planned config and a client torch optimizer; DeepSpeed's own checkpoints."""
 
     def __init__(self, net: nn.Module, optimizer: torch.optim.Optimizer, *, config: dict[str, Any], backend: str,
                  **_: Any) -> None:
+        # DeepSpeed's ZeRO (stage 3's parameter gathers, stages 1-3's reduce-scatters) calls torch.distributed's
+        # all_gather_into_tensor / reduce_scatter_tensor, which torch 2.13 deprecates in favour of *_single with a
+        # FutureWarning on every call site: DeepSpeed's to change, nothing a user can do, so not on their console.
+        warnings.filterwarnings("ignore", category=FutureWarning, message=_DEPRECATED_COLLECTIVES)
         import deepspeed  # after the env is in place: DS_ACCELERATOR, TORCH_EXTENSIONS_DIR
 
         deepspeed.init_distributed(dist_backend=backend)  # the process group exists: DeepSpeed adopts it

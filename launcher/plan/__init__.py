@@ -303,6 +303,10 @@ def _plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: _Draft) -> No
         d.problems.append(f"loader.collate_fn: recipe {cfg.recipe.name} batches its own data (its data source makes "
                           f"whole batches), so a collate function would not be called. Remove loader.collate_fn; it "
                           f"is for a recipe in your folder whose data is a Dataset of items.")
+    if not d.user and cfg.model_output != "auto":  # a user's model is checked by a forward (usercode/forward_check)
+        d.problems.append(f"model_output={cfg.model_output}: recipe {cfg.recipe.name}'s model returns a tensor, which "
+                          f"its loss takes as it is; model_output picks a key or attribute of a dict, tuple or "
+                          f"ModelOutput a model in your folder returns. Remove model_output.")
     if cfg.debug.fail_rank >= d.world:
         d.problems.append(f"debug.fail_rank={cfg.debug.fail_rank} is not a rank of this run (world size {d.world}). "
                           f"Set debug.fail_rank to 0 .. {d.world - 1}, or -1 (off).")

@@ -172,6 +172,10 @@ def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[Any, Any],
     except (KeyError, IndexError, AttributeError) as e:
         return [f"model_output={model_output}: the model's output ({type(out).__name__}) has no {e}. Set "
                 f"model_output to one of its keys or attributes, or auto."], False, ""
+    if model_output != "auto" and torch.is_tensor(out):
+        return [f"model_output={model_output}: the model returns a tensor {tuple(out.shape)}, which the loss takes "
+                f"as it is; model_output picks a key or attribute of a dict, tuple or ModelOutput. Remove "
+                f"model_output (or set it to auto)."], False, ""
     if not torch.is_tensor(picked):
         fields = f" (its keys: {', '.join(out)})" if isinstance(out, Mapping) else ""
         return [f"model_output={model_output}: the loss would get a {type(picked).__name__} of the model's "
@@ -187,11 +191,23 @@ def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[Any, Any],
             return [], False, line
         return [f"loss ({source}): {type(loss_fn).__name__} rejects the model's output {_shape_words(picked)} "
                 f"against the label {_shape_words(label)}: {first_words(e)}. Make the model's output and the "
-                f"dataset's label the shapes and dtypes the loss expects."], False, line
+                f"dataset's label the shapes and dtypes the loss expects.{_token_hint(loss_fn, picked, label)}"], \
+            False, line
     problem = scalar_loss_problem(value, loss_fn, f"loss ({source})")
     if problem:
         return [problem], False, line
     return [], torch.is_tensor(label) and picked.numel() == label.numel(), line
+
+
+def _token_hint(loss_fn: Any, picked: Any, label: Any) -> str:
+    """For torch's CrossEntropyLoss on (batch, sequence, vocab) logits, which wants the classes in dimension 1: the
+    loss that takes them as they come."""
+    if not isinstance(loss_fn, nn.CrossEntropyLoss) or not torch.is_tensor(picked) or picked.dim() < 3:
+        return ""
+    shift = " shift: true for a causal LM's next-token labels," if torch.is_tensor(label) and \
+        label.shape == picked.shape[:-1] else ""
+    return (f" For {tuple(picked.shape)} logits with the classes last, use loss={{_target_: "
+            f"launcher.losses.TokenCrossEntropy}} (it flattens them;{shift} ignore_index -100).")
 
 
 def _shape_words(t: Any) -> str:
