@@ -131,8 +131,10 @@ def put(tree: dict[str, Any], dotted: str, value: Any) -> None:
     tree[leaf] = value
 
 
-RESOLVED_AUTO = {"scheduler.params.warmup_max_lr": "optimizer.lr", "scheduler.params.total_num_steps": "trainer.steps"}
-"""HF-style "auto" values of keys we do not compile, resolved from our keys as HF's Trainer fills them."""
+RESOLVED_AUTO = {"scheduler.params.warmup_max_lr": "optimizer.lr", "scheduler.params.total_num_steps": "trainer.steps",
+                 "scheduler.params.warmup_min_lr": 0, "scheduler.params.warmup_num_steps": 0}
+"""HF-style "auto" values of keys we do not compile, filled as HF's Trainer fills them: from our keys, or 0 (no
+warmup: hetero-launch has no warmup keys, and HF's Trainer without warmup arguments fills 0 too)."""
 
 
 def adopt(cfg: Any, file: dict[str, Any], source: str, is_set: Callable[[str], bool]
@@ -171,8 +173,10 @@ def adopt(cfg: Any, file: dict[str, Any], source: str, is_set: Callable[[str], b
                 problems.append(f"deepspeed.config: {dotted}=\"auto\" in {source} with trainer.epochs: the steps are "
                                 f"known only once the data is read. Give a number.")
                 continue
-            put(file, dotted, OmegaConf.select(cfg, ours))
-            notes.append(f"deepspeed.config: {dotted}=\"auto\" -> {OmegaConf.select(cfg, ours)} ({ours})")
+            value = OmegaConf.select(cfg, ours) if isinstance(ours, str) else ours
+            put(file, dotted, value)
+            why = ours if isinstance(ours, str) else "no warmup"
+            notes.append(f"deepspeed.config: {dotted}=\"auto\" -> {value} ({why})")
     return notes, problems
 
 

@@ -57,10 +57,12 @@ def test_a_key_we_set_must_agree(cpu_host, ours, file, said):
 def test_auto_is_resolved_from_the_plan_or_refused(cpu_host):
     plan = plan_of([*GPT, inline({"train_batch_size": "auto", "gradient_accumulation_steps": "auto",
                                   "zero_optimization": {"stage": 1},
-                                  "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}}})], cpu_host)
+                                  "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto",
+                                                                               "warmup_num_steps": "auto"}}})],
+                   cpu_host)
     ds = plan.engine_config()
     assert ds["train_batch_size"] == plan.batch.global_size and ds["gradient_accumulation_steps"] == 1
-    assert ds["scheduler"]["params"]["warmup_max_lr"] == plan.optimizer.lr
+    assert ds["scheduler"]["params"] == {"warmup_max_lr": plan.optimizer.lr, "warmup_num_steps": 0}
     with pytest.raises(ConfigError, match="reduce_bucket_size=\"auto\" .*HF derives it from model.config.hidden_size"):
         plan_of([*GPT, inline({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}})], cpu_host)
 
