@@ -69,7 +69,9 @@ def combinations() -> list[tuple[str, ...]]:
 
 ONE_PROCESS = ["parallel.pipeline_stages=1", "parallel.tp=1"]
 """What a one-process reference sets: the layout a single rank can have (a recipe's own pipeline goes too)."""
-LAYOUT_KEYS = ("parallel.pipeline_stages=", "parallel.tp=")
+LAYOUT_KEYS = ("parallel.pipeline_stages=", "parallel.tp=", "parallel.sync_batchnorm=")
+"""Intents a one-process reference drops: they need several ranks (sync_batchnorm: its statistics span dp, and one
+process is what it equals)."""
 
 
 def key(recipe: str, combo: tuple[str, ...], data_parallel: str = "") -> str:

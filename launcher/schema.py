@@ -194,6 +194,9 @@ class ParallelConfig:
     with tensor parallel and pipelines), deepspeed (DeepSpeed ZeRO 0-3 and ZeRO-Offload; plain data parallelism
     only), or auto: chosen from zero.stage, optimizer.target, placement.offload_params, precision and the layout
     (the plan says which and why)."""
+    sync_batchnorm: bool = False
+    """Every BatchNorm normalises over the dp group's whole micro-batch, as one process does (torchvision's --sync-bn):
+    the sync_batchnorm part (launcher/parallel/sync_batchnorm.py). Refused with dp 1 and on a model without one."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ import json
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -186,6 +187,8 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
                               f"held-out data. Remove eval_data (see eval.batches).")
         _check_loss_arguments(cfg, recipe.name)
         data = recipe.data_facts(OmegaConf.to_object(cfg.data))
+        _check_sync_batchnorm(cfg, lambda: recipe.model_spec(OmegaConf.to_object(cfg.model), data),
+                              f"recipe {recipe.name}")
         model = _layers(recipe, cfg, data) if cfg.parallel.pipeline_stages > 1 else None
         if not (wants_activations(cfg) and estimate):
             return Facts(data=data, model=model, lookups=_lookups(recipe, cfg, data))
@@ -203,8 +206,30 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
             sys.path.insert(0, p)
     source = f"{config_dir or 'conf'}/recipe/{recipe.name}.yaml"
     data, model, trace, imports = inspect_user_recipe(cfg, source, trace_activations=wants_activations(cfg))
+    _check_sync_batchnorm(cfg, lambda: OmegaConf.to_container(cfg.model, resolve=True), f"model in {source}")
     return Facts(data=data, model=model, code_paths=code_paths, activations=trace and trace.layers,
                  lookups=trace and trace.lookups, families=trace.families if trace else (), imports=imports)
+
+
+def _check_sync_batchnorm(cfg: DictConfig, spec: Any, source: str) -> None:
+    """parallel.sync_batchnorm=true on a model with no BatchNorm would do nothing: refused (the model's ``spec()``
+    built on the meta device)."""
+    if not cfg.parallel.sync_batchnorm:
+        return
+    import torch
+    from hydra.utils import instantiate
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = instantiate(spec(), _convert_="all")
+    except Exception:  # noqa: BLE001 - a model that cannot be built: the recipe's own checks name why
+        return
+    if not any(isinstance(m, _BatchNorm) for m in model.modules()):
+        raise ConfigError(f"parallel.sync_batchnorm=true: the model ({source}) has no BatchNorm "
+                          f"(BatchNorm1d/2d/3d) whose statistics could be synced, so it would do nothing. Set "
+                          f"parallel.sync_batchnorm=false.")
 
 
 def wants_activations(cfg: DictConfig) -> bool:

@@ -60,7 +60,8 @@ def plan_parts(i: Intents) -> tuple[tuple[PartPlan, ...], list[str], list[str]]:
     dp, problems, notes = choose_data_parallel(i)
     if dp is None:
         return (), problems, notes
-    names = [*(["tensor_parallel"] if i.sharding is not None else []), *(["recompute"] if i.recompute else []), dp,
+    names = [*(["tensor_parallel"] if i.sharding is not None else []), *(["recompute"] if i.recompute else []),
+             *(["sync_batchnorm"] if i.sync_batchnorm else []), dp,
              *(["pipeline"] if i.dims.pp > 1 else [])]
     parts = []
     for name in names:

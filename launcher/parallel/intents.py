@@ -44,13 +44,14 @@ class Intents:
     log_every: int = 10
     client_optimizer: bool = False
     """A script's runtime.prepare() brings its own optimizer, built before any part applies."""
+    sync_batchnorm: bool = False
+    """parallel.sync_batchnorm: BatchNorm statistics over the dp group."""
     grad_clip: float = 0.0
     """trainer.grad_clip: the global gradient norm's bound, 0 = off."""
     ds_file: dict[str, Any] | None = None
     """deepspeed.config's keys (after its intents were adopted), merged into the deepspeed part's config; None = none."""
     ds_source: str = ""
     """Where they came from (the file's path, or "inline"), for messages."""
-
 
     @property
     def offload(self) -> bool:
@@ -90,7 +91,8 @@ def intents_of(cfg: Any, dims: ParallelDims, placement: Any, zero: int, device_t
                    offload_params=placement.param_location == "host", precision=cfg.precision,
                    optimizer=cfg.optimizer.name, cpu_impl=placement.cpu_impl, pin_memory=placement.pin_memory,
                    data_parallel=cfg.parallel.data_parallel, device_type=device_type, batch=batch,
-                   log_every=cfg.trainer.log_every, grad_clip=float(cfg.trainer.grad_clip), **_ds_file(cfg), **layout)
+                   log_every=cfg.trainer.log_every, sync_batchnorm=bool(cfg.parallel.sync_batchnorm),
+                   grad_clip=float(cfg.trainer.grad_clip), **_ds_file(cfg), **layout)
 
 
 def _ds_file(cfg: Any) -> dict[str, Any]:

@@ -4,8 +4,9 @@ A part owns its knowledge: the intents it cannot take and why (``problems``; a d
 ``cannot``, which the choice filters by), its config (what the plan shows and the rank applies), the memory it leaves
 on each rank, how a rank applies it (``apply``, which imports torch lazily) and the format of its part of a
 checkpoint. Parts apply in the order of ``SLOTS`` on one DeviceMesh: tensor parallel (tp) -> recompute ->
-data parallel (dp: ddp | fsdp | deepspeed) -> pipeline (pp). The pipeline cuts the model into its stages before the
-others apply (each part then applies to a stage's module, as torchtitan does) and drives the schedule last.
+sync_batchnorm (normalization: BatchNorm statistics over dp) -> data parallel (dp: ddp | fsdp | deepspeed) ->
+pipeline (pp). The pipeline cuts the model into its stages before the others apply (each part then applies to a
+stage's module, as torchtitan does) and drives the schedule last.
 
 Names are compared here and in the parts' own modules only; everywhere else a part is asked for what it knows.
 """
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 
 from launcher.parallel.intents import Intents
 
-SLOTS = ("tensor_parallel", "recompute", "data_parallel", "pipeline")
+SLOTS = ("tensor_parallel", "recompute", "normalization", "data_parallel", "pipeline")
 """The order parts apply in; a run has at most one part per slot and always one data-parallel part."""
 
 DCP = "dcp"
@@ -91,9 +92,10 @@ def _parts() -> dict[str, Part]:
     from launcher.parallel.fsdp import PART as fsdp
     from launcher.parallel.pipeline import PART as pipeline
     from launcher.parallel.recompute import PART as recompute
+    from launcher.parallel.sync_batchnorm import PART as sync_batchnorm
     from launcher.parallel.tensor_parallel import PART as tensor_parallel
 
-    return {p.name: p for p in (tensor_parallel, recompute, ddp, fsdp, deepspeed, pipeline)}
+    return {p.name: p for p in (tensor_parallel, recompute, sync_batchnorm, ddp, fsdp, deepspeed, pipeline)}
 
 
 PARTS: dict[str, Part] = _parts()

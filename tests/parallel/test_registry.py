@@ -50,8 +50,8 @@ def test_no_code_outside_the_parallel_package_compares_part_names():
 
 
 def test_every_part_says_what_the_plan_and_the_ranks_ask_of_it():
-    assert [PARTS[n].slot for n in PARTS] == ["tensor_parallel", "recompute", "data_parallel", "data_parallel",
-                                               "data_parallel", "pipeline"]
+    assert [PARTS[n].slot for n in PARTS] == ["tensor_parallel", "recompute", "normalization", "data_parallel",
+                                               "data_parallel", "data_parallel", "pipeline"]
     assert set(SLOTS) == {p.slot for p in PARTS.values()}
     for part in PARTS.values():
         for hook in ("problems", "config", "why", "apply"):
