@@ -34,6 +34,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # TorchRec for its tests, without the fbgemm-gpu (CUDA, 500 MB) it declares: the test extra brings FBGEMM's CPU build
   # and its other dependencies. Best effort: where it does not install, its tests skip with the reason.
   "$PY" -m pip install -q --no-deps "torchrec==1.9.2" || echo "run.sh: torchrec not installed: its tests skip" >&2
+  # torchvision and timm for the tests of their models' pipelines, the same way: --no-deps (torch stays as it is),
+  # torchvision's build for this torch (2.x -> 0.(x+15): 2.13 -> 0.28), kept only where it imports: PyPI's wheel is
+  # CUDA's, which beside a CPU torch cannot load its ops and fails `import torchvision` (transformers' too).
+  if ! "$PY" -c "import torchvision, timm" 2>/dev/null; then
+    tv="$("$PY" -c 'import torch; v = torch.__version__.split("+")[0].split("."); print(f"0.{int(v[1]) + 15}.*" if v[0] == "2" else "")')"
+    if [ -z "$tv" ]; then
+      echo "run.sh: no torchvision build known for this torch: the torchvision and timm tests skip" >&2
+    elif ! { "$PY" -m pip install -q --no-deps "torchvision==$tv" timm && "$PY" -c "import torchvision, timm"; } >/dev/null 2>&1; then
+      "$PY" -m pip uninstall -q -y torchvision timm >/dev/null 2>&1 || true
+      echo "run.sh: torchvision==$tv does not import beside this torch (a CPU torch needs its CPU build): removed; the torchvision and timm tests skip" >&2
+    fi
+  fi
   echo "$want" > "$stamp"
 fi
 

@@ -5,6 +5,10 @@ DeepSpeed casts them too), and torch's batch_norm refuses a bf16 weight beside f
 scalar type BFloat16 but found Float"); running statistics kept in bf16 would drift anyway. As MindSpore's amp O2 and Apex's
 keep_batchnorm_fp32 do, a BatchNorm here normalises in fp32 (input, weight, bias and running statistics) and hands
 its output on in the input's dtype; its gradients flow back in the parameters' dtype.
+
+A pipeline stage cut by torch's tracer is a graph recorded once, dtypes included: it is traced with the model as the
+run computes (``computing_in``: parameters in bf16 as FSDP2 casts them, buffers as they are, BatchNorm in fp32), the
+fp32 master weights put back after (launcher/parallel/pipeline_trace.py).
 """
 
 from __future__ import annotations
