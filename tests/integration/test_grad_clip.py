@@ -1,7 +1,7 @@
 """trainer.grad_clip clips the same global gradient norm on every data-parallel part: torch DDP, FSDP2 (DTensor
 shards), DeepSpeed ZeRO-0 (its gradient_clipping) and ZeRO-2 with CPU offload brought as a DeepSpeedExamples-style
-ds_config.json (deepspeed.config=), and a 2-stage pipeline with gpt's tied head, each against one process. The clip
-bites: the logged norm before clipping is above it at every step."""
+ds_config.json (deepspeed.config=), a 2-stage pipeline with gpt's tied head and tensor parallel, each against one
+process. The clip bites: the logged norm before clipping is above it at every step."""
 
 import json
 from pathlib import Path
@@ -55,6 +55,7 @@ def test_the_clip_bites_in_one_process(one):
     ("fsdp", ["parallel.data_parallel=fsdp", "zero.stage=2"]),  # DTensor shards over dp
     ("deepspeed0", ["parallel.data_parallel=deepspeed"]),
     ("pipeline", ["parallel.pipeline_stages=2", "batch.micro_batches=1"]),  # tied head on both stages
+    ("tensor_parallel", ["parallel.tp=2"]),  # DTensor shards (and replicas) over tp
 ])
 def test_parts_clip_as_one_process(one, tmp_path, name, overrides):
     two = run(tmp_path, name, [*GPT, "cluster.nproc_per_node=2", f"trainer.grad_clip={CLIP}", *overrides])
