@@ -202,8 +202,8 @@ def merge(compiled: dict[str, Any], file: dict[str, Any], owned: dict[str, tuple
         if key in file:
             problems.append(f"deepspeed.config: {key} in {source} would do nothing here ({reason}). Remove it.")
     for dotted, value in leaves(file):
-        if dotted.split(".")[0] in NO_EFFECT or dotted.startswith("optimizer."):
-            continue
+        if dotted.split(".")[0] in NO_EFFECT or dotted.startswith("optimizer.") or value == {}:
+            continue  # an empty section ({}) sets nothing: DeepSpeed's defaults, or what we compiled
         if dotted in owned:
             mine, ours = owned[dotted]
             if value != "auto" and (value != mine or isinstance(value, bool) != isinstance(mine, bool)):

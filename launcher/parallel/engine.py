@@ -96,16 +96,21 @@ def broadcast_buffers(modules: list[nn.Module], group: Any) -> None:
 
 class NoOptimizer:
     """The optimizer of a chunk that has no parameters of its own (a pipeline stage holding only tables that train
-    in a table store): nothing to step."""
+    in a table store): nothing to step. Its pre-step hooks still run: a collective in one (trainer.grad_clip's norm
+    over the pp group) must run on every rank."""
 
     param_groups: list[dict[str, Any]] = []
     state: dict[Any, Any] = {}
 
+    def __init__(self) -> None:
+        self._hooks: list[Any] = []
+
     def register_step_pre_hook(self, hook: Any) -> None:
-        pass
+        self._hooks.append(hook)
 
     def step(self) -> None:
-        pass
+        for hook in self._hooks:
+            hook(self, (), {})
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         pass

@@ -67,6 +67,11 @@ def test_auto_is_resolved_from_the_plan_or_refused(cpu_host):
         plan_of([*GPT, inline({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}})], cpu_host)
 
 
+def test_an_empty_section_keeps_what_we_compiled(cpu_host):
+    plan = plan_of([*GPT, "optimizer.target=CPU", inline({"zero_optimization": {}, "tensorboard": {}})], cpu_host)
+    assert plan.engine_config()["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
 def test_the_optimizer_section_becomes_ours_and_is_not_emitted(cpu_host):
     # gpt's recipe sets optimizer.lr (0.005): a value of ours the file may not change (test_a_key_we_set_must_agree)
     plan = plan_of([*GPT, inline({"optimizer": {"type": "AdamW", "params": {"lr": 0.005, "weight_decay": 0.01}}})],
