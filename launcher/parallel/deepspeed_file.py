@@ -221,6 +221,10 @@ def merge(compiled: dict[str, Any], file: dict[str, Any], owned: dict[str, tuple
                             f"does not resolve \"auto\"). Give a value, or remove the key for DeepSpeed's default.")
             continue
         put(merged, dotted, value)
+    stage3 = [d for d, _ in leaves(file) if d.startswith("zero_optimization.stage3_")]
+    if stage3 and lookup(merged, "zero_optimization.stage") != 3:
+        notes.append(f"deepspeed.config: {', '.join(stage3)} in {source} act at ZeRO-3 only: not applied at "
+                     f"ZeRO-{lookup(merged, 'zero_optimization.stage')}")
     if "optimizer" in file:
         notes.append(f"deepspeed.config: the optimizer section of {source} is compiled into optimizer.* (the ranks "
                      f"give DeepSpeed a torch optimizer), not passed on")

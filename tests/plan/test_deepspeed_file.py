@@ -67,6 +67,12 @@ def test_auto_is_resolved_from_the_plan_or_refused(cpu_host):
         plan_of([*GPT, inline({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}})], cpu_host)
 
 
+def test_zero3_keys_at_zero2_are_reported(cpu_host):
+    plan = plan_of([*GPT, inline({"zero_optimization": {"stage": 2, "stage3_max_live_parameters": 1e9}})], cpu_host)
+    assert any("stage3_max_live_parameters in the inline config act at ZeRO-3 only: not applied at ZeRO-2" in n
+               for n in plan.notes)
+
+
 def test_an_empty_section_keeps_what_we_compiled(cpu_host):
     plan = plan_of([*GPT, "optimizer.target=CPU", inline({"zero_optimization": {}, "tensorboard": {}})], cpu_host)
     assert plan.engine_config()["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
