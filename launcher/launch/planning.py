@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from launcher.backends import BACKENDS, backend
 from launcher.errors import ConfigError
+from launcher.integrations import scan_script
 from launcher.launch.deepspeed_check import check_with_deepspeed, read_deepspeed_file
 from launcher.launch.preflight import check_resume, check_script, gather_facts, read_cluster_files, resume_checkpoint
 from launcher.loggers import check_loggers
@@ -41,7 +42,7 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
             raise ConfigError(f"{key}={cfg.trainer[key.split('.')[1]]} with script=: a script loads its own "
                               f"checkpoints (runtime.load_state_dict). Leave {key} empty.")
         check_script(cfg)
-        plan = plan_script(cfg, host)
+        plan = plan_script(cfg, host, scan_script(Path(cfg.script).read_text(errors="replace"), cfg.script))
         check_log_dir(Path(cfg.output.log_dir))
         return plan, [*host.notes, *_warnings(plan, host, False)]
     resume = resume_checkpoint(cfg)

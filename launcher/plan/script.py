@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.backends import BACKENDS as LAUNCHES
 from launcher.backends import backend as launch_backend
 from launcher.errors import ConfigError
+from launcher.integrations.accelerate import TABLE_KEYS, ScriptUse, accelerate_handover
 from launcher.loggers import logger_specs
 from launcher.parallel.intents import PartPlan
 from launcher.plan.loader import changed
@@ -27,6 +28,7 @@ from launcher.plan.prefetch import prefetch_depth
 from launcher.plan.registry import CPU_OPTIMIZERS
 from launcher.plan.ranks import plan_ranks, rank_table
 from launcher.plan.rules import check_cluster, check_launcher, check_output, device_and_backend, resolve_nproc
+from launcher.plan.script_keys import changed_keys, script_key_verdicts
 from launcher.plan.types import HostFacts, ScriptPlan
 
 
@@ -107,15 +109,26 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str,
 
 
 def check_script_ops(cfg: DictConfig, device_type: str = "") -> list[str]:
-    """Problems with ``script_ops``: set without script= (a recipe's ops come from its parts), a name DeepSpeed's
+    """Problems with ``script_ops``: set without script= (a recipe's ops come from its parts; script_args and
+    output.console without script= too: a recipe reads neither), a name DeepSpeed's
     builders do not have, or one the ``device_type``'s accelerator does not offer (DeepSpeed's CPU accelerator has
     no fused_lamb, for one). Known names: launcher/worker/build_ops.py BUILDERS (torch-free)."""
     from launcher.worker.build_ops import BUILDERS
 
     names = list(cfg.script_ops)
-    if names and not cfg.script:
-        return [f"script_ops=[{', '.join(names)}] without script=: a recipe's DeepSpeed ops come from its plan and "
-                f"are built before its ranks start. Remove script_ops, or run a script (script=train.py)."]
+    if not cfg.script:  # the other script-only keys, which a recipe's ranks would never read
+        problems = [f"script_args={list(cfg.script_args)} without script=: a recipe takes no arguments after --; its "
+                    f"settings are config keys. Remove them, or run a script (script=train.py)."] if cfg.script_args \
+            else []
+        if cfg.output.console != "rank0":
+            problems.append(f"output.console={cfg.output.console} without script=: a recipe's ranks report through "
+                            f"the progress view (their output stays in rank.N/); output.console chooses whose output a "
+                            f"script= run streams. Remove it.")
+        if names:
+            problems.append(f"script_ops=[{', '.join(names)}] without script=: a recipe's DeepSpeed ops come from its "
+                            f"plan and are built before its ranks start. Remove script_ops, or run a script "
+                            f"(script=train.py).")
+        return problems
     problems = []
     for name in names:
         op = BUILDERS.get(name)
@@ -162,11 +175,15 @@ def script_args_override(args: list[str]) -> str:
     return override
 
 
-def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
+def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None) -> ScriptPlan:
+    """``use``: what the script trains with (launcher.integrations.scan_script of its text); None = not scanned,
+    planned as a runtime.prepare() script."""
+    use = use or ScriptUse("prepare", "not scanned")
     c = cfg.cluster
     loggers, logger_problems = logger_specs(cfg.logger)
+    key_problems, not_applied = script_key_verdicts(cfg, use.kind)
     problems = (check_cluster(c, host) + check_output(cfg.output) + check_launcher(cfg.launcher, c.launch)
-                + logger_problems)
+                + logger_problems + key_problems)
     if (c.launch in LAUNCHES and not launch_backend(c.launch).scripts) or c.nnodes > 1:
         problems.append(f"cluster.launch={c.launch} cluster.nnodes={c.nnodes} with script=: scripts run on one host "
                         f"for now (recipes run on several), started locally, by mpirun or by srun. Set "
@@ -194,9 +211,18 @@ def plan_script(cfg: DictConfig, host: HostFacts) -> ScriptPlan:
         master_port=c.master_port, cpu_count=host.cpu_count, extensions_dir=host.extensions_dir,
         path=host.toolchain_path,
     )
+    handover: dict[str, str] = {}
+    if use.kind == "accelerate":  # the plan reaches Accelerator() as accelerate launch hands it over
+        tables = [k for k in TABLE_KEYS if k in changed_keys(cfg)]
+        handover, problems, more = accelerate_handover(runtime, device_type, use, runtime.deepspeed, tables)
+        if problems:
+            raise ConfigError(problems)
+        notes = [*notes, *more]
+        ranks = tuple(dataclasses.replace(r, env={**r.env, **handover}) for r in ranks)
     return ScriptPlan(
         script=cfg.script, args=tuple(cfg.script_args), world_size=nproc, nnodes=1, nproc_per_node=nproc,
         backend=backend, device_type=device_type, ranks=ranks, rank_table=rank_table(ranks, [c.master_addr]),
         notes=((note,) if note else ()) + tuple(notes), runtime=dataclasses.asdict(runtime), ds_ops=ds_ops,
-        loggers=loggers,
+        loggers=loggers, uses={**dataclasses.asdict(use), "handover": sorted(handover)},
+        not_applied=tuple(not_applied),
     )

@@ -227,6 +227,11 @@ class ScriptPlan:
     name: str = "script"
     steps: int = 0
     ds_ops: tuple[str, ...] = ()
+    uses: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """What the script trains with (launcher.integrations.ScriptUse: kind prepare/accelerate/plain, why, trainer)
+    and ``handover``: the accelerate variables each rank's env got (the values are in rank_env.json)."""
+    not_applied: tuple[dict[str, str], ...] = ()
+    """Keys set that nothing in this job reads ({key, value, why}): shown in the plan and the summary."""
 
     def rank_args(self, run_dir: str) -> tuple[str, ...]:
         return (self.script, *self.args)

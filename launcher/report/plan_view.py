@@ -29,14 +29,23 @@ def _mib(n: int) -> str:
 
 def script_plan_view(plan: ScriptPlan) -> Text:
     """A script= run's plan: the ranks, what runtime.prepare() builds if the script calls it, the notes."""
-    rt = plan.runtime
+    rt, uses = plan.runtime, plan.uses or {}
     parts = "+".join(p["name"] for p in rt["parts"])
+    builds = (f"{parts}, ZeRO {rt['zero_stage']}, {rt['precision']}, optimizer on "
+              f"{rt['placement']['optimizer_location']}")
+    if uses.get("kind") == "accelerate":
+        who = "HF Trainer (on accelerate)" if uses.get("trainer") else "accelerate"
+        what = Text(f"{who}: {printable(uses['why'])}; Accelerator() gets {builds} through accelerate launch's "
+                    f"environment ({', '.join(uses.get('handover', ()))})")
+    else:
+        what = Text(f"if the script calls runtime.prepare(), it builds: {builds}; tables: host_device_mix="
+                    f"{rt['host_device_mix']}, {_ps_words(rt.get('ps', False), plan.world_size)}placement.tables "
+                    f"{rt['table_locations'] or '-'}")
     return Text("\n").join([
         Text.from_markup(f"[bold]plan[/bold]: script {_shown(plan.script)} {_shown(' '.join(plan.args))} on "
                          f"{plan.world_size} rank(s), {plan.device_type}, torchrun environment"),
-        Text(f"if the script calls runtime.prepare(), it builds: {parts}, ZeRO {rt['zero_stage']}, {rt['precision']}, "
-             f"optimizer on {rt['placement']['optimizer_location']}; tables: host_device_mix={rt['host_device_mix']}, "
-             f"{_ps_words(rt.get('ps', False), plan.world_size)}placement.tables {rt['table_locations'] or '-'}"),
+        what,
+        *(Text(f"not applied: {printable(n['key'])}={printable(n['value'])}: {n['why']}") for n in plan.not_applied),
         *(Text(f"note: {printable(note)}") for note in plan.notes),
     ])
 

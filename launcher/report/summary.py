@@ -153,9 +153,20 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
         summary["hashing"] = hashing
     if plan.get("kind") == "script" and not any(r["logged"] for r in ranks):
         summary["note"] = NOT_LOGGED
+    not_applied = _not_applied(plan, parts)
+    if not_applied:
+        summary["not_applied"] = not_applied
     if skipped:
         summary["skipped_metrics"] = skipped
     return summary
+
+
+def _not_applied(plan: dict, built: list[str]) -> list[str]:
+    """The plan's keys that nothing in the job read ('key=value: why'); a plain script's intents are left out when
+    a rank's runtime.prepare() ran after all (from a module the scan did not read: it wrote prepared.json)."""
+    prepared = (plan.get("uses") or {}).get("kind") == "plain" and bool(built)
+    return [f"{n['key']}={n['value']}: {n['why']}" for n in plan.get("not_applied") or ()
+            if not (prepared and "runtime.prepare()" in n["why"])]
 
 
 def _hashing(run_dir: RunDir, rank_exits: list[dict]) -> dict:
@@ -265,7 +276,8 @@ def summary_table(summary: dict) -> Table:
     lines = [f"{what}: " + ", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
              for what, d in (("metrics", summary.get("final_metrics")), ("eval", summary.get("eval")),
                              ("reference", summary.get("reference"))) if d]
-    notes = ([summary["note"]] if summary.get("note") else []) + summary.get("skipped_metrics", [])
+    notes = (([summary["note"]] if summary.get("note") else []) + summary.get("skipped_metrics", [])
+             + [f"not applied: {n}" for n in summary.get("not_applied", ())])
     t.caption = "\n".join(lines + [f"note: {escape(n)}" for n in notes]) or None  # escape: a note quotes records
     return t
 
