@@ -163,11 +163,26 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
 
 
 def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: list) -> int:
+    run_dir = _start_run_dir(cfg, plan)
+    feed = None
+    if (getattr(plan, "uses", None) or {}).get("trainer"):  # HF Trainer's metrics come back through its callback
+        from launcher.integrations.hf_trainer import TrainerFeed
+
+        feed = TrainerFeed(run_dir, [r.rank for r in plan.ranks], plan.loggers)
+        plan = dataclasses.replace(plan, ranks=tuple(dataclasses.replace(r, env={**r.env, **feed.env})
+                                                     for r in plan.ranks))
+    try:
+        return _launch_in(cfg, plan, console, nodes, stores, run_dir)
+    finally:
+        if feed is not None:
+            feed.close()
+
+
+def _launch_in(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: list, run_dir: RunDir) -> int:
     from launcher.launch.ops import build_ops
     from launcher.launch.supervise import SignalException
     from launcher.report.summary import build_summary
 
-    run_dir = _start_run_dir(cfg, plan)
     if nodes is not None:  # the rank table of the real rendezvous: each node's address
         run_dir.write_json(run_dir.rank_table, rank_table(plan.ranks, [h["addr"] for h in nodes.hosts]))
     console.print(f"run dir: {run_dir.path}")
