@@ -28,7 +28,7 @@ from launcher.plan.prefetch import prefetch_depth
 from launcher.plan.registry import CPU_OPTIMIZERS
 from launcher.plan.ranks import plan_ranks, rank_table
 from launcher.plan.rules import check_cluster, check_launcher, check_output, device_and_backend, resolve_nproc
-from launcher.plan.script_keys import changed_keys, script_key_verdicts
+from launcher.plan.script_keys import changed_keys, intents_set, script_key_verdicts
 from launcher.plan.types import HostFacts, ScriptPlan
 
 
@@ -223,6 +223,7 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None) 
         script=cfg.script, args=tuple(cfg.script_args), world_size=nproc, nnodes=1, nproc_per_node=nproc,
         backend=backend, device_type=device_type, ranks=ranks, rank_table=rank_table(ranks, [c.master_addr]),
         notes=((note,) if note else ()) + tuple(notes), runtime=dataclasses.asdict(runtime), ds_ops=ds_ops,
-        loggers=loggers, uses={**dataclasses.asdict(use), "handover": sorted(handover)},
+        loggers=loggers, uses={**dataclasses.asdict(use), "handover": sorted(handover),
+                                       "intents": intents_set(cfg)},
         not_applied=tuple(not_applied),
     )

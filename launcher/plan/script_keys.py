@@ -115,6 +115,12 @@ def changed_keys(cfg: DictConfig) -> dict[str, Any]:
             and (k not in default or default[k] != v)}
 
 
+def intents_set(cfg: DictConfig) -> list[str]:
+    """'key=value' of each intent set (a key only runtime.prepare() or accelerate reads): what a run that never
+    called prepare() did not apply."""
+    return [f"{k}={v}" for k, v in changed_keys(cfg).items() if verdict(k, "plain") == _PLAIN]
+
+
 def script_key_verdicts(cfg: DictConfig, kind: str) -> tuple[list[str], list[dict[str, str]]]:
     """(problems, not applied) of a script= job of this kind: each key set to other than its default whose verdict
     refuses it here, or reports it (as {"key", "value", "why"})."""

@@ -183,3 +183,23 @@ def test_the_script_only_keys_are_refused_on_a_recipe():
         assert verdict(key, "recipe") == verdict(key, "user_recipe") == REFUSED
         problems = check_script_ops(compose_config(["recipe=quickstart", f"{key}={value}"], None))
         assert len(problems) == 1 and problems[0].startswith(f"{key}=") and "without script=" in problems[0]
+
+
+def test_the_summary_names_intents_that_no_runtime_prepare_applied(planned, cpu_host_module, monkeypatch, tmp_path):
+    """A plain script's intents are dropped from the summary when prepare() ran after all (from a module the scan did
+    not read: prepared.json); a prepare() script's are added when this run never called it."""
+    from launcher.report.summary import _not_applied
+
+    monkeypatch.chdir(tmp_path)
+    plans = {}
+    for kind in ("prepare", "plain"):
+        cfg = copy.deepcopy(planned[kind][0])
+        OmegaConf.update(cfg, "zero.stage", 2)
+        plans[kind] = plan_run(cfg, cpu_host_module)[0].to_dict()
+        assert plans[kind]["uses"]["intents"] == ["zero.stage=2"]
+    assert _not_applied(plans["prepare"], built=["deepspeed"]) == []
+    assert _not_applied(plans["prepare"], built=[]) == ["zero.stage=2: the script did not call runtime.prepare() in "
+                                                        "this run"]
+    assert _not_applied(plans["plain"], built=["deepspeed"]) == []
+    assert _not_applied(plans["plain"], built=[]) == ["zero.stage=2: the script neither calls runtime.prepare() nor "
+                                                      "uses accelerate, so nothing in it reads this intent"]
