@@ -47,6 +47,8 @@ def plan_recompute(wanted: list[str], layers: tuple[str, ...],
     if not wanted:
         return (), [], []
     problems = []
+    items = {name: [n for n in layers if n.startswith(name + ".")] for name in wanted if name not in layers}
+    wanted = [n for name in wanted for n in (items.get(name) or [name])]  # a stack's name: its items (layer1.0, ...)
     for name in wanted if wanted != ["all"] else []:
         if name not in layers:
             close = difflib.get_close_matches(name, layers, n=1)

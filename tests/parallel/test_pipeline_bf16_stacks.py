@@ -6,7 +6,7 @@
 - A Sequential of blocks (timm's ViT ``blocks``, torchvision's ResNet ``layer1``) is opened to its items as a
   ModuleList is; a Sequential of single operations stays one layer. Parameters on the model itself (a ViT's
   ``cls_token``, ``pos_embed``) count in the stage that holds them; ``parallel.stages`` takes ``blocks.2`` and
-  ``blocks`` (its first item).
+  ``blocks`` (its first item), ``recompute`` takes ``blocks`` (its items).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch import nn
 
 from launcher.inspect.model import model_facts_on_meta
 from launcher.parallel.pipeline_trace import trace, trace_as_run
+from launcher.plan import plan_recompute
 from launcher.plan.pipeline import PipelinePlan, StagePlan, plan_pipeline
 from launcher.usercode.pipeline_check import check_pipeline, with_outside
 from launcher.usercode.recipe import units
@@ -124,6 +125,8 @@ def test_a_vit_splits_at_its_blocks_with_its_own_parameters_counted_where_they_a
         assert plan.stages[1].layers[0] == ("blocks.2" if "blocks.2" in named else "blocks.0")
     _, problems = plan_pipeline(2, 1, {"block.2": 1}, "parameters", order, counts, facts.tied)
     assert problems and "Did you mean blocks.2?" in problems[0]
+    assert plan_recompute(["blocks", "head"], order) == (("blocks.0", "blocks.1", "blocks.2", "blocks.3", "head"),
+                                                         [], [])  # recompute=[blocks]: its items
 
 
 def test_a_sequential_of_single_operations_stays_one_layer():
