@@ -37,7 +37,7 @@ class OptimizerConfig:
     lr: float = 1e-3
     """Learning rate."""
     momentum: float = 0.0
-    """Momentum factor for sgd/momentum."""
+    """Momentum factor for sgd/momentum, in [0, 1)."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """Adam's (beta1, beta2)."""
     eps: float = 1e-8
@@ -256,7 +256,8 @@ class PlacementConfig:
     its budget (cluster.device_memory_gb, cluster.host_memory_gb, less placement.reserve) at the least estimated step
     time; the plan says each decision, its reason and the runner-up."""
     reserve: float = 0.1
-    """Share of each memory budget kept free (fragmentation, what the model does not see): 0.1 = plan to 90 %."""
+    """Share of each memory budget kept free (fragmentation, what the model does not see), in [0, 1): 0.1 = plan to
+    90 %."""
 
 
 @dataclass

@@ -154,8 +154,9 @@ def _pipeline(cfg: DictConfig, dims: ParallelDims | None, batch: BatchPlan | Non
         return None
     if sizes.layer_params is None:
         if not problems:
+            given = ", ".join(f"model.{k}={v}" for k, v in cfg.model.items() if isinstance(v, (int, float)))
             problems.append(f"parallel.pipeline_stages={dims.pp}: the model could not be built on the meta device to "
-                            f"count its layers' parameters. Check the model's settings, or set "
+                            f"count its layers' parameters. Check the model's settings ({given}), or set "
                             f"parallel.pipeline_stages=1.")
         return None
     schedule = par.schedule
@@ -294,9 +295,11 @@ def _plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: _Draft) -> No
     d.user = isinstance(d.recipe, UserRecipe)
     d.steps = _steps(cfg, d.batch, dp, facts.data, d.problems, d.notes)
     d.model = d.recipe.model_spec(OmegaConf.to_object(cfg.model), facts.data)
-    d.sizes = facts.model or model_facts(d.recipe, d.model)
     if d.batch is not None:
-        d.problems += d.recipe.problems(d.model, OmegaConf.to_object(cfg.data), d.batch.micro_size * dp)
+        found = d.recipe.problems(d.model, OmegaConf.to_object(cfg.data), d.batch.micro_size * dp)
+        if found:  # a model the recipe refuses has no sizes to plan with (nor layers to list: model.layers=10**15)
+            raise ConfigError(list(dict.fromkeys([*d.problems, *found])))
+    d.sizes = facts.model or model_facts(d.recipe, d.model)
     if d.dims is not None and d.batch is not None and degrees_ok and (sharding_cfg or d.dims.tp > 1):
         d.sharding, sharding_problems = _plan_sharding(d.recipe, d.model, sharding_cfg, cfg.parallel.search_mode,
                                                        d.dims, d.batch.micro_size)

@@ -65,7 +65,8 @@ def plan_parallel(dp: int, pp: int, tp: int, world: int, world_words: str) -> tu
         if world % (pp * tp):
             return None, [
                 f"parallel.dp=-1 cannot be inferred: world_size {world} ({world_words}) is not a multiple of "
-                f"pipeline_stages({pp}) * tp({tp}) = {pp * tp}. Change cluster.nproc_per_node or the degrees."
+                f"parallel.pipeline_stages={pp} × parallel.tp={tp} = {pp * tp}. Change cluster.nproc_per_node or "
+                f"the degrees."
             ]
         dp = world // (pp * tp)
     if dp * pp * tp != world:

@@ -261,6 +261,10 @@ def schedule_problems(schedule: str, per_rank: int, ranks: int, micro: int) -> l
         return [unknown("parallel.schedule", schedule, SCHEDULES)]
     if per_rank < 1:
         return [f"parallel.stages_per_rank={per_rank} must be >= 1."]
+    if per_rank > 1 and ranks <= 1:
+        return [f"parallel.stages_per_rank={per_rank} splits each pipeline rank's part into stages; this run has no "
+                f"pipeline (parallel.pipeline_stages={ranks}), so it would do nothing. Set parallel.pipeline_stages=2 "
+                f"(or more) with parallel.schedule=interleaved_1f1b, or remove parallel.stages_per_rank."]
     if schedule == "interleaved_1f1b" and ranks > 1:
         if per_rank < 2:
             return [f"parallel.schedule=interleaved_1f1b runs several stages per pipeline rank; "

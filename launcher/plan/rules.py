@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from omegaconf import DictConfig, OmegaConf
@@ -168,6 +169,12 @@ def check_cluster(c: DictConfig, host: HostFacts, dry_run: bool = False) -> list
                  "cluster.backend=gloo (or auto).")
     if not 0 <= c.master_port <= 65535:
         p.append(f"cluster.master_port={c.master_port} must be 0 (pick a free port) or a port number <= 65535.")
+    for key in ("device_memory_gb", "host_memory_gb"):  # 0 = what the host reports
+        if key in c and not (math.isfinite(c[key]) and c[key] >= 0):
+            p.append(f"cluster.{key}={c[key]} must be a size in GB > 0, or 0 (what the host reports). E.g. "
+                     f"cluster.{key}=80.")
+    if "rdzv_timeout_s" in c:
+        p += number_problems("cluster", {"rdzv_timeout_s": (c.rdzv_timeout_s, "positive")})
     return p
 
 
@@ -215,12 +222,13 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     o = cfg.optimizer  # target, cpu_impl and placement.*: plan/placement.py
     if o.name not in DENSE_OPTIMIZERS:
         p.append(unknown("optimizer.name", o.name, DENSE_OPTIMIZERS))
-    p += number_problems("optimizer", {"lr": (o.lr, "positive"), "momentum": (o.momentum, "non_negative"),
+    p += number_problems("optimizer", {"lr": (o.lr, "positive"), "momentum": (o.momentum, "unit"),
                                        "eps": (o.eps, "positive"), "weight_decay": (o.weight_decay, "non_negative")})
     if len(o.betas) != 2:
         p.append(f"optimizer.betas={list(o.betas)} must be two numbers, e.g. optimizer.betas=[0.9,0.999].")
     else:
         p += number_problems("optimizer", {"betas[0]": (o.betas[0], "unit"), "betas[1]": (o.betas[1], "unit")})
+    p += number_problems("placement", {"reserve": (cfg.placement.reserve, "unit")})  # a share of each budget kept free
     p += check_output(cfg.output) + check_launcher(cfg.launcher, cfg.cluster.launch)
     p += wild_number_problems(to_plain(cfg), named=" ".join(p))
     return p

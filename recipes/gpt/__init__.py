@@ -13,6 +13,9 @@ from launcher.contract import DataFacts, Operator
 from launcher.recipes.gpt import markov, sizes
 
 
+MAX_LAYERS = 100_000
+"""model.layers beyond this is a typo: the plan lists every block (pipeline cuts, recompute, tensor parallel)."""
+
 @dataclass
 class ModelConfig:
     _target_: str = "launcher.recipes.gpt.model.GPT"
@@ -94,6 +97,10 @@ class GPTRecipe:
         if model["layers"] < 1 or model["width"] < 1 or model["heads"] < 1:
             out.append(f"model.layers={model['layers']}, model.width={model['width']} and model.heads="
                        f"{model['heads']} must be >= 1.")
+        elif model["layers"] > MAX_LAYERS:
+            out.append(f"model.layers={model['layers']}: more than {MAX_LAYERS:,} blocks, which the plan would list one "
+                       f"by one (the deepest transformers trained have a few hundred). Set model.layers to the "
+                       f"blocks you mean, e.g. model.layers=12.")
         elif model["width"] % model["heads"]:
             out.append(f"model.heads={model['heads']} must divide model.width={model['width']}. "
                        f"Set model.heads to a divisor, e.g. model.heads={_divisor(model['width'], model['heads'])}.")
@@ -132,7 +139,7 @@ class GPTRecipe:
 
 
 def _divisor(width: int, heads: int) -> int:
-    return max(d for d in range(1, heads + 1) if width % d == 0)
+    return max(d for d in range(1, min(heads, width) + 1) if width % d == 0)  # a divisor is at most width
 
 
 RECIPE = GPTRecipe()

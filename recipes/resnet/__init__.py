@@ -7,6 +7,9 @@ from dataclasses import asdict, dataclass, field
 from launcher.contract import DataFacts
 
 
+MAX_IMAGE_SIDE = 16_384
+"""data.image_size beyond this is a typo: the plan does not count activations, so nothing else would stop it."""
+
 @dataclass
 class ModelConfig:
     _target_: str = "launcher.recipes.resnet.model.ResNet"
@@ -70,8 +73,9 @@ class ResNetRecipe:
                for k in ("classes", "channels") if model[k] != getattr(data, k)]
         out += [f"model.{k}={model[k]} must be >= {low}." for k, low in (("width", 1), ("channels", 1), ("classes", 2))
                 if model[k] < low]
-        if data.image_size < 1:
-            out.append(f"data.image_size={data.image_size} must be >= 1 (pixels per side), e.g. data.image_size=32.")
+        if not 1 <= data.image_size <= MAX_IMAGE_SIDE:
+            out.append(f"data.image_size={data.image_size} must be 1 to {MAX_IMAGE_SIDE:,} pixels per side (a bigger "
+                       f"image is no input a network is fed whole), e.g. data.image_size=32.")
         if not data.noise >= 0:
             out.append(f"data.noise={data.noise} must be >= 0 (the noise's standard deviation).")
         if len(model["blocks"]) != 4 or min(model["blocks"]) < 1:

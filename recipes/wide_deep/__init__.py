@@ -5,6 +5,7 @@ Two embedding tables, as in MindSpore: ``deep_embedding`` (rows x embed_dim) fee
 (rows x 1) is the wide linear part over the same ids. Both are one tensor with a row offset per field. MindSpore
 trains them with LazyAdam (deep) and FTRL (wide) and, with host_device_mix, keeps them on the host."""
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from omegaconf import MISSING
@@ -168,6 +169,10 @@ class WideDeepRecipe:
             out.append(f"model.hidden={list(model['hidden'])} and model.field_sizes={list(model['field_sizes'])} "
                        f"must hold widths >= 1 (a layer of width 0 trains nothing). E.g. model.hidden=[256,128].")
         if isinstance(data, SyntheticDataConfig):
+            for key in ("effect_scale", "effect_decay", "interaction_scale"):  # 0 = no such signal planted
+                value = getattr(data, key)
+                if not (math.isfinite(value) and value >= 0):
+                    out.append(f"data.{key}={value} must be a finite number >= 0. E.g. data.{key}=1.0.")
             for key in ("num_dense", "num_sparse", "rows_per_table"):
                 if model[key] != getattr(data, key):
                     out.append(

@@ -24,7 +24,7 @@ def test_coords_and_groups_follow_the_mesh_order():
     [
         (2, 1, 2, 8, r"dp\(2\) \* pp\(1\) \* tp\(2\) = 4 != world_size 8 \(W\)\. Set parallel.dp=-1"),
         (-1, 1, 3, 4, r"parallel.dp=-1 cannot be inferred: world_size 4 \(W\) is not a multiple of "
-                      r"pipeline_stages\(1\) \* tp\(3\) = 3"),
+                      r"parallel.pipeline_stages=1 × parallel.tp=3 = 3"),
         (0, 1, 1, 2, r"parallel.dp=0 must be a positive integer or -1"),
         (-1, 1, 0, 2, r"parallel.tp=0 must be >= 1"),
     ],

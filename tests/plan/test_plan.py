@@ -137,7 +137,8 @@ def test_planning_imports_neither_torch_nor_deepspeed():
     [
         ("optimizer.lr=nan", r"optimizer.lr=nan must be a finite number > 0\."),
         ("optimizer.lr=inf", r"optimizer.lr=inf must be a finite number > 0\."),
-        ("optimizer.momentum=-0.5", r"optimizer.momentum=-0.5 must be a finite number >= 0\."),
+        ("optimizer.momentum=-0.5", r"optimizer.momentum=-0.5 must be a finite number in \[0, 1\)\."),
+        ("optimizer.momentum=1.5", r"optimizer.momentum=1.5 must be a finite number in \[0, 1\)\."),
         ("optimizer.eps=0", r"optimizer.eps=0.0 must be a finite number > 0\."),
         ("optimizer.betas=[0.9,1.0]", r"optimizer.betas\[1\]=1.0 must be a finite number in \[0, 1\)\."),
         ("tables.deep_embedding.lr=-1", r"tables.deep_embedding.lr=-1.0 must be a finite number > 0\."),
