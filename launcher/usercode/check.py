@@ -138,7 +138,7 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
         problems += found
         if cfg.parallel.pipeline_stages > 1 and not found:
             found, split, order, barred = check_pipeline(specs["model"], model, batch, source, cfg.parallel,
-                                                         cfg.model_output, facts)
+                                                         cfg.model_output, facts, cfg.precision)
             problems += found
             params = facts.layer_params and with_outside(model, batch, order, facts.layer_params)
             facts = dataclasses.replace(facts, layers=order, split=split, uncuttable=barred, layer_params=params)

@@ -77,11 +77,13 @@ def recorded(model: nn.Module, inputs: Any) -> tuple[fx.Graph | None, str]:
 
 
 def check_pipeline(model_spec: dict[str, Any], model: nn.Module, batch: tuple[Any, Any], source: str, parallel: Any,
-                   output: str, facts: Any) -> tuple[list[str], str, tuple[str, ...], tuple[tuple[str, str], ...]]:
+                   output: str, facts: Any,
+                   precision: str = "fp32") -> tuple[list[str], str, tuple[str, ...], tuple[tuple[str, str], ...]]:
     """(problems, how stages are cut: chain, graph or trace, the layers in forward order, the layers no stage may
     begin at with why) of the user's model (built on meta) for ``parallel``'s pipeline (pipeline_stages, stages,
     partition, stages_per_rank), on one batch; ``facts``: the model's ModelFacts (its dense size; layer parameters and
-    tied weights for the stages torch's tracer is checked with)."""
+    tied weights for the stages torch's tracer is checked with); ``precision``: the run's, which torch's tracer
+    records as the ranks will."""
     stages = parallel.pipeline_stages
     inputs = move_to(batch[0], "meta")
     graph, why = recorded(model, inputs)
@@ -108,7 +110,8 @@ def check_pipeline(model_spec: dict[str, Any], model: nn.Module, batch: tuple[An
                 f"(no Python branch on a tensor's values or shapes outside its layers), or set "
                 f"parallel.pipeline_stages=1."], split, order, ()
     plan = _planned(parallel, order, facts)
-    return _trace_problems(model_spec, plan, order, inputs, source, stages, output, why), split, order, ()
+    problems = _trace_problems(model_spec, plan, order, inputs, source, stages, output, why, precision)
+    return problems, split, order, ()
 
 
 def with_outside(model: nn.Module, batch: Any, order: tuple[str, ...], layer_params: dict[str, int]) -> dict[str, int]:
@@ -196,13 +199,16 @@ def _planned(parallel: Any, order: tuple[str, ...], facts: Any) -> Any:
 
 
 def _trace_problems(model_spec: dict[str, Any], plan: Any, order: tuple[str, ...], inputs: Any, source: str,
-                    stages: int, output: str, why: str) -> list[str]:
-    """A model cut by torch's tracer: it captures the forward, and the batch's inputs are all taken by stage 0 (its
-    runtime hands them to the first stage only)."""
+                    stages: int, output: str, why: str, precision: str = "fp32") -> list[str]:
+    """A model cut by torch's tracer: it captures the forward in the run's ``precision`` (as the ranks trace it:
+    launcher/parallel/pipeline_trace.py trace_as_run), and the batch's inputs are all taken by stage 0 (its runtime
+    hands them to the first stage only)."""
     from hydra.utils import instantiate
 
+    from launcher.parallel.engine import DTYPES
     from launcher.parallel.pipeline_trace import trace
     from launcher.plan.pipeline import PipelinePlan, StagePlan
+    from launcher.worker.precision import as_compute_dtype
 
     if plan is None:
         half = len(order) // 2
@@ -212,13 +218,17 @@ def _trace_problems(model_spec: dict[str, Any], plan: Any, order: tuple[str, ...
         with torch.device("meta"):
             fresh = instantiate(model_spec, _convert_="all")
         names = list(inputs) if isinstance(inputs, Mapping) else list(inspect.signature(fresh.forward).parameters)
-        pipe = trace(fresh, plan, inputs, output)
+        dtype = DTYPES.get(precision, torch.float32)  # an unknown precision: the config's own check names it
+        as_compute_dtype(fresh, dtype)
+        pipe = trace(fresh, plan, move_to(inputs, "meta", dtype), output)
     except Exception as e:  # noqa: BLE001
+        how = f" in precision={precision} (the ranks trace it as they compute)" if precision != "fp32" else ""
+        other = ", or precision=fp32" if precision != "fp32" else ""
         return [f"parallel.pipeline_stages={stages}: model ({source}) is not a chain of its top-level children, "
                 f"torch.fx cannot record its forward with its layers as leaves ({why}), and torch's pipeline tracer "
-                f"(torch.export) cannot capture it to cut it at a layer: {first_line(e)}. Make its forward traceable "
-                f"(no data-dependent Python control flow), or write it as its children called in order (e.g. an "
-                f"nn.Sequential), or set parallel.pipeline_stages=1."]
+                f"(torch.export) cannot capture it{how} to cut it at a layer: {first_line(e)}. Make its forward "
+                f"traceable (no data-dependent Python control flow), or write it as its children called in order "
+                f"(e.g. an nn.Sequential), or set parallel.pipeline_stages=1{other}."]
     placeholders = [n for n in pipe.split_gm.graph.nodes if n.op == "placeholder"]
     late = [(names[i], int(u.target.rsplit("_", 1)[1])) for i, n in enumerate(placeholders) for u in n.users
             if u.op == "call_module" and u.target != "submod_pp_0"]
