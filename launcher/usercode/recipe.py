@@ -41,34 +41,33 @@ class UserRecipe:
                 "data_label": data_label, "collate_fn": collate_fn, "loader": dict(loader or {})}
 
 
-def units(model: Any) -> list[tuple[str, Any]]:
+def units(model: Any, top: bool = True) -> list[tuple[str, Any]]:
     """A user model's layers: its top-level children, where a child that is a stack of blocks (``_is_stack``: HF's
-    ``transformer.h`` and ``model.layers`` ModuleLists, timm's ViT ``blocks`` and torchvision's ResNet ``layer1``
-    Sequentials) or holds one is opened down to that stack's items: (module path, module) in registration order. A
-    pipeline stage begins at one of them, recompute and FSDP units name them."""
+    ``transformer.h`` and ``model.layers`` ModuleLists anywhere below; at the top level also timm's ViT ``blocks``
+    and torchvision's ResNet ``layer1`` Sequentials) or holds a ModuleList is opened down to that stack's items:
+    (module path, module) in registration order. A pipeline stage begins at one of them, recompute and FSDP units
+    name them. A Sequential deeper down stays inside its layer (TorchRec's MLP keeps its Perceptrons)."""
     out: list[tuple[str, Any]] = []
     for name, child in model.named_children():
-        if _is_stack(child):
+        if _is_stack(child, sequential=top):
             out += [(f"{name}.{n}", m) for n, m in child.named_children()]
-        elif _holds_stack(child):
-            out += [(f"{name}.{n}", m) for n, m in units(child)]
+        elif any(_is_stack(m, sequential=False) for m in child.modules()):
+            out += [(f"{name}.{n}", m) for n, m in units(child, top=False)]
         else:
             out.append((name, child))
     return out
 
 
-def _is_stack(module: Any) -> bool:
-    """A ModuleList of two or more modules, or a Sequential of two or more blocks (modules made of modules: a
-    Sequential of leaf operations, ``Linear, ReLU, Linear``, stays one layer)."""
+def _is_stack(module: Any, sequential: bool) -> bool:
+    """A ModuleList of two or more modules, or (``sequential``) a Sequential of two or more blocks (modules made of
+    modules: a Sequential of single operations, ``Linear, ReLU, Linear``, stays one layer)."""
     kind = type(module).__name__
     items = list(module.children()) if kind in ("ModuleList", "Sequential") else []
     if len(items) < 2:
         return False
-    return kind == "ModuleList" or all(any(True for _ in m.children()) for m in items)
-
-
-def _holds_stack(module: Any) -> bool:
-    return any(_is_stack(m) for m in module.modules())
+    if kind == "ModuleList":
+        return True
+    return sequential and all(any(True for _ in m.children()) for m in items)
 
 
 def recipe_for(name: str) -> Recipe | UserRecipe:

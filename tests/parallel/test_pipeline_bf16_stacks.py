@@ -129,12 +129,14 @@ def test_a_vit_splits_at_its_blocks_with_its_own_parameters_counted_where_they_a
                                                          [], [])  # recompute=[blocks]: its items
 
 
-def test_a_sequential_of_single_operations_stays_one_layer():
+def test_a_sequential_of_single_operations_or_below_the_top_level_stays_one_layer():
     model = nn.Module()
     model.mlp = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
     model.stack = nn.Sequential(nn.Sequential(nn.Linear(2, 2)), nn.Sequential(nn.Linear(2, 2)))
     model.one = nn.Sequential(ViTBlock(2))
-    assert [n for n, _ in units(model)] == ["mlp", "stack.0", "stack.1", "one"]
+    model.deep = nn.Module()  # a Sequential of blocks below the top level stays inside its layer (TorchRec's MLP)
+    model.deep.mlp = nn.Sequential(ViTBlock(2), ViTBlock(2))
+    assert [n for n, _ in units(model)] == ["mlp", "stack.0", "stack.1", "one", "deep"]
 
 
 def test_real_timm_and_torchvision_models_open_their_stacks():
