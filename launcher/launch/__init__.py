@@ -18,7 +18,7 @@ from launcher.errors import ConfigError, first_line
 from launcher.launch.record import write_rank_env, write_run_files
 from launcher.plan import RunPlan
 from launcher.plan.ranks import on_node, rank_table
-from launcher.rundir import RunDir, create_run_dir, point_latest
+from launcher.rundir import RESERVED_BYTES, RunDir, create_run_dir, point_latest
 
 __all__ = ["launch_run", "write_dry_run"]
 
@@ -39,13 +39,17 @@ def _start_run_dir(cfg: DictConfig, plan: RunPlan) -> RunDir:
     run_dir = create_run_dir(log_dir, cfg.output.run_name, plan.name)
     try:
         write_run_files(run_dir, cfg, plan)
+        if not cfg.dry_run:
+            run_dir.reserve_space()  # for summary.json and junit.xml, should the disk fill up meanwhile
         point_latest(log_dir, run_dir)
     except OSError as e:
         import shutil
 
         shutil.rmtree(run_dir.path, ignore_errors=True)
+        kept = " (a run keeps 1 MiB there for its last records from its start)" if run_dir.reserved == Path(
+            e.filename or "") else ""
         raise ConfigError(f"output.log_dir={log_dir}: the run's files cannot be written there ({e.strerror or e}"
-                          f"{f': {e.filename}' if e.filename else ''}). Free space on that file system, or set "
+                          f"{f': {e.filename}' if e.filename else ''}){kept}. Free space on that file system, or set "
                           f"output.log_dir to another one.") from None
     return run_dir
 
@@ -55,6 +59,13 @@ def _write_records(run_dir: RunDir, summary: dict, tail_lines: int, console: Con
     the console."""
     from launcher.report.junit import write_junit
 
+    free = run_dir.release_space()
+    if 0 <= free < RESERVED_BYTES:  # the disk filled up: what the ranks wrote stops where it did
+        summary["disk_full"] = {"path": str(run_dir.path), "free_bytes": free}
+        console.print(f"[red]the disk of {escape(str(run_dir.path))} filled up during the run ({free:,} bytes free "
+                      f"at its end): rank output, metrics and checkpoints stop where it did, and a rank that failed "
+                      f"may have had no room to say why. summary.json is written into the space kept for it from "
+                      f"the start; free space on that file system for the next run.[/red]", soft_wrap=True)
     try:
         run_dir.write_summary(summary)
         write_junit(run_dir, summary, tail_lines)

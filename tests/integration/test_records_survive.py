@@ -5,8 +5,8 @@ summary written whenever the disk allows, never a traceback.
   ends ok, with its summary (rich alone would have ended the launcher, and with it every rank, on the first write).
 - the same pipe closed, then Ctrl-C (`| tee log` and Ctrl-C: tee dies too): 130, summary `interrupted`.
 - the terminal hangs up (an ssh session that drops): SIGHUP, every rank stopped, 129, the summary written.
-- a full disk (a 2 MiB tmpfs; needs root to mount, else skipped): exit 1, a strict-JSON summary or a message
-  saying it could not be written; the launcher prints no traceback."""
+- a full disk (a 2 MiB tmpfs; needs root to mount, else skipped): exit 1, the summary written into the space kept for
+  it from the start, saying the disk filled up; the launcher prints no traceback."""
 
 import json
 import os
@@ -103,8 +103,25 @@ def test_a_full_disk_ends_with_exit_1_and_no_traceback(tmp_path, small_disk):
     out = res.stdout + res.stderr
     assert res.returncode == 1, out[-3000:]
     assert "Traceback" not in res.stderr and "launcher/launch" not in out, out[-3000:]
-    summary = small_disk / "latest" / "summary.json"
-    if summary.exists():
-        assert json.loads(summary.read_text())["status"] == "failed"
-    else:
-        assert "the run's records cannot be written" in out, out[-3000:]
+    # The 1 MiB kept from the start takes the summary although the ranks filled the disk (issue 35).
+    summary = json.loads((small_disk / "latest" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["disk_full"]["free_bytes"] < 2**20, summary.get("disk_full")
+    assert "filled up during the run" in " ".join(out.split()), out[-3000:]
+    assert not (small_disk / "latest" / ".reserved").exists()
+
+
+def test_a_disk_without_room_for_the_last_records_starts_nothing(tmp_path):
+    """Under 1 MiB free where the run dir goes: exit 2 before any rank starts, saying what the space is for."""
+    disk = tmp_path / "tiny"
+    disk.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill ({res.stderr.strip() or 'mount failed'}): needs root")
+    try:
+        res = subprocess.run([sys.executable, "-m", "launcher.cli", *QUICK, f"output.log_dir={disk}"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+        out = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 2 and "keeps 1 MiB there for its last records" in out, out[-2000:]
+        assert "Traceback" not in out and not any(disk.iterdir())  # no half-made run dir, no latest
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
