@@ -6,9 +6,12 @@ built by blocks (placement.ps_init=blocks: never whole) start alike on 2 and 4 r
 share the assertions."""
 
 import json
+import os
+import shutil
 
 import pytest
 
+from launcher.cli import main
 from tests.conftest import run_cli
 from tests.integration.test_resume import FAIL_AFTER_STEP_8, STEPS, _assert_same, _losses
 
@@ -83,3 +86,23 @@ def test_tables_built_by_blocks_train_alike_on_2_and_4_ranks(runs):
     print(f"blocks on 4 vs 2 ranks, steps 1-8: worst relative difference {worst:.2e}")
     assert worst <= 1e-5
     assert _table_bytes(runs / "blocks4", 3) == pytest.approx(_table_bytes(runs / "replicated", 0) / 4, rel=0.1)
+
+
+def test_a_damaged_ps_shard_is_found_before_a_resume(runs, tmp_path, capsys):
+    """One owner's shard of the split tables truncated (a crash or a full disk during its save): the resume is refused
+    before any rank starts, naming the file, as for replicated tables (issue 35)."""
+    ckpt = runs / "ps4" / "checkpoints" / "step4"
+    shards = sorted(p.name for p in (ckpt / "tables").glob("*.distcp"))
+    assert len(shards) == 4, shards  # each of the 4 owners wrote its own rows
+    copy = tmp_path / "ps4"
+    shutil.copytree(runs / "ps4" / "checkpoints", copy / "checkpoints")
+    shutil.copy(runs / "ps4" / "plan.json", copy / "plan.json")
+    victim = copy / "checkpoints" / "step4" / "tables" / shards[2]
+    size = victim.stat().st_size
+    os.truncate(victim, size // 2)
+    logs = tmp_path / "refused"
+    code = main([*COMMON, "placement.ps=true", "cluster.nproc_per_node=2", f"trainer.resume={copy}",
+                 f"output.log_dir={logs}"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and f"is damaged: tables/{shards[2]} is truncated" in err and f"{size} bytes expected" in err, err
+    assert not logs.exists()
