@@ -84,16 +84,30 @@ def _take_terminal(fd: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSCTTY, 0)  # the pty is the launcher's controlling terminal, as a login's is
 
 
+def _tmpfs(disk: Path, size: str):
+    """A tmpfs of ``size`` mounted at ``disk`` while the with-block runs (root only: skips otherwise)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def mounted():
+        disk.mkdir()
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+        if res.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs to fill ({res.stderr.strip() or 'mount failed'}): needs root")
+        try:
+            yield disk
+        finally:
+            subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+    return mounted()
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs at tmp_path/disk (root only)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({res.stderr.strip() or 'mount failed'}): needs root")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    with _tmpfs(tmp_path / "disk", "2m") as disk:
+        yield disk
 
 
 def test_a_full_disk_ends_with_exit_1_and_no_traceback(tmp_path, small_disk):
@@ -112,16 +126,9 @@ def test_a_full_disk_ends_with_exit_1_and_no_traceback(tmp_path, small_disk):
 
 def test_a_disk_without_room_for_the_last_records_starts_nothing(tmp_path):
     """Under 1 MiB free where the run dir goes: exit 2 before any rank starts, saying what the space is for."""
-    disk = tmp_path / "tiny"
-    disk.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({res.stderr.strip() or 'mount failed'}): needs root")
-    try:
+    with _tmpfs(tmp_path / "tiny", "512k") as disk:
         res = subprocess.run([sys.executable, "-m", "launcher.cli", *QUICK, f"output.log_dir={disk}"], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
         out = " ".join((res.stdout + res.stderr).split())
         assert res.returncode == 2 and "keeps 1 MiB there for its last records" in out, out[-2000:]
         assert "Traceback" not in out and not any(disk.iterdir())  # no half-made run dir, no latest
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
