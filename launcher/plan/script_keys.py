@@ -133,3 +133,16 @@ def script_key_verdicts(cfg: DictConfig, kind: str) -> tuple[list[str], list[dic
         elif v.startswith("report: "):
             reported.append({"key": key, "value": str(value), "why": v[len("report: "):]})
     return problems, reported
+
+
+def not_applied_in(plan: dict, built: list[str]) -> list[str]:
+    """The plan's keys that nothing in the job read ('key=value: why'); a plain script's intents are left out when
+    a rank's runtime.prepare() ran after all (from a module the scan did not read: it wrote prepared.json), and a
+    prepare() script's intents are added when none ran."""
+    uses = plan.get("uses") or {}
+    prepared = uses.get("kind") == "plain" and bool(built)
+    out = [f"{n['key']}={n['value']}: {n['why']}" for n in plan.get("not_applied") or ()
+           if not (prepared and "runtime.prepare()" in n["why"])]
+    if uses.get("kind") == "prepare" and not built:  # the scan saw the call; this run never made it
+        out += [f"{i}: the script did not call runtime.prepare() in this run" for i in uses.get("intents", ())]
+    return out

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from launcher.errors import printable
 from launcher.plan.peak import MemoryPlan
+from launcher.plan.script_keys import not_applied_in
 from launcher.rundir import RankDir, RunDir, is_step
 
 TAIL_READ_BYTES = 64 * 1024
@@ -153,25 +154,12 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
         summary["hashing"] = hashing
     if plan.get("kind") == "script" and not any(r["logged"] for r in ranks):
         summary["note"] = NOT_LOGGED
-    not_applied = _not_applied(plan, parts)
+    not_applied = not_applied_in(plan, parts)
     if not_applied:
         summary["not_applied"] = not_applied
     if skipped:
         summary["skipped_metrics"] = skipped
     return summary
-
-
-def _not_applied(plan: dict, built: list[str]) -> list[str]:
-    """The plan's keys that nothing in the job read ('key=value: why'); a plain script's intents are left out when
-    a rank's runtime.prepare() ran after all (from a module the scan did not read: it wrote prepared.json), and a
-    prepare() script's intents are added when none ran."""
-    uses = plan.get("uses") or {}
-    prepared = uses.get("kind") == "plain" and bool(built)
-    out = [f"{n['key']}={n['value']}: {n['why']}" for n in plan.get("not_applied") or ()
-           if not (prepared and "runtime.prepare()" in n["why"])]
-    if uses.get("kind") == "prepare" and not built:  # the scan saw the call; this run never made it
-        out += [f"{i}: the script did not call runtime.prepare() in this run" for i in uses.get("intents", ())]
-    return out
 
 
 def _hashing(run_dir: RunDir, rank_exits: list[dict]) -> dict:

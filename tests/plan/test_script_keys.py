@@ -188,7 +188,7 @@ def test_the_script_only_keys_are_refused_on_a_recipe():
 def test_the_summary_names_intents_that_no_runtime_prepare_applied(planned, cpu_host_module, monkeypatch, tmp_path):
     """A plain script's intents are dropped from the summary when prepare() ran after all (from a module the scan did
     not read: prepared.json); a prepare() script's are added when this run never called it."""
-    from launcher.report.summary import _not_applied
+    from launcher.plan.script_keys import not_applied_in as _not_applied
 
     monkeypatch.chdir(tmp_path)
     plans = {}
