@@ -26,3 +26,5 @@ for step, (tokens, target) in enumerate(loader, 1):
     optimizer.step()
     optimizer.zero_grad()
     print(json.dumps({"step": step, "loss": loss.item()}), flush=True)
+accelerator.wait_for_everyone()
+accelerator.end_training()  # as accelerate's examples end: the process group destroyed, not left to the exit
