@@ -103,9 +103,10 @@ def test_bad_script_ops_are_named_with_the_fix(tmp_path, cpu_host, ops, message)
 
 def test_script_ops_are_prebuilt_with_the_engines_and_refused_for_a_recipe(tmp_path, cpu_host):
     script = tmp_path / "train.py"
-    script.write_text("")
+    script.write_text("from launcher import runtime\n\nmodel, optimizer = runtime.prepare(model, optimizer)\n")
+    # a runtime.prepare() script, whose optimizer.target=CPU runs on DeepSpeed (a plain script's intents do nothing)
     plan = plan_script(compose_config([f"script={script}", "script_ops=[fused_adam]",
-                                       "parallel.data_parallel=deepspeed"]), cpu_host)
+                                       "optimizer.target=CPU"]), cpu_host)
     assert plan.ds_ops == ("deepspeed_shm_comm", "fused_adam")
     with pytest.raises(ConfigError, match=r"script_ops=\[fused_adam\] without script=.*Remove script_ops"):
         plan_of(["recipe=quickstart", "script_ops=[fused_adam]"], cpu_host)
