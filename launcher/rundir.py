@@ -20,7 +20,6 @@ Torch-free and Hydra-free: the report imports it without the training stack.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -190,11 +189,6 @@ def root_cause(callstack: str) -> str:
     return next((line.strip() for line in lines[1:] if not line.startswith(" ")), "")
 
 
-RESERVED_BYTES = 1 << 20
-"""Disk space taken when a run dir is made and given back for its last records (summary.json, junit.xml: a few KiB
-to some hundred KiB with many ranks), so that a disk that fills up mid-run still takes them."""
-
-
 class RunDir:
     """``<log_dir>/<run>/``: the record of one run."""
 
@@ -272,39 +266,10 @@ class RunDir:
     def write_summary(self, summary: dict[str, Any]) -> None:
         self.write_json(self.summary, summary)
 
-    # -- space kept for the last records ----------------------------------------------------------------------------
     @property
     def reserved(self) -> Path:
+        """1 MiB taken while the run runs, for its last records (launcher/launch/record.py reserve_space)."""
         return self.path / ".reserved"
-
-    def reserve_space(self, nbytes: int = RESERVED_BYTES) -> None:
-        """Take ``nbytes`` of the run dir's file system now (a file of allocated blocks), for the records the run
-        ends with: a disk that fills up mid-run still takes them once ``release_space`` gives the blocks back.
-        OSError when the file system has not that much free."""
-        fd = os.open(self.reserved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            try:
-                os.posix_fallocate(fd, 0, nbytes)
-            except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # ENOSPC and the like: not that much free
-                    raise
-                os.write(fd, bytes(nbytes))  # a file system without fallocate: real blocks all the same
-        except OSError as e:
-            os.close(fd)
-            self.reserved.unlink(missing_ok=True)
-            raise OSError(e.errno, e.strerror, str(self.reserved)) from None  # fallocate's error names no file
-        os.close(fd)
-
-    def release_space(self) -> int:
-        """Give the reserved blocks back (before the last records are written); the file system's free bytes before
-        that (-1 when unknown): under RESERVED_BYTES means the disk filled up during the run."""
-        try:
-            st = os.statvfs(self.path)
-            free = st.f_bavail * st.f_frsize
-        except OSError:
-            free = -1
-        self.reserved.unlink(missing_ok=True)
-        return free
 
     def read_summary(self) -> dict[str, Any] | None:
         return self.read_json(self.summary) if self.summary.exists() else None

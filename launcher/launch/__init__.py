@@ -15,10 +15,10 @@ from rich.markup import escape
 
 from launcher.backends import backend
 from launcher.errors import ConfigError, first_line
-from launcher.launch.record import write_rank_env, write_run_files
+from launcher.launch.record import RESERVED_BYTES, release_space, reserve_space, write_rank_env, write_run_files
 from launcher.plan import RunPlan
 from launcher.plan.ranks import on_node, rank_table
-from launcher.rundir import RESERVED_BYTES, RunDir, create_run_dir, point_latest
+from launcher.rundir import RunDir, create_run_dir, point_latest
 
 __all__ = ["launch_run", "write_dry_run"]
 
@@ -40,7 +40,7 @@ def _start_run_dir(cfg: DictConfig, plan: RunPlan) -> RunDir:
     try:
         write_run_files(run_dir, cfg, plan)
         if not cfg.dry_run:
-            run_dir.reserve_space()  # for summary.json and junit.xml, should the disk fill up meanwhile
+            reserve_space(run_dir)  # for summary.json and junit.xml, should the disk fill up meanwhile
         point_latest(log_dir, run_dir)
     except OSError as e:
         import shutil
@@ -59,7 +59,7 @@ def _write_records(run_dir: RunDir, summary: dict, tail_lines: int, console: Con
     the console."""
     from launcher.report.junit import write_junit
 
-    free = run_dir.release_space()
+    free = release_space(run_dir)
     if 0 <= free < RESERVED_BYTES:  # the disk filled up: what the ranks wrote stops where it did
         summary["disk_full"] = {"path": str(run_dir.path), "free_bytes": free}
         console.print(f"[red]the disk of {escape(str(run_dir.path))} filled up during the run ({free:,} bytes free "

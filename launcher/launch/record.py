@@ -1,7 +1,9 @@
-"""The record a run starts with: resolved config, plan, engine config, rank table, each rank's env, versions."""
+"""The record a run starts with (resolved config, plan, engine config, rank table, each rank's env, versions), and the
+space kept from its start for the records it ends with."""
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import socket
@@ -31,6 +33,42 @@ def write_run_files(run_dir: RunDir, cfg: DictConfig, plan: RunPlan) -> None:
 def write_rank_env(run_dir: RunDir, envs: dict[int, dict[str, str]]) -> None:
     """rank_env.json: each global rank's variables exactly as it is started (the real MASTER_PORT, not 0)."""
     run_dir.write_json(run_dir.rank_env, {str(rank): env for rank, env in sorted(envs.items())})
+
+
+RESERVED_BYTES = 1 << 20
+"""Disk space taken when a run dir is made and given back for its last records (summary.json, junit.xml: a few KiB
+to some hundred KiB with many ranks), so that a disk that fills up mid-run still takes them."""
+
+
+def reserve_space(run_dir: RunDir, nbytes: int = RESERVED_BYTES) -> None:
+    """Take ``nbytes`` of the run dir's file system now (``run_dir.reserved``, a file of allocated blocks) for the
+    records the run ends with: a disk that fills up mid-run still takes them once ``release_space`` gives the blocks
+    back. OSError (naming the file) when the file system has not that much free."""
+    fd = os.open(run_dir.reserved, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # ENOSPC and the like: not that much free
+                raise
+            os.write(fd, bytes(nbytes))  # a file system without fallocate: real blocks all the same
+    except OSError as e:
+        os.close(fd)
+        run_dir.reserved.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(run_dir.reserved)) from None  # fallocate's error names no file
+    os.close(fd)
+
+
+def release_space(run_dir: RunDir) -> int:
+    """Give the reserved blocks back (before the last records are written); the file system's free bytes before that
+    (-1 when unknown): under RESERVED_BYTES means the disk filled up during the run."""
+    try:
+        st = os.statvfs(run_dir.path)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = -1
+    run_dir.reserved.unlink(missing_ok=True)
+    return free
 
 
 def versions() -> dict[str, str]:
