@@ -7,6 +7,8 @@ Every variant is the same job through hetero-launch on one rank on cuda:0 (clust
   wide_deep, 26 tables of --rows rows (dim 16), global batch 8192:
     device tables       the tables on the GPU with their sparse optimizers (lazy Adam, FTRL)
     host tables         placement.host_device_mix=1: tables and their optimizers on the host, rows through pinned memory
+    host tables, prefetch 2   ... with placement.prefetch=2: the next micro-batches' rows gathered on a side stream
+                        while this one steps (issue 32: host tables <= 1.2x device tables; never run on a GPU yet)
     host tables + CPU   ... and optimizer.target=CPU: the dense part's Adam on the host too
   gpt, width --width, --layers blocks, 8 heads, 256-token sequences, global batch 32:
     fp32                no data-parallel wrapper (one rank)
@@ -36,6 +38,7 @@ def variants(a: argparse.Namespace) -> dict[str, dict[str, list[str]]]:
            "model.vocab_size=256", "batch.global_size=32"]
     return {
         "wide_deep": {"device tables": wd, "host tables": [*wd, "placement.host_device_mix=1"],
+                      "host tables, prefetch 2": [*wd, "placement.host_device_mix=1", "placement.prefetch=2"],
                       "host tables + optimizer on CPU": [*wd, "placement.host_device_mix=1", "optimizer.target=CPU"]},
         "gpt": {"fp32": gpt,
                 "optimizer on CPU, deepspeed": [*gpt, "optimizer.target=CPU", "parallel.data_parallel=deepspeed"],
