@@ -353,7 +353,7 @@ def _plan_parts(cfg: DictConfig, d: _Draft) -> tuple:
                                   (d.batch.global_size, d.batch.micro_size, d.batch.grad_accum), sharding=d.sharding,
                                   recompute=d.recompute, pipeline=d.pipeline)
     parts, part_problems, part_notes = parallel.plan_parts(intents)
-    d.problems += part_problems + _clip_problems(cfg)
+    d.problems += part_problems
     d.notes += part_notes
     outside = [t.name for t in d.placement.tables if t.location != "engine"]
     if cfg.trainer.grad_clip > 0 and outside:
@@ -361,13 +361,6 @@ def _plan_parts(cfg: DictConfig, d: _Draft) -> tuple:
                        f"trained outside the parts ({', '.join(outside[:3])}{' ...' if len(outside) > 3 else ''}) "
                        f"step unclipped (their row-sparse optimizers take each row's gradient as it is)")
     return intents, parts
-
-
-def _clip_problems(cfg: DictConfig) -> list[str]:
-    clip = cfg.trainer.grad_clip
-    if clip < 0 or clip != clip or clip == float("inf"):
-        return [f"trainer.grad_clip={clip} must be a finite number >= 0 (0 = no clipping)."]
-    return []
 
 
 def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout | None, d: _Draft, intents,

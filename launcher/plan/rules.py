@@ -188,7 +188,7 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
         p.append(f"trainer.log_every={t.log_every} must be >= 1.")
     if t.checkpoint_every < -1:
         p.append(f"trainer.checkpoint_every={t.checkpoint_every}: use N>0 (every N steps), 0 (at the end) or -1 (never).")
-    p += number_problems("trainer", {"epochs": (t.epochs, "non_negative")})
+    p += number_problems("trainer", {"epochs": (t.epochs, "non_negative"), "grad_clip": (t.grad_clip, "non_negative")})
     p += check_seeds(cfg)
     d = cfg.debug
     if d.fail_rank < -1:
