@@ -1,7 +1,7 @@
 """The CUDA paths, on a host with CUDA devices (skipped elsewhere, saying why): cuda:<local rank> devices, nccl,
 bf16 on the device (FSDP2's MixedPrecisionPolicy and DeepSpeed's bf16), BatchNorm in bf16 on the device, host tables
 whose rows travel host -> device through pinned memory without blocking. Each against the same run's reference.
-Run them with ``./run.sh test -m gpu`` on a GPU machine (README "Tests" says which of them have run where)."""
+Run them with ``./run.sh test -m gpu`` on a GPU machine (docs/gpu.md says which of them have run where)."""
 
 import json
 

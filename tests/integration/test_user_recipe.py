@@ -1,4 +1,4 @@
-"""The README's "Bring your own model" project (written to a folder outside the repository, verbatim) trained on
+"""docs/your_model.md's "Bring your own model" project (written to a folder outside the repository, verbatim) trained on
 real ranks: host tables vs device tables, the optimizer on the CPU vs on the device, 2 ranks vs 1 process; and its
 runtime.prepare() script under hetero-launch and under plain torchrun."""
 

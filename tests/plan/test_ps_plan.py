@@ -17,7 +17,7 @@ ROWS = 26 * 10_000  # wide_deep's default: 26 fields × 10,000 rows, one table o
 BIG = ["recipe=wide_deep", "cluster.device=cuda", "cluster.launch=elastic", "cluster.rdzv_endpoint=node0:29400",
        "cluster.nnodes=4", "cluster.nproc_per_node=8", "cluster.device_memory_gb=80", "cluster.host_memory_gb=1024",
        "model.rows_per_table=37500000", "model.embed_dim=256"]
-"""README's ~1 TB of tables (issue 22): 975 M rows × 256 for deep_embedding, a copy per rank needs 3 TB."""
+"""docs/placement.md's ~1 TB of tables (issue 22): 975 M rows × 256 for deep_embedding, a copy per rank needs 3 TB."""
 
 
 def _tables(plan):

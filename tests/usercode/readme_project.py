@@ -1,15 +1,16 @@
-"""The README's "Bring your own model" files, copied verbatim into a folder: what the tests train."""
+"""docs/your_model.md's "Bring your own model" files (and its runtime.prepare() loop), copied verbatim into a folder:
+what the tests train, so the manual's example is the one that is tested."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "your_model.md"
 _FILE = re.compile(r"^`([\w./]+\.(?:py|yaml))`:\n```\w+\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 EXTRA = {
-    # What the error tests need beside the README's files (a user's mistakes), and a nested model.
+    # What the error tests need beside the page's files (a user's mistakes), and a nested model.
     "my_ctr/extra.py": '''
 import torch
 from torch import nn
@@ -66,14 +67,13 @@ class Staged(nn.Module):
 
 
 def readme_files() -> dict[str, str]:
-    section = README.read_text().split("## Bring your own model", 1)[1].split("\n## ", 1)[0]
-    files = dict(_FILE.findall(section))
+    files = dict(_FILE.findall(PAGE.read_text()))
     assert {"my_ctr/model.py", "my_ctr/data.py", "conf/recipe/my_ctr.yaml", "train_ctr.py"} <= set(files), files
     return files
 
 
 def write_project(folder: Path, extra: bool = False) -> Path:
-    """The README's project in ``folder`` (plus EXTRA when asked); returns the folder."""
+    """The page's project in ``folder`` (plus EXTRA when asked); returns the folder."""
     for name, text in {**readme_files(), **(EXTRA if extra else {})}.items():
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)

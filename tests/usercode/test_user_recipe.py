@@ -1,4 +1,4 @@
-"""A recipe in the user's own folder (the README's files, verbatim): composed with --config-dir, its model read on
+"""A recipe in the user's own folder (docs/your_model.md's files, verbatim): composed with --config-dir, its model read on
 the meta device, planned by intent; each mistake a user makes reported by name before anything starts."""
 
 import os
@@ -84,7 +84,7 @@ def test_each_mistake_is_named(project, cpu_host, overrides, message):
 @pytest.mark.parametrize("overrides", [["loss.reduction=sum"], ["+loss.reduction=sum"],
                                        ["loss={_target_: torch.nn.BCEWithLogitsLoss, reduction: sum}"]])
 def test_loss_and_model_keys_are_their_constructors_arguments(project, cpu_host, overrides):
-    """Keys the recipe's file does not list are still arguments (README: loss keys are its constructor's)."""
+    """Keys the recipe's file does not list are still arguments (docs/your_model.md: loss keys are its constructor's)."""
     p = plan(project, *overrides, "model.hidden=32", host=cpu_host)
     assert p.loss == {"_target_": "torch.nn.BCEWithLogitsLoss", "reduction": "sum"} and p.model["hidden"] == 32
 
