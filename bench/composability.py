@@ -56,7 +56,7 @@ BF16_TOLERANCE = 5e-3
 parts: bf16 keeps 8 bits of mantissa, a relative rounding step of 2^-8 = 3.9e-3, and a layout changes which values
 are summed in which order before they are rounded (matmuls blocked over another batch split, gradients reduced over
 other ranks), so a loss may differ by about one rounding step; Adam's m/sqrt(v) carries such differences into the
-next steps' weights. Measured: at most 2.2e-3 over 3 steps (README "Composability"). Against a one-process run of
+next steps' weights. Measured: at most 2.2e-3 over 3 steps (docs/parallelism.md). Against a one-process run of
 another part (DeepSpeed's ZeRO-0 BF16_Optimizer accumulates micro-batch gradients in fp32, ZeRO-1..3 and FSDP2's
 unsharded gradients in bf16) the spread is 7.9e-3: that is a difference of method, not of layout."""
 

@@ -1,4 +1,4 @@
-"""The composability matrix as the README prints it: per recipe, a grid of the nine intents (each alone on the
+"""The composability matrix as docs/parallelism.md prints it: per recipe, a grid of the nine intents (each alone on the
 diagonal, every pair off it) whose cells say what ran (the parts, abbreviated) or that it was refused.
 
     .venv/bin/python bench/matrix_grid.py [bench/results/matrix.json]   (written by bench/composability.py)

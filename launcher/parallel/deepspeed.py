@@ -51,8 +51,8 @@ _ROWS: list[Row] = [
      lambda i: "placement.offload_params=true"),
     ("zero_optimization.offload_param.pin_memory", lambda i: i.pin_memory if i.offload_params else _SKIP,
      lambda i: f"placement.pin_memory={str(i.pin_memory).lower()}"),
-    # A torch optimizer stepping on DeepSpeed's host partitions (as fast as DeepSpeedCPUAdam, no JIT build: README
-    # "Performance"); DeepSpeed refuses a client optimizer with offload unless told otherwise.
+    # A torch optimizer stepping on DeepSpeed's host partitions (as fast as DeepSpeedCPUAdam, no JIT build:
+    # docs/performance.md, P3); DeepSpeed refuses a client optimizer with offload unless told otherwise.
     ("zero_force_ds_cpu_optimizer",
      lambda i: False if i.offload_optimizer and not CPU_OPTIMIZERS[i.cpu_impl].impl else _SKIP,
      lambda i: f"optimizer.cpu_impl={i.cpu_impl}"),

@@ -1,6 +1,6 @@
 """deepspeed.config: your DeepSpeed config merged with the one the deepspeed part compiles (pure, torch-free).
 
-The rule, in three steps (README "Bring your DeepSpeed config"):
+The rule, in three steps (docs/parallelism.md, "Bring your DeepSpeed config"):
 
 1. **Adopt** (before the plan, ``adopt``): a file key hetero-launch models (``INTENT_KEYS``: the ZeRO stage, the
    offload devices and their pin_memory, bf16/fp16, the batch triple, gradient_clipping, the optimizer section)

@@ -3,7 +3,7 @@
 A memory term the plan cannot count from the model (the runtime's own bytes, a CUDA context) is one of these; so are
 the bandwidths and throughputs the step-time model divides by. "measured" ones were measured on the CI machine
 (2 cores, no GPU: ``bench/memory_constants.py``, ``bench/cost_constants.py``) and are what a CPU run is checked
-against; the GPU ones are from vendors' data sheets and have never been measured by this project (README "GPU").
+against; the GPU ones are from vendors' data sheets and have never been measured by this project (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ PCIE_BW = Constant(25e9, "host<->device bytes/s over PCIe Gen5 x16 at ~40 % of 6
 HOST_MEMORY_BW = Constant(10e9, "bytes/s a host-side optimizer step (CPU Adam) streams per rank")
 NETWORK_BW = Constant(12.5e9, "bytes/s of one rank's share of the data-parallel all-reduce (100 Gb/s; not measured)")
 DEEPSPEED_STEP = Constant(0.55e-3, "what DeepSpeed's engine adds to a step over torch DDP: quickstart, 2 CPU ranks, "
-                                   "2.00 vs 1.45 ms (bench/suite.py P4, README Performance)")
+                                   "2.00 vs 1.45 ms (bench/suite.py P4, docs/performance.md)")
 FSDP_STEP = Constant(0.3e-3, "what FSDP2's per-unit hooks add to a step of a small model on CPU (bench/zero_bench.py "
                              "order of magnitude; not a fit)")
 LOCAL_BW = Constant(2e9, "bytes/s of gloo's all-reduce between ranks of one CPU host (shared memory, measured order)")

@@ -90,7 +90,7 @@ class CpuOptimizer:
 
 
 CPU_OPTIMIZERS: dict[str, CpuOptimizer] = {
-    "torch": CpuOptimizer("", "", False),  # torch's fused CPU kernel: as fast here, no JIT build (README P3)
+    "torch": CpuOptimizer("", "", False),  # torch's fused CPU kernel: as fast here, no JIT build (performance.md P3)
     "deepspeed": CpuOptimizer("deepspeed.ops.adam.DeepSpeedCPUAdam", "cpu_adam", True),
 }
 
