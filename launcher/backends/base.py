@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 from typing import TYPE_CHECKING
+
+from launcher.errors import ConfigError
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -34,7 +38,7 @@ class Backend:
 
     def layout(self, cfg: DictConfig, environ: dict[str, str]) -> ClusterLayout | None:
         """The hosts and ranks the run is given (a rank table or hostfile; None: this host, as cluster.* says)."""
-        from launcher.launch.preflight import read_cluster_files
+        from launcher.backends.cluster_files import read_cluster_files  # until the plan stops importing backends
 
         return read_cluster_files(cfg)
 
@@ -52,3 +56,18 @@ class Backend:
 
     def write_dry_run(self, run_dir: RunDir, plan: RunPlan, argv: list[str], log_dir: str) -> None:
         """What a dry run writes for this backend besides the plan (Slurm: the batch script)."""
+
+
+def find_program(name: str, key: str, package: str) -> str:
+    """The scheduler program's path, or a ConfigError saying how to get it (before any run dir exists)."""
+    path = shutil.which(name)
+    if path is None:
+        raise ConfigError(f"{key}: `{name}` is not on PATH. Install it ({package}), or use cluster.launch=local "
+                          f"(one host) or elastic (several hosts, torch's own rendezvous).")
+    return path
+
+
+def rank_command(run_dir: RunDir, scheduler: str, plan: RunPlan) -> list[str]:
+    """What a scheduler's program (mpirun, srun) starts on each rank's host: ``launcher.backends.rank_start``."""
+    return [sys.executable, "-m", "launcher.backends.rank_start", str(run_dir.path.resolve()), scheduler, "--",
+            *plan.rank_args(str(run_dir.path.resolve()))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from launcher.backends.base import Backend
+from launcher.backends.base import Backend, find_program, rank_command
 
 FORWARDED_ENV = ("PYTHONPATH", "HL_CACHE_DIR", "PATH")
 """Variables of the launcher that mpirun passes on to ranks on other hosts (-x); the plan's own are in
@@ -29,8 +29,6 @@ class MpiBackend(Backend):
         return c.nnodes > 1 or layout is not None  # mpirun may start them on a file's hosts
 
     def check_ready(self, environ: dict[str, str]) -> None:
-        from launcher.launch.external import find_program
-
         find_program("mpirun", "cluster.launch=mpi", "Debian: apt-get install openmpi-bin")
 
     def job_command(self, plan, run_dir, hosts, extra) -> list[str]:
@@ -42,8 +40,6 @@ def mpirun_command(plan, run_dir, hosts: tuple[str, ...], extra: list[str], as_r
     """``mpirun`` for the plan's world: the hosts in node order with nproc_per_node slots each (ranks fill a host
     before the next: the plan's blocks), no core binding (OMP_NUM_THREADS shares the cores), the launcher's
     forwarded variables, then cluster.launcher_args."""
-    from launcher.launch.external import rank_command
-
     cmd = [mpirun, "-n", str(plan.world_size), "--bind-to", "none", "--map-by", "slot"]
     if hosts:
         cmd += ["--host", ",".join(f"{h}:{plan.nproc_per_node}" for h in hosts)]

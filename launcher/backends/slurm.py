@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from launcher.backends.base import Backend
+from launcher.backends.base import Backend, find_program, rank_command
 
 ALLOCATION = "SLURM_JOB_ID"
 """Set inside a Slurm allocation."""
@@ -25,8 +25,6 @@ class SlurmBackend(Backend):
 
     def check_ready(self, environ: dict[str, str]) -> None:
         from launcher.errors import ConfigError
-        from launcher.launch.external import find_program
-
         find_program("srun", "cluster.launch=slurm", "Debian: apt-get install slurm-client")
         if ALLOCATION not in environ:
             raise ConfigError("cluster.launch=slurm runs inside a Slurm allocation (SLURM_JOB_ID is not set here). "
@@ -44,8 +42,6 @@ class SlurmBackend(Backend):
 def srun_command(plan, run_dir, extra: list[str]) -> list[str]:
     """``srun`` for the plan's world inside the allocation: nnodes × nproc_per_node tasks in blocks (Slurm's
     default distribution), one failed task ends the step, no CPU binding (OMP_NUM_THREADS shares the cores)."""
-    from launcher.launch.external import rank_command
-
     return ["srun", f"--nodes={plan.nnodes}", f"--ntasks={plan.world_size}",
             f"--ntasks-per-node={plan.nproc_per_node}", "--distribution=block", "--kill-on-bad-exit=1",
             "--cpu-bind=none", f"--job-name={run_dir.name}", *extra, *rank_command(run_dir, SlurmBackend.name, plan)]

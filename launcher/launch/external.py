@@ -13,26 +13,17 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 from launcher.backends import lifeline
-from launcher.errors import ConfigError
 from launcher.plan import RunPlan
 from launcher.rundir import RunDir
 
 LINGER_S = 0.5
 """How long mpirun/srun get to end by themselves once every rank has recorded its end, when stopping."""
-
-
-def rank_command(run_dir: RunDir, scheduler: str, plan: RunPlan) -> list[str]:
-    """What mpirun/srun starts on each rank's host."""
-    return [sys.executable, "-m", "launcher.backends.rank_start", str(run_dir.path.resolve()), scheduler, "--",
-            *plan.rank_args(str(run_dir.path.resolve()))]
 
 
 class ExternalJob:
@@ -117,11 +108,3 @@ def start_job(command: list[str], plan: RunPlan, run_dir: RunDir, envs: dict[int
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return ExternalJob(proc, run_dir, tuple(sorted(envs)))
 
-
-def find_program(name: str, key: str, package: str) -> str:
-    """The program's path, or a ConfigError saying how to get it (before any run dir exists)."""
-    path = shutil.which(name)
-    if path is None:
-        raise ConfigError(f"{key}: `{name}` is not on PATH. Install it ({package}), or use cluster.launch=local "
-                          f"(one host) or elastic (several hosts, torch's own rendezvous).")
-    return path
