@@ -234,7 +234,9 @@ class ScriptPlan:
     """Keys set that nothing in this job reads ({key, value, why}): shown in the plan and the summary."""
 
     def rank_args(self, run_dir: str) -> tuple[str, ...]:
-        return (self.script, *self.args)
+        """``python script.py args`` through ``launcher.worker.script``: the same run, and a rank whose work is done
+        ends with the script's own exit code (no gloo teardown abort)."""
+        return ("-m", "launcher.worker.script", self.script, *self.args)
 
     def engine_config(self) -> dict[str, Any] | None:
         from launcher.parallel import config_file
