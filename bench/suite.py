@@ -235,12 +235,13 @@ def _spread(xs: list[float]) -> str:
 
 def _plan_times(runs: int) -> list[tuple]:
     """plan_launch alone, for 10 / 100 / 1,000 / 10,000 tables."""
+    from launcher.backends import BACKENDS
     from launcher.config import compose_config
     from launcher.contract import Facts
     from launcher.plan import HostFacts, plan_launch
     from launcher.recipes import RECIPES
 
-    host = HostFacts("bench", 2, 0, "/tmp/x")
+    host, facts = HostFacts("bench", 2, 0, "/tmp/x"), Facts(backends=tuple(BACKENDS.values()))
     out = []
     base_cfg = compose_config(["recipe=wide_deep"])
     for n in (10, 100, 1_000, 10_000):
@@ -248,7 +249,7 @@ def _plan_times(runs: int) -> list[tuple]:
             tables=lambda m, n=n: {f"t{i}": (1000, 16) for i in range(n)}, model_spec=lambda m, f: {},
             dense_param_count=lambda m: 100_000, problems=lambda *a: [], layer_names=lambda m: [])
         cfg = _with_tables(base_cfg, n)
-        out.append((n, [_timed_ms(lambda: plan_launch(cfg, host, Facts())) for _ in range(runs)]))
+        out.append((n, [_timed_ms(lambda: plan_launch(cfg, host, facts)) for _ in range(runs)]))
     del RECIPES["bench_tables"]
     base = med(out[0][1])
     return [("P5", f"plan time, {n:,} tables", _spread(t), f"{med(t) / base:.1f}x 10 tables") for n, t in out]

@@ -142,9 +142,35 @@ class Recipe(Protocol):
         after the other."""
 
 
+class BackendRules(Protocol):
+    """What a launch backend (one module of launcher/backends/, ``cluster.launch``) tells the plan: the plan gets the
+    registry's backends in Facts.backends and asks them this, so it imports no backend (nothing above it)."""
+
+    name: str
+    help: str
+    """What it is, for the list of choices in messages: 'local (one host)'."""
+    launcher_per_host: bool
+    """One launcher runs on every host and they meet at a rendezvous, which gives each its node rank."""
+    restarts: bool
+    """launcher.max_restarts > 0 restarts the job in place."""
+    scripts: bool
+    """script= runs can start on it."""
+
+    def problems(self, c: Any) -> list[str]:
+        """Problems of the cluster.* keys (``c``: the cluster section) that only this backend has; pure."""
+
+
+def backend_named(backends: tuple[BackendRules, ...], name: str) -> BackendRules | None:
+    """The backend called ``name`` among ``backends``; None for another name (the plan's rules report it)."""
+    return next((b for b in backends if b.name == str(name)), None)
+
+
 @dataclass(frozen=True)
 class Facts:
     """Everything gathered before planning besides the host (launcher/launch/preflight.py): the plan's input."""
+
+    backends: tuple[BackendRules, ...] = ()
+    """The launch backends cluster.launch may name (launcher.backends.BACKENDS' values): what each can run."""
 
     data: DataFacts = field(default_factory=DataFacts)
     model: ModelFacts | None = None

@@ -12,7 +12,8 @@ itself). What every backend shares is written once, beside this seam: ranks die 
 (``lifeline``), and the launcher does not return while a process of its job lives (``launch.supervise``).
 
 Names are compared here and in the backends' own modules only; everywhere else a backend is asked what it knows.
-This package is torch-free: the plan imports it.
+This package is torch-free. The plan imports none of it: it gets ``BACKENDS``' values in ``Facts.backends`` (the
+``launcher.contract.BackendRules`` each backend answers), gathered before planning.
 """
 
 from __future__ import annotations

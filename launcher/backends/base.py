@@ -6,6 +6,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
+from launcher.backends.cluster_files import read_cluster_files
 from launcher.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,8 +39,6 @@ class Backend:
 
     def layout(self, cfg: DictConfig, environ: dict[str, str]) -> ClusterLayout | None:
         """The hosts and ranks the run is given (a rank table or hostfile; None: this host, as cluster.* says)."""
-        from launcher.backends.cluster_files import read_cluster_files  # until the plan stops importing backends
-
         return read_cluster_files(cfg)
 
     def ranks_elsewhere(self, c: DictConfig, layout: ClusterLayout | None) -> bool:

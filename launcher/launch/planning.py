@@ -43,7 +43,8 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
             raise ConfigError(f"{key}={cfg.trainer[key.split('.')[1]]} with script=: a script loads its own "
                               f"checkpoints (runtime.load_state_dict). Leave {key} empty.")
         check_script(cfg)
-        plan = plan_script(cfg, host, scan_script(Path(cfg.script).read_text(errors="replace"), cfg.script))
+        plan = plan_script(cfg, host, scan_script(Path(cfg.script).read_text(errors="replace"), cfg.script),
+                           backends=tuple(BACKENDS.values()))
         check_log_dir(Path(cfg.output.log_dir))
         return plan, [*host.notes, *_warnings(plan, host, False)]
     resume = resume_checkpoint(cfg)

@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.backends import BACKENDS
 from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError, first_line
 from launcher.manifest import manifest_problems
@@ -172,6 +173,12 @@ def _check_loss_arguments(cfg: DictConfig, recipe: str) -> None:
 
 
 def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool = True) -> Facts:
+    """The facts the plan takes besides the host: the launch backends (what each can run, so that the plan imports
+    none) and the facts of cfg's recipe (_recipe_facts)."""
+    return dataclasses.replace(_recipe_facts(cfg, config_dir, estimate), backends=tuple(BACKENDS.values()))
+
+
+def _recipe_facts(cfg: DictConfig, config_dir: str | None, estimate: bool) -> Facts:
     """The facts of cfg's recipe before planning. A built-in recipe: its data_facts hook (which may read the user's
     files and raise ConfigError). A recipe in the user's folder: its folder made importable, then every check of
     ``launcher.usercode.check`` (imports, arguments, dataset items, the model on the meta device, the loss)."""

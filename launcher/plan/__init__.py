@@ -13,7 +13,7 @@ import difflib
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.contract import Facts, ModelFacts, model_facts
+from launcher.contract import Facts, ModelFacts, backend_named, model_facts
 from launcher.errors import ConfigError
 from launcher.loggers import logger_specs
 from launcher.plan.batch import DEFAULT_MICRO_SIZE, BatchPlan, plan_batch
@@ -221,7 +221,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
     from launcher.parallel.deepspeed_file import adopt_config
 
     cfg, ds_notes, ds_problems = adopt_config(cfg)  # deepspeed.config's intents, where ours are not set
-    d = _Draft(problems=check_config(cfg, host) + check_script_ops(cfg) + ds_problems,
+    d = _Draft(problems=check_config(cfg, host, facts.backends) + check_script_ops(cfg) + ds_problems,
                notes=_smoke_notes(cfg) + ds_notes)
     _plan_shape(cfg, host, facts, d)
     _plan_where(cfg, host, d)
@@ -387,10 +387,11 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     d.problems += fit_problems
     d.notes += fit_notes
     nnodes = cfg.cluster.nnodes
+    devices = visible_devices(layout, d.device_type, backend_named(facts.backends, cfg.cluster.launch), d.problems)
     ranks = plan_ranks(nnodes=nnodes, nproc_per_node=d.nproc, device_type=d.device_type,
                        master_addr=cfg.cluster.master_addr, master_port=cfg.cluster.master_port,
                        cpu_count=host.cpu_count, extensions_dir=host.extensions_dir, path=host.toolchain_path,
-                       dims=dims, devices=visible_devices(layout, d.device_type, cfg.cluster.launch, d.problems))
+                       dims=dims, devices=devices)
     loggers, logger_problems = logger_specs(cfg.logger)
     d.problems += logger_problems
     if d.problems:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.backends import BACKENDS, backend
+from launcher.contract import BackendRules
 from launcher.plan.layout import ClusterLayout
 from launcher.plan.parallel import ParallelDims
 
@@ -75,7 +75,8 @@ def plan_ranks(
     return tuple(ranks)
 
 
-def visible_devices(layout: ClusterLayout | None, device_type: str, launch: str, problems: list[str]) -> tuple[str, ...]:
+def visible_devices(layout: ClusterLayout | None, device_type: str, launch: BackendRules | None,
+                    problems: list[str]) -> tuple[str, ...]:
     """Each node's CUDA_VISIBLE_DEVICES from the device ids a rank table (device_id) or a hostfile's slots
     (include/exclude, as DeepSpeed's launcher maps them) give its ranks; () without a layout, on CPU, or when every
     host's are its first nproc_per_node devices (a scheduler's own CUDA_VISIBLE_DEVICES is then left alone). With
@@ -88,7 +89,7 @@ def visible_devices(layout: ClusterLayout | None, device_type: str, launch: str,
     first = ",".join(str(i) for i in range(layout.nproc_per_node))
     if all(d == first for d in per_node):
         return ()  # the first N devices on every host: what the ranks use anyway (and Slurm's own mapping stays)
-    if launch in BACKENDS and backend(launch).launcher_per_host and len(set(per_node)) > 1:
+    if launch is not None and launch.launcher_per_host and len(set(per_node)) > 1:
         listed = "; ".join(f"{h}: {d}" for h, d in zip(layout.hosts, per_node))
         problems.append(f"{layout.source} gives the hosts different devices ({listed}), and with "
                         f"cluster.launch=elastic the rendezvous, not the file, decides which host is which node. Use "

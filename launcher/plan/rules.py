@@ -7,8 +7,7 @@ import re
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.backends import BACKENDS as LAUNCHES
-from launcher.backends import backend as launch_backend
+from launcher.contract import BackendRules, backend_named
 from launcher.plain import to_plain
 from launcher.plan.pipeline import partition_problems, schedule_problems
 from launcher.plan.registry import DENSE_OPTIMIZERS, unknown
@@ -59,13 +58,13 @@ def check_seeds(cfg: DictConfig) -> list[str]:
             if not 0 <= seed < SEED_RANGE]
 
 
-def check_launcher(launcher: DictConfig, launch: str = "local") -> list[str]:
+def check_launcher(launcher: DictConfig, launch: str, backends: tuple[BackendRules, ...]) -> list[str]:
     """launcher.*: the watchdog's limit and the number of restarts (where the backend restarts)."""
     p = number_problems("launcher", {"watchdog_s": (launcher.watchdog_s, "non_negative")})
     if launcher.max_restarts < 0:
         p.append(f"launcher.max_restarts={launcher.max_restarts} must be 0 (no restart) or more.")
-    elif launcher.max_restarts > 0 and launch in LAUNCHES and not launch_backend(launch).restarts:
-        restarting = ", ".join(name for name, b in LAUNCHES.items() if b.restarts)
+    elif launcher.max_restarts > 0 and (b := backend_named(backends, launch)) is not None and not b.restarts:
+        restarting = ", ".join(b.name for b in backends if b.restarts)
         p.append(f"launcher.max_restarts={launcher.max_restarts} with cluster.launch={launch}: restarts across "
                  f"hosts that each run a launcher are not supported yet ({restarting} restart). Set "
                  f"launcher.max_restarts=0, and resume with trainer.resume=latest.")
@@ -124,24 +123,25 @@ def device_and_backend(backend: str, host: HostFacts, device: str = "auto") -> t
     return device_type, backend
 
 
-def _check_nodes(c: DictConfig) -> list[str]:
+def _check_nodes(c: DictConfig, backends: tuple[BackendRules, ...]) -> list[str]:
     """cluster.launch, nnodes, node_rank, and the keys only the chosen backend has."""
-    if c.launch not in LAUNCHES:
-        return [f"cluster.launch={c.launch} is not one of {', '.join(LAUNCHES)}. Use cluster.launch="
-                f"{', '.join(b.help for b in LAUNCHES.values())}."]
+    b = backend_named(backends, c.launch)
+    if b is None:
+        return [f"cluster.launch={c.launch} is not one of {', '.join(b.name for b in backends)}. Use cluster.launch="
+                f"{', '.join(b.help for b in backends)}."]
     p = []
     if c.nnodes < 1:
         p.append(f"cluster.nnodes={c.nnodes} must be 1 or more (the number of hosts). Set cluster.nnodes=1 for this "
                  f"host alone.")
-    b = launch_backend(c.launch)
     if c.node_rank != 0 and not b.launcher_per_host:
-        per_host = " / ".join(name for name, other in LAUNCHES.items() if other.launcher_per_host)
+        per_host = " / ".join(other.name for other in backends if other.launcher_per_host)
         p.append(f"cluster.node_rank={c.node_rank}: only cluster.launch={per_host} runs one launcher per host (and "
                  f"there the rendezvous assigns node ranks). Leave cluster.node_rank out.")
     return p + (b.problems(c) if c.nnodes >= 1 else [])
 
 
-def check_cluster(c: DictConfig, host: HostFacts, dry_run: bool = False) -> list[str]:
+def check_cluster(c: DictConfig, host: HostFacts, backends: tuple[BackendRules, ...],
+                  dry_run: bool = False) -> list[str]:
     """The cluster section's problems (shared by recipe runs and script runs). A dry run may plan CUDA devices this
     host does not have (a plan for the cluster, made on a laptop)."""
     p: list[str] = []
@@ -154,7 +154,7 @@ def check_cluster(c: DictConfig, host: HostFacts, dry_run: bool = False) -> list
                  f"has {host.cpu_count} CPU core(s) and {host.accelerators} GPU(s)); each rank is a process with its "
                  f"own torch. Set cluster.nproc_per_node to the host's GPUs or cores (auto picks), and cluster.nnodes "
                  f"for more hosts.")
-    p += _check_nodes(c)
+    p += _check_nodes(c, backends)
     if c.backend not in BACKENDS:
         p.append(f"cluster.backend={c.backend} is not one of {', '.join(BACKENDS)}.")
     elif c.backend == "nccl" and host.accelerators == 0:
@@ -178,7 +178,7 @@ def check_cluster(c: DictConfig, host: HostFacts, dry_run: bool = False) -> list
     return p
 
 
-def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
+def check_config(cfg: DictConfig, host: HostFacts, backends: tuple[BackendRules, ...]) -> list[str]:
     """Every problem in cfg that does not depend on the batch split."""
     p: list[str] = []
     t, c = cfg.trainer, cfg.cluster
@@ -205,7 +205,7 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     if e.metrics not in ("auto", "loss", "binary"):
         p.append(f"eval.metrics={e.metrics} is not one of auto, loss, binary.")
 
-    p += check_cluster(c, host, cfg.dry_run)
+    p += check_cluster(c, host, backends, cfg.dry_run)
 
     if cfg.zero.stage not in (0, 1, 2, 3):
         p.append(f"zero.stage={cfg.zero.stage} must be 0, 1, 2 or 3.")
@@ -229,6 +229,6 @@ def check_config(cfg: DictConfig, host: HostFacts) -> list[str]:
     else:
         p += number_problems("optimizer", {"betas[0]": (o.betas[0], "unit"), "betas[1]": (o.betas[1], "unit")})
     p += number_problems("placement", {"reserve": (cfg.placement.reserve, "unit")})  # a share of each budget kept free
-    p += check_output(cfg.output) + check_launcher(cfg.launcher, cfg.cluster.launch)
+    p += check_output(cfg.output) + check_launcher(cfg.launcher, cfg.cluster.launch, backends)
     p += wild_number_problems(to_plain(cfg), named=" ".join(p))
     return p

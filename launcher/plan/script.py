@@ -15,8 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.backends import BACKENDS as LAUNCHES
-from launcher.backends import backend as launch_backend
+from launcher.contract import BackendRules, backend_named
 from launcher.errors import ConfigError
 from launcher.integrations.accelerate import TABLE_KEYS, ScriptUse, accelerate_handover
 from launcher.loggers import logger_specs
@@ -175,16 +174,18 @@ def script_args_override(args: list[str]) -> str:
     return override
 
 
-def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None) -> ScriptPlan:
+def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, *,
+                backends: tuple[BackendRules, ...]) -> ScriptPlan:
     """``use``: what the script trains with (launcher.integrations.scan_script of its text); None = not scanned,
-    planned as a runtime.prepare() script."""
+    planned as a runtime.prepare() script. ``backends``: the launch backends (launcher.backends.BACKENDS' values)."""
     use = use or ScriptUse("prepare", "not scanned")
     c = cfg.cluster
     loggers, logger_problems = logger_specs(cfg.logger)
     key_problems, not_applied = script_key_verdicts(cfg, use.kind)
-    problems = (check_cluster(c, host) + check_output(cfg.output) + check_launcher(cfg.launcher, c.launch)
+    problems = (check_cluster(c, host, backends) + check_output(cfg.output)
+                + check_launcher(cfg.launcher, c.launch, backends)
                 + logger_problems + key_problems)
-    if (c.launch in LAUNCHES and not launch_backend(c.launch).scripts) or c.nnodes > 1:
+    if ((b := backend_named(backends, c.launch)) is not None and not b.scripts) or c.nnodes > 1:
         problems.append(f"cluster.launch={c.launch} cluster.nnodes={c.nnodes} with script=: scripts run on one host "
                         f"for now (recipes run on several), started locally, by mpirun or by srun. Set "
                         f"cluster.launch=local (or mpi / slurm) and cluster.nnodes=1, or run your model as a recipe.")

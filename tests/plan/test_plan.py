@@ -122,10 +122,12 @@ def test_planning_imports_neither_torch_nor_deepspeed():
     code = (
         "import sys\n"
         "from launcher.config import compose_config\n"
+        "from launcher.backends import BACKENDS\n"
         "from launcher.contract import Facts\n"
         "from launcher.plan import plan_launch, HostFacts\n"
+        "facts = Facts(backends=tuple(BACKENDS.values()))\n"
         "for r in ('gpt', 'quickstart', 'wide_deep'):\n"
-        "    plan_launch(compose_config([f'recipe={r}', 'zero.stage=2']), HostFacts('h', 2, 0, '/x'), Facts())\n"
+        "    plan_launch(compose_config([f'recipe={r}', 'zero.stage=2']), HostFacts('h', 2, 0, '/x'), facts)\n"
         "bad = [m for m in ('torch', 'deepspeed') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

@@ -183,16 +183,17 @@ def test_a_table_the_recipe_does_not_list_takes_keys_field_by_field(project):
 
 def test_a_script_run_takes_table_placement_it_cannot_check_yet(cpu_host, tmp_path):
     from launcher.config import compose_config
+    from launcher.backends import BACKENDS
     from launcher.plan.script import plan_script
 
     script = tmp_path / "train.py"
     script.write_text("")
     plan = plan_script(compose_config([f"script={script}", "+placement.tables.towers.0.item_emb=host",
-                                       "optimizer.target=CPU"]), cpu_host)
+                                       "optimizer.target=CPU"]), cpu_host, backends=tuple(BACKENDS.values()))
     assert plan.runtime["table_locations"] == {"towers.0.item_emb": "host"} and [p["name"] for p in plan.runtime["parts"]] == ["deepspeed"]
     with pytest.raises(ConfigError, match="optimizer.cpu_impl=deepspeed builds DeepSpeedCPUAdam for a recipe"):
         plan_script(compose_config([f"script={script}", "optimizer.target=CPU", "optimizer.cpu_impl=deepspeed"]),
-                    cpu_host)
+                    cpu_host, backends=tuple(BACKENDS.values()))
 
 
 def test_class_labels_are_not_binary(project, cpu_host):
@@ -232,13 +233,14 @@ def test_a_pipeline_stages_the_models_children_when_its_forward_is_them_in_order
 
 def test_a_script_is_not_pipelined(tmp_path, cpu_host):
     from launcher.config import compose_config
+    from launcher.backends import BACKENDS
     from launcher.plan.script import plan_script
 
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     with pytest.raises(ConfigError, match=r"parallel.pipeline_stages=2 with script=: runtime.prepare\(\) trains your "
                                           r"loop data-parallel"):
-        plan_script(compose_config([f"script={script}", "parallel.pipeline_stages=2"]), cpu_host)
+        plan_script(compose_config([f"script={script}", "parallel.pipeline_stages=2"]), cpu_host, backends=tuple(BACKENDS.values()))
 
 
 @pytest.mark.parametrize("overrides, traced", [([], False), (["placement.mode=auto"], True), (["recompute=[mlp]"], True)])
