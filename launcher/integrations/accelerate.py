@@ -30,6 +30,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.integrations.trainer_args import TrainerArgs, read_trainer_args, reconcile
+
 ACCELERATE_PACKAGES = ("accelerate", "trl")
 """Top-level packages whose import makes a script an accelerate script (TRL's trainers are HF Trainers)."""
 TRAINER_NAMES = ("TrainingArguments", "Seq2SeqTrainingArguments")
@@ -49,6 +51,8 @@ class ScriptUse:
     names_backend: bool = False
     """The script passes accelerate a process-group backend itself (InitProcessGroupKwargs(backend=...),
     TrainingArguments(ddp_backend=...))."""
+    trainer_args: TrainerArgs = TrainerArgs()
+    """HF Trainer: the TrainingArguments its text shows (launcher.integrations.trainer_args)."""
 
 
 def _called_name(call: ast.Call) -> str:
@@ -106,7 +110,8 @@ def scan_script(source: str, name: str = "the script") -> ScriptUse:
                     or (isinstance(f, ast.Name) and f.id in prepare_aliases):
                 return ScriptUse("prepare", f"{name} calls runtime.prepare() (line {node.lineno})")
     if found:
-        return ScriptUse("accelerate", f"{name} {found[0]}", trainer=trainer, names_backend=backend)
+        return ScriptUse("accelerate", f"{name} {found[0]}", trainer=trainer, names_backend=backend,
+                         trainer_args=read_trainer_args(tree, name) if trainer else TrainerArgs())
     return ScriptUse(why=f"{name} neither calls runtime.prepare() nor imports accelerate or transformers' Trainer")
 
 
@@ -114,11 +119,14 @@ TABLE_KEYS = ("placement.host_device_mix", "placement.tables", "tables", "placem
 
 
 def accelerate_handover(runtime: Any, device_type: str, use: ScriptUse, ds_config: dict | None,
-                        table_keys: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
+                        changed: set[str], script_args: tuple[str, ...] = ()) -> tuple[dict[str, str], list[str],
+                                                                                        list[str]]:
     """(the variables each rank gets, problems, notes): the runtime plan (launcher.plan.script.RuntimePlan) as
     ``accelerate launch`` would set it. ``ds_config``: the plan's DeepSpeed config (None: no deepspeed part);
-    ``table_keys``: the table keys the config sets (accelerate keeps every table inside its engine)."""
+    ``changed``: the keys the run sets (table keys are refused: accelerate keeps every table inside its engine;
+    HF Trainer's own values are reconciled); ``script_args``: the script's command line."""
     problems, notes = [], []
+    table_keys = [k for k in TABLE_KEYS if k in changed]
     if table_keys:
         problems.append(f"{', '.join(table_keys)} with an accelerate script ({use.why}): accelerator.prepare() wraps "
                         f"the whole model, so every table stays inside its engine; nothing would place them. Remove "
@@ -147,9 +155,20 @@ def accelerate_handover(runtime: Any, device_type: str, use: ScriptUse, ds_confi
             f" / precision=bf16 (then accelerate runs torch DDP over the ranks), or run on a GPU host.")
     config = {k: v for k, v in ds_config.items() if k not in ("steps_per_print",)}
     config["train_batch_size"] = config["train_micro_batch_size_per_gpu"] = "auto"  # from the script's DataLoader
-    if use.trainer and not config.get("gradient_clipping"):
-        config["gradient_clipping"] = "auto"  # no clipping intent: HF Trainer's max_grad_norm fills it (it checks)
-    # (a key left out is not "no clipping": accelerate's engine then clips at 1.0, measured; 0.0 is kept)
+    if use.trainer and device_type == "cpu" and runtime.precision == "bf16":
+        return {}, problems + [
+            f"precision=bf16 with {describe(runtime)} for an HF Trainer script on a CPU host: HF Trainer takes bf16 "
+            f"from TrainingArguments(bf16=True), which transformers refuses without a GPU unless use_cpu=True "
+            f"(training_args.py _validate_args: \"Your setup doesn't support bf16/gpu\"), and with use_cpu accelerate "
+            f"never selects DeepSpeed. Drop precision=bf16 (ZeRO and the host optimizer run in fp32 here), or run on "
+            f"a GPU host."], notes
+    if use.trainer:  # its TrainingArguments own precision, accumulation and clipping: agree with them, or refuse
+        found, more = reconcile(config, {k for k in changed if k.split(".")[0] in ("precision", "batch", "trainer")},
+                                use.trainer_args, script_args)
+        if found:
+            return {}, problems + found, notes
+        notes += more
+    # (a clipping key left out is not "no clipping": accelerate's engine then clips at 1.0, measured; 0.0 is kept)
     zero = config.get("zero_optimization", {})
     env |= {
         "ACCELERATE_USE_DEEPSPEED": "true",
@@ -159,10 +178,6 @@ def accelerate_handover(runtime: Any, device_type: str, use: ScriptUse, ds_confi
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(config.get("gradient_accumulation_steps", 1)),
         "ACCELERATE_DEEPSPEED_CONFIG_FILE": json.dumps(config, sort_keys=True),  # HfDeepSpeedConfig reads JSON text
     }
-    if use.trainer and runtime.precision == "bf16":
-        notes.append("HF Trainer checks DeepSpeed's config against its TrainingArguments "
-                     "(transformers/integrations/deepspeed.py trainer_config_process): precision=bf16 needs "
-                     "TrainingArguments(bf16=True) in the script, else it stops naming both.")
     return env, problems, notes
 
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.contract import BackendRules, backend_named
 from launcher.errors import ConfigError
-from launcher.integrations.accelerate import TABLE_KEYS, ScriptUse, accelerate_handover
+from launcher.integrations.accelerate import ScriptUse, accelerate_handover
 from launcher.loggers import logger_specs
 from launcher.parallel.intents import PartPlan
 from launcher.plan.loader import changed
@@ -214,8 +214,8 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
     )
     handover: dict[str, str] = {}
     if use.kind == "accelerate":  # the plan reaches Accelerator() as accelerate launch hands it over
-        tables = [k for k in TABLE_KEYS if k in changed_keys(cfg)]
-        handover, problems, more = accelerate_handover(runtime, device_type, use, runtime.deepspeed, tables)
+        handover, problems, more = accelerate_handover(runtime, device_type, use, runtime.deepspeed,
+                                                       set(changed_keys(cfg)), tuple(cfg.script_args))
         if problems:
             raise ConfigError(problems)
         notes = [*notes, *more]

@@ -31,12 +31,15 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("accelerate")
     gloo = root / "accelerate_gloo.py"
     gloo.write_text(ACC.read_text().replace("accelerator = Accelerator()", GLOO))
+    hf_gloo = root / "hf_trainer_gloo.py"  # the one line DeepSpeed through accelerate needs on a CPU host
+    hf_gloo.write_text(HF.read_text().replace("seed=0)", "seed=0, ddp_backend=\"gloo\")"))
     jobs = {"acc": [f"script={ACC}"], "twin": [f"script={TWIN}"], "acc_ds": [f"script={gloo}", *INTENTS],
             "twin_ds": [f"script={TWIN}", *INTENTS], "hf": [f"script={HF}"],
+            "hf_ds": [f"script={hf_gloo}", "optimizer.target=CPU", "zero.stage=2"],
             "plain": [f"script={LOG}", "placement.host_device_mix=1"]}
     out = {}
     for name, args in jobs.items():
-        extra = ["--", str(root / "hf_out")] if name == "hf" else []
+        extra = ["--", str(root / "hf_out")] if name.startswith("hf") else []
         # No launcher.max_restarts: a rank's gloo group aborting as the process ended (SIGABRT after the last
         # step, pytorch#179291) failed these runs now and then; script ranks now end through launcher.worker.script.
         res = run_cli([*args, f"output.run_name={name}", "cluster.nproc_per_node=2",
@@ -110,6 +113,23 @@ def test_an_unchanged_hf_trainer_script_is_one_job_and_its_metrics_reach_the_sum
     assert summary["final_metrics"]["lr"] == steps[-1]["learning_rate"]
     assert summary["final_metrics"]["train_loss"] == end["train_loss"]
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_hf_trainer_with_zero2_and_host_optimizer_runs_deepspeed_with_the_ddp_runs_losses(runs):
+    """fp32: on a CPU host transformers refuses TrainingArguments(bf16=True) without use_cpu, which rules DeepSpeed
+    out (refused before launch: tests/plan/test_trainer_args.py)."""
+    run, out = runs["hf_ds"]
+    assert "ACCELERATE_USE_DEEPSPEED" in out
+    ddp = [h["loss"] for h in _state(runs["hf"][0], 0)["log_history"] if "loss" in h]
+    for rank in (0, 1):
+        s = _state(run, rank)
+        assert (s["distributed_type"], s["num_processes"], s["engine"]) == \
+            ("DistributedType.DEEPSPEED", 2, "DeepSpeedEngine")
+        theirs = [h["loss"] for h in s["log_history"] if "loss" in h]
+        # The same fp32 AdamW steps on the same mean gradients (ZeRO-2 partitions and offloads the states, clipping
+        # at TrainingArguments' max_grad_norm=1.0 in both): equal up to the order of fp32 sums.
+        assert len(theirs) == len(ddp) == 4 and max(abs(a - b) for a, b in zip(theirs, ddp)) <= 1e-5, (theirs, ddp)
+    assert json.loads((run / "summary.json").read_text())["completed_steps"] == 4
 
 
 def test_a_plain_scripts_intents_are_named_not_applied_in_the_plan_and_the_summary(runs):
