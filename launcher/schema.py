@@ -417,7 +417,7 @@ class HeteroConfig:
     script_ops: list[str] = field(default_factory=list)
     """DeepSpeed JIT ops the script= loads itself (e.g. [fused_adam] for deepspeed.ops.adam.FusedAdam): the launcher
     builds them once per venv, before the ranks start, as it does the ops of the engine it plans; otherwise each
-    rank compiles them on first use (minutes). Names as in launcher/worker/build_ops.py BUILDERS; script= only."""
+    rank compiles them on first use (minutes). Names as in launcher/plan/ds_ops.py BUILDERS; script= only."""
 
 
 def register_schemas(names: Iterable[str] | None = None) -> None:

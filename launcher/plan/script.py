@@ -20,6 +20,7 @@ from launcher.errors import ConfigError
 from launcher.integrations.accelerate import ScriptUse, accelerate_handover
 from launcher.loggers import logger_specs
 from launcher.parallel.intents import PartPlan
+from launcher.plan.ds_ops import BUILDERS
 from launcher.plan.loader import changed
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, plan_placement
@@ -111,9 +112,7 @@ def check_script_ops(cfg: DictConfig, device_type: str = "") -> list[str]:
     """Problems with ``script_ops``: set without script= (a recipe's ops come from its parts; script_args and
     output.console without script= too: a recipe reads neither), a name DeepSpeed's
     builders do not have, or one the ``device_type``'s accelerator does not offer (DeepSpeed's CPU accelerator has
-    no fused_lamb, for one). Known names: launcher/worker/build_ops.py BUILDERS (torch-free)."""
-    from launcher.worker.build_ops import BUILDERS
-
+    no fused_lamb, for one). Known names: launcher/plan/ds_ops.py BUILDERS."""
     names = list(cfg.script_ops)
     if not cfg.script:  # the other script-only keys, which a recipe's ranks would never read
         problems = [f"script_args={list(cfg.script_args)} without script=: a recipe takes no arguments after --; its "

@@ -2,43 +2,18 @@
 
 Run by the launcher once before the ranks start (launch/ops.py), with the ranks' PATH and accelerator, so the
 minutes a first build takes are paid once per venv and toolchain, in TORCH_EXTENSIONS_DIR, with a message, instead
-of silently inside every rank. ``BUILDERS`` is torch-free: the plan checks ``script_ops`` names against it.
+of silently inside every rank. The table of ops (``BUILDERS``) is the plan's (launcher/plan/ds_ops.py), which checks
+``script_ops`` names against it.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 
+from launcher.plan.ds_ops import BUILDERS, DsOp
 
-@dataclass(frozen=True)
-class DsOp:
-    """One of DeepSpeed's JIT ops, as the launcher can prebuild it."""
-
-    builder: str
-    """DeepSpeed's op builder class, made by ``get_accelerator().create_op_builder(builder)``."""
-    devices: tuple[str, ...]
-    """Device types (cluster.device: cpu, cuda) whose DeepSpeed accelerator offers the builder. DeepSpeed's CPU
-    accelerator (deepspeed/accelerator/cpu_accelerator.py) has ShareMemComm, CCLComm, FusedAdam, CPUAdam,
-    CPUAdagrad, CPULion, AsyncIO and PinMemory; nothing else."""
-    needs: str = ""
-    """What the build needs beyond a C++ compiler and ninja ('' = nothing)."""
-
-
-BUILDERS: dict[str, DsOp] = {
-    "deepspeed_shm_comm": DsOp("ShareMemCommBuilder", ("cpu",)),
-    "deepspeed_ccl_comm": DsOp("CCLCommBuilder", ("cpu",), "oneCCL, with CCL_ROOT set"),
-    "cpu_adam": DsOp("CPUAdamBuilder", ("cpu", "cuda")),
-    "cpu_adagrad": DsOp("CPUAdagradBuilder", ("cpu", "cuda")),
-    "cpu_lion": DsOp("CPULionBuilder", ("cpu", "cuda")),
-    "fused_adam": DsOp("FusedAdamBuilder", ("cpu", "cuda")),
-    "fused_lamb": DsOp("FusedLambBuilder", ("cuda",)),
-    "fused_lion": DsOp("FusedLionBuilder", ("cuda",)),
-    "async_io": DsOp("AsyncIOBuilder", ("cpu", "cuda"), "libaio's headers (apt install libaio-dev)"),
-    "pin_memory": DsOp("PinMemoryBuilder", ("cpu", "cuda")),
-}
-"""Op name (its folder in TORCH_EXTENSIONS_DIR, DeepSpeed's builder NAME) -> how to build it."""
+__all__ = ["BUILDERS", "DsOp", "build_op", "main"]
 
 
 def build_op(accelerator, name: str) -> float:
