@@ -118,11 +118,11 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def start_training(cwd: Path, *overrides: str) -> tuple[subprocess.Popen, Path, list[int]]:
-    """The launcher on quickstart (2 ranks, endless steps), once both ranks have logged a few steps: (launcher
-    process, run dir, the ranks' pids)."""
+def start_training(cwd: Path, *overrides: str, recipe: str = "quickstart") -> tuple[subprocess.Popen, Path, list[int]]:
+    """The launcher on a recipe (quickstart; 2 ranks, endless steps), once both ranks have logged a few steps:
+    (launcher process, run dir, the ranks' pids)."""
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "recipe=quickstart", "trainer.steps=1000000", "trainer.log_every=1",
+        [sys.executable, "-m", "launcher.cli", f"recipe={recipe}", "trainer.steps=1000000", "trainer.log_every=1",
          "trainer.checkpoint_every=-1", "eval.batches=0", *overrides],
         cwd=cwd, env={**os.environ, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = cwd / "log_output" / "latest" / "rank.1" / "metrics.jsonl"
