@@ -53,10 +53,11 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
             _check_recipe_file(Path(config_dir) / "recipe" / f"{name}.yaml", f"{config_dir}/recipe/{name}.yaml")
     search = [f"hydra.searchpath=['file://{_quoted(Path(config_dir).resolve())}']"] if config_dir is not None else []
     script_mode = any(o.key_or_group == "script" for o in parsed)  # a user's own script: no recipe
+    bases: dict[tuple[str, ...], DictConfig | ConfigError] = {}  # _compose_once's, for this call's Hydra
     GlobalHydra.instance().clear()
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         if not (script_mode or chosen):
-            raise ConfigError(_diagnose(parsed, script_mode, users, search))
+            raise ConfigError(_diagnose(parsed, script_mode, users, search, bases))
         if script_mode and chosen:
             raise ConfigError(f"script= and recipe={chosen[0]} were both given: a run is either your own script or a "
                               f"recipe. Drop one of them.")
@@ -65,7 +66,7 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         except yaml.YAMLError as e:  # a config file (the user's recipe, most likely) that is not YAML
             raise ConfigError(yaml_problem(e)) from None
         except (HydraException, OmegaConfBaseException) as first_error:
-            arguments = _constructor_arguments(parsed, search)  # loss.reduction=mean: an argument the file omits
+            arguments = _constructor_arguments(parsed, search, bases)  # loss.reduction=mean: not in the file
             try:
                 if not arguments:
                     raise first_error
@@ -73,7 +74,7 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
                 parsed = OverridesParser.create().parse_overrides(overrides)
                 cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])
             except (HydraException, OmegaConfBaseException) as error:
-                problems = _diagnose(parsed, script_mode, users, search) or [first_line(error)]
+                problems = _diagnose(parsed, script_mode, users, search, bases) or [first_line(error)]
                 raise ConfigError([_as_given(p, said) for p in problems]) from None
         added = _added_unknown_keys(cfg, parsed) + _numbers_as_bools(cfg, parsed)
         if added:
@@ -214,7 +215,8 @@ def user_recipes(config_dir: str | None) -> list[str]:
     return sorted(p.stem for p in (root / "recipe").glob("*.yaml"))
 
 
-def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), search: Sequence[str] = ()) -> list[str]:
+def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), search: Sequence[str] = (),
+              bases: dict | None = None) -> list[str]:
     """Every problem of the overrides, once composing failed: unknown group options, a missing recipe, then each
     value override checked against the defaults of the valid groups."""
     loader = GlobalHydra.instance().config_loader()
@@ -239,7 +241,7 @@ def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), searc
         )
     if problems:
         return problems
-    base = _compose([*search, *group_lines])
+    base = _compose_once([*search, *group_lines], {} if bases is None else bases)
     for o in parsed:
         if o.key_or_group in groups or o.key_or_group.startswith("hydra"):
             continue
@@ -266,14 +268,14 @@ def _open_spec(cfg: DictConfig, key: str) -> bool:
             and not dataclasses.is_dataclass(OmegaConf.get_type(node)))
 
 
-def _constructor_arguments(parsed, search: Sequence[str]) -> dict[str, str]:
+def _constructor_arguments(parsed, search: Sequence[str], bases: dict) -> dict[str, str]:
     """{override: its ``++`` form} for each plain override that gives an open ``_target_`` section a key its file
     does not list (``loss.reduction=mean``; ``loss={_target_: ..., reduction: mean}``): a constructor's argument,
     which Hydra alone refuses as not in the config. ``++`` adds or sets it; the user-code check
     (launcher/usercode/check.py check_target) then names an argument the constructor does not take."""
     groups = set(GlobalHydra.instance().config_loader().list_groups(""))
     try:
-        base = _compose([*search, *(o.input_line for o in parsed if o.key_or_group in groups)])
+        base = _compose_once([*search, *(o.input_line for o in parsed if o.key_or_group in groups)], bases)
     except ConfigError:
         return {}
     out = {}
@@ -332,6 +334,21 @@ def _numbers_as_bools(cfg: DictConfig, parsed) -> list[str]:
 def _number_not_bool(value) -> bool:
     """An int or float other than 0 and 1 (which a bool also accepts), and no bool itself."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and value not in (0, 1)
+
+
+def _compose_once(lines: list[str], bases: dict[tuple[str, ...], DictConfig | ConfigError]) -> DictConfig:
+    """_compose, once per list of lines within one compose_config call (``bases``, made empty by the caller): after a
+    failed compose both _constructor_arguments and _diagnose compare the overrides with the config of the group
+    choices alone; a compose is ~60 ms. The result is read, never changed (_check_value_override copies it)."""
+    key = tuple(lines)
+    if key not in bases:
+        try:
+            bases[key] = _compose(lines)
+        except ConfigError as e:
+            bases[key] = e
+    if isinstance(bases[key], ConfigError):
+        raise ConfigError(bases[key].problems)
+    return bases[key]
 
 
 def _compose(lines: list[str]) -> DictConfig:

@@ -425,10 +425,21 @@ def register_schemas(names: Iterable[str] | None = None) -> None:
     Idempotent. Storing converts each dataclass to a config node, so a run stores only its own recipe's."""
     from launcher.recipes import RECIPES
 
-    cs = ConfigStore.instance()
-    cs.store(name="hetero_launch_schema", node=HeteroConfig)
+    _store_once(None, "hetero_launch_schema", HeteroConfig)
     for name in RECIPES if names is None else names:
         recipe = RECIPES[name]
-        cs.store(group="schema/model", name=name, node=recipe.model_config)
+        _store_once("schema/model", name, recipe.model_config)
         for option, node in recipe.data_configs.items():  # choices of the data group
-            cs.store(group="schema/data", name=option, node=node)
+            _store_once("schema/data", option, node)
+
+
+_STORED: dict[tuple[str | None, str], type] = {}
+"""(group, name) -> the dataclass this process stored there."""
+
+
+def _store_once(group: str | None, name: str, node: type) -> None:
+    """ConfigStore.store converts the dataclass to a config node (~10 ms for the root schema); a process that composes
+    many configs (``check``, a sweep, the tests) stores each class once. Another class under the same name is stored."""
+    if _STORED.get((group, name)) is not node:
+        ConfigStore.instance().store(group=group, name=name, node=node)
+        _STORED[(group, name)] = node
