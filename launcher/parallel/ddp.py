@@ -14,8 +14,8 @@ from typing import Any
 
 from launcher.parallel.intents import Intents, clip_config
 from launcher.parallel.registry import DCP
-from launcher.plan.memory import Bytes, state_floats
-from launcher.plan.peak import Term
+from launcher.plan.memory import state_floats
+from launcher.units import Bytes, Term
 
 TORCH_DDP = "torch DistributedDataParallel"
 FLAT = "one flat all-reduce of every local gradient before each step"

@@ -23,9 +23,9 @@ from typing import Any
 from launcher.parallel.deepspeed_file import merge, put
 from launcher.parallel.intents import Intents
 from launcher.parallel.registry import DEEPSPEED
-from launcher.plan.memory import WIDTH, Bytes, shard, state_floats
-from launcher.plan.constants import DEEPSPEED_STEP
-from launcher.plan.peak import Term
+from launcher.plan.memory import state_floats
+from launcher.constants import DEEPSPEED_STEP
+from launcher.units import WIDTH, Bytes, Term, shard
 from launcher.plan.registry import CPU_OPTIMIZERS, DENSE_OPTIMIZERS
 
 _SKIP = object()  # a row that does not apply to this plan emits nothing
@@ -140,7 +140,7 @@ class DeepSpeedZeRO:
         return where["host"], where["device"]
 
     step_overhead_s = DEEPSPEED_STEP.value
-    """Seconds its engine adds to a step beyond compute and traffic (launcher/plan/constants.py)."""
+    """Seconds its engine adds to a step beyond compute and traffic (launcher/constants.py)."""
 
     def buffers(self, i: Intents, params: int) -> tuple[Term, ...]:
         """DeepSpeed's buffers, at its defaults or deepspeed.config's values: ZeRO-1/2 reduce gradients through a

@@ -23,9 +23,9 @@ from typing import Any
 
 from launcher.parallel.intents import Intents, clip_config
 from launcher.parallel.registry import DCP
-from launcher.plan.memory import WIDTH, Bytes, shard, state_floats
-from launcher.plan.constants import FSDP_STEP
-from launcher.plan.peak import Term
+from launcher.plan.memory import state_floats
+from launcher.constants import FSDP_STEP
+from launcher.units import WIDTH, Bytes, Term, shard
 from launcher.plan.registry import CPU_OPTIMIZERS
 
 
@@ -95,7 +95,7 @@ class ShardedDataParallel:
         return Bytes(), Bytes(**{**dense.__dict__, "gathered": whole})
 
     step_overhead_s = FSDP_STEP.value
-    """Seconds its per-unit hooks add to a step beyond compute and traffic (launcher/plan/constants.py)."""
+    """Seconds its per-unit hooks add to a step beyond compute and traffic (launcher/constants.py)."""
 
     def buffers(self, i: Intents, params: int) -> tuple[Term, ...]:
         """When FSDP2 reshards after the forward (ZeRO-3): the unit it runs and the one it prefetches, whole, and the

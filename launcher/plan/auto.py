@@ -20,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.plan.budget import Budget, fits, gb, overs, ranks_that_fit, shortfall
+from launcher.plan.budget import Budget, fits, overs, ranks_that_fit, shortfall
 from launcher.plan.cost import step_time
-from launcher.plan.peak import PHASES, MemoryPlan, Term, host_total_of, phase_sums
+from launcher.plan.peak import PHASES, MemoryPlan, host_total_of, phase_sums
+from launcher.units import Term, gb
 
 
 MARGIN = 0.05

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.plan.peak import MemoryPlan
+from launcher.units import GB, gb
 
-GB = 10**9
 
 
 @dataclass(frozen=True)
@@ -46,13 +46,6 @@ def budget_of(device_gb: float, host_gb: float, reserve: float, host_memory: int
     else:
         device, device_src = 0, "a CPU host: the device is host memory (cluster.device_memory_gb to bound it)"
     return Budget(device=device, host=host, reserve=reserve, device_source=device_src, host_source=host_src)
-
-
-def gb(n: float) -> str:
-    """Bytes in decimal units: MB below 1 GB, TB from 1 TB."""
-    if abs(n) < GB:
-        return f"{n / 10**6:.1f} MB"
-    return f"{n / GB:.2f} GB" if abs(n) < 1000 * GB else f"{n / 10**12:.2f} TB"
 
 
 def overs(mem: MemoryPlan, b: Budget, usable: bool = True) -> dict[str, int]:

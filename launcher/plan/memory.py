@@ -14,34 +14,7 @@ from dataclasses import dataclass
 from launcher.plan.placement import PlacementPlan
 from launcher.plan.ps import rows_per_rank
 from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS
-
-WIDTH = {"fp32": 4, "bf16": 2, "fp16": 2}
-"""Bytes per value of each training precision."""
-
-
-@dataclass(frozen=True)
-class Bytes:
-    params: int = 0
-    """Dense parameters (in the training precision; fp32 master copies count under optimizer)."""
-    grads: int = 0
-    """Dense gradients (and, with an offloaded optimizer, the fp32 gradient partition on the host)."""
-    optimizer: int = 0
-    """Dense optimizer states plus fp32 master weights where the part keeps them."""
-    tables: int = 0
-    """Sparse embedding tables (fp32)."""
-    table_states: int = 0
-    """Their optimizers' states (fp32)."""
-    gathered: int = 0
-    """Whole parameters and gradients a sharding part holds during a step only, beyond its shards (FSDP2 keeps a
-    unit's gathered parameters from its forward to its backward below ZeRO-3 and in pipelines)."""
-
-    @property
-    def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.tables + self.table_states + self.gathered
-
-    def plus(self, **more: int) -> Bytes:
-        return Bytes(**{k: getattr(self, k) + more.get(k, 0) for k in self.__dataclass_fields__})
-
+from launcher.units import Bytes
 
 @dataclass(frozen=True)
 class MemoryEstimate:
@@ -58,11 +31,6 @@ class MemoryEstimate:
 def state_floats(optimizer: str) -> int:
     """fp32 optimizer state values per parameter (Adam: 2)."""
     return DENSE_OPTIMIZERS[optimizer].state_floats if optimizer in DENSE_OPTIMIZERS else 0
-
-
-def shard(nbytes: int, ways: int) -> int:
-    """One rank's share of ``nbytes`` split ``ways`` ways (rounded up)."""
-    return -(-nbytes // max(1, ways))
 
 
 def with_tables(placement: PlacementPlan, dense: tuple[Bytes, Bytes], table_names: set[str] | None = None

@@ -4,7 +4,7 @@ Every term says where it lives (host or device), when it is alive (``always``; `
 buffers of the forward and backward; ``step``: the optimizer steps' temporaries; ``save``: a checkpoint's), and how it
 is known: ``exact`` (counted from the model's shapes and the parts' rules), ``traced`` (activations, from a forward on
 the meta device), ``estimate`` (a count of temporaries read from the code that makes them) or ``constant``
-(launcher/plan/constants.py, with its source). A location's peak is its ``always`` terms plus its largest phase.
+(launcher/constants.py, with its source). A location's peak is its ``always`` terms plus its largest phase.
 
 On a CPU-only host the device is host memory: a rank's resident set is both locations together, and the host's
 budget holds every rank's whole peak; the device budget still bounds what the plan put "on the device" (what a GPU
@@ -16,10 +16,11 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass, field, fields
 
-from launcher.plan import constants as C
+from launcher import constants as C
 from launcher.plan.memory import MemoryEstimate
 from launcher.plan.ps import rows_per_rank
 from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS
+from launcher.units import Term
 
 PHASES = ("backward", "step", "save")
 STATE_TERMS = {"params": "dense parameters", "grads": "dense gradients", "optimizer": "dense optimizer states and "
@@ -34,18 +35,6 @@ MMAP_MAX = 32 << 20
 (fragments of it are reused, the heap does not shrink), one above it is unmapped when freed."""
 DENSE_STEP_TEMPS = 1.0
 """Parameter-sized temporaries of a dense optimizer's step (torch's foreach Adam: the sqrt of exp_avg_sq)."""
-
-
-@dataclass(frozen=True)
-class Term:
-    name: str
-    where: str
-    """host or device."""
-    bytes: int
-    phase: str = "always"
-    basis: str = "exact"
-    """exact, traced, estimate or constant."""
-    source: str = ""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from launcher.plan.registry import TABLE_OPTIMIZERS
+from launcher.units import gb
 
 if TYPE_CHECKING:
     from launcher.plan.parallel import ParallelDims
@@ -104,8 +105,6 @@ def plan_build(mode: str, placement: PlacementPlan, remodel: Callable[[Placement
         return whole, result, [], []
     if mode == "auto" and (not host_usable or result[2].host_total <= host_usable):
         return whole, result, [], []
-    from launcher.plan.budget import gb  # budget imports the memory model, which imports this module
-
     blocks = _built(placement, "blocks")
     notes = [f"placement.ps_init=auto -> blocks: building the split tables whole needs {gb(result[2].host_total)} "
              f"per host, over its budget ({gb(host_usable)}); each rank makes only its rows (initial values drawn per "

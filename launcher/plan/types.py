@@ -10,13 +10,14 @@ from typing import Any, Protocol
 from launcher.parallel.intents import PartPlan
 from launcher.plan.batch import BatchPlan
 from launcher.plan.budget import Budget
-from launcher.plan.memory import Bytes, MemoryEstimate
+from launcher.plan.memory import MemoryEstimate
 from launcher.plan.peak import MemoryPlan
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.pipeline import PipelinePlan
 from launcher.plan.placement import PlacementPlan, TablePlan
 from launcher.plan.ranks import RankPlan
 from launcher.plan.sharding import ShardingPlan
+from launcher.units import Bytes
 
 
 @dataclass(frozen=True)

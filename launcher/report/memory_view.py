@@ -8,9 +8,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
-from launcher.plan.budget import Budget, gb
+from launcher.plan.budget import Budget
 from launcher.plan.peak import MemoryPlan
 from launcher.plan.types import LaunchPlan
+from launcher.units import gb
 
 SHOWN_TERMS = 14
 """Terms listed by name (largest first); the rest are summed in one row."""

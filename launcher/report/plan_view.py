@@ -10,11 +10,11 @@ from rich.tree import Tree
 from launcher.report.memory_view import memory_tree
 from launcher.errors import printable
 from launcher.plan import Bytes, LaunchPlan, ScriptPlan
-from launcher.plan.budget import gb
 from launcher.plan.placement import TablePlan, twin_words
 from launcher.plan.ps import rows_per_rank
 from launcher.plan.registry import TABLE_OPTIMIZERS
 from launcher.plan.sharding import ShardingPlan, shapes_words, strategy_words
+from launcher.units import gb
 
 
 def _shown(name: object) -> str:

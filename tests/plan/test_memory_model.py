@@ -6,7 +6,8 @@ import pytest
 from launcher.errors import ConfigError
 from launcher.plan import LaunchPlan
 from launcher.plan.budget import GB, Budget, check_fit
-from launcher.plan.peak import MemoryPlan, Term
+from launcher.plan.peak import MemoryPlan
+from launcher.units import Term
 from tests.conftest import plan_of
 
 
