@@ -119,6 +119,11 @@ class TrainerConfig:
     """Seed for model init and data order; identical on every rank."""
     checkpoint_every: int = 0
     """Save a checkpoint (log_output/<run>/checkpoints/step<N>) every N steps; 0 = only at the end; -1 = never."""
+    checkpoint_dir: str = ""
+    """Where the run's checkpoints go instead of <run dir>/checkpoints (which then links there); empty = the run dir.
+    cluster.launch=elastic with launcher.max_restarts > 0 on several hosts needs one that every host reads and writes
+    (a shared file system): a restart resumes from every rank's shards, a lost host's too. One job's own folder: a new
+    elastic job refuses one that holds checkpoints already (resume them with trainer.resume_from)."""
     resume_from: str = ""
     """A checkpoint dir to continue from (e.g. log_output/<run>/checkpoints/step100): model, optimizer, tables and
     their states, data position and RNG are loaded, training goes on to trainer.steps. Empty = start fresh."""
@@ -271,8 +276,11 @@ class ClusterConfig:
     launcher_args: list[str] = field(default_factory=list)
     """cluster.launch=mpi|slurm: extra arguments for mpirun or srun, one list item each (never through a shell),
     e.g. [--mca,btl_tcp_if_include,eth0]."""
-    nnodes: int = 1
-    """Number of hosts; more than 1 needs cluster.launch=elastic, mpi (with cluster.hostfile) or slurm."""
+    nnodes: Any = 1
+    """Number of hosts; more than 1 needs cluster.launch=elastic, mpi (with cluster.hostfile) or slurm. With
+    cluster.launch=elastic also MIN:MAX (torchrun's --nnodes=MIN:MAX): the job runs on MIN to MAX hosts, planned for
+    MAX; with launcher.max_restarts > 0 it restarts on the hosts left when one is lost, and admits a host that joins
+    later, planning again for each world (global batch kept) from the newest checkpoint."""
     node_rank: int = 0
     """This host's index among nnodes (local: 0; elastic: assigned at the rendezvous, this key is not used)."""
     rdzv_endpoint: str = ""
@@ -281,6 +289,11 @@ class ClusterConfig:
     rdzv_id: str = "hetero-launch"
     """cluster.launch=elastic: the rendezvous' name, the same on every host of one job (two jobs on one endpoint
     need two ids)."""
+    rdzv_conf: dict[str, int] = field(default_factory=dict)
+    """cluster.launch=elastic: torch's c10d rendezvous settings, as torchrun's --rdzv-conf: last_call_timeout (s a
+    round waits for more hosts once MIN are there; torch's default 30), keep_alive_interval (s between a launcher's
+    heartbeats; 5), keep_alive_max_attempt (missed heartbeats before a host counts as lost; 3), close_timeout (30).
+    Empty = torch's defaults."""
     rdzv_timeout_s: float = 300.0
     """cluster.launch=elastic: how long the hosts wait for every node to join; then the run stops, saying who came."""
     local_addr: str = ""

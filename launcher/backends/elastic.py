@@ -1,6 +1,7 @@
 """cluster.launch=elastic: one launcher on every host; they meet at torch elastic's c10d rendezvous
 (``cluster.rdzv_endpoint``), which gives each its node rank (``launcher.launch.nodes``); each then starts its host's
-ranks as the local backend does."""
+ranks as the local backend does. With launcher.max_restarts > 0 and cluster.nnodes=MIN:MAX they meet again after a
+failure, a lost host or a host waiting to join (``launcher.backends.elastic_agent``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ class ElasticBackend(Backend):
     name = "elastic"
     help = "elastic (several hosts on torch elastic's rendezvous)"
     launcher_per_host = True
-    restarts = False  # every host's launcher would have to agree on the restart: not built yet
+    restarts = True  # the launchers meet again at the rendezvous (launcher.backends.elastic_agent)
     scripts = False
 
     def problems(self, c) -> list[str]:
@@ -33,4 +34,23 @@ class ElasticBackend(Backend):
         if c.local_addr and not HOST.fullmatch(str(c.local_addr)):
             p.append(f"cluster.local_addr={c.local_addr} must be a host name or an address, e.g. "
                      f"cluster.local_addr=10.0.0.2.")
-        return p + number_problems("cluster", {"rdzv_timeout_s": (c.rdzv_timeout_s, "positive")})
+        return p + rdzv_conf_problems(c.rdzv_conf) + number_problems(
+            "cluster", {"rdzv_timeout_s": (c.rdzv_timeout_s, "positive")})
+
+
+RDZV_CONF = ("last_call_timeout", "keep_alive_interval", "keep_alive_max_attempt", "close_timeout")
+"""The settings of torch's c10d rendezvous handler (DynamicRendezvousHandler.from_backend) we pass on, each a whole
+number of seconds (or attempts)."""
+
+
+def rdzv_conf_problems(conf) -> list[str]:
+    """cluster.rdzv_conf: only torch's own setting names, each a positive integer (torch reads them as int)."""
+    p = []
+    for key, value in dict(conf or {}).items():
+        if key not in RDZV_CONF:
+            p.append(f"cluster.rdzv_conf.{key} is not a setting of torch's c10d rendezvous: use "
+                     f"{', '.join(RDZV_CONF)}.")
+        elif isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 86400:
+            p.append(f"cluster.rdzv_conf.{key}={value} must be a whole number from 1 to 86400, e.g. "
+                     f"cluster.rdzv_conf.{key}=5.")
+    return p

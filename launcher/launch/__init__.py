@@ -15,7 +15,8 @@ from rich.markup import escape
 
 from launcher.backends import backend
 from launcher.errors import ConfigError, first_line
-from launcher.launch.record import RESERVED_BYTES, release_space, reserve_space, write_rank_env, write_run_files
+from launcher.launch.record import (RESERVED_BYTES, link_checkpoint_dir, release_space, reserve_space, write_rank_env,
+                                    write_run_files)
 from launcher.plan import RunPlan
 from launcher.plan.ranks import on_node, rank_table
 from launcher.rundir import RunDir, create_run_dir, point_latest
@@ -38,6 +39,7 @@ def _start_run_dir(cfg: DictConfig, plan: RunPlan) -> RunDir:
     log_dir = Path(cfg.output.log_dir)
     run_dir = create_run_dir(log_dir, cfg.output.run_name, plan.name)
     try:
+        link_checkpoint_dir(run_dir, cfg.trainer.checkpoint_dir)
         write_run_files(run_dir, cfg, plan)
         if not cfg.dry_run:
             reserve_space(run_dir)  # for summary.json and junit.xml, should the disk fill up meanwhile
@@ -136,29 +138,19 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     for sig in LAUNCHER_SIGNALS:  # as torch elastic does once the ranks start: an exception, not death
         signal.signal(sig, _raise_signal)
-    nodes, store = None, None
-    if backend(cfg.cluster.launch).launcher_per_host:  # torch elastic's c10d rendezvous gives this host its node rank
-        from launcher.launch.host import probe_host
-        from launcher.launch.nodes import join_nodes
-        from launcher.launch.supervise import SignalException
+    if backend(cfg.cluster.launch).launcher_per_host:  # torch elastic's c10d rendezvous, restarts on it
+        from launcher.backends.elastic_agent import launch_elastic
 
-        console.print(f"waiting for {plan.nnodes} node(s) at cluster.rdzv_endpoint={cfg.cluster.rdzv_endpoint} ...")
         try:
-            nodes = join_nodes(cfg, plan, probe_host())
-        except RuntimeError as e:
-            console.print(f"[red]{escape(str(e))}[/red]", soft_wrap=True)
+            return launch_elastic(cfg, plan, console)
+        except OSError as e:  # a full disk or a vanished log dir between the ranks' attempts: said, not a traceback
+            console.print(f"[red]the launcher cannot go on: {escape(e.strerror or str(e))}"
+                          f"{escape(f' ({e.filename})') if e.filename else ''}. Every rank it started has ended; "
+                          f"what was written is in {escape(str(cfg.output.log_dir))}.[/red]", soft_wrap=True)
             return 1
-        except (KeyboardInterrupt, SignalException) as e:
-            signum = e.sigval if isinstance(e, SignalException) else signal.SIGINT
-            console.print(f"[yellow]interrupted by {signal.Signals(signum).name} while waiting for the other "
-                          f"nodes; nothing was started[/yellow]")
-            return 128 + signum
-        console.print(f"node {nodes.node_rank} of {nodes.nnodes}: ranks "
-                      f"{', '.join(str(r.rank) for r in on_node(plan.ranks, nodes.node_rank))}; hosts "
-                      f"{', '.join(h['addr'] for h in nodes.hosts)}")
-    else:
-        backend(cfg.cluster.launch).check_ready(dict(os.environ))  # mpirun / srun is there, srun in an allocation
-        store = _bind_store(plan)  # held open for the whole run: the ranks rendezvous on it; a busy port stops us
+    nodes = None
+    backend(cfg.cluster.launch).check_ready(dict(os.environ))  # mpirun / srun is there, srun in an allocation
+    store = _bind_store(plan)  # held open for the whole run: the ranks rendezvous on it; a busy port stops us
     stores = [store]  # the one reference: a restart replaces the store (stores[0]), and the old one must go first
     del store
     try:

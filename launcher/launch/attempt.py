@@ -33,7 +33,7 @@ class Attempt:
     """Per global rank: rank, exit_code, stopped_by_launcher, first_failure, stalled (and the first failure's
     blame: why it was named)."""
     status: str
-    """ok, failed, hung or interrupted."""
+    """ok, failed, hung, interrupted, or admit (cluster.launch=elastic: stopped to admit a host waiting to join)."""
     first_failed: int | None
     """The global rank whose failure ended the attempt (blame.first_failure)."""
     resumed_from: str
@@ -66,7 +66,7 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
 
     job = (start_job or spawn_ranks)(plan, run_dir, envs)
     watchdog = Watchdog({r: run_dir.rank(r) for r in job.ranks}, job.pids, watchdog_s) if watchdog_s > 0 else None
-    other_failed = (lambda: nodes.remote_failure() is not None) if nodes is not None else None
+    other_failed = nodes.should_stop if nodes is not None else None  # a failure elsewhere, or a host to admit
     tee = RankTee(console, run_dir, streamed_ranks(plan.kind, console_mode, job.ranks), console_mode == "all")
     builds = RankBuildWatch(plan, console)  # a rank compiling an op the launcher did not prebuild is announced
     with ProgressView(console, run_dir.rank(min(job.ranks)), plan.steps) as view:
@@ -85,7 +85,9 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
         local = _failure_record(run_dir, blamed) if blamed is not None else None
         remote = (nodes.publish_failure(local, blamed.lost_peer) if local is not None
                   else nodes.remote_failure(force=True))
-        if remote is not None and remote.get("node") == nodes.node_rank:
+        if remote is not None and "admit" in remote:
+            blamed = None  # the round ended to admit a host: what failed here was stopped by it
+        elif remote is not None and remote.get("node") == nodes.node_rank:
             remote = None  # this node's own failure is the one every node names
         elif remote is not None:
             blamed = None
@@ -95,13 +97,17 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
              for e in outcome.exits]
     if blamed is not None:  # why this rank, by which evidence (summary.json, the failure report)
         next(x for x in exits if x["rank"] == blamed.rank)["blame"] = blame_reason(blamed, endings)
+    admitted = remote is not None and "admit" in remote
     if outcome.interrupted:
         status = "interrupted"
+    elif admitted:
+        status = "admit"
     elif outcome.stall is not None:
         status = "hung"
     else:
         status = "ok" if all(e["exit_code"] == 0 for e in exits) and remote is None else "failed"
-    first = remote["rank"] if remote is not None else (blamed.rank if blamed is not None else None)
+    first = (None if admitted else remote["rank"]) if remote is not None else (
+        blamed.rank if blamed is not None else None)
     return Attempt(number=number, outcome=outcome, exits=exits, status=status, first_failed=first,
                    resumed_from=getattr(plan, "resume_from", ""), remote_failure=remote)
 

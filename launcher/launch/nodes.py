@@ -1,20 +1,24 @@
 """Several hosts on torch elastic's c10d rendezvous (cluster.launch=elastic), as torchrun --rdzv-backend=c10d does.
 
 Every host runs the same command. The launchers meet at ``cluster.rdzv_endpoint`` through torch's own rendezvous
-handler (``get_rendezvous_handler``, backend c10d): it assigns each host its node rank and, on node 0, starts the
-store the ranks bootstrap their process group on (``RendezvousInfo.bootstrap_store_info``). The rendezvous' store
-then carries what the launchers tell each other, under ``hl/``:
+handler (``get_rendezvous_handler``, backend c10d): it assigns each host its node rank; node 0's launcher hosts the
+store the ranks bootstrap their process group on, a new one each round. Each round of the
+rendezvous (the first, and one after each failure, lost host or host waiting to join: ``launcher.backends.
+elastic_agent``) has its own store, which carries what the launchers tell each other, under ``hl/``:
 
+- ``host/<node>``: each node's address, facts (cores, devices, available memory) and launcher, for the checks and
+  the run's rank table;
 - ``plan/<node>``: a hash of each node's plan; every node checks it got the same plan before any rank starts;
-- ``host/<node>``: each node's address and facts (cores, devices, available memory), for the checks (the plan's
-  memory estimate per host, CUDA devices) and the run's rank table;
-- ``failed``: the first failure, written once (compare_set): every launcher stops its ranks and names the same rank;
+- ``master``: the address of the store node 0 hosts for the round's ranks;
+- ``failed``: the first failure, written once (compare_set): every launcher stops its ranks and names the same rank
+  (or ``{"admit": N}``: a host waits to join, and the round ends to admit it);
 - ``finished/<node>``: no launcher leaves (and takes a store with it) before every node is done.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -32,6 +36,8 @@ POLL_S = 0.5
 """How often a launcher looks for another node's failure."""
 LOST_PEER_WAIT_S = 3.0
 """A node whose ranks only lost their peers waits this long for the node with the cause to speak first."""
+ADMIT_POLL_S = 1.0
+"""How often a launcher asks the rendezvous whether a host waits to join."""
 FINISH_WAIT_S = 30.0
 """How long a launcher waits at the end for the other nodes to be done with the stores."""
 
@@ -55,7 +61,10 @@ class NodeGroup:
     """Each node's address and facts, by node rank."""
     store: Any
     handler: Any
+    admit: bool = False
+    """A host waiting to join stops this round (launcher.max_restarts left and fewer than MAX hosts)."""
     _checked: float = 0.0
+    _waiting_checked: float = 0.0
 
     def _key(self, name: str) -> str:
         return _PREFIX + name
@@ -89,6 +98,31 @@ class NodeGroup:
             return json.loads(self.store.get(self._key("failed")))
         except (RuntimeError, ValueError, OSError):
             return None
+
+    def should_stop(self) -> bool:
+        """The ranks of this round stop: another node published a failure, or (with ``admit``) a host waits to join
+        (``num_nodes_waiting() > 0``, which torch's agent checks in its monitor loop): this node then publishes the
+        admission as the round's end, so that every node names the same cause."""
+        if self.remote_failure() is not None:
+            return True
+        now = time.monotonic()
+        if not self.admit or now - self._waiting_checked < ADMIT_POLL_S:
+            return False
+        self._waiting_checked = now
+        try:
+            waiting = self.handler.num_nodes_waiting()
+        except Exception:  # noqa: BLE001 - torch's handler raises what its store raised; a lost store ends the round
+            return False
+        if waiting <= 0:
+            return False
+        self.publish_failure({"admit": waiting}, lost_peer=False)
+        return True
+
+    def decided(self, name: str, decide) -> Any:
+        """A value node 0 decides for the round (decide() there) and every node reads (JSON)."""
+        if self.node_rank == 0:
+            self.store.set(self._key(name), json.dumps(decide()))
+        return json.loads(self.store.get(self._key(name)))
 
     def finish(self) -> None:
         """Say this node is done and wait (at most FINISH_WAIT_S) until every node is: the rendezvous store lives in
@@ -126,23 +160,50 @@ def memory_problems(plan: RunPlan, hosts: list[dict[str, Any]]) -> list[str]:
             f"zero.stage (shards the states), or hosts with more memory."]
 
 
-def join_nodes(cfg: DictConfig, plan: RunPlan, host: HostFacts) -> NodeGroup:
-    """Meet the other hosts at cluster.rdzv_endpoint (waits up to cluster.rdzv_timeout_s for all of them), check
-    that every node planned the same, and exchange host facts. ConfigError for a plan that differs or hosts that
-    cannot run it; RuntimeError (exit 1) for a rendezvous that did not complete."""
+def rendezvous_handler(cfg: DictConfig):
+    """torch's c10d rendezvous handler of this job (``get_rendezvous_handler``, as torchrun builds it): rounds of MIN to
+    MAX hosts (cluster.nnodes), with cluster.rdzv_conf's settings (last call, keep-alive) passed on."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from launcher.plan.nodes import node_range
+
+    c = cfg.cluster
+    lo, hi = node_range(c.nnodes)
+    # torch's handler shares one TCPStore server across rounds and rebuilds its address only where its cache is
+    # empty: a host that joins a later round as node >= 1 then waits for an address node 0 never writes again
+    # (dynamic_rendezvous.py, next_rendezvous). Node 0's launcher hosts each round's store for the ranks itself
+    # (nodes.agree); the handler is told not to share its own (its documented opt-out, read from the environment).
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    params = RendezvousParameters(
+        backend="c10d", endpoint=c.rdzv_endpoint, run_id=c.rdzv_id, min_nodes=lo, max_nodes=hi,
+        local_addr=c.local_addr or None, join_timeout=str(int(c.rdzv_timeout_s)),
+        **{k: str(v) for k, v in dict(c.rdzv_conf or {}).items()},
+    )
+    try:
+        return get_rendezvous_handler(params)
+    except (RuntimeError, TimeoutError, OSError, ValueError) as e:
+        raise RuntimeError(f"the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} cannot be reached: "
+                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Start the node that "
+                           f"hosts it (the endpoint's host) first, with the same command.") from None
+
+
+def next_round(handler, cfg: DictConfig, host: HostFacts, attempts: int, identity: str):
+    """Meet the other hosts in the rendezvous' next round (``handler.next_rendezvous()``, as torch's agent does on
+    every restart; waits up to cluster.rdzv_timeout_s). Each host says who it is (address, facts, its launcher) and
+    how many attempts it made; returns (RendezvousInfo, hosts by node rank, the round's attempt number: the most any
+    host made, so that a host that joins late counts on from the others). RuntimeError (exit 1) for a rendezvous
+    that did not complete or was closed (the job ended)."""
+    from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousError,
+                                                           RendezvousTimeoutError)
 
     c = cfg.cluster
     addr = c.local_addr or socket.getfqdn()  # as the other hosts reach this one
-    params = RendezvousParameters(
-        backend="c10d", endpoint=c.rdzv_endpoint, run_id=c.rdzv_id, min_nodes=c.nnodes, max_nodes=c.nnodes,
-        local_addr=c.local_addr or None, join_timeout=str(int(c.rdzv_timeout_s)),
-    )
     try:
-        handler = get_rendezvous_handler(params)
         info = handler.next_rendezvous()
+    except RendezvousClosedError:
+        raise RuntimeError(f"the job at cluster.rdzv_endpoint={c.rdzv_endpoint} (cluster.rdzv_id={c.rdzv_id}) has "
+                           f"ended (its rendezvous is closed): this host ({addr}) came too late to join.") from None
     except RendezvousTimeoutError:
         raise RuntimeError(f"not every node joined the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} "
                            f"(cluster.rdzv_id={c.rdzv_id}) within cluster.rdzv_timeout_s={c.rdzv_timeout_s:g} s: this "
@@ -154,14 +215,26 @@ def join_nodes(cfg: DictConfig, plan: RunPlan, host: HostFacts) -> NodeGroup:
                            f". All cluster.nnodes={c.nnodes} hosts must run the same command within "
                            f"cluster.rdzv_timeout_s={c.rdzv_timeout_s:g} s.") from None
     store, node, nnodes = info.store, info.rank, info.world_size
-    store.set(_PREFIX + f"plan/{node}", plan_hash(plan))
     store.set(_PREFIX + f"host/{node}", json.dumps({"node": node, "addr": addr, "hostname": host.hostname,
+                                                    "launcher": identity, "attempts": attempts,
                                                     "cpu_count": host.cpu_count, "accelerators": host.accelerators,
                                                     "mem_available": host_available_memory()}))
-    hashes = [store.get(_PREFIX + f"plan/{n}").decode() for n in range(nnodes)]
     hosts = [json.loads(store.get(_PREFIX + f"host/{n}")) for n in range(nnodes)]
-    group = NodeGroup(node_rank=node, nnodes=nnodes, master_addr=info.bootstrap_store_info.master_addr,
-                      master_port=info.bootstrap_store_info.master_port, hosts=hosts, store=store, handler=handler)
+    return info, hosts, max(h["attempts"] for h in hosts)
+
+
+def agree(info, hosts: list[dict[str, Any]], handler, plan: RunPlan, ranks_store) -> NodeGroup:
+    """Check that every node of the round planned the same run and can hold it; returns the round's NodeGroup, whose
+    ranks meet at ranks_store (node 0's, given there; the others read its address from the round's store).
+    ConfigError for a plan that differs or hosts that cannot run it."""
+    store, node, nnodes = info.store, info.rank, info.world_size
+    if node == 0:
+        store.set(_PREFIX + "master", f"{hosts[0]['addr']}:{ranks_store.port}")
+    master_addr, _, master_port = store.get(_PREFIX + "master").decode().rpartition(":")
+    store.set(_PREFIX + f"plan/{node}", plan_hash(plan))
+    hashes = [store.get(_PREFIX + f"plan/{n}").decode() for n in range(nnodes)]
+    group = NodeGroup(node_rank=node, nnodes=nnodes, master_addr=master_addr, master_port=int(master_port),
+                      hosts=hosts, store=store, handler=handler)
     problems = []
     if len(set(hashes)) > 1:
         differ = [f"node {n} ({hosts[n]['hostname']}) {h}" for n, h in enumerate(hashes)]

@@ -92,3 +92,13 @@ def _git_hash() -> str:
         return res.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def link_checkpoint_dir(run_dir: RunDir, folder: str) -> None:
+    """trainer.checkpoint_dir: the run dir's checkpoints/ links there (made if missing), so that every reader and
+    writer of checkpoints (the worker, a restart, trainer.resume=<run>) finds them where they always are."""
+    if not folder:
+        return
+    target = Path(folder).resolve()  # absolute: the link holds from any working directory
+    target.mkdir(parents=True, exist_ok=True)
+    run_dir.checkpoints.symlink_to(target, target_is_directory=True)

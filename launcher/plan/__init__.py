@@ -21,6 +21,7 @@ from launcher.plan.budget import budget_of, check_fit
 from launcher.plan.layout import ClusterLayout
 from launcher.plan.loader import LoaderPlan, plan_loader
 from launcher.plan.memory import Bytes, MemoryEstimate
+from launcher.plan.nodes import planned_nodes
 from launcher.plan.parallel import ParallelDims, plan_parallel
 from launcher.plan.pipeline import PipelinePlan, plan_pipeline
 from launcher.plan.placement import PlacementPlan, TablePlan, plan_placement, takes_tables_out
@@ -220,8 +221,9 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
     ConfigError listing every problem."""
     from launcher.parallel.deepspeed_file import adopt_config
 
+    cfg, node_problems = planned_nodes(cfg)  # cluster.nnodes=MIN:MAX is planned at MAX
     cfg, ds_notes, ds_problems = adopt_config(cfg)  # deepspeed.config's intents, where ours are not set
-    d = _Draft(problems=check_config(cfg, host, facts.backends) + check_script_ops(cfg) + ds_problems,
+    d = _Draft(problems=node_problems + check_config(cfg, host, facts.backends) + check_script_ops(cfg) + ds_problems,
                notes=_smoke_notes(cfg) + ds_notes)
     _plan_shape(cfg, host, facts, d)
     _plan_where(cfg, host, d)

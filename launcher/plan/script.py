@@ -22,6 +22,7 @@ from launcher.loggers import logger_specs
 from launcher.parallel.intents import PartPlan
 from launcher.plan.ds_ops import BUILDERS
 from launcher.plan.loader import changed
+from launcher.plan.nodes import planned_nodes
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, plan_placement
 from launcher.plan.prefetch import prefetch_depth
@@ -178,10 +179,11 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
     """``use``: what the script trains with (launcher.integrations.scan_script of its text); None = not scanned,
     planned as a runtime.prepare() script. ``backends``: the launch backends (launcher.backends.BACKENDS' values)."""
     use = use or ScriptUse("prepare", "not scanned")
+    cfg, node_problems = planned_nodes(cfg)
     c = cfg.cluster
     loggers, logger_problems = logger_specs(cfg.logger)
     key_problems, not_applied = script_key_verdicts(cfg, use.kind)
-    problems = (check_cluster(c, host, backends) + check_output(cfg.output)
+    problems = (node_problems + check_cluster(c, host, backends) + check_output(cfg.output)
                 + check_launcher(cfg.launcher, c.launch, backends)
                 + logger_problems + key_problems)
     if ((b := backend_named(backends, c.launch)) is not None and not b.scripts) or c.nnodes > 1:

@@ -1,0 +1,347 @@
+"""cluster.launch=elastic: one host's launcher as torch's elastic agent runs it (``SimpleElasticAgent._invoke_run``):
+meet the other hosts at the c10d rendezvous, start this host's ranks, watch them; when a rank fails, a host is lost
+(its ranks fail with lost peers) or a host waits to join (``num_nodes_waiting() > 0``), stop the ranks and meet
+again (``handler.next_rendezvous()``, ``_restart_workers``) on whatever hosts are there, MIN to MAX of
+cluster.nnodes=MIN:MAX.
+
+What torch's agent leaves to the user's script is done here: each round is planned again for its world (the global
+batch kept, the micro-batch or gradient accumulation adjusted by the plan's batch solver; a world that cannot
+hold the job is refused before any rank starts, for every size of the range), and resumes from the newest intact
+checkpoint, which the worker reshards onto the new layout (DCP; issue 19). Each restart, whatever its cause, counts
+against launcher.max_restarts (torch's agent does not count admissions: here a host that comes and goes cannot
+restart a job forever). summary.json's ``attempts`` says of each: who left and joined, the world, the step it resumed
+from and the time lost (from the failure to the first step of the next attempt).
+
+Imported only by the launcher (torch, the rendezvous), never by the plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from launcher.errors import ConfigError
+from launcher.plan import HostFacts, RunPlan
+from launcher.plan.nodes import node_range
+from launcher.rundir import RunDir
+
+__all__ = ["ElasticPlans", "launch_elastic"]
+
+
+class ElasticPlans:
+    """The plan of each world the job may run on (cluster.nnodes=MIN:MAX): the same config for that many hosts, with
+    the global batch of the plan for MAX kept and the round's checkpoint to resume from. The accumulation is kept and
+    the micro-batch inferred first: a global micro-batch (micro × dp) kept is what a resume needs to go on with the
+    same data (the checkpoint's data position counts global micro-batches; check_resume refuses another); else the
+    micro-batch is kept and the accumulation inferred (a world that starts from scratch)."""
+
+    def __init__(self, cfg: DictConfig, host: HostFacts, first: RunPlan) -> None:
+        self.cfg, self.host, self.first = cfg, host, first
+
+    def plan(self, nnodes: int, resume_from: str) -> RunPlan:
+        """The plan for ``nnodes`` hosts resuming from ``resume_from`` ('' = the start); ConfigError with the reason
+        when the job does not fit that world."""
+        from launcher.launch.planning import plan_run
+
+        b = self.first.batch
+        tries = [("grad_accum", b.grad_accum, "micro_size"), ("micro_size", b.micro_size, "grad_accum")]
+        problems: list[str] = []
+        for kept, value, inferred in tries:
+            cfg = self.cfg.copy()
+            cfg.cluster.nnodes = nnodes
+            cfg.batch.global_size, cfg.batch[kept], cfg.batch[inferred] = b.global_size, value, -1
+            if "micro_batches" in cfg.batch:
+                cfg.batch.micro_batches = -1
+            cfg.trainer.resume, cfg.trainer.resume_from = "", resume_from
+            try:
+                return plan_run(cfg, self.host)[0]
+            except ConfigError as e:
+                problems += [p for p in e.problems if p not in problems]
+        raise ConfigError([f"cluster.nnodes={self.cfg.cluster.nnodes}: the job cannot run on {nnodes} host(s) "
+                           f"({nnodes} × {self.first.nproc_per_node} ranks, global batch {b.global_size} kept): "
+                           + " ".join(problems) + f" Raise MIN of cluster.nnodes above {nnodes}, or change the "
+                           f"intents so that {nnodes} host(s) hold the job."])
+
+    def check_range(self) -> None:
+        """Every world of MIN..MAX plans (from the start): refused before any host meets, never at a restart."""
+        lo, hi = node_range(self.cfg.cluster.nnodes)
+        for n in range(lo, hi):
+            self.plan(n, self.first.resume_from)
+
+
+def checkpoint_problems(cfg: DictConfig) -> list[str]:
+    """Restarts on several hosts resume from every rank's shards: they must be where every host reads them."""
+    lo, hi = node_range(cfg.cluster.nnodes)
+    if cfg.launcher.max_restarts > 0 and hi > 1 and not cfg.trainer.checkpoint_dir:
+        return [f"launcher.max_restarts={cfg.launcher.max_restarts} with cluster.launch=elastic on "
+                f"cluster.nnodes={cfg.cluster.nnodes} hosts: a restart resumes from every rank's checkpoint shards, a "
+                f"lost host's too, so the checkpoints must be on a file system every host reads and writes. Set "
+                f"trainer.checkpoint_dir=<a shared folder for this job> (the same on every host)."]
+    if cfg.launcher.max_restarts > 0 and cfg.trainer.checkpoint_every < 0:
+        return [f"launcher.max_restarts={cfg.launcher.max_restarts} with trainer.checkpoint_every=-1: a restart "
+                f"could only start over. Set trainer.checkpoint_every=<N steps>."]
+    return []
+
+
+def _resume_choice(run_dir: RunDir, cfg: DictConfig, number: int, own: str, console: Console) -> dict:
+    """Node 0's decision for the round: the newest intact checkpoint of the job (by step), or the plan's own
+    resume_from on the first attempt (or when none was written yet)."""
+    from launcher.launch import _newest_intact_checkpoint
+
+    if number == 0:
+        if cfg.trainer.checkpoint_dir and run_dir.complete_checkpoints():
+            return {"error": f"trainer.checkpoint_dir={cfg.trainer.checkpoint_dir} holds checkpoints already (up to "
+                             f"step {run_dir.complete_checkpoints()[-1][1]}): a new job's restarts would resume from "
+                             f"them. Give each job its own folder; resume an earlier one with trainer.resume_from."}
+        return {"step": None, "path": own}
+    newest = _newest_intact_checkpoint(run_dir, console)
+    if newest is None:
+        return {"step": None, "path": own}
+    return {"step": newest[1], "path": ""}
+
+
+def _resume_path(run_dir: RunDir, cfg: DictConfig, choice: dict) -> str:
+    """The path of the chosen checkpoint as every node names it (the shared folder's, so that plans agree)."""
+    if choice["step"] is None:
+        return choice["path"]
+    root = Path(cfg.trainer.checkpoint_dir) if cfg.trainer.checkpoint_dir else run_dir.checkpoints
+    return str(root / f"step{choice['step']}")
+
+
+def _first_step_time(run_dir: RunDir, ranks) -> float | None:
+    """When the first step of this node's attempt was logged (the wall clock of its lowest rank's first record)."""
+    try:
+        for line in run_dir.rank(min(ranks)).metrics.read_text().splitlines():
+            rec = json.loads(line)
+            if "loss" in rec and "time" in rec:
+                return float(rec["time"])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _failed_at(attempt) -> float:
+    """The wall clock of the attempt's end as this launcher saw it: its first rank that ended on its own, else now."""
+    seen = [e.seen_s for e in attempt.outcome.exits if e.seen_s is not None and e.exit_code not in (0, None)]
+    return time.time() - (time.monotonic() - min(seen)) if seen else time.time()
+
+
+def attempts_table(records: list[dict]) -> Table:
+    """The console's list of attempts: who left or joined, the world, the step resumed from, the time lost."""
+    t = Table(title="attempts (cluster.launch=elastic)")
+    for col in ("attempt", "status", "hosts", "world", "resumed from step", "left", "joined", "time lost"):
+        t.add_column(col, justify="right")
+    for r in records:
+        lost = "-" if r.get("time_lost_s") is None else f"{r['time_lost_s']:.1f} s"
+        t.add_row(str(r["attempt"]), r["status"], str(r.get("nnodes", "-")), str(r.get("world_size", "-")),
+                  str(r.get("resumed_step") or 0), escape(", ".join(r.get("left", [])) or "-"),
+                  escape(", ".join(r.get("joined", [])) or "-"), lost)
+    return t
+
+
+def launch_elastic(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
+    """Run this host's part of an elastic job; returns the launcher's exit code (0 = the job finished). Bad input
+    (a world of the range that cannot hold the job, restarts with no shared checkpoints) is a ConfigError before this
+    host meets any other."""
+    from launcher.launch.host import probe_host
+    from launcher.launch.nodes import rendezvous_handler
+
+    problems = checkpoint_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+    host = probe_host()
+    plans = ElasticPlans(cfg, host, plan)
+    plans.check_range()
+    lo, hi = node_range(cfg.cluster.nnodes)
+    try:
+        handler = rendezvous_handler(cfg)
+    except RuntimeError as e:
+        console.print(f"[red]{escape(str(e))}[/red]", soft_wrap=True)
+        return 1
+    t0 = time.monotonic()
+    console.print(f"waiting for {lo if lo == hi else f'{lo} to {hi}'} node(s) at cluster.rdzv_endpoint="
+                  f"{cfg.cluster.rdzv_endpoint} ...")
+    agent = _Agent(cfg, plans, host, handler, console)
+    try:
+        agent.run()
+    finally:
+        if agent.group is not None:
+            agent.group.finish()
+        else:
+            try:
+                handler.shutdown()
+            except Exception:  # noqa: BLE001 - a store already gone: nothing is left to close
+                pass
+    return agent.report(time.monotonic() - t0)
+
+
+@dataclasses.dataclass
+class _Agent:
+    """The restart loop of one host (SimpleElasticAgent._invoke_run): rounds until one ends ok, interrupted, or
+    with no restart left."""
+
+    cfg: DictConfig
+    plans: ElasticPlans
+    host: HostFacts
+    handler: object
+    console: Console
+    run_dir: RunDir | None = None
+    """Made once the first round met (a rendezvous that never completes leaves nothing behind)."""
+    signum: int | None = None
+    group: object = None
+    plan: RunPlan | None = None
+    last_hosts: list = dataclasses.field(default_factory=list)
+    attempts: list = dataclasses.field(default_factory=list)
+    records: list = dataclasses.field(default_factory=list)
+    error: str = ""
+    """Why the job stopped between two rounds (a rendezvous that failed, a world that cannot hold the job)."""
+
+    def run(self) -> None:
+        from launcher.launch.supervise import SignalException
+
+        restarts_left = int(self.cfg.launcher.max_restarts)
+        identity = f"{self.host.hostname}:{os.getpid()}"
+        last_hosts, failed_at = None, None
+        while True:
+            try:
+                attempt, hosts = self._round(identity, restarts_left, last_hosts, failed_at)
+            except (RuntimeError, ConfigError) as e:
+                self.error = str(e)
+                self.console.print(f"[red]{escape(self.error)}[/red]", soft_wrap=True)
+                return
+            except (KeyboardInterrupt, SignalException) as e:  # between two rounds: no rank runs
+                signum = int(e.sigval if isinstance(e, SignalException) else signal.SIGINT)
+                self.error = f"interrupted by {signal.Signals(signum).name} while meeting the other nodes"
+                self.console.print(f"[yellow]{self.error}; no rank runs[/yellow]")
+                self.signum = signum
+                self._mark_interrupted(signum)
+                return
+            last_hosts, failed_at = hosts, _failed_at(attempt)
+            if attempt.status in ("ok", "interrupted") or (restarts_left <= 0 and attempt.status != "admit"):
+                return
+            restarts_left -= 1
+            self._between_rounds(attempt, restarts_left)
+
+    def _round(self, identity: str, restarts_left: int, last_hosts, failed_at):
+        """Meet, plan this world, agree, run this host's ranks; (the attempt, the round's hosts)."""
+        from launcher.launch.attempt import run_attempt
+        from launcher.launch.engine import host_store, rank_envs
+        from launcher.launch.nodes import agree, next_round
+        from launcher.launch.record import write_rank_env
+        from launcher.plan.ranks import on_node, rank_table
+
+        info, hosts, number = next_round(self.handler, self.cfg, self.host, len(self.attempts), identity)
+        if self.run_dir is None:
+            self._start_run_dir()
+        choice = _decided(info, "resume", lambda: _resume_choice(self.run_dir, self.cfg, number,
+                                                                  self.plans.first.resume_from, self.console))
+        if "error" in choice:
+            raise ConfigError(choice["error"])
+        plan = self.plans.plan(info.world_size, _resume_path(self.run_dir, self.cfg, choice))
+        ranks_store = host_store(hosts[0]["addr"], 0) if info.rank == 0 else None
+        self.group = group = agree(info, hosts, self.handler, plan, ranks_store)
+        group.ranks_store = ranks_store  # held for the round: this node's ranks (and the others') meet on it
+        group.admit = restarts_left > 0 and info.world_size < node_range(self.cfg.cluster.nnodes)[1]
+        self.plan = plan
+        self.run_dir.write_json(self.run_dir.plan, plan.to_dict())
+        self.run_dir.write_json(self.run_dir.rank_table, rank_table(plan.ranks, [h["addr"] for h in hosts]))
+        envs = rank_envs(plan, self.run_dir, group.master_port, number, int(self.cfg.launcher.max_restarts),
+                         node=group.node_rank, master_addr=group.master_addr)
+        write_rank_env(self.run_dir, envs)
+        mine = [r.rank for r in on_node(plan.ranks, group.node_rank)]
+        self.console.print(f"attempt {number}: node {group.node_rank} of {group.nnodes} (world {plan.world_size}), "
+                           f"ranks {', '.join(map(str, mine))}; resuming from "
+                           f"{plan.resume_from or 'the start'}")
+        attempt = run_attempt(plan, self.run_dir, envs, number, float(self.cfg.launcher.watchdog_s), self.console,
+                              group, console_mode=self.cfg.output.console)
+        self.attempts.append(attempt)
+        self.last_hosts = hosts
+        self.records.append(self._record(attempt, plan, group, hosts, last_hosts, choice, failed_at, mine))
+        return attempt, hosts
+
+    def _start_run_dir(self) -> None:
+        """The run dir (its checkpoints in trainer.checkpoint_dir, when given) and the ops the ranks need."""
+        from launcher.launch import _start_run_dir
+        from launcher.launch.ops import build_ops
+
+        self.run_dir = _start_run_dir(self.cfg, self.plans.first)
+        self.console.print(f"run dir: {self.run_dir.path}")
+        build_ops(self.plans.first, self.run_dir, self.console)
+
+    def _record(self, attempt, plan, group, hosts, last_hosts, choice, failed_at, mine) -> dict:
+        """The attempt in summary.json, with what the elastic round adds."""
+        who = {h["launcher"]: f"node {h['node']} ({h['addr']}, launcher {h['launcher']})" for h in hosts}
+        before = {h["launcher"]: f"{h['addr']} (launcher {h['launcher']})" for h in last_hosts or ()}
+        first = _first_step_time(self.run_dir, mine)
+        rec = {**attempt.record(), "nnodes": group.nnodes, "world_size": plan.world_size, "node_rank": group.node_rank,
+               "hosts": list(who.values()), "resumed_step": choice["step"],
+               "left": [v for k, v in before.items() if k not in who],
+               "joined": [v for k, v in who.items() if last_hosts is not None and k not in before],
+               "time_lost_s": round(first - failed_at, 2) if first is not None and failed_at is not None else None}
+        if attempt.remote_failure and "admit" in attempt.remote_failure:
+            rec["ended_to_admit"] = attempt.remote_failure["admit"]
+        return rec
+
+    def _between_rounds(self, attempt, restarts_left: int) -> None:
+        """This round's rank dirs to attempt.<k>/; the round's stores go before the next round."""
+        from launcher.launch.attempt import archive_attempt
+
+        archive_attempt(self.run_dir, attempt.number, [e["rank"] for e in attempt.exits])
+        why = {"admit": "a host waits to join"}.get(attempt.status, f"attempt {attempt.number} {attempt.status}")
+        self.console.print(f"[yellow]{why}: meeting the other nodes again ({restarts_left} restart(s) left after "
+                           f"this one; logs of attempt {attempt.number}: {self.run_dir.attempt(attempt.number).path})"
+                           f"[/yellow]", soft_wrap=True)
+        self.group.ranks_store = None
+        self.group = None
+
+    def _mark_interrupted(self, signum: int) -> None:
+        if self.attempts:
+            a = self.attempts[-1]
+            self.attempts[-1] = dataclasses.replace(a, status="interrupted", outcome=dataclasses.replace(
+                a.outcome, interrupted=True, signal=signum))
+            self.records[-1]["status"] = "interrupted"
+
+    def report(self, wall_s: float) -> int:
+        """summary.json (with every attempt) and the console's summary; the exit code."""
+        from launcher.launch import _report
+
+        if not self.attempts:
+            return 128 + self.signum if self.signum is not None else 1
+        last = self.attempts[-1]
+        if last.status == "admit":  # the next round never came: the job stopped here
+            self.attempts[-1] = dataclasses.replace(last, status="failed", remote_failure=None)
+            self.records[-1]["status"] = "failed"
+        self.console.print(attempts_table(self.records))
+        attempts = [_Recorded(a, r) for a, r in zip(self.attempts, self.records)]
+        nodes = SimpleNamespace(node_rank=self.records[-1]["node_rank"], hosts=self.last_hosts)
+        return _report(self.cfg, self.plan, self.run_dir, attempts, wall_s, self.console, nodes)
+
+
+def _decided(info, name: str, decide):
+    """A value node 0 of the round decides and every node reads (JSON through the round's store)."""
+    key = f"hl/{name}"
+    if info.rank == 0:
+        info.store.set(key, json.dumps(decide()))
+    return json.loads(info.store.get(key))
+
+
+class _Recorded:
+    """An attempt whose summary record is the elastic one (launch._report asks each attempt for ``record()``)."""
+
+    def __init__(self, attempt, record: dict) -> None:
+        self._attempt, self._record = attempt, record
+
+    def __getattr__(self, name: str):
+        return getattr(self._attempt, name)
+
+    def record(self) -> dict:
+        return self._record

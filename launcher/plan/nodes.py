@@ -1,0 +1,64 @@
+"""cluster.nnodes: a number of hosts, or MIN:MAX (torchrun's ``--nnodes`` spelling) for an elastic job that runs on
+any number of hosts in that range and restarts on a new one when a host is lost or joins.
+
+The plan is made for MAX hosts (what a dry run shows); an elastic launcher plans again for the hosts each rendezvous
+round brings (``launcher.backends.elastic_agent``). Pure: no I/O."""
+
+from __future__ import annotations
+
+import re
+
+from omegaconf import DictConfig
+
+__all__ = ["node_range", "node_range_problems", "planned_nodes"]
+
+_RANGE = re.compile(r"\s*(-?\d+)\s*:\s*(-?\d+)\s*")
+
+
+def node_range(value) -> tuple[int, int] | None:
+    """(MIN, MAX) of cluster.nnodes: N is N:N; None when the value is neither an integer nor MIN:MAX of integers
+    (the range itself is checked by node_range_problems)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value, value
+    m = _RANGE.fullmatch(str(value))
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    s = str(value).strip()
+    return (int(s), int(s)) if re.fullmatch(r"-?\d+", s) else None
+
+
+def node_range_problems(value, launch: str) -> list[str]:
+    """What is wrong with cluster.nnodes: not N or MIN:MAX, MIN below 1, MIN above MAX, or a range on a backend
+    that runs a fixed number of hosts."""
+    got = node_range(value)
+    if got is None:
+        return [f"cluster.nnodes={value} must be a number of hosts (cluster.nnodes=2) or, with cluster.launch=elastic, "
+                f"MIN:MAX (cluster.nnodes=1:2: the job runs on 1 to 2 hosts and restarts when one is lost or joins)."]
+    lo, hi = got
+    if lo < 1:
+        return [f"cluster.nnodes={value} must be 1 or more (the number of hosts). Set cluster.nnodes=1 for this host "
+                f"alone{', or MIN:MAX with MIN >= 1' if lo != hi else ''}."]
+    if lo > hi:
+        return [f"cluster.nnodes={value}: MIN {lo} is above MAX {hi}. Set cluster.nnodes={hi}:{lo}."]
+    if lo != hi and launch != "elastic":
+        return [f"cluster.nnodes={value}: a range of hosts needs cluster.launch=elastic (one launcher per host, meeting "
+                f"at cluster.rdzv_endpoint); cluster.launch={launch} runs a fixed number. Set cluster.nnodes={hi} or "
+                f"cluster.launch=elastic."]
+    return []
+
+
+def planned_nodes(cfg: DictConfig, nnodes: int | None = None) -> tuple[DictConfig, list[str]]:
+    """(cfg with cluster.nnodes as the number of hosts planned for, the problems of the value given): ``nnodes``
+    when given (an elastic round's hosts), else MAX of MIN:MAX; a bad value plans as 1 host, its problem said."""
+    value = cfg.cluster.nnodes
+    problems = node_range_problems(value, str(cfg.cluster.launch))
+    if nnodes is None:
+        got = node_range(value)
+        nnodes = got[1] if got is not None and not problems else 1
+    if isinstance(value, int) and not isinstance(value, bool) and value == nnodes and not problems:
+        return cfg, []
+    cfg = cfg.copy()
+    cfg.cluster.nnodes = nnodes
+    return cfg, problems
