@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.parallel.intents import Intents, PartPlan
-from launcher.parallel.registry import DATA_PARALLEL, DCP, PARTS
+from launcher.parallel.part import DCP
+from launcher.parallel.registry import DATA_PARALLEL, PARTS
 from launcher.plan.estimate import estimate_run
 from launcher.plan.registry import unknown
 

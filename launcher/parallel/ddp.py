@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.parallel.intents import Intents, clip_config
-from launcher.parallel.registry import DCP
+from launcher.parallel.part import DCP
 from launcher.plan.memory import state_floats
 from launcher.units import Bytes, Term
 

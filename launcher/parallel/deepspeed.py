@@ -22,7 +22,7 @@ from typing import Any
 
 from launcher.parallel.deepspeed_file import merge, put
 from launcher.parallel.intents import Intents
-from launcher.parallel.registry import DEEPSPEED
+from launcher.parallel.part import DEEPSPEED
 from launcher.plan.memory import state_floats
 from launcher.constants import DEEPSPEED_STEP
 from launcher.units import WIDTH, Bytes, Term, shard

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from launcher.contract import Facts, ModelFacts
+
 from launcher.parallel.choose import _data_parallel, estimate
 from launcher.parallel.intents import Intents, PartPlan
 from launcher.parallel.registry import PARTS
@@ -29,6 +31,13 @@ class ModelMemory:
     """Operator kinds with a runtime cost of their own (conv)."""
     imports: tuple[int, str] = (0, "")
     """(bytes, what) the user's code's imports add to a rank (Facts.imports)."""
+
+    @classmethod
+    def of(cls, sizes: ModelFacts, facts: Facts, nproc: int) -> ModelMemory:
+        """What the memory model needs of the model (``sizes``) and the facts gathered before the plan."""
+        return cls(layer_paths=sizes.layer_paths, per_sample=facts.activations, lookups=dict(facts.lookups or {}),
+                   data_bytes=facts.data.resident_bytes, nproc_per_node=nproc, families=facts.families,
+                   imports=facts.imports)
 
 
 def kept_activations(per_sample: dict | None, recompute: tuple[str, ...], micro: int) -> int | None:

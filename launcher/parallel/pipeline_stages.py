@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from launcher.parallel.rank import Chunk, layer_paths, set_module
+from launcher.parallel.rank import Chunk, as_meta, layer_paths, set_module
 from launcher.plan.pipeline import PipelinePlan, StagePlan
 
 
@@ -65,11 +65,6 @@ def split_model(model: nn.Module, layers: list[tuple[str, nn.Module]], plan: Pip
     paths = dict(layer_paths(model, layers))
     local = [s for s in plan.stages if plan.rank_of(s.index) == pp_rank]
     return [stage_chunk(model if len(local) == 1 else copy.deepcopy(model), paths, plan, s) for s in local]
-
-
-def as_meta(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` as a meta tensor, floats in the run's compute ``dtype`` (what a stage receives from a micro-batch)."""
-    return t.to("meta", dtype=dtype if t.is_floating_point() else t.dtype)
 
 
 def stage_examples(model_spec: dict[str, Any], layers_of: Any, plan: PipelinePlan, inputs: tuple[torch.Tensor, ...],

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -89,3 +92,8 @@ def set_module(model: Any, path: str, module: Any) -> None:
 def local_tensor(t: Any) -> Any:
     """This rank's shard of a DTensor (its local tensor); any other tensor as it is."""
     return getattr(t, "_local_tensor", t)
+
+
+def as_meta(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a meta tensor, floats in the run's compute ``dtype`` (what a stage receives from a micro-batch)."""
+    return t.to("meta", dtype=dtype if t.is_floating_point() else t.dtype)

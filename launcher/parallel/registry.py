@@ -16,14 +16,11 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from launcher.parallel.intents import Intents
+from launcher.parallel.part import DCP, DEEPSPEED  # noqa: F401 - the formats, named beside the parts
 
 SLOTS = ("tensor_parallel", "recompute", "normalization", "data_parallel", "pipeline")
 """The order parts apply in; a run has at most one part per slot and always one data-parallel part."""
 
-DCP = "dcp"
-"""torch.distributed.checkpoint: sharded tensors saved with their global shapes, loadable on another layout."""
-DEEPSPEED = "deepspeed"
-"""DeepSpeed's own checkpoint files: resumable on the layout they were saved with."""
 
 
 class Part(Protocol):

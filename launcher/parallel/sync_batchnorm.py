@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.parallel.intents import Intents
-from launcher.parallel.registry import DCP
+from launcher.parallel.part import DCP
 
 
 class SyncBatchNormPart:

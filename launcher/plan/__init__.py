@@ -379,7 +379,7 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     d.problems += prefetch_problems
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
                        host.host_memory, host.device_memory, d.device_type, d.nproc)
-    mm = model_memory(d.sizes, facts, d.nproc)
+    mm = parallel.ModelMemory.of(d.sizes, facts, d.nproc)
     placement, (memory, pipeline, peak), build_notes, build_problems = plan_build(
         cfg.placement.ps_init, placement, lambda p: parallel.rank_memory(intents, parts, p, mm), budget.host_usable)
     d.notes += build_notes
@@ -421,15 +421,6 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
         debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step), sharding=d.sharding, model_output=cfg.model_output,
         loggers=loggers, peak=peak, budget=budget,
     )
-
-
-def model_memory(sizes: ModelFacts, facts: Facts, nproc: int):
-    """What the memory model needs of the model and data (launcher/parallel/memory.py ModelMemory)."""
-    from launcher.parallel.memory import ModelMemory
-
-    return ModelMemory(layer_paths=sizes.layer_paths, per_sample=facts.activations, lookups=dict(facts.lookups or {}),
-                       data_bytes=facts.data.resident_bytes, nproc_per_node=nproc, families=facts.families,
-                       imports=facts.imports)
 
 
 def _plan_sharding(recipe, model: dict, sharding_cfg: dict, search_mode: str, dims: ParallelDims,

@@ -20,7 +20,6 @@ from launcher.plan.registry import TABLE_OPTIMIZERS
 def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) -> AutoResult:
     """The best layout for the drafted plan (its placement and intents as the user's keys made them)."""
     from launcher import parallel
-    from launcher.plan import model_memory
 
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
                        host.host_memory, host.device_memory, intents.device_type, nproc)
@@ -29,7 +28,7 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
     on_device = dataclasses.replace(placement, tables=tuple(  # the tables you placed stay where you placed them
         dataclasses.replace(t, location="device") if t.location != "engine" and t.name not in fixed else t
         for t in placement.tables))
-    mm = model_memory(sizes, facts, nproc)
+    mm = parallel.ModelMemory.of(sizes, facts, nproc)
     names = {t.name for t in outside}
     layers = tuple(n for n in sizes.layers if n not in names)
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from launcher.parallel.rank import held_module, set_module
 
-from launcher.plan import TablePlan
+from launcher.plan.placement import TablePlan
 from launcher.tables.hashing import HashStats, IdHash
 from launcher.tables.partition import RowPartition
 from launcher.tables.record import RECORDING

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from hydra.utils import get_class
 
-from launcher.plan import TablePlan
+from launcher.plan.placement import TablePlan
 from launcher.plan.registry import TABLE_OPTIMIZERS
 from launcher.tables.prefetch import Ahead
 from launcher.tables.sparse_comm import coalesce, reduce_tables

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.plan import TablePlan
+from launcher.plan.placement import TablePlan
 from launcher.tables.partition import RowPartition
 from launcher.tables.ps_comm import Route, bytes_sent, fetch, push, route
 from launcher.tables.replicated import HOST, build_table_optimizer, row_grads, table_digest
