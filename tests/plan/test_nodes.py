@@ -34,7 +34,12 @@ def test_two_nodes_of_two_ranks_are_one_world_of_four(cpu_host):
     ([*ELASTIC[1:], "cluster.local_addr='10.0.0.1 x'"], "cluster.local_addr=10.0.0.1 x must be a host name"),
     ([*ELASTIC[1:], "cluster.rdzv_id=a/b"], "cluster.rdzv_id=a/b must be a name"),
     ([*ELASTIC[1:], "cluster.rdzv_timeout_s=0"], "cluster.rdzv_timeout_s=0"),
-    ([*ELASTIC[1:], "launcher.max_restarts=1"], "restarts across hosts that each run a launcher are not supported"),
+    ([ELASTIC[1], *ELASTIC[3:], "cluster.nnodes=2:1"], r"cluster.nnodes=2:1: MIN 2 is above MAX 1. Set cluster.nnodes=1:2"),
+    ([ELASTIC[1], *ELASTIC[3:], "cluster.nnodes=0:2"], r"cluster.nnodes=0:2 must be 1 or more"),
+    ([ELASTIC[1], *ELASTIC[3:], "cluster.nnodes=two"], r"cluster.nnodes=two must be a number of hosts"),
+    (["recipe=quickstart", "cluster.nnodes=1:2"], r"cluster.nnodes=1:2: a range of hosts needs cluster.launch=elastic"),
+    ([*ELASTIC[1:], "+cluster.rdzv_conf.last_call=2"], r"cluster.rdzv_conf.last_call is not a setting"),
+    ([*ELASTIC[1:], "+cluster.rdzv_conf.keep_alive_interval=0"], r"cluster.rdzv_conf.keep_alive_interval=0 must be"),
 ])
 def test_bad_cluster_keys_are_named(cpu_host, overrides, message):
     with pytest.raises(ConfigError) as e:
@@ -80,3 +85,10 @@ def test_a_host_with_less_memory_than_the_plan_puts_on_it_is_named(cpu_host):
     (problem,) = memory_problems(plan, hosts)
     assert problem.startswith("cluster.nproc_per_node=2: the plan puts") and "node 1 (b)" in problem
     assert "node 0" not in problem
+
+
+def test_a_range_of_hosts_plans_for_max_and_restarts_are_accepted(cpu_host):
+    """cluster.nnodes=MIN:MAX (torchrun's spelling) plans the world of MAX hosts; restarts are the elastic agent's."""
+    given = [o for o in ELASTIC[1:] if not o.startswith("cluster.nnodes=")]
+    plan = plan_of(["recipe=quickstart", *given, "cluster.nnodes=1:2", "launcher.max_restarts=2"], cpu_host)
+    assert plan.nnodes == 2 and plan.world_size == 4
