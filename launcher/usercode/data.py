@@ -1,7 +1,7 @@
 """The data source around a user's Dataset(s) (``UserData``): a map-style ``torch.utils.data.Dataset`` is batched by
 ``DataLoader`` (its collate: ``default_collate``, or ``loader.collate_fn``) and sharded by dp rank with
 ``DistributedSampler`` (seeded, reshuffled every epoch, the last partial batch dropped), as PyTorch users expect; an
-``IterableDataset`` is launcher/usercode/stream.py's. Either is read by the plan's DataLoader settings (workers,
+``IterableDataset`` is ``StreamData``, read by launcher/usercode/stream.py. Either is read by the plan's DataLoader settings (workers,
 pinned memory, read-ahead: ``loader:``; launcher/plan/loader.py), each sample seeded by (seed, epoch, its index)
 (launcher/usercode/loading.py). A batch is ``(input_1, ..., input_k, label)``, a dict of keyword inputs and a label,
 or an object with them as attributes (``launcher.usercode.items``).
@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from launcher.contract import Batch
 from launcher.usercode.items import split_item
 from launcher.usercode.loading import Batches, SeededItems, loader
+from launcher.usercode.stream import Shares, held_out, read
 from launcher.usercode.targets import build_collate
 
 
@@ -41,8 +42,6 @@ def UserData(train: dict[str, Any], eval: dict[str, Any] | None = None,  # noqa:
     held = instantiate(eval, _convert_="all") if eval else None
     keys = (tuple(data_inputs or ()), data_label)
     if is_stream(built):
-        from launcher.usercode.stream import StreamData
-
         return StreamData(built, held, keys, build_collate(collate_fn), dict(loader or {}))
     return MapData(built, held, keys, build_collate(collate_fn), dict(loader or {}))
 
@@ -91,8 +90,6 @@ class MapData:
         if self.eval is None:
             return
         if is_stream(self.eval):
-            from launcher.usercode.stream import held_out
-
             yield from held_out(self.eval, self._collate, self._keys, self._settings, (dp_rank, dp_size), micro_size,
                                 count)
             return
@@ -101,3 +98,26 @@ class MapData:
         order = [i % n for i in range(total)]
         keys = [(0, i) for i in order[dp_rank:total:dp_size]]
         yield from self._batches("eval", self.eval, 0, keys, micro_size, False)
+
+
+class StreamData:
+    """The data source of an iterable train Dataset; its held-out data may be map-style or iterable."""
+
+    def __init__(self, train: Any, eval: Any = None, keys: tuple[tuple[str, ...], str] = ((), ""),  # noqa: A002
+                 collate: Any = None, settings: dict[str, Any] | None = None) -> None:
+        self.train, self.eval, self._keys, self._collate = train, eval, keys, collate
+        self._settings = dict(settings or {})
+
+    def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[Batch]:
+        yield from read(Shares(self.train, self._collate, seed, (dp_rank, dp_size), micro_size, start, True),
+                        self._keys, self._settings, seed)
+
+    def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
+        if self.eval is None:
+            return
+        if is_stream(self.eval):
+            yield from held_out(self.eval, self._collate, self._keys, self._settings, (dp_rank, dp_size), micro_size,
+                                count)
+        else:
+            yield from MapData(None, self.eval, self._keys, self._collate, self._settings).eval_batches(
+                dp_rank, dp_size, micro_size, count)

@@ -123,28 +123,3 @@ def held_out(dataset: Any, collate: Any, keys: tuple[tuple[str, ...], str], sett
              dp: tuple[int, int], micro_size: int, count: int) -> Iterator[Batch]:
     """A held-out stream read once (at most ``count`` global micro-batches, 0 = all), dealt evenly over the ranks."""
     yield from read(Shares(dataset, collate, 0, dp, micro_size, 0, False, count), keys, settings, 0)
-
-
-class StreamData:
-    """The data source of an iterable train Dataset; its held-out data may be map-style or iterable."""
-
-    def __init__(self, train: Any, eval: Any = None, keys: tuple[tuple[str, ...], str] = ((), ""),  # noqa: A002
-                 collate: Any = None, settings: dict[str, Any] | None = None) -> None:
-        self.train, self.eval, self._keys, self._collate = train, eval, keys, collate
-        self._settings = dict(settings or {})
-
-    def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[Batch]:
-        yield from read(Shares(self.train, self._collate, seed, (dp_rank, dp_size), micro_size, start, True),
-                        self._keys, self._settings, seed)
-
-    def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
-        if self.eval is None:
-            return
-        from launcher.usercode.data import MapData, is_stream
-
-        if is_stream(self.eval):
-            yield from held_out(self.eval, self._collate, self._keys, self._settings, (dp_rank, dp_size), micro_size,
-                                count)
-        else:
-            yield from MapData(None, self.eval, self._keys, self._collate, self._settings).eval_batches(
-                dp_rank, dp_size, micro_size, count)

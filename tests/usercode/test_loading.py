@@ -10,7 +10,8 @@ from torch.utils.data import Dataset, IterableDataset
 
 from launcher.plan.loader import plan_loader
 from launcher.usercode.data import MapData
-from launcher.usercode.stream import EmptyStream, StreamData
+from launcher.usercode.data import StreamData
+from launcher.usercode.stream import EmptyStream
 
 
 class Jittered(Dataset):
