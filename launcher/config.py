@@ -385,8 +385,14 @@ def _check_value_override(base: DictConfig, key: str, value, line: str, delete: 
     if key == "tables" and line.startswith("+tables=") and _table_entries(value):
         return _table_entries(value)
     if not _exists(base, key):
-        if line.startswith("+"):
-            return []  # an explicit append; Hydra reports it if the schema forbids it
+        if line.startswith("+"):  # an explicit append: a value its section's type refuses is named here
+            trial = base.copy()
+            try:
+                OmegaConf.update(trial, key, value, merge=True, force_add=True)
+            except OmegaConfBaseException as e:
+                return [f"{line}: {first_line(e)}; {key.rpartition('.')[0] or 'the config'} takes values of another "
+                        f"type (docs/configuration.md)."]
+            return []  # otherwise Hydra reports it if the schema forbids it
         return [_unknown(key, line.split("=", 1)[-1], list(_dotted_keys(base)), "key in the config; value")]
     if delete:
         return []
