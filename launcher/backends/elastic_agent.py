@@ -63,7 +63,9 @@ class ElasticPlans:
                 cfg.batch.micro_batches = -1
             cfg.trainer.resume, cfg.trainer.resume_from = "", resume_from
             try:
-                return plan_run(cfg, self.host)[0]
+                # The first plan's code paths: a recipe from --config-dir was made importable by the first
+                # planning, and its ranks find its folder by them (re-planning knows only this config).
+                return dataclasses.replace(plan_run(cfg, self.host)[0], code_paths=self.first.code_paths)
             except ConfigError as e:
                 problems += [p for p in e.problems if p not in problems]
         raise ConfigError([f"cluster.nnodes={self.cfg.cluster.nnodes}: the job cannot run on {nnodes} host(s) "
