@@ -14,8 +14,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 LAUNCHER = Path(__file__).resolve().parents[1] / "launcher"
 PURE = "launcher.plan"
 ABOVE_THE_PLAN = ("launcher.launch", "launcher.backends", "launcher.worker", "launcher.tables")
@@ -190,7 +188,6 @@ def test_the_check_finds_what_it_looks_for(tmp_path):
                                              "launcher.report.r"]]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 34: 3 circles (37, 5 and 2 modules) before the fix")
 def test_no_import_cycle_in_the_launcher():
     graph = import_graph()
     found = [f"{' -> '.join(_cycle_through(c, graph))}\n  (one path through a circle of {len(c)} modules: "
@@ -198,7 +195,6 @@ def test_no_import_cycle_in_the_launcher():
     assert not found, "import cycles:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 34: plan/ranks, rules, script import backends; script worker")
 def test_the_plan_imports_nothing_above_it():
     above = plan_imports_above(import_graph())
     assert not above, f"the plan ({PURE}) imports from {', '.join(ABOVE_THE_PLAN)}:\n" + "\n".join(above)

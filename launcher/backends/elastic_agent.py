@@ -97,7 +97,7 @@ def checkpoint_problems(cfg: DictConfig) -> list[str]:
 def _resume_choice(run_dir: RunDir, cfg: DictConfig, number: int, own: str, console: Console) -> dict:
     """Node 0's decision for the round: the newest intact checkpoint of the job (by step), or the plan's own
     resume_from on the first attempt (or when none was written yet)."""
-    from launcher.launch import _newest_intact_checkpoint
+    from launcher.launch.preflight import newest_intact_checkpoint as _newest_intact_checkpoint
 
     if number == 0:
         if cfg.trainer.checkpoint_dir and run_dir.complete_checkpoints():
@@ -272,7 +272,7 @@ class _Agent:
 
     def _start_run_dir(self) -> None:
         """The run dir (its checkpoints in trainer.checkpoint_dir, when given) and the ops the ranks need."""
-        from launcher.launch import _start_run_dir
+        from launcher.launch.run_records import start_run_dir as _start_run_dir
         from launcher.launch.ops import build_ops
 
         self.run_dir = _start_run_dir(self.cfg, self.plans.first)
@@ -314,7 +314,7 @@ class _Agent:
 
     def report(self, wall_s: float) -> int:
         """summary.json (with every attempt) and the console's summary; the exit code."""
-        from launcher.launch import _report
+        from launcher.launch.run_records import report_run as _report
 
         if not self.attempts:
             return 128 + self.signum if self.signum is not None else 1

@@ -13,9 +13,10 @@ import json
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
+from rich.markup import escape
 
 from launcher.backends import BACKENDS
 from launcher.contract import Facts, ModelFacts, model_facts
@@ -23,6 +24,9 @@ from launcher.errors import ConfigError, first_line
 from launcher.manifest import manifest_problems
 from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.rundir import CheckpointDir, RunDir
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def check_script(cfg: DictConfig) -> None:
@@ -135,6 +139,17 @@ def checkpoints_newest_first(run: RunDir, before: int | None = None):
         except (OSError, ValueError, RecursionError) as e:
             damage = [f"its {ckpt.meta.name} cannot be read ({e})"]
         yield ckpt, step, damage
+
+
+def newest_intact_checkpoint(run_dir: RunDir, console: Console):
+    """(checkpoint, step) a restart resumes from: the run's newest complete one whose files are as checkpoint.json
+    lists them (a damaged one, e.g. cut short by a full disk, is skipped and said); None when there is none."""
+    for ckpt, step, damage in checkpoints_newest_first(run_dir):
+        if not damage:
+            return ckpt, step
+        console.print(f"[yellow]checkpoint {escape(str(ckpt.path))} is damaged ({escape('; '.join(damage[:3]))}): "
+                      f"the restart does not resume from it[/yellow]", soft_wrap=True)
+    return None
 
 
 def _earlier_intact(ckpt: CheckpointDir, step: int) -> tuple[CheckpointDir, int] | None:
