@@ -7,12 +7,15 @@
 - ``slurm``: Slurm's ``srun`` starts every rank inside an allocation (a dry run writes ``job.sbatch``).
 
 A backend says what it can run (``problems``, ``restarts``, ``scripts``), where the hosts come from (``layout``),
-and how the job's ranks start (``job_command``: the scheduler's command line, or None when the launcher starts them
-itself). What every backend shares is written once, beside this seam: ranks die with their launcher
-(``lifeline``), and the launcher does not return while a process of its job lives (``launch.supervise``).
+and how the job's ranks start and stop (``start`` -> a ``RankJob``: ``poll``, ``pids``, ``stop``; ``job_config``
+reads what it needs of the config once). A new backend is one module and one ``register`` line. What every
+backend shares is written once, beside this seam: ranks die with their launcher (``lifeline``), stopping a job's
+processes (``processes``), and the launcher does not return while a process of its job lives
+(``launch.supervise``).
 
 Names are compared here and in the backends' own modules only; everywhere else a backend is asked what it knows.
-This package is torch-free. The plan imports none of it: it gets ``BACKENDS``' values in ``Facts.backends`` (the
+This package is torch-free where the plan's facts read it (a job's own module, ``local_job``, imports
+torch when a job starts). The plan imports none of it: it gets ``BACKENDS``' values in ``Facts.backends`` (the
 ``launcher.contract.BackendRules`` each backend answers), gathered before planning.
 """
 
@@ -20,13 +23,28 @@ from __future__ import annotations
 
 from launcher.backends.base import Backend
 from launcher.backends.elastic import ElasticBackend
+from launcher.backends.job import JobConfig, RankJob
 from launcher.backends.local import LocalBackend
 from launcher.backends.mpi import MpiBackend
 from launcher.backends.slurm import SlurmBackend
 
-__all__ = ["BACKENDS", "Backend", "backend", "names"]
+__all__ = ["BACKENDS", "Backend", "JobConfig", "RankJob", "backend", "names", "register"]
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (LocalBackend(), ElasticBackend(), MpiBackend(), SlurmBackend())}
+BACKENDS: dict[str, Backend] = {}
+
+
+def register(b: Backend) -> Backend:
+    """Add a backend to the registry under ``b.name`` (cluster.launch=<name>): the plan's rules, the launch path and
+    the messages' lists of choices see it from then on. A second backend of the same name is refused."""
+    if not b.name or b.name in BACKENDS:
+        raise ValueError(f"a launch backend needs a name of its own; {b.name!r} is taken or empty")
+    BACKENDS[b.name] = b
+    return b
+
+
+for _b in (LocalBackend(), ElasticBackend(), MpiBackend(), SlurmBackend()):
+    register(_b)
+del _b
 
 
 def names() -> tuple[str, ...]:

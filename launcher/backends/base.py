@@ -1,4 +1,6 @@
-"""What every launch backend says about itself, with the defaults of one that starts this host's ranks itself."""
+"""What every launch backend says about itself and how it starts a job's ranks, with the defaults of one that starts
+this host's ranks itself (torch elastic's processes: ``local_job``) or, with a ``program``, one mpirun/srun command
+for every rank (``external_job``). A backend of another kind overrides ``start`` (and ``job_config``)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,13 @@ import sys
 from typing import TYPE_CHECKING
 
 from launcher.backends.cluster_files import read_cluster_files
+from launcher.backends.job import JobConfig
 from launcher.errors import ConfigError
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from launcher.backends.job import RankJob
     from launcher.plan import RunPlan
     from launcher.plan.layout import ClusterLayout
     from launcher.rundir import RunDir
@@ -55,6 +59,33 @@ class Backend:
 
     def write_dry_run(self, run_dir: RunDir, plan: RunPlan, argv: list[str], log_dir: str) -> None:
         """What a dry run writes for this backend besides the plan (Slurm: the batch script)."""
+
+    @property
+    def starts_every_rank(self) -> bool:
+        """One start on this host starts every rank of the world (mpirun, srun), not only this host's."""
+        return bool(self.program)
+
+    def job_config(self, cfg: DictConfig, environ: dict[str, str]) -> JobConfig:
+        """What ``start`` needs of the config and the environment, read once per run before anything starts: for a
+        scheduler's program, the hosts in node order (a hostfile's or rank table's, the Slurm allocation's)."""
+        hosts = ()
+        if self.program:
+            layout = self.layout(cfg, environ)
+            hosts = layout.hosts if layout is not None else ()
+        return JobConfig(hosts=tuple(hosts), launcher_args=tuple(cfg.cluster.launcher_args))
+
+    def start(self, config: JobConfig, plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> RankJob:
+        """Start the ranks in envs (global rank -> its variables, from the plan) and return them as one job.
+        Default: this host's as torch elastic's processes; with a ``program``, one ``job_command`` for every rank.
+        A rank's output goes to ``run_dir.rank(N)``; it must die with this process (``lifeline``)."""
+        if self.program:
+            from launcher.backends.external_job import start_job
+
+            return start_job(self.job_command(plan, run_dir, config.hosts, list(config.launcher_args)), plan,
+                             run_dir, envs)
+        from launcher.backends.local_job import spawn_ranks
+
+        return spawn_ranks(plan, run_dir, envs)
 
 
 def find_program(name: str, key: str, package: str) -> str:

@@ -1,4 +1,5 @@
-"""SIDE EFFECTS: make the run dir, build DeepSpeed ops once, spawn the ranks, supervise, summarise."""
+"""SIDE EFFECTS: make the run dir, build DeepSpeed ops once, have the backend start the ranks, supervise,
+summarise."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from launcher.backends import backend
+from launcher.backends import Backend, JobConfig, backend
 from launcher.errors import ConfigError, first_line
 from launcher.launch.preflight import newest_intact_checkpoint
 from launcher.launch.record import write_rank_env
@@ -87,39 +88,37 @@ def _bind_store(plan: RunPlan):
 
 
 def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
-    """Run the plan's ranks of this host; returns the launcher's exit code (0 = every rank finished)."""
+    """Run the plan's ranks of this host; returns the launcher's exit code (0 = every rank finished).
+
+    One path whichever backend starts the ranks: the backend says it can (``check_ready``) and reads what it needs
+    (``job_config``), the launcher hosts the store, makes the run dir, and each attempt asks the backend to ``start``
+    the ranks and supervises the job it returns. A backend whose launchers meet at a rendezvous every round
+    (``launcher_per_host``: elastic) runs its own agent loop around the same attempts."""
     # torch elastic logs each SIGTERM it sends and each failure; the failure report below says it once, better.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     for sig in LAUNCHER_SIGNALS:  # as torch elastic does once the ranks start: an exception, not death
         signal.signal(sig, _raise_signal)
-    if backend(cfg.cluster.launch).launcher_per_host:  # torch elastic's c10d rendezvous, restarts on it
-        from launcher.backends.elastic_agent import launch_elastic
-
-        try:
-            return launch_elastic(cfg, plan, console)
-        except OSError as e:  # a full disk or a vanished log dir between the ranks' attempts: said, not a traceback
-            console.print(f"[red]the launcher cannot go on: {escape(e.strerror or str(e))}"
-                          f"{escape(f' ({e.filename})') if e.filename else ''}. Every rank it started has ended; "
-                          f"what was written is in {escape(str(cfg.output.log_dir))}.[/red]", soft_wrap=True)
-            return 1
-    nodes = None
-    backend(cfg.cluster.launch).check_ready(dict(os.environ))  # mpirun / srun is there, srun in an allocation
-    store = _bind_store(plan)  # held open for the whole run: the ranks rendezvous on it; a busy port stops us
-    stores = [store]  # the one reference: a restart replaces the store (stores[0]), and the old one must go first
-    del store
+    b = backend(cfg.cluster.launch)
     try:
-        return _launch(cfg, plan, console, nodes, stores)
+        if b.launcher_per_host:  # torch elastic's c10d rendezvous, restarts on it
+            from launcher.backends.elastic_agent import launch_elastic
+
+            return launch_elastic(cfg, plan, console)
+        return _launch(cfg, plan, console, b)
     except OSError as e:  # a full disk or a vanished log dir between the ranks' attempts: said, not a traceback
         console.print(f"[red]the launcher cannot go on: {escape(e.strerror or str(e))}"
                       f"{escape(f' ({e.filename})') if e.filename else ''}. Every rank it started has ended; what "
                       f"was written is in {escape(str(cfg.output.log_dir))}.[/red]", soft_wrap=True)
         return 1
-    finally:
-        if nodes is not None:
-            nodes.finish()
 
 
-def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: list) -> int:
+def _launch(cfg: DictConfig, plan: RunPlan, console: Console, b: Backend) -> int:
+    """Bad input first (the backend cannot start here, the store cannot listen), then the run dir and the run."""
+    b.check_ready(dict(os.environ))  # e.g. mpirun / srun is there, srun in an allocation
+    config = b.job_config(cfg, dict(os.environ))
+    store = _bind_store(plan)  # held open for the whole run: the ranks rendezvous on it; a busy port stops us
+    stores = [store]  # the one reference: a restart replaces the store (stores[0]), and the old one must go first
+    del store
     run_dir = start_run_dir(cfg, plan)
     feed = None
     if (getattr(plan, "uses", None) or {}).get("trainer"):  # HF Trainer's metrics come back through its callback
@@ -129,19 +128,18 @@ def _launch(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: lis
         plan = dataclasses.replace(plan, ranks=tuple(dataclasses.replace(r, env={**r.env, **feed.env})
                                                      for r in plan.ranks))
     try:
-        return _launch_in(cfg, plan, console, nodes, stores, run_dir)
+        return _launch_in(cfg, plan, console, b, config, stores, run_dir)
     finally:
         if feed is not None:
             feed.close()
 
 
-def _launch_in(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: list, run_dir: RunDir) -> int:
+def _launch_in(cfg: DictConfig, plan: RunPlan, console: Console, b: Backend, config: JobConfig, stores: list,
+               run_dir: RunDir) -> int:
     from launcher.launch.ops import build_ops
     from launcher.launch.supervise import SignalException
     from launcher.report.summary import build_summary
 
-    if nodes is not None:  # the rank table of the real rendezvous: each node's address
-        run_dir.write_json(run_dir.rank_table, rank_table(plan.ranks, [h["addr"] for h in nodes.hosts]))
     console.print(f"run dir: {run_dir.path}")
     t0 = time.monotonic()
     try:
@@ -151,60 +149,34 @@ def _launch_in(cfg: DictConfig, plan: RunPlan, console: Console, nodes, stores: 
         signum = e.sigval if isinstance(e, SignalException) else signal.SIGINT
         console.print("[yellow]interrupted while building DeepSpeed's ops; no rank started[/yellow]" if interrupted
                       else f"[red]{e}[/red]")
-        node = nodes.node_rank if nodes is not None else 0
-        exits = [{"rank": r.rank, "exit_code": None} for r in on_node(plan.ranks, node)]
+        exits = [{"rank": r.rank, "exit_code": None} for r in on_node(plan.ranks, 0)]
         summary = build_summary(run_dir, plan.to_dict(), exits, "interrupted" if interrupted else "failed",
                                 time.monotonic() - t0)
         write_records(run_dir, summary, cfg.output.stderr_tail, console)
         return 128 + signum if interrupted else 1
-    if nodes is not None:
-        from launcher.launch.attempt import run_attempt
-        from launcher.launch.engine import rank_envs
-
-        envs = rank_envs(plan, run_dir, nodes.master_port, node=nodes.node_rank, master_addr=nodes.master_addr)
-        write_rank_env(run_dir, envs)
-        attempts = [run_attempt(plan, run_dir, envs, 0, float(cfg.launcher.watchdog_s), console, nodes,
-                                console_mode=cfg.output.console)]
-    else:
-        hosts = _external_hosts(cfg) if backend(cfg.cluster.launch).program else ()
-        if hosts:  # the rank table of the hosts mpirun / srun start the ranks on
-            run_dir.write_json(run_dir.rank_table, rank_table(plan.ranks, list(hosts)))
-        attempts = _attempts(cfg, plan, run_dir, stores, console, _job_starter(cfg, plan, run_dir, hosts))
-    return report_run(cfg, plan, run_dir, attempts, time.monotonic() - t0, console, nodes)
+    if config.hosts:  # the rank table of the hosts the backend starts the ranks on (mpirun's, srun's)
+        run_dir.write_json(run_dir.rank_table, rank_table(plan.ranks, list(config.hosts)))
+    attempts = _attempts(cfg, plan, run_dir, stores, console, b, config)
+    return report_run(cfg, plan, run_dir, attempts, time.monotonic() - t0, console)
 
 
-def _external_hosts(cfg: DictConfig) -> tuple[str, ...]:
-    """cluster.launch=mpi|slurm: the hosts the ranks run on, in node order (a hostfile's or rank table's, the Slurm
-    allocation's); () = this host only."""
-    layout = backend(cfg.cluster.launch).layout(cfg, dict(os.environ))
-    return layout.hosts if layout is not None else ()
-
-
-def _job_starter(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, hosts: tuple[str, ...]):
-    """How an attempt's ranks start: None = this host's, as torch elastic's processes; else through mpirun/srun."""
+def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, stores: list, console: Console, b: Backend,
+              config: JobConfig) -> list:
+    """The first attempt, and after a failed or hung one up to launcher.max_restarts more, each from the run's
+    newest complete checkpoint (a script's from its start: it keeps its own checkpoints) with a fresh store; each
+    attempt's ranks started by the backend (``b.start``: this host's, or every rank for mpirun/srun)."""
     import functools
 
-    from launcher.launch import external
-
-    b = backend(cfg.cluster.launch)
-    if not b.program:
-        return None
-    return functools.partial(external.start_job, b.job_command(plan, run_dir, hosts, list(cfg.cluster.launcher_args)))
-
-
-def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, stores: list, console: Console, start_job) -> list:
-    """The first attempt, and after a failed or hung one up to launcher.max_restarts more, each from the run's
-    newest complete checkpoint (a script's from its start: it keeps its own checkpoints) with a fresh store.
-    start_job: None (this host's ranks) or external.start_job for mpirun/srun, which start every rank."""
     from launcher.launch.attempt import run_attempt
     from launcher.launch.engine import rank_envs
     from launcher.launch.supervise import SignalException
 
+    start_job = functools.partial(b.start, config)
     max_restarts = int(cfg.launcher.max_restarts)
     attempts = []
     while True:
         envs = rank_envs(plan, run_dir, stores[0].port, len(attempts), max_restarts,
-                         node=None if start_job is not None else 0)
+                         node=None if b.starts_every_rank else 0)
         write_rank_env(run_dir, envs)
         attempt = run_attempt(plan, run_dir, envs, len(attempts), float(cfg.launcher.watchdog_s), console,
                               start_job=start_job, console_mode=cfg.output.console)

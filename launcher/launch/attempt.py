@@ -14,12 +14,13 @@ from rich.console import Console
 
 from launcher.launch.blame import Ending, blame_reason, first_failure
 from launcher.launch.nodes import NodeGroup
-from launcher.launch.supervise import Outcome, RankJob
+from launcher.backends.job import RankJob
+from launcher.launch.supervise import Outcome
 from launcher.plan import RunPlan
 from launcher.rundir import RunDir
 
 StartJob = Callable[[RunPlan, RunDir, dict[int, dict[str, str]]], RankJob]
-"""Starts an attempt's ranks: engine.spawn_ranks (this host's, torch elastic's processes) or external.start_job."""
+"""Starts an attempt's ranks: a backend's ``start`` with its JobConfig bound (``launcher.backends.job``)."""
 
 STDERR_EVIDENCE_LINES = 30
 """How much of a failed rank's stderr the blame reads (with its error.json) to tell a lost peer from a cause."""
@@ -57,7 +58,7 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
     supervise them (progress; output.console=console_mode: a script's rank output on the console), judge the end.
     With nodes (cluster.launch=elastic), a failure on another node stops this node's ranks too, and every node
     names the same first failure."""
-    from launcher.launch.engine import spawn_ranks
+    from launcher.backends.local_job import spawn_ranks
     from launcher.launch.ops import RankBuildWatch
     from launcher.launch.progress import ProgressView
     from launcher.launch.supervise import supervise

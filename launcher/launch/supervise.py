@@ -4,7 +4,9 @@ who did what.
 The launcher polls each rank's process itself (every ``period_s``), so it knows which ranks ended *before* it sent
 any signal: only those can have caused the failure (``blame.first_failure`` picks among them by evidence). Stopping
 is SIGTERM to every rank's process group (a rank and its children: data loader workers, compilers), SIGCONT so that
-a stopped rank can act on it, SIGKILL after STOP_TIMEOUT_S, or at once on a second signal to the launcher.
+a stopped rank can act on it, SIGKILL after STOP_TIMEOUT_S, or at once on a second signal to the launcher: each
+backend's job does it with ``launcher.backends.processes`` (re-exported here), and the job is a
+``launcher.backends.job.RankJob`` whichever backend started it.
 
 A signal to the launcher (Ctrl-C, ``kill``) stops every rank the same way: torch elastic turns SIGINT, SIGTERM,
 SIGHUP and SIGQUIT into ``SignalException`` once the ranks are started (``launch_run`` does the same before)."""
@@ -13,39 +15,24 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
+from launcher.backends.job import RankJob
+from launcher.backends.processes import STOP_TIMEOUT_S, send_signals, stop_process_groups
 from launcher.launch.watchdog import Stall, Watchdog
 from launcher.rundir import RUN_DIR_ENV
 
-STOP_TIMEOUT_S = 10  # between SIGTERM and SIGKILL
+__all__ = ["STOP_TIMEOUT_S", "FAILURE_GRACE_S", "Outcome", "RankExit", "RankJob", "SignalException",
+           "end_job_processes", "job_processes", "send_signals", "stop_process_groups", "supervise"]
+
 FAILURE_GRACE_S = 0.5
 """After the first failure, how long the other ranks may still end on their own before they are stopped: a rank that
 left with exit 0 just before its peer failed (its interpreter still ending) is then seen leaving, and blamed."""
-
-
-class RankJob(Protocol):
-    """The ranks of one attempt on this host, however they were started (engine.LocalJob: torch elastic's
-    processes; external.ExternalJob: under mpirun or srun)."""
-
-    ranks: tuple[int, ...]
-    """The global ranks this launcher watches."""
-
-    def poll(self) -> dict[int, int]:
-        """The exit code of each rank that has ended (global rank -> code; negative: killed by that signal)."""
-
-    def pids(self) -> dict[int, int]:
-        """The process of each rank on this host (the watchdog asks them for stacks)."""
-
-    def stop(self) -> None:
-        """Stop every rank (SIGTERM, SIGKILL after STOP_TIMEOUT_S or on a second signal) and reap them."""
 
 
 @dataclass(frozen=True)
@@ -74,35 +61,6 @@ class Outcome:
     @property
     def ended_on_their_own(self) -> list[RankExit]:
         return [e for e in self.exits if not e.stopped_by_launcher and e.exit_code is not None]
-
-
-def send_signals(pids: list[int], signals: tuple[int, ...], send=os.killpg) -> None:
-    """Each signal to each pid, skipping the ones already gone. send: os.killpg (the default: each rank leads its own
-    session and process group, as torch elastic starts them) or os.kill (one process)."""
-    for pid in pids:
-        for sig in signals:
-            try:
-                send(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def stop_process_groups(procs: list[subprocess.Popen]) -> None:
-    """Each process's group: SIGTERM (and SIGCONT), SIGKILL after STOP_TIMEOUT_S or on a second signal.
-    Processes that already ended are signalled too: their children may not have."""
-    pids = [p.pid for p in procs]
-    send_signals(pids, (signal.SIGTERM,))
-    send_signals(pids, (signal.SIGCONT,))
-    try:
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for p in procs:
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-    except (KeyboardInterrupt, SignalException):
-        pass  # a second signal: no more grace
-    send_signals(pids, (signal.SIGKILL,))
 
 
 def job_processes(run_dir: str) -> list[int]:

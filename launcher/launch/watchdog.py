@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.backends.processes import process_state
 from launcher.rundir import STACKS_SIGNAL, RankDir
 
 SLOW_STEPS = 10
@@ -59,15 +60,6 @@ class Stall:
                 "idle_s": round(self.idle_s, 1), "limit_s": round(self.limit_s, 1),
                 "states": {str(k): v for k, v in self.states.items()},
                 "saving_s": {str(k): round(v, 1) for k, v in self.saving.items()}}
-
-
-def process_state(pid: int) -> str:
-    """The kernel's one-letter state of pid ('' where /proc has none)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2]
-    except (OSError, ValueError, IndexError):
-        return ""
 
 
 class Watchdog:

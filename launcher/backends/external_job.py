@@ -1,5 +1,6 @@
-"""Ranks started by the cluster's own launcher: OpenMPI's ``mpirun`` (cluster.launch=mpi) or Slurm's ``srun``
-(cluster.launch=slurm, inside an allocation).
+"""Ranks started by the cluster's own launcher, one command for the whole job: OpenMPI's ``mpirun``
+(cluster.launch=mpi) or Slurm's ``srun`` (cluster.launch=slurm, inside an allocation); ``Backend.start`` of a backend
+with a ``program`` runs it.
 
 The launcher hosts the rendezvous store (as with the local backend), writes every rank's environment to
 ``rank_env.json`` and runs one ``mpirun``/``srun`` command, built as an argument list, that starts
@@ -19,6 +20,7 @@ import subprocess
 import time
 
 from launcher.backends import lifeline
+from launcher.backends.processes import STOP_TIMEOUT_S, send_signals, wait_ended
 from launcher.plan import RunPlan
 from launcher.rundir import RunDir
 
@@ -27,7 +29,7 @@ LINGER_S = 0.5
 
 
 class ExternalJob:
-    """The ranks of one mpirun/srun command (supervise.RankJob), seen through their exit records and pid files."""
+    """The ranks of one mpirun/srun command (a ``job.RankJob``), seen through their exit records and pid files."""
 
     def __init__(self, proc: subprocess.Popen, run_dir: RunDir, ranks: tuple[int, ...]) -> None:
         self._proc, self._run_dir, self.ranks = proc, run_dir, ranks
@@ -63,7 +65,7 @@ class ExternalJob:
         seconds to wind down after its ranks are gone; nothing of the run is left in it). SIGKILL after
         STOP_TIMEOUT_S or on a second signal, to the scheduler's process group and to this host's ranks that have
         not recorded their end."""
-        from launcher.launch.supervise import STOP_TIMEOUT_S, SignalException, send_signals
+        from torch.distributed.elastic.multiprocessing.api import SignalException
 
         local = self.pids()
         send_signals([self._proc.pid], (signal.SIGTERM, signal.SIGCONT))
@@ -82,19 +84,7 @@ class ExternalJob:
         send_signals([pid for rank, pid in local.items() if self._run_dir.rank(rank).read_exit() is None],
                      (signal.SIGKILL,), os.kill)
         self._proc.wait()
-        _wait_ended(list(local.values()))
-
-
-def _wait_ended(pids: list[int], timeout_s: float = 10.0) -> None:
-    """Return once none of pids runs (gone, or a zombie: ended, its parent yet to reap it). A rank whose
-    rank_start mpirun killed dies by its parent-death signal a moment later: the launcher must not return before."""
-    from launcher.launch.supervise import send_signals
-    from launcher.launch.watchdog import process_state
-
-    deadline = time.monotonic() + timeout_s
-    while (running := [p for p in pids if process_state(p) not in ("", "Z")]) and time.monotonic() < deadline:
-        send_signals(running, (signal.SIGKILL,), os.kill)
-        time.sleep(0.02)
+        wait_ended(list(local.values()))
 
 
 def start_job(command: list[str], plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> ExternalJob:
