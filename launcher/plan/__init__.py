@@ -221,7 +221,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
     ConfigError listing every problem."""
     from launcher.parallel.deepspeed_file import adopt_config
 
-    cfg, node_problems = planned_nodes(cfg)  # cluster.nnodes=MIN:MAX is planned at MAX
+    cfg, node_problems = planned_nodes(cfg, facts.backends)  # cluster.nnodes=MIN:MAX is planned at MAX
     cfg, ds_notes, ds_problems = adopt_config(cfg)  # deepspeed.config's intents, where ours are not set
     d = _Draft(problems=node_problems + check_config(cfg, host, facts.backends) + check_script_ops(cfg) + ds_problems,
                notes=_smoke_notes(cfg) + ds_notes)

@@ -10,6 +10,8 @@ import re
 
 from omegaconf import DictConfig
 
+from launcher.contract import BackendRules, backend_named
+
 __all__ = ["node_range", "node_range_problems", "planned_nodes"]
 
 _RANGE = re.compile(r"\s*(-?\d+)\s*:\s*(-?\d+)\s*")
@@ -29,9 +31,10 @@ def node_range(value) -> tuple[int, int] | None:
     return (int(s), int(s)) if re.fullmatch(r"-?\d+", s) else None
 
 
-def node_range_problems(value, launch: str) -> list[str]:
+def node_range_problems(value, launch: str, ranged: bool) -> list[str]:
     """What is wrong with cluster.nnodes: not N or MIN:MAX, MIN below 1, MIN above MAX, or a range on a backend
-    that runs a fixed number of hosts."""
+    that runs a fixed number of hosts (``ranged``: the backend's launchers meet at a rendezvous every round, which
+    takes the hosts that are there)."""
     got = node_range(value)
     if got is None:
         return [f"cluster.nnodes={value} must be a number of hosts (cluster.nnodes=2) or, with cluster.launch=elastic, "
@@ -42,18 +45,20 @@ def node_range_problems(value, launch: str) -> list[str]:
                 f"alone{', or MIN:MAX with MIN >= 1' if lo != hi else ''}."]
     if lo > hi:
         return [f"cluster.nnodes={value}: MIN {lo} is above MAX {hi}. Set cluster.nnodes={hi}:{lo}."]
-    if lo != hi and launch != "elastic":
+    if lo != hi and not ranged:
         return [f"cluster.nnodes={value}: a range of hosts needs cluster.launch=elastic (one launcher per host, meeting "
                 f"at cluster.rdzv_endpoint); cluster.launch={launch} runs a fixed number. Set cluster.nnodes={hi} or "
                 f"cluster.launch=elastic."]
     return []
 
 
-def planned_nodes(cfg: DictConfig, nnodes: int | None = None) -> tuple[DictConfig, list[str]]:
+def planned_nodes(cfg: DictConfig, backends: tuple[BackendRules, ...],
+                  nnodes: int | None = None) -> tuple[DictConfig, list[str]]:
     """(cfg with cluster.nnodes as the number of hosts planned for, the problems of the value given): ``nnodes``
     when given (an elastic round's hosts), else MAX of MIN:MAX; a bad value plans as 1 host, its problem said."""
     value = cfg.cluster.nnodes
-    problems = node_range_problems(value, str(cfg.cluster.launch))
+    chosen = backend_named(backends, cfg.cluster.launch)
+    problems = node_range_problems(value, str(cfg.cluster.launch), chosen is not None and chosen.launcher_per_host)
     if nnodes is None:
         got = node_range(value)
         nnodes = got[1] if got is not None and not problems else 1

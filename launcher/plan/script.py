@@ -179,7 +179,7 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
     """``use``: what the script trains with (launcher.integrations.scan_script of its text); None = not scanned,
     planned as a runtime.prepare() script. ``backends``: the launch backends (launcher.backends.BACKENDS' values)."""
     use = use or ScriptUse("prepare", "not scanned")
-    cfg, node_problems = planned_nodes(cfg)
+    cfg, node_problems = planned_nodes(cfg, backends)
     c = cfg.cluster
     loggers, logger_problems = logger_specs(cfg.logger)
     key_problems, not_applied = script_key_verdicts(cfg, use.kind)
