@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from launcher.codec import from_plain
+
 if TYPE_CHECKING:  # annotations only: launcher.plan imports this module
     from launcher.plan.parallel import ParallelDims
     from launcher.plan.pipeline import PipelinePlan
@@ -132,4 +134,4 @@ class PartPlan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PartPlan:
-        return cls(name=d["name"], dims=tuple(d["dims"]), config=d["config"], why=d["why"])
+        return from_plain(cls, d)

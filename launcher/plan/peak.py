@@ -17,6 +17,7 @@ import functools
 from dataclasses import asdict, dataclass, field, fields
 
 from launcher import constants as C
+from launcher.codec import from_plain
 from launcher.plan.memory import MemoryEstimate
 from launcher.plan.ps import rows_per_rank
 from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS
@@ -138,7 +139,7 @@ class MemoryPlan:
 
     @classmethod
     def from_dict(cls, d: dict) -> MemoryPlan:
-        return cls(**{**d, "terms": tuple(Term(**t) for t in d["terms"])})
+        return from_plain(cls, d)
 
 
 def phase_sums(terms) -> dict[str, dict[str, int]]:

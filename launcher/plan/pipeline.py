@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from launcher.codec import from_plain
 from launcher.plan.registry import unknown
 
 PARTITIONS = ("parameters", "uniform")
@@ -74,10 +75,7 @@ class PipelinePlan:
 
     @classmethod
     def from_dict(cls, d: dict) -> PipelinePlan:
-        return cls(stages=tuple(StagePlan(**{**s, "layers": tuple(s["layers"])}) for s in d["stages"]),
-                   micro_batches=d["micro_batches"], partition=d["partition"],
-                   tied=tuple(TiePlan(paths=tuple(t["paths"]), stages=tuple(t["stages"]), numel=t["numel"])
-                              for t in d["tied"]), schedule=d["schedule"], ranks=d["ranks"], split=d["split"])
+        return from_plain(cls, d)
 
     @property
     def stages_per_rank(self) -> int:

@@ -23,6 +23,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.codec import from_plain
 from launcher.contract import Operator
 
 SEARCH_MODES = ("sharding_propagation",)
@@ -70,8 +71,7 @@ class ShardingPlan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardingPlan:
-        ops = tuple(OpShard(**{**o, "collectives": tuple(o["collectives"])}) for o in d["ops"])
-        return cls(**{**d, "ops": ops})
+        return from_plain(cls, d)
 
 
 def _shape(*dims: int) -> list[int]:

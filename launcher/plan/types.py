@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from launcher.codec import from_plain
 from launcher.parallel.intents import PartPlan
 from launcher.plan.batch import BatchPlan
 from launcher.plan.budget import Budget
@@ -14,10 +15,9 @@ from launcher.plan.memory import MemoryEstimate
 from launcher.plan.peak import MemoryPlan
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.pipeline import PipelinePlan
-from launcher.plan.placement import PlacementPlan, TablePlan
+from launcher.plan.placement import PlacementPlan
 from launcher.plan.ranks import RankPlan
 from launcher.plan.sharding import ShardingPlan
-from launcher.units import Bytes
 
 
 @dataclass(frozen=True)
@@ -181,28 +181,8 @@ class LaunchPlan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LaunchPlan:
-        d = dict(d)
-        d["dims"] = ParallelDims(**{**d["dims"], "names": tuple(d["dims"]["names"])})
-        d["parts"] = tuple(PartPlan.from_dict(p) for p in d["parts"])
-        d["batch"] = BatchPlan(**d["batch"])
-        d["optimizer"] = OptimizerPlan(**{**d["optimizer"], "betas": tuple(d["optimizer"]["betas"])})
-        m = d["memory"]
-        d["memory"] = MemoryEstimate(**{**m, "host": Bytes(**m["host"]), "device": Bytes(**m["device"])})
-        pl = d["placement"]
-        tables = tuple(TablePlan(**{**t, "betas": tuple(t["betas"])}) for t in pl["tables"])
-        d["placement"] = PlacementPlan(**{**pl, "tables": tables})
-        d["ranks"] = tuple(RankPlan(**r) for r in d["ranks"])
-        if d.get("pipeline") is not None:
-            d["pipeline"] = PipelinePlan.from_dict(d["pipeline"])
-        if d.get("sharding") is not None:
-            d["sharding"] = ShardingPlan.from_dict(d["sharding"])
-        for key in ("ds_ops", "notes", "debug_fail", "code_paths", "recompute"):
-            d[key] = tuple(d[key])
-        d["loggers"] = tuple(d.get("loggers", ()))
-        d["peak"] = MemoryPlan.from_dict(d["peak"]) if d.get("peak") else None
-        d["budget"] = Budget(**d["budget"]) if d.get("budget") else None
-        d["decisions"] = tuple(d.get("decisions", ()))
-        return cls(**d)
+        """plan.json read back (the field types say how: launcher/codec.py)."""
+        return from_plain(cls, d)
 
 
 @dataclass(frozen=True)
