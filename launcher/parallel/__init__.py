@@ -6,11 +6,11 @@ or is imported only inside a rank.
 """
 
 from launcher.parallel.choose import (checkpoint_format, choose_data_parallel, config_file, data_parallel_name,
-                                      estimate, plan_parts, run_facts)
+                                      RunFacts, estimate, plan_parts, run_facts)
 from launcher.parallel.intents import Intents, PartPlan, intents_of
 from launcher.parallel.memory import ModelMemory, rank_memory
 from launcher.parallel.registry import DATA_PARALLEL, PARTS, SLOTS
 
 __all__ = ["DATA_PARALLEL", "Intents", "PARTS", "PartPlan", "SLOTS", "checkpoint_format", "choose_data_parallel",
            "config_file", "data_parallel_name", "estimate", "intents_of", "plan_parts", "rank_memory", "run_facts",
-           "ModelMemory"]
+           "ModelMemory", "RunFacts"]

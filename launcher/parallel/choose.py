@@ -9,7 +9,7 @@ fsdp where DeepSpeed cannot go (with tensor parallel or pipeline stages). The pl
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from launcher.parallel.intents import Intents, PartPlan
 from launcher.parallel.part import DCP
@@ -98,15 +98,33 @@ def data_parallel_name(parts: tuple[PartPlan, ...]) -> str:
     return _data_parallel(parts).name
 
 
-def run_facts(i: Intents, parts: tuple[PartPlan, ...]) -> dict[str, Any]:
-    """What the run's data-parallel part says of it: the ZeRO stage it runs (zero), the ranks of dp its parameters are
-    sharded over (dp_shard: the mesh's dim), the C++ ops its ranks load (ops), where parameters and optimizer live
-    (param_location, optimizer_location) and its name (data_parallel: what a checkpoint's format depends on)."""
+@dataclass(frozen=True)
+class RunFacts:
+    """What the run's data-parallel part says of the run, for the plan to write down."""
+
+    zero: int
+    """The ZeRO stage it runs (0-3)."""
+    dp_shard: int
+    """The ranks of dp its parameters are sharded over (the mesh's dp_shard dim); 1 = replicated."""
+    ops: tuple[str, ...]
+    """DeepSpeed's C++ ops its ranks load (launcher/plan/ds_ops.py names)."""
+    param_location: str
+    """Where the parameters live: device or cpu."""
+    optimizer_location: str
+    """Where the optimizer states live: device or cpu."""
+    data_parallel: str
+    """Its name: what a checkpoint's format depends on."""
+    step_overhead_s: float = 0.0
+    """What its engine adds to a step (the step-time model's)."""
+
+
+def run_facts(i: Intents, parts: tuple[PartPlan, ...]) -> RunFacts:
+    """What the run's data-parallel part says of it (RunFacts)."""
     dp = _data_parallel(parts)
     params, optimizer = dp.locations(i)
-    return {"zero": dp.zero_stage(i), "dp_shard": dp.shard_ways(i), "ops": dp.ops(i), "param_location": params,
-            "optimizer_location": optimizer, "data_parallel": dp.name,
-            "step_overhead_s": getattr(dp, "step_overhead_s", 0.0)}
+    return RunFacts(zero=dp.zero_stage(i), dp_shard=dp.shard_ways(i), ops=tuple(dp.ops(i)), param_location=params,
+                    optimizer_location=optimizer, data_parallel=dp.name,
+                    step_overhead_s=getattr(dp, "step_overhead_s", 0.0))
 
 
 def estimate(i: Intents, parts: tuple[PartPlan, ...], placement, layer_paths, per_sample, recompute, micro):

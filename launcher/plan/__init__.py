@@ -372,9 +372,9 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     from launcher.usercode import UserRecipe
 
     run = parallel.run_facts(intents, parts)
-    zero, dims = run["zero"], dataclasses.replace(d.dims, dp_shard=run["dp_shard"])
-    placement = dataclasses.replace(d.placement, param_location=run["param_location"],
-                                    optimizer_location=run["optimizer_location"])
+    zero, dims = run.zero, dataclasses.replace(d.dims, dp_shard=run.dp_shard)
+    placement = dataclasses.replace(d.placement, param_location=run.param_location,
+                                    optimizer_location=run.optimizer_location)
     placement, prefetch_problems = plan_prefetch(cfg.placement.prefetch, placement, dims, zero, d.device_type)
     d.problems += prefetch_problems
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
@@ -416,7 +416,7 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
         activations=_activations(facts.activations, d.recompute, d.batch.micro_size), pipeline=pipeline,
         seed=cfg.trainer.seed, batch=d.batch, optimizer=_optimizer(cfg), placement=placement, memory=memory,
         model=d.model, data=data, loss=OmegaConf.to_container(cfg.loss, resolve=True),
-        reference=dict(facts.data.reference), ranks=ranks, rank_table=rank_table(ranks, hosts), ds_ops=run["ops"],
+        reference=dict(facts.data.reference), ranks=ranks, rank_table=rank_table(ranks, hosts), ds_ops=run.ops,
         notes=tuple(d.notes), resume_from=cfg.trainer.resume_from, code_paths=facts.code_paths,
         debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step), sharding=d.sharding, model_output=cfg.model_output,
         loggers=loggers, peak=peak, budget=budget,

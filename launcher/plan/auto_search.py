@@ -43,15 +43,15 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
         if problems or not parts:
             return None
         run = parallel.run_facts(i, parts)
-        where = dataclasses.replace(on_device, param_location=run["param_location"],
-                                    optimizer_location=run["optimizer_location"])
-        key = (run["zero"], opt, par, rec)
+        where = dataclasses.replace(on_device, param_location=run.param_location,
+                                    optimizer_location=run.optimizer_location)
+        key = (run.zero, opt, par, rec)
         if key in seen:  # ZeRO-0 with offload runs as ZeRO-2: the same layout twice
             return None
         seen.add(key)
         terms = None if intents.dims.pp > 1 else tables
         mem = parallel.rank_memory(i, parts, where, mm, terms)[2]
-        return mem, run["data_parallel"], run["step_overhead_s"]
+        return mem, run.data_parallel, run.step_overhead_s
 
     dense = max(0, placement.dense_params) // max(1, intents.dims.pp * intents.dims.tp)
     lookups = dict(facts.lookups or {})

@@ -100,7 +100,7 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str,
     if part_problems:
         return None, (), part_problems, notes
     run = parallel.run_facts(intents, parts)
-    zero, ds_ops = run["zero"], run["ops"]
+    zero, ds_ops = run.zero, run.ops
     runtime = RuntimePlan(
         parts=parts, zero_stage=zero, precision=cfg.precision, grad_accum=accum, placement=placement,
         host_device_mix=cfg.placement.host_device_mix, table_locations=OmegaConf.to_container(cfg.placement.tables),
