@@ -9,12 +9,12 @@ first second. Then the jobs run in turn, each in its own run dir under one sweep
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig
@@ -39,14 +39,28 @@ class Job:
 
 
 def expand_jobs(overrides: list[str]) -> list[list[str]]:
-    """Hydra's basic sweeper: the cartesian product of every swept override (a,b / range(0,3) / choice(...))."""
+    """The jobs of a sweep, as Hydra's basic sweeper makes them: the cartesian product of every swept override
+    (key=a,b / range(0,3) / choice(...)), read by Hydra's public override parser; the first override of a key sets
+    its place in each job, a later one of the same key its values."""
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
-        return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     except HydraException as e:
-        raise ConfigError(f"could not expand the sweep: {first_line(e)}. A sweep takes key=a,b, key=range(0,3) or "
-                          f"key=choice(a,b) (interval() and glob() need a sweeper plugin, which a sweep here does "
-                          f"not use).") from None
+        raise ConfigError(f"could not expand the sweep: {first_line(e)}. {SWEEP_FORMS}") from None
+    values: dict[str, list[str]] = {}
+    for o in parsed:
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            values[key] = [f"{key}={o.get_value_element_as_str()}"]
+        elif o.is_discrete_sweep():
+            values[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        else:
+            raise ConfigError(f"could not expand the sweep: {o.input_line} is a range to search, not a list of "
+                              f"values. {SWEEP_FORMS}")
+    return [list(job) for job in itertools.product(*values.values())]
+
+
+SWEEP_FORMS = ("A sweep takes key=a,b, key=range(0,3) or key=choice(a,b) (interval() and glob() need a sweeper "
+               "plugin, which a sweep here does not use).")
 
 
 
