@@ -27,7 +27,6 @@ from launcher.codec import from_plain
 from launcher.contract import Operator
 
 SEARCH_MODES = ("sharding_propagation",)
-MATMUL_STYLES = {"row": "row-split (partial sums)", "col": "column-split", "replicate": "replicated on tp"}
 
 
 @dataclass(frozen=True)

@@ -212,9 +212,6 @@ class SparseAdam:
     def load_state_dict(self, state: dict) -> None:
         self._opt.load_state_dict(state)
 
-    def state_bytes_when_allocated(self) -> int:
-        return 2 * self.weight.numel() * self.weight.element_size()
-
     @torch.no_grad()
     def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
         self._param.grad = torch.sparse_coo_tensor(
