@@ -17,6 +17,7 @@ Imported only by the launcher (torch, the rendezvous), never by the plan."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -236,7 +237,8 @@ class _Agent:
     def _round(self, identity: str, restarts_left: int, last_hosts, failed_at):
         """Meet, plan this world, agree, run this host's ranks; (the attempt, the round's hosts)."""
         from launcher.launch.attempt import run_attempt
-        from launcher.launch.engine import host_store, rank_envs
+        from launcher.backends import JobConfig, backend
+        from launcher.launch.store import host_store, rank_envs
         from launcher.launch.nodes import agree, next_round
         from launcher.launch.record import write_rank_env
         from launcher.plan.ranks import on_node, rank_table
@@ -263,8 +265,10 @@ class _Agent:
         self.console.print(f"attempt {number}: node {group.node_rank} of {group.nnodes} (world {plan.world_size}), "
                            f"ranks {', '.join(map(str, mine))}; resuming from "
                            f"{plan.resume_from or 'the start'}")
+        start = backend(self.cfg.cluster.launch).start  # this host's ranks, as the local backend starts them
         attempt = run_attempt(plan, self.run_dir, envs, number, float(self.cfg.launcher.watchdog_s), self.console,
-                              group, console_mode=self.cfg.output.console)
+                              group, start_job=functools.partial(start, JobConfig()),
+                              console_mode=self.cfg.output.console)
         self.attempts.append(attempt)
         self.last_hosts = hosts
         self.records.append(self._record(attempt, plan, group, hosts, last_hosts, choice, failed_at, mine))

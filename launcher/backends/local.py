@@ -1,5 +1,5 @@
 """cluster.launch=local: this host's ranks, started by the launcher as torch elastic's processes
-(``launcher.launch.engine``)."""
+(the job: ``launcher.backends.local_job``, through ``Backend.start``)."""
 
 from __future__ import annotations
 

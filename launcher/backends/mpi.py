@@ -1,5 +1,5 @@
 """cluster.launch=mpi: OpenMPI's ``mpirun`` starts every rank, on this host or on the hosts of cluster.hostfile /
-cluster.rank_table_file (the job itself: ``launcher.launch.external``)."""
+cluster.rank_table_file (the job itself: ``launcher.backends.external_job``, through ``Backend.start``)."""
 
 from __future__ import annotations
 

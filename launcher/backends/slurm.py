@@ -1,6 +1,6 @@
 """cluster.launch=slurm: Slurm's ``srun`` starts every rank inside an allocation (its hosts from Slurm); outside one,
 a dry run writes ``job.sbatch``, which runs the same command inside one (the job itself:
-``launcher.launch.external``)."""
+``launcher.backends.external_job``, through ``Backend.start``)."""
 
 from __future__ import annotations
 

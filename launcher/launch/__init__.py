@@ -74,7 +74,7 @@ def _bind_store(plan: RunPlan):
     bind is bad input (exit 2), found before the run dir or any rank exists."""
     from torch.distributed import DistNetworkError
 
-    from launcher.launch.engine import host_store
+    from launcher.launch.store import host_store
 
     env = plan.ranks[0].env
     _check_local_address(env["MASTER_ADDR"])
@@ -168,7 +168,7 @@ def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, stores: list, con
     import functools
 
     from launcher.launch.attempt import run_attempt
-    from launcher.launch.engine import rank_envs
+    from launcher.launch.store import rank_envs
     from launcher.launch.supervise import SignalException
 
     start_job = functools.partial(b.start, config)
@@ -201,7 +201,7 @@ def _prepare_restart(plan: RunPlan, run_dir: RunDir, attempt, restart: int, max_
     attempt is seen), on the planned port (an explicit one is free again once the old store is gone). (plan, None):
     no restart (the last checkpoint is the end, or the port is taken)."""
     from launcher.launch.attempt import archive_attempt
-    from launcher.launch.engine import host_store
+    from launcher.launch.store import host_store
 
     newest = newest_intact_checkpoint(run_dir, console)
     if hasattr(plan, "resume_from") and newest is not None:

@@ -52,20 +52,19 @@ class Attempt:
 
 
 def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]], number: int, watchdog_s: float,
-                console: Console, nodes: NodeGroup | None = None, start_job: StartJob | None = None,
+                console: Console, nodes: NodeGroup | None = None, *, start_job: StartJob,
                 console_mode: str = "none") -> Attempt:
-    """Start the ranks in envs (start_job: mpirun or srun; default: torch elastic's processes on this host),
-    supervise them (progress; output.console=console_mode: a script's rank output on the console), judge the end.
+    """Start the ranks in envs (start_job: the backend's ``start`` with its JobConfig bound: torch elastic's
+    processes on this host, one mpirun/srun, or another backend's own), supervise them (progress; output.console=console_mode: a script's rank output on the console), judge the end.
     With nodes (cluster.launch=elastic), a failure on another node stops this node's ranks too, and every node
     names the same first failure."""
-    from launcher.backends.local_job import spawn_ranks
     from launcher.launch.ops import RankBuildWatch
     from launcher.launch.progress import ProgressView
     from launcher.launch.supervise import supervise
     from launcher.launch.tee import RankTee, streamed_ranks
     from launcher.launch.watchdog import Watchdog
 
-    job = (start_job or spawn_ranks)(plan, run_dir, envs)
+    job = start_job(plan, run_dir, envs)
     watchdog = Watchdog({r: run_dir.rank(r) for r in job.ranks}, job.pids, watchdog_s) if watchdog_s > 0 else None
     other_failed = nodes.should_stop if nodes is not None else None  # a failure elsewhere, or a host to admit
     tee = RankTee(console, run_dir, streamed_ranks(plan.kind, console_mode, job.ranks), console_mode == "all")

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from torch.distributed import TCPStore
 
-from launcher.launch.engine import host_store
+from launcher.launch.store import host_store
 
 
 def _listening_addresses(port: int) -> set[str]:
