@@ -17,95 +17,142 @@ HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "-
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Pick the subcommand (SUBCOMMANDS) from the arguments and run it; a ConfigError is one message, exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["report"]:  # hetero-launch report RUN_DIR [RUN_DIR ...] [--into OUT]
-        from launcher.report.merge import report_command
-
-        return report_command(argv[1:], launcher_console())
-    if "--" in argv:  # everything after -- goes to the user's script, word for word (${x}, quotes, backslashes)
-        from launcher.plan.script import script_args_override
-
-        cut = argv.index("--")
-        try:
-            argv = [*argv[:cut], script_args_override(argv[cut + 1 :])]
-        except ConfigError as e:
-            return _print_error(e)
-    from launcher.config import compose_config, table_path_override
-
+    if argv[:1] == ["report"]:  # hetero-launch report RUN_DIR [RUN_DIR ...] [--into OUT]: no config, no overrides
+        return _report(argv[1:], None, argv)
     try:
+        argv = _with_script_args(argv)
         config_dir, rest = _split_config_dir(argv)
+        return SUBCOMMANDS[_subcommand(rest)](rest, config_dir, argv)
     except ConfigError as e:
         return _print_error(e)
-    check = rest[:1] == ["check"]  # hetero-launch check [-m] [overrides]: plan every job, start nothing
-    multirun = any(a in ("-m", "--multirun") for a in rest)
-    if check or multirun:
-        from launcher.launch.sweep import check_jobs, run_sweep
 
-        jobs = [a for a in rest[check:] if a not in ("-m", "--multirun")]
-        try:
-            return (check_jobs if check else run_sweep)(jobs, config_dir, launcher_console())
-        except ConfigError as e:
-            return _print_error(e)
-    overrides, flags = _overrides_and_flags(rest)
-    if flags in (["--cfg", "job"], ["-c", "job"], ["--cfg", "job", "--resolve"], ["-c", "job", "--resolve"]):
-        from omegaconf import OmegaConf
 
-        try:  # the config a run gets, as this launcher composes it (smoke profile and --config-dir included)
-            print(OmegaConf.to_yaml(compose_config(overrides, config_dir), resolve="--resolve" in flags), end="")
-        except ConfigError as e:
-            return _print_error(e)
-        return 0
+def _subcommand(rest: list[str]) -> str:
+    """Which of SUBCOMMANDS the arguments (less --config-dir) ask for."""
+    if rest[:1] == ["check"]:
+        return "check"
+    if any(a in ("-m", "--multirun") for a in rest):
+        return "sweep"
+    if _overrides_and_flags(rest)[1] in CONFIG_FLAGS:
+        return "config"
     if any(a.split("=")[0] in HYDRA_FLAGS for a in rest):
-        if {"--help", "-h"} & set(argv):
-            if not any(o.startswith("recipe=") for o in overrides):
-                argv.insert(0, "recipe=quickstart")  # help composes a config; any recipe lists the same groups
-        else:
-            try:
-                compose_config(overrides, config_dir)  # our messages for bad keys, before Hydra prints anything
-            except ConfigError as e:
-                return _print_error(e)
-        return _hydra_app([table_path_override(a) for a in argv])  # compose_config rewrites them itself
+        return "hydra"
+    return "run"
+
+
+CONFIG_FLAGS = (["--cfg", "job"], ["-c", "job"], ["--cfg", "job", "--resolve"], ["-c", "job", "--resolve"])
+"""--cfg job: the config a run gets, as this launcher composes it (smoke profile and --config-dir included)."""
+
+
+def _with_script_args(argv: list[str]) -> list[str]:
+    """Everything after -- goes to the user's script, word for word (${x}, quotes, backslashes): one override."""
+    if "--" not in argv:
+        return argv
+    from launcher.plan.script import script_args_override
+
+    cut = argv.index("--")
+    return [*argv[:cut], script_args_override(argv[cut + 1:])]
+
+
+def _report(args: list[str], config_dir: str | None, argv: list[str]) -> int:
+    from launcher.report.merge import report_command
+
+    return report_command(args, launcher_console())
+
+
+def _check_or_sweep(rest: list[str], config_dir: str | None, argv: list[str]) -> int:
+    """``check [-m] [overrides]``: plan every job, start nothing; ``-m``: plan every job, then run them in turn."""
+    from launcher.launch.sweep import check_jobs, run_sweep
+
+    check = rest[:1] == ["check"]
+    jobs = [a for a in rest[check:] if a not in ("-m", "--multirun")]
+    return (check_jobs if check else run_sweep)(jobs, config_dir, launcher_console())
+
+
+def _print_config(rest: list[str], config_dir: str | None, argv: list[str]) -> int:
+    from omegaconf import OmegaConf
+
+    from launcher.config import compose_config
+
+    overrides, flags = _overrides_and_flags(rest)
+    print(OmegaConf.to_yaml(compose_config(overrides, config_dir), resolve="--resolve" in flags), end="")
+    return 0
+
+
+def _hydra_flags(rest: list[str], config_dir: str | None, argv: list[str]) -> int:
+    """Hydra's own flags (--help, --info, ...), handed to a Hydra app once our checks of the overrides passed."""
+    from launcher.config import compose_config, table_path_override
+
+    overrides = _overrides_and_flags(rest)[0]
+    if {"--help", "-h"} & set(argv):
+        if not any(o.startswith("recipe=") for o in overrides):
+            argv.insert(0, "recipe=quickstart")  # help composes a config; any recipe lists the same groups
+    else:
+        compose_config(overrides, config_dir)  # our messages for bad keys, before Hydra prints anything
+    return _hydra_app([table_path_override(a) for a in argv])  # compose_config rewrites them itself
+
+
+def _run(rest: list[str], config_dir: str | None, argv: list[str]) -> int:
+    """Compose, plan and show the plan; then launch it, or write it down (dry_run=true)."""
     from rich.markup import escape
 
+    from launcher.config import compose_config
     from launcher.errors import printable
-    from launcher.launch import launch_run, write_dry_run
+    from launcher.launch import launch_run
     from launcher.launch.host import probe_host
     from launcher.launch.planning import plan_run
+
+    console = launcher_console()
+    cfg = compose_config(rest, config_dir)
+    try:  # Ctrl-C while planning (e.g. reading a big data file) is no error: nothing was started
+        plan, lines = plan_run(cfg, probe_host(), config_dir)
+    except KeyboardInterrupt:
+        print("hetero-launch: interrupted while planning; nothing was started", file=sys.stderr)
+        return 130
+    for line in lines:  # about the user's data and model: their names shown, never obeyed or read as markup
+        console.print(escape(printable(line)), highlight=False)
+    _print_plan(console, plan, cfg.dry_run)
+    if cfg.dry_run:
+        return _dry_run(console, cfg, plan, rest, config_dir)
+    return launch_run(cfg, plan, console)
+
+
+def _print_plan(console, plan, dry_run: bool) -> None:
     from launcher.report.memory_view import terms_table
     from launcher.report.plan_view import placement_table, plan_tree, script_plan_view
 
-    console = launcher_console()
-    try:
-        cfg = compose_config(rest, config_dir)
-        try:  # Ctrl-C while planning (e.g. reading a big data file) is no error: nothing was started
-            plan, lines = plan_run(cfg, probe_host(), config_dir)
-        except KeyboardInterrupt:
-            print("hetero-launch: interrupted while planning; nothing was started", file=sys.stderr)
-            return 130
-        for line in lines:  # about the user's data and model: their names shown, never obeyed or read as markup
-            console.print(escape(printable(line)), highlight=False)
-        if plan.kind == "script":
-            console.print(script_plan_view(plan), highlight=False)
-        else:
-            console.print(plan_tree(plan))
-            console.print(placement_table(plan))
-            if cfg.dry_run and plan.peak is not None:
-                console.print(terms_table(plan.peak))
-        if cfg.dry_run:
-            from pathlib import Path
+    if plan.kind == "script":
+        console.print(script_plan_view(plan), highlight=False)
+        return
+    console.print(plan_tree(plan))
+    console.print(placement_table(plan))
+    if dry_run and plan.peak is not None:
+        console.print(terms_table(plan.peak))
 
-            config_args = ["--config-dir", str(Path(config_dir).resolve())] if config_dir else []
-            run_dir = write_dry_run(cfg, plan, [*config_args, *rest])  # job.sbatch runs the same arguments
-            if plan.engine_config() is not None:
-                console.print("[bold]DeepSpeed config[/bold] (ds_config.json):")
-                console.print_json(json.dumps(plan.engine_config()))
-            console.print(f"dry run: nothing started; plan written to {run_dir.path}")
-            if run_dir.sbatch.exists():
-                console.print(f"submit it to Slurm: sbatch {run_dir.sbatch}")
-            return 0
-        return launch_run(cfg, plan, console)
-    except ConfigError as e:
-        return _print_error(e)
+
+def _dry_run(console, cfg, plan, rest: list[str], config_dir: str | None) -> int:
+    """The run dir with every file a run starts with, and no process."""
+    from pathlib import Path
+
+    from launcher.launch import write_dry_run
+
+    config_args = ["--config-dir", str(Path(config_dir).resolve())] if config_dir else []
+    run_dir = write_dry_run(cfg, plan, [*config_args, *rest])  # job.sbatch runs the same arguments
+    if plan.engine_config() is not None:
+        console.print("[bold]DeepSpeed config[/bold] (ds_config.json):")
+        console.print_json(json.dumps(plan.engine_config()))
+    console.print(f"dry run: nothing started; plan written to {run_dir.path}")
+    if run_dir.sbatch.exists():
+        console.print(f"submit it to Slurm: sbatch {run_dir.sbatch}")
+    return 0
+
+
+SUBCOMMANDS = {"check": _check_or_sweep, "sweep": _check_or_sweep, "config": _print_config, "hydra": _hydra_flags,
+               "run": _run, "report": _report}
+"""What ``hetero-launch`` does, by what the arguments ask for (_subcommand): each takes (the arguments less
+--config-dir, the config dir, all the arguments)."""
 
 
 def _overrides_and_flags(args: list[str]) -> tuple[list[str], list[str]]:
