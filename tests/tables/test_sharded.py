@@ -29,8 +29,11 @@ def _spawn(fn: str, tmp_path: Path, world: int, *args: str) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # fast_exit: no interpreter teardown, which can abort a rank whose gloo threads are still joinable (SIGABRT,
+    # "terminate called without an active exception") and costs ~0.7 s a process (launcher/fastexit.py)
     code = (f"import sys, torch; from tests.tables.test_sharded import {fn}; "
-            f"torch.save({fn}(int(sys.argv[1]), {port}, {world}, *sys.argv[3:]), sys.argv[2])")
+            f"torch.save({fn}(int(sys.argv[1]), {port}, {world}, *sys.argv[3:]), sys.argv[2]); "
+            f"from launcher.fastexit import fast_exit; fast_exit(0)")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(tmp_path / f"{fn}{r}.pt"), *args], cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": str(ROOT)}) for r in range(world)]
     assert [p.wait(timeout=180) for p in procs] == [0] * world
@@ -90,6 +93,13 @@ def _train(model, store, rank: int, steps: int) -> list[float]:
 
 def _compare_rank(rank: int, port: int, world: int) -> dict:
     mesh = _join(rank, port, world)
+    out = _compare(rank, world, mesh)
+    dist.destroy_process_group()
+    return out
+
+
+def _compare(rank: int, world: int, mesh) -> dict:
+    """{replicated, sharded: {losses, held, steps}} of this rank: the same model and batches on both stores."""
     out = {}
     for kind, shards in (("replicated", 1), ("sharded", world)):
         torch.manual_seed(0)
@@ -98,13 +108,32 @@ def _compare_rank(rank: int, port: int, world: int) -> dict:
                              mesh.get_group(), mesh)
         out[kind] = {"losses": _train(model, store, rank, steps=6),
                      **_held(store)}
+    return out
+
+
+def _four_rank(rank: int, port: int, world: int, path: str) -> dict:
+    """One 4-rank job for both tests on 4 ranks (each spawn of 4 processes costs ~10 s of importing torch on 2
+    cores): the comparison, then the checkpoint written for the 2-rank resume, on the same process group."""
+    mesh = _join(rank, port, world)
+    out = {"compare": _compare(rank, world, mesh), "saved": _save(rank, world, mesh, path)}
     dist.destroy_process_group()
     return out
 
 
+@pytest.fixture(scope="module")
+def four(tmp_path_factory) -> tuple[dict, str]:
+    """({rank: {compare, saved}}, the checkpoint's path) of one 4-rank job."""
+    tmp = tmp_path_factory.mktemp("four")
+    path = str(tmp / "ckpt")
+    return _spawn("_four_rank", tmp, 4, path), path
+
+
 @pytest.mark.parametrize("world", [2, 4])
-def test_sharded_tables_train_as_replicated_ones(tmp_path, world):
-    got = _spawn("_compare_rank", tmp_path, world)
+def test_sharded_tables_train_as_replicated_ones(tmp_path, world, request):
+    if world == 4:
+        got = {r: out["compare"] for r, out in request.getfixturevalue("four")[0].items()}
+    else:
+        got = _spawn("_compare_rank", tmp_path, world)
     for r in range(world):
         assert got[r]["replicated"]["losses"] == pytest.approx(got[r]["sharded"]["losses"], rel=1e-6, abs=1e-7)
     whole = got[0]["replicated"]["held"]
@@ -117,16 +146,15 @@ def test_sharded_tables_train_as_replicated_ones(tmp_path, world):
             torch.testing.assert_close(torch.cat([s[k] for _, s in blocks]), state, rtol=1e-6, atol=1e-7)
 
 
-def _save_rank(rank: int, port: int, world: int, path: str) -> dict:
+def _save(rank: int, world: int, mesh, path: str) -> dict:
+    """A sharded store trained 3 steps and saved to ``path`` with DCP: {losses, held, steps} of this rank."""
     import torch.distributed.checkpoint as dcp
 
-    mesh = _join(rank, port, world)
     torch.manual_seed(0)
     model = UserModel()
     store = build_tables([model], _plans(world), torch.device("cpu"), torch.float32, None, mesh.get_group(), mesh)
     losses = _train(model, store, rank, steps=3)
     dcp.save({"tables": store.state_dict()}, checkpoint_id=path)
-    dist.destroy_process_group()
     return {"losses": losses, **_held(store)}
 
 
@@ -149,9 +177,8 @@ def _held(store) -> dict:
             "steps": {n: t.optimizer.state_dict().get("steps") for n, t in store.tables.items()}}
 
 
-def test_a_checkpoint_of_4_shards_loads_onto_2(tmp_path):
-    path = str(tmp_path / "ckpt")
-    saved = _spawn("_save_rank", tmp_path, 4, path)
+def test_a_checkpoint_of_4_shards_loads_onto_2(tmp_path, four):
+    saved, path = {r: out["saved"] for r, out in four[0].items()}, four[1]
     two = _spawn("_resume_rank", tmp_path, 2, path)
     for name in ROWS:
         w4 = torch.cat([saved[r]["held"][name][0] for r in range(4)])
