@@ -155,6 +155,8 @@ class BackendRules(Protocol):
     """launcher.max_restarts > 0 restarts the job in place."""
     scripts: bool
     """script= runs can start on it."""
+    reads: tuple[str, ...]
+    """The cluster.* keys only this backend reads: with another backend they are refused."""
 
     def problems(self, c: Any) -> list[str]:
         """Problems of the cluster.* keys (``c``: the cluster section) that only this backend has; pure."""

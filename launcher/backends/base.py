@@ -36,6 +36,9 @@ class Backend:
     """launcher.max_restarts > 0 restarts the job in place."""
     scripts: bool = True
     """script= runs (a user's own training loop) can start on it."""
+    reads: tuple[str, ...] = ()
+    """The cluster.* keys that only this backend reads (cluster.rdzv_endpoint: elastic): set with another backend,
+    such a key would change nothing, so the plan refuses it."""
 
     def problems(self, c: DictConfig) -> list[str]:
         """Problems of the cluster.* keys that only this backend has (cluster.launch is this one)."""

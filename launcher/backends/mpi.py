@@ -17,6 +17,7 @@ class MpiBackend(Backend):
     help = "mpi (mpirun)"
     program = "mpirun"
     scheduler_vars = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE")
+    reads = ("launcher_args",)
 
     def problems(self, c) -> list[str]:
         if c.nnodes > 1 and not (c.hostfile or c.rank_table_file):

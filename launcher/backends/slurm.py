@@ -19,6 +19,7 @@ class SlurmBackend(Backend):
     help = "slurm (srun)"
     program = "srun"
     scheduler_vars = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
+    reads = ("launcher_args",)
 
     def layout(self, cfg, environ):
         return allocation_layout(cfg, environ) or super().layout(cfg, environ)

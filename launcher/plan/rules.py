@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from launcher.contract import BackendRules, backend_named
 from launcher.plain import to_plain
@@ -137,7 +137,22 @@ def _check_nodes(c: DictConfig, backends: tuple[BackendRules, ...]) -> list[str]
         per_host = " / ".join(other.name for other in backends if other.launcher_per_host)
         p.append(f"cluster.node_rank={c.node_rank}: only cluster.launch={per_host} runs one launcher per host (and "
                  f"there the rendezvous assigns node ranks). Leave cluster.node_rank out.")
-    return p + (b.problems(c) if c.nnodes >= 1 else [])
+    return p + _keys_of_other_backends(c, b, backends) + (b.problems(c) if c.nnodes >= 1 else [])
+
+
+def _keys_of_other_backends(c: DictConfig, chosen: BackendRules, backends: tuple[BackendRules, ...]) -> list[str]:
+    """A cluster.* key set (not its default) that only other backends read: with this one it would change nothing."""
+    from launcher.schema import ClusterConfig
+
+    default, p = ClusterConfig(), []
+    for key in dict.fromkeys(k for b in backends for k in b.reads if k not in chosen.reads):
+        value = c.get(key, getattr(default, key))
+        value = to_plain(value) if isinstance(value, (DictConfig, ListConfig)) else value
+        if value != getattr(default, key):
+            readers = " / ".join(b.name for b in backends if key in b.reads)
+            p.append(f"cluster.{key}={value} is read by cluster.launch={readers} only; with cluster.launch="
+                     f"{chosen.name} it would change nothing. Remove it, or set cluster.launch={readers}.")
+    return p
 
 
 def check_cluster(c: DictConfig, host: HostFacts, backends: tuple[BackendRules, ...],

@@ -40,6 +40,13 @@ def test_two_nodes_of_two_ranks_are_one_world_of_four(cpu_host):
     (["recipe=quickstart", "cluster.nnodes=1:2"], r"cluster.nnodes=1:2: a range of hosts needs cluster.launch=elastic"),
     ([*ELASTIC[1:], "+cluster.rdzv_conf.last_call=2"], r"cluster.rdzv_conf.last_call is not a setting"),
     ([*ELASTIC[1:], "+cluster.rdzv_conf.keep_alive_interval=0"], r"cluster.rdzv_conf.keep_alive_interval=0 must be"),
+    # a key only another backend reads would change nothing: refused, naming the backend that reads it
+    (["cluster.rdzv_endpoint=node0:29400"], "cluster.rdzv_endpoint=node0:29400 is read by cluster.launch=elastic "
+                                            "only; with cluster.launch=local it would change nothing"),
+    (["cluster.launch=mpi", "+cluster.rdzv_conf.last_call_timeout=5"], "cluster.rdzv_conf={'last_call_timeout': 5} "
+                                                                       "is read by cluster.launch=elastic only"),
+    ([*ELASTIC[1:], "cluster.launcher_args=[-x]"], "cluster.launcher_args=['-x'] is read by cluster.launch=mpi / "
+                                                   "slurm only; with cluster.launch=elastic"),
 ])
 def test_bad_cluster_keys_are_named(cpu_host, overrides, message):
     with pytest.raises(ConfigError) as e:

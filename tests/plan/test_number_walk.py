@@ -64,6 +64,9 @@ PLANS = {
 """Probe values that plan. A huge size (rows, widths, sequence length, batch) is refused by the memory plan, whose
 message names what does not fit rather than the key: MEMORY below."""
 MEMORY = "of host memory per host"
+ELASTIC = {"cluster.launch": "elastic", "cluster.rdzv_endpoint": "127.0.0.1:29400"}
+CONTEXT = {"cluster.rdzv_timeout_s": ELASTIC}
+"""Keys walked with the backend that reads them (with another, every value is refused: it would change nothing)."""
 
 
 def numeric_keys(cls: type, prefix: str = "") -> list[tuple[str, type]]:
@@ -98,6 +101,8 @@ def outcome(recipe: str, key: str, value: str, host) -> str:
     override would set it (OmegaConf's type check on assignment is the one compose runs; the CLI's message for it
     is checked with a real compose below), then the whole plan is made."""
     cfg = copy.deepcopy(base(recipe))
+    for other, setting in CONTEXT.get(key, {}).items():
+        OmegaConf.update(cfg, other, setting)
     try:
         OmegaConf.update(cfg, key, OmegaConf.create({"v": value}).v if value != WORD else value)
     except ValidationError:
