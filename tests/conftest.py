@@ -73,6 +73,25 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Comp
     )
 
 
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """``cli(args, cwd)``: the launcher's main(args) in this process, in cwd, with run_cli's wide terminal; its exit
+    code, stdout and stderr as run_cli returns them. For the many checks that end before any process starts (exit 2,
+    --cfg job, dry runs): a subprocess adds ~1 s of starting Python and importing Hydra each, and tests nothing more
+    (run_cli's tests still prove a real process exits 2 without a traceback)."""
+    from launcher.cli import main
+
+    def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        monkeypatch.setenv("COLUMNS", "200")
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return run
+
+
 def processes_of_run(run_dir: Path) -> list[str]:
     """The command lines of this host's live processes (zombies left out) that belong to the run at run_dir: its
     path in their environment (the ranks and their children: HL_RUN_DIR) or in their command line (mpirun, srun,

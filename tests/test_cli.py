@@ -1,4 +1,8 @@
-"""The command line as a user meets it: dry runs, help, config printing, and errors before anything starts."""
+"""The command line as a user meets it: dry runs, help, config printing, and errors before anything starts.
+
+A few run the real command in a subprocess (run_cli: exit 2 and no traceback from a real process, help, the
+launcher's own port and address checks); the others call its main in this process (the cli fixture), which is
+what the subprocess would run."""
 
 import json
 import subprocess
@@ -7,8 +11,8 @@ import sys
 from tests.conftest import run_cli
 
 
-def test_dry_run_prints_plan_and_deepspeed_json_and_starts_nothing(tmp_path):
-    res = run_cli(["recipe=wide_deep", "dry_run=true", "zero.stage=2"], tmp_path)
+def test_dry_run_prints_plan_and_deepspeed_json_and_starts_nothing(tmp_path, cli):
+    res = cli(["recipe=wide_deep", "dry_run=true", "zero.stage=2"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert "plan: recipe wide_deep, 2 rank(s) on cpu" in res.stdout
     assert '"train_batch_size": 2048' in res.stdout and '"stage": 2' in res.stdout
@@ -38,13 +42,13 @@ def test_unknown_key_exits_2_with_did_you_mean_and_no_run_dir(tmp_path):
     assert not (tmp_path / "log_output").exists()
 
 
-def test_bad_value_type_exits_2(tmp_path):
-    res = run_cli(["recipe=quickstart", "batch.micro_size=big"], tmp_path)
+def test_bad_value_type_exits_2(tmp_path, cli):
+    res = cli(["recipe=quickstart", "batch.micro_size=big"], tmp_path)
     assert res.returncode == 2 and "batch.micro_size=big" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_impossible_batch_split_exits_2_with_formula(tmp_path):
-    res = run_cli(["recipe=wide_deep", "batch.global_size=10", "batch.micro_size=4"], tmp_path)
+def test_impossible_batch_split_exits_2_with_formula(tmp_path, cli):
+    res = cli(["recipe=wide_deep", "batch.global_size=10", "batch.micro_size=4"], tmp_path)
     assert res.returncode == 2 and "global 10 != micro 4 × accum 1 × dp 2" in res.stderr
 
 
@@ -55,29 +59,29 @@ def test_help_lists_recipes(tmp_path):
     assert "hetero-launch recipe=<name>" in res.stdout
 
 
-def test_cfg_job_prints_composed_config(tmp_path):
-    res = run_cli(["recipe=quickstart", "trainer.steps=7", "--cfg", "job"], tmp_path)
+def test_cfg_job_prints_composed_config(tmp_path, cli):
+    res = cli(["recipe=quickstart", "trainer.steps=7", "--cfg", "job"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert "name: quickstart" in res.stdout and "steps: 7" in res.stdout
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "log_output").exists()
 
 
-def test_existing_run_name_is_never_overwritten(tmp_path):
-    assert run_cli(["recipe=quickstart", "dry_run=true", "output.run_name=mine"], tmp_path).returncode == 0
-    res = run_cli(["recipe=quickstart", "dry_run=true", "output.run_name=mine"], tmp_path)
+def test_existing_run_name_is_never_overwritten(tmp_path, cli):
+    assert cli(["recipe=quickstart", "dry_run=true", "output.run_name=mine"], tmp_path).returncode == 0
+    res = cli(["recipe=quickstart", "dry_run=true", "output.run_name=mine"], tmp_path)
     assert res.returncode == 2 and "output.run_name=mine" in res.stderr and "never overwritten" in res.stderr
 
 
-def test_script_and_recipe_together_are_refused(tmp_path):
-    res = run_cli(["recipe=gpt", "script=train.py"], tmp_path)
+def test_script_and_recipe_together_are_refused(tmp_path, cli):
+    res = cli(["recipe=gpt", "script=train.py"], tmp_path)
     assert res.returncode == 2 and "script= and recipe=gpt were both given" in res.stderr
 
 
-def test_resume_from_a_folder_that_is_no_checkpoint(tmp_path):
-    res = run_cli(["recipe=quickstart", f"trainer.resume_from={tmp_path}"], tmp_path)
+def test_resume_from_a_folder_that_is_no_checkpoint(tmp_path, cli):
+    res = cli(["recipe=quickstart", f"trainer.resume_from={tmp_path}"], tmp_path)
     assert res.returncode == 2 and f"trainer.resume_from={tmp_path}: not a checkpoint dir" in res.stderr
     (tmp_path / "checkpoint.json").write_text('{"step": 3, "rec')  # cut short by a crash
-    res = run_cli(["recipe=quickstart", f"trainer.resume_from={tmp_path}"], tmp_path)
+    res = cli(["recipe=quickstart", f"trainer.resume_from={tmp_path}"], tmp_path)
     assert res.returncode == 2 and "cannot be read" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "log_output").exists()
 

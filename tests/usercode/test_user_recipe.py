@@ -122,28 +122,28 @@ def test_the_cli_exits_2_before_any_rank(project):
     assert not (project / "log_output").exists()
 
 
-def test_config_dir_mistakes(project, tmp_path):
-    res = run_cli(["--config-dir", "confs", "recipe=my_ctr"], project)
+def test_config_dir_mistakes(project, tmp_path, cli):
+    res = cli(["--config-dir", "confs", "recipe=my_ctr"], project)
     assert res.returncode == 2 and "--config-dir confs: no such directory" in res.stderr
-    res = run_cli(["--config-dir", "conf", "recipe=my_ct"], project)
+    res = cli(["--config-dir", "conf", "recipe=my_ct"], project)
     assert res.returncode == 2 and "Did you mean recipe=my_ctr?" in res.stderr, res.stderr
     (tmp_path / "conf" / "recipe").mkdir(parents=True)
     (tmp_path / "conf" / "recipe" / "gpt.yaml").write_text("# @package _global_\nrecipe: {name: gpt}\n")
-    res = run_cli(["--config-dir", "conf", "recipe=gpt"], tmp_path)
+    res = cli(["--config-dir", "conf", "recipe=gpt"], tmp_path)
     assert res.returncode == 2 and "has the name of a built-in recipe" in res.stderr
 
 
-def test_hydra_flags_see_the_users_config_tree(project):
-    res = run_cli(["--config-dir", "conf", "recipe=my_ctr", "--cfg", "job"], project)
+def test_hydra_flags_see_the_users_config_tree(project, cli):
+    res = cli(["--config-dir", "conf", "recipe=my_ctr", "--cfg", "job"], project)
     assert res.returncode == 0, res.stderr
     assert "_target_: my_ctr.model.Net" in res.stdout and "eval_data:" in res.stdout
 
 
-def test_a_recipe_file_without_the_package_header_is_named(project, tmp_path):
+def test_a_recipe_file_without_the_package_header_is_named(project, tmp_path, cli):
     (tmp_path / "conf" / "recipe").mkdir(parents=True)
     text = (project / "conf" / "recipe" / "my_ctr.yaml").read_text().replace("# @package _global_\n", "")
     (tmp_path / "conf" / "recipe" / "my_ctr.yaml").write_text(text)
-    res = run_cli(["--config-dir", "conf", "recipe=my_ctr"], tmp_path)
+    res = cli(["--config-dir", "conf", "recipe=my_ctr"], tmp_path)
     assert res.returncode == 2 and "its first line must be `# @package _global_`" in res.stderr, res.stderr
 
 
