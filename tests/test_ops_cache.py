@@ -20,7 +20,7 @@ from launcher.launch.ops import RankBuildWatch, is_built, missing_ops, toolchain
 from launcher.backends import BACKENDS
 from launcher.plan.script import plan_script
 from launcher.worker.build_ops import BUILDERS, build_op
-from tests.conftest import plan_of, run_cli
+from tests.conftest import plan_of
 
 VENV_BIN = str(Path(sys.executable).parent)
 
@@ -113,9 +113,9 @@ def test_script_ops_are_prebuilt_with_the_engines_and_refused_for_a_recipe(tmp_p
         plan_of(["recipe=quickstart", "script_ops=[fused_adam]"], cpu_host)
 
 
-def test_an_unknown_script_op_exits_2(tmp_path):
+def test_an_unknown_script_op_exits_2(tmp_path, cli):
     (tmp_path / "train.py").write_text("")
-    res = run_cli(["script=train.py", "script_ops=[nope]", "dry_run=true"], tmp_path)
+    res = cli(["script=train.py", "script_ops=[nope]", "dry_run=true"], tmp_path)
     assert res.returncode == 2 and "script_ops: 'nope' is not a DeepSpeed op" in res.stderr
     assert "Traceback" not in res.stderr + res.stdout
 

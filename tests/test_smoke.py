@@ -69,22 +69,22 @@ def test_check_plans_every_shipped_recipe_fast(tmp_path):
     assert not (tmp_path / "log_output").exists()
 
 
-def test_check_expands_hydra_sweep_syntax(tmp_path):
-    res = run_cli(["check", "-m", "recipe=quickstart", "zero.stage=range(0,3)", "optimizer.lr=choice(0.1,0.2)"],
+def test_check_expands_hydra_sweep_syntax(tmp_path, cli):
+    res = cli(["check", "-m", "recipe=quickstart", "zero.stage=range(0,3)", "optimizer.lr=choice(0.1,0.2)"],
                   tmp_path)
     assert res.returncode == 0, res.stderr
     assert "6 job(s) plan" in res.stdout and "zero.stage=2 optimizer.lr=0.2" in res.stdout
 
 
-def test_a_bad_value_in_a_later_job_fails_the_sweep_before_anything_starts(tmp_path):
-    res = run_cli(["-m", "recipe=quickstart", "smoke=true", "zero.stage=0,1,7"], tmp_path)
+def test_a_bad_value_in_a_later_job_fails_the_sweep_before_anything_starts(tmp_path, cli):
+    res = cli(["-m", "recipe=quickstart", "smoke=true", "zero.stage=0,1,7"], tmp_path)
     assert res.returncode == 2
     assert "job 2 (recipe=quickstart smoke=True zero.stage=7): zero.stage=7 must be 0, 1, 2 or 3." in res.stderr
     assert not (tmp_path / "log_output").exists()
 
 
-def test_cfg_job_shows_the_smoke_config_a_run_gets(tmp_path):
-    res = run_cli(["recipe=wide_deep", "smoke=true", "--cfg", "job"], tmp_path)
+def test_cfg_job_shows_the_smoke_config_a_run_gets(tmp_path, cli):
+    res = cli(["recipe=wide_deep", "smoke=true", "--cfg", "job"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert "  steps: 2\n" in res.stdout and "rows_per_table: 100\n" in res.stdout
     assert "- 'model.rows_per_table: 10000 -> 100'" in res.stdout

@@ -124,16 +124,14 @@ def test_the_file_is_read_before_planning(tmp_path, monkeypatch):
         read_deepspeed_file(compose_config([*GPT, "deepspeed.config=missing.json"]))
 
 
-def test_the_dry_run_shows_the_merged_config_and_a_conflict_exits_2(tmp_path):
-    from tests.conftest import run_cli
-
+def test_the_dry_run_shows_the_merged_config_and_a_conflict_exits_2(tmp_path, cli):
     (tmp_path / "ds_config.json").write_text(json.dumps(EXAMPLE))
-    res = run_cli([*GPT, "deepspeed.config=ds_config.json", "dry_run=true"], tmp_path)
+    res = cli([*GPT, "deepspeed.config=ds_config.json", "dry_run=true"], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     shown = res.stdout[res.stdout.index("DeepSpeed config (ds_config.json):"):]
     assert '"overlap_comm": true' in shown and '"offload_optimizer"' in shown and '"gradient_clipping": 1.0' in shown
     assert json.loads((tmp_path / "log_output" / "latest" / "ds_config.json").read_text())["zero_optimization"][
         "reduce_bucket_size"] == 2e7
-    res = run_cli([*GPT, "deepspeed.config=ds_config.json", "zero.stage=3", "dry_run=true"], tmp_path)
+    res = cli([*GPT, "deepspeed.config=ds_config.json", "zero.stage=3", "dry_run=true"], tmp_path)
     assert res.returncode == 2 and "zero_optimization.stage=2 in ds_config.json conflicts with zero.stage=3" in \
         res.stderr.replace("\n", " ")

@@ -134,10 +134,8 @@ def test_every_number_is_planned_as_documented_or_refused_by_name(recipe, cpu_ho
 
 
 @pytest.mark.parametrize("override", ["trainer.steps=abc", "trainer.steps=0.5", "placement.reserve=abc"])
-def test_a_wrong_type_exits_2_naming_the_key(override, tmp_path):
+def test_a_wrong_type_exits_2_naming_the_key(override, tmp_path, cli):
     """What OmegaConf's type check refuses reaches the user as the CLI's one paragraph, naming the key."""
-    from tests.conftest import run_cli
-
-    res = run_cli(["recipe=quickstart", override, "dry_run=true"], tmp_path)
+    res = cli(["recipe=quickstart", override, "dry_run=true"], tmp_path)
     assert res.returncode == 2 and override.split("=")[0] in res.stdout + res.stderr, res.stdout + res.stderr
     assert "Traceback" not in res.stdout + res.stderr

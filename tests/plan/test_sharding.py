@@ -9,7 +9,7 @@ from rich.console import Console
 from launcher.errors import ConfigError
 from launcher.plan import HostFacts, LaunchPlan
 from launcher.report.plan_view import sharding_table
-from tests.conftest import plan_of, run_cli
+from tests.conftest import plan_of
 
 HOST8 = HostFacts(hostname="h", cpu_count=8, accelerators=0, extensions_dir="/x")
 SEMI_AUTO = ["recipe=quickstart", "parallel=semi_auto"]
@@ -146,8 +146,8 @@ def test_op_level_sharding_composes_with_zero_bf16_and_recompute(overrides, part
     assert [p.name for p in plan.parts] == parts and (plan.dims.dp, plan.dims.tp) == (2, 4)
 
 
-def test_a_bad_strategy_exits_2_before_any_process(tmp_path):
-    res = run_cli([*SEMI_AUTO, "cluster.nproc_per_node=4"], tmp_path)
+def test_a_bad_strategy_exits_2_before_any_process(tmp_path, cli):
+    res = cli([*SEMI_AUTO, "cluster.nproc_per_node=4"], tmp_path)
     assert res.returncode == 2, res.stderr
     assert "its factors multiply to 8 (2 × 4 × 1), not the 4 devices" in res.stderr
     assert not (tmp_path / "log_output").exists()

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from launcher.recipes.wide_deep.tabular import TabularCTR, TabularError, prepare
-from tests.conftest import run_cli
 from tests.data.make_ctr_csv import write_ctr_csv
 
 
@@ -95,12 +94,12 @@ def test_bad_files_are_named_with_a_fix(tmp_path, make, kwargs, message):
         prepare(**args)
 
 
-def test_cli_refuses_a_bad_file_before_starting(tmp_path):
+def test_cli_refuses_a_bad_file_before_starting(tmp_path, cli):
     (tmp_path / "f.csv").write_text("x,clicked\n1,yes\n2,no\n")
-    res = run_cli(["recipe=wide_deep", "data=tabular", "data.path=f.csv", "data.label=click", "data.positive=yes"], tmp_path)
+    res = cli(["recipe=wide_deep", "data=tabular", "data.path=f.csv", "data.label=click", "data.positive=yes"], tmp_path)
     assert res.returncode == 2 and "data.label: column 'click' is not in" in res.stderr
     assert not (tmp_path / "log_output").exists()
-    res = run_cli(["recipe=wide_deep", "data=tabular"], tmp_path)
+    res = cli(["recipe=wide_deep", "data=tabular"], tmp_path)
     assert res.returncode == 2
     for key in ("data.path", "data.label", "data.positive"):
         assert f"{key} is required and not set" in res.stderr
