@@ -58,8 +58,8 @@ def test_a_run_writes_tensorboard_and_feeds_the_users_loggers(tmp_path):
     assert s["status"] == "ok" and not (run / "rank.1" / "tensorboard").exists()
 
 
-def test_a_bad_logger_target_exits_2_before_anything_starts(tmp_path):
-    res = run_cli(["recipe=quickstart", "logger={_target_:no_such_pkg.Logger}"], tmp_path)
+def test_a_bad_logger_target_exits_2_before_anything_starts(tmp_path, cli):
+    res = cli(["recipe=quickstart", "logger={_target_:no_such_pkg.Logger}"], tmp_path)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "logger._target_=no_such_pkg.Logger does not import: ModuleNotFoundError" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "log_output").exists()

@@ -43,8 +43,8 @@ def test_failing_script_rank_is_named(tmp_path):
     assert s["status"] == "failed" and {r["rank"]: r["exit_code"] for r in s["ranks"]}[1] == 3
 
 
-def test_missing_script_is_refused_before_anything_starts(tmp_path):
-    res = run_cli(["script=nope/train.py"], tmp_path)
+def test_missing_script_is_refused_before_anything_starts(tmp_path, cli):
+    res = cli(["script=nope/train.py"], tmp_path)
     assert res.returncode == 2 and "script=nope/train.py: no such file" in res.stderr
     assert not (tmp_path / "log_output").exists()
 
@@ -65,8 +65,8 @@ def test_script_output_streams_and_runtime_log_feeds_the_summary(tmp_path):
     assert "metrics: acc=0.5" in res.stdout and "1.00000" in res.stdout and "2/0" not in res.stdout
 
 
-def test_unknown_output_console_is_refused(tmp_path):
-    res = run_cli([f"script={LOG_SCRIPT}", "output.console=rank1"], tmp_path)
+def test_unknown_output_console_is_refused(tmp_path, cli):
+    res = cli([f"script={LOG_SCRIPT}", "output.console=rank1"], tmp_path)
     assert res.returncode == 2 and "output.console=rank1 is not one of rank0, all, none. Did you mean " \
         "output.console=rank0?" in res.stderr, res.stderr
     assert not (tmp_path / "log_output").exists()
