@@ -27,6 +27,9 @@ from launcher.schema import TableConfig, register_schemas
 
 CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "config"
+HYDRA_QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+"""Hydra's logging configs: compose() builds them and then drops them with the rest of its own config (a run logs
+through the launcher); the empty ones save ~7% of each compose. Left out where the command line picks them."""
 
 
 def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> DictConfig:
@@ -52,6 +55,7 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         if name in users:
             _check_recipe_file(Path(config_dir) / "recipe" / f"{name}.yaml", f"{config_dir}/recipe/{name}.yaml")
     search = [f"hydra.searchpath=['file://{_quoted(Path(config_dir).resolve())}']"] if config_dir is not None else []
+    search += [q for q in HYDRA_QUIET if not any(o.key_or_group == q.split("=")[0] for o in parsed)]
     script_mode = any(o.key_or_group == "script" for o in parsed)  # a user's own script: no recipe
     bases: dict[tuple[str, ...], DictConfig | ConfigError] = {}  # _compose_once's, for this call's Hydra
     GlobalHydra.instance().clear()
