@@ -32,7 +32,7 @@ from rich.table import Table
 
 from launcher.errors import ConfigError
 from launcher.plan import HostFacts, RunPlan
-from launcher.plan.nodes import node_range
+from launcher.plan.nodes import checkpoint_problems, node_range
 from launcher.rundir import RunDir
 
 __all__ = ["ElasticPlans", "launch_elastic"]
@@ -79,20 +79,6 @@ class ElasticPlans:
         lo, hi = node_range(self.cfg.cluster.nnodes)
         for n in range(lo, hi):
             self.plan(n, self.first.resume_from)
-
-
-def checkpoint_problems(cfg: DictConfig) -> list[str]:
-    """Restarts on several hosts resume from every rank's shards: they must be where every host reads them."""
-    lo, hi = node_range(cfg.cluster.nnodes)
-    if cfg.launcher.max_restarts > 0 and hi > 1 and not cfg.trainer.checkpoint_dir:
-        return [f"launcher.max_restarts={cfg.launcher.max_restarts} with cluster.launch=elastic on "
-                f"cluster.nnodes={cfg.cluster.nnodes} hosts: a restart resumes from every rank's checkpoint shards, a "
-                f"lost host's too, so the checkpoints must be on a file system every host reads and writes. Set "
-                f"trainer.checkpoint_dir=<a shared folder for this job> (the same on every host)."]
-    if cfg.launcher.max_restarts > 0 and cfg.trainer.checkpoint_every < 0:
-        return [f"launcher.max_restarts={cfg.launcher.max_restarts} with trainer.checkpoint_every=-1: a restart "
-                f"could only start over. Set trainer.checkpoint_every=<N steps>."]
-    return []
 
 
 def _resume_choice(run_dir: RunDir, cfg: DictConfig, number: int, own: str, console: Console) -> dict:

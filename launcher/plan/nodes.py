@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from launcher.contract import BackendRules, backend_named
 
-__all__ = ["node_range", "node_range_problems", "planned_nodes"]
+__all__ = ["checkpoint_problems", "node_range", "node_range_problems", "planned_nodes"]
 
 _RANGE = re.compile(r"\s*(-?\d+)\s*:\s*(-?\d+)\s*")
 
@@ -52,13 +52,32 @@ def node_range_problems(value, launch: str, ranged: bool) -> list[str]:
     return []
 
 
+def checkpoint_problems(cfg: DictConfig) -> list[str]:
+    """Restarts of a job whose launchers meet every round (elastic) resume from every rank's shards: on several
+    hosts they must be where every host reads them, and there must be checkpoints at all."""
+    got = node_range(cfg.cluster.nnodes)
+    restarts = cfg.launcher.max_restarts
+    if restarts > 0 and got is not None and got[1] > 1 and not cfg.trainer.checkpoint_dir:
+        return [f"launcher.max_restarts={restarts} with cluster.launch={cfg.cluster.launch} on "
+                f"cluster.nnodes={cfg.cluster.nnodes} hosts: a restart resumes from every rank's checkpoint shards, a "
+                f"lost host's too, so the checkpoints must be on a file system every host reads and writes. Set "
+                f"trainer.checkpoint_dir=<a shared folder for this job> (the same on every host)."]
+    if restarts > 0 and cfg.trainer.checkpoint_every < 0:
+        return [f"launcher.max_restarts={restarts} with trainer.checkpoint_every=-1: a restart could only start "
+                f"over. Set trainer.checkpoint_every=<N steps>."]
+    return []
+
+
 def planned_nodes(cfg: DictConfig, backends: tuple[BackendRules, ...],
                   nnodes: int | None = None) -> tuple[DictConfig, list[str]]:
     """(cfg with cluster.nnodes as the number of hosts planned for, the problems of the value given): ``nnodes``
     when given (an elastic round's hosts), else MAX of MIN:MAX; a bad value plans as 1 host, its problem said."""
     value = cfg.cluster.nnodes
     chosen = backend_named(backends, cfg.cluster.launch)
-    problems = node_range_problems(value, str(cfg.cluster.launch), chosen is not None and chosen.launcher_per_host)
+    per_host = chosen is not None and chosen.launcher_per_host
+    problems = node_range_problems(value, str(cfg.cluster.launch), per_host)
+    if per_host and not problems:  # a dry run says it too, not only the launch
+        problems = checkpoint_problems(cfg)
     if nnodes is None:
         got = node_range(value)
         nnodes = got[1] if got is not None and not problems else 1

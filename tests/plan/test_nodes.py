@@ -40,6 +40,11 @@ def test_two_nodes_of_two_ranks_are_one_world_of_four(cpu_host):
     (["recipe=quickstart", "cluster.nnodes=1:2"], r"cluster.nnodes=1:2: a range of hosts needs cluster.launch=elastic"),
     ([*ELASTIC[1:], "+cluster.rdzv_conf.last_call=2"], r"cluster.rdzv_conf.last_call is not a setting"),
     ([*ELASTIC[1:], "+cluster.rdzv_conf.keep_alive_interval=0"], r"cluster.rdzv_conf.keep_alive_interval=0 must be"),
+    # restarts on several hosts: every rank's shards where every host reads them, and checkpoints at all
+    ([*ELASTIC[1:], "launcher.max_restarts=1"], "launcher.max_restarts=1 with cluster.launch=elastic on "
+                                                "cluster.nnodes=2 hosts: a restart resumes from every rank's"),
+    ([*ELASTIC[1:], "launcher.max_restarts=1", "trainer.checkpoint_dir=/shared/ck", "trainer.checkpoint_every=-1"],
+     "launcher.max_restarts=1 with trainer.checkpoint_every=-1: a restart could only start over"),
     # a key only another backend reads would change nothing: refused, naming the backend that reads it
     (["cluster.rdzv_endpoint=node0:29400"], "cluster.rdzv_endpoint=node0:29400 is read by cluster.launch=elastic "
                                             "only; with cluster.launch=local it would change nothing"),
@@ -97,5 +102,6 @@ def test_a_host_with_less_memory_than_the_plan_puts_on_it_is_named(cpu_host):
 def test_a_range_of_hosts_plans_for_max_and_restarts_are_accepted(cpu_host):
     """cluster.nnodes=MIN:MAX (torchrun's spelling) plans the world of MAX hosts; restarts are the elastic agent's."""
     given = [o for o in ELASTIC[1:] if not o.startswith("cluster.nnodes=")]
-    plan = plan_of(["recipe=quickstart", *given, "cluster.nnodes=1:2", "launcher.max_restarts=2"], cpu_host)
+    plan = plan_of(["recipe=quickstart", *given, "cluster.nnodes=1:2", "launcher.max_restarts=2",
+                    "trainer.checkpoint_dir=/shared/ck"], cpu_host)
     assert plan.nnodes == 2 and plan.world_size == 4
