@@ -57,9 +57,39 @@ RESNET = {
 }
 
 
-def test_resnet_stages_in_fp32_and_bf16_match_one_process(tmp_path):
-    """() is resnet's default: the seeds' stages, recompute of layer1-4, fp32 (dp 1: each micro-batch is whole)."""
-    rows = check(composability.run(["resnet"], 3, tmp_path, RESNET, [(), ("bf16",)], world=2), falls=0.02)
+STAGES = [(), ("bf16",)]
+"""() is resnet's default: the seeds' stages, recompute of layer1-4, fp32 (dp 1: each micro-batch is whole)."""
+BATCHNORM = [("no pipeline",), ("no pipeline", "deepspeed"), ("bf16", "no pipeline"), ("bf16", "no pipeline", "fsdp"),
+             ("no pipeline", "sync"), ("bf16", "no pipeline", "fsdp", "sync")]
+
+
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory) -> dict:
+    """One harness run for both resnet tests (its 1-rank reference job and its 2-rank job cost ~20 s): the stages'
+    combinations and BatchNorm's, 5 steps each. A plan's first steps do not depend on how many follow (the rank
+    trains it step by step, its schedule is the plan's), so the stages' test reads the first 3 as a 3-step run."""
+    intents = {**RESNET, "deepspeed": ["parallel.data_parallel=deepspeed"], "sync": ["parallel.sync_batchnorm=true"]}
+    result = composability.run(["resnet"], 5, tmp_path_factory.mktemp("resnet"), intents, [*STAGES, *BATCHNORM],
+                               world=2)
+    print(composability.table(result))
+    return result
+
+
+def _rows_of(result: dict, combos: list[tuple[str, ...]], steps: int | None = None) -> dict:
+    """``result`` with the rows of ``combos`` only, in their order, cut to their first ``steps`` steps."""
+    rows = {tuple(r["combo"]): r for r in result["rows"]}
+    cut = []
+    for combo in combos:
+        r = rows[combo]
+        if steps is not None and r["status"] == "trained":
+            losses, reference = r["losses"][:steps], r["reference"][:steps]
+            r = {**r, "losses": losses, "reference": reference, "worst": composability.worst(losses, reference)}
+        cut.append(r)
+    return {**result, "rows": cut}
+
+
+def test_resnet_stages_in_fp32_and_bf16_match_one_process(resnet):
+    rows = check(_rows_of(resnet, STAGES, steps=3), falls=0.02)
     assert [r["parts"] for r in rows] == ["recompute+ddp+pipeline", "recompute+fsdp+pipeline"]
 
 
@@ -73,7 +103,7 @@ def within_rounding(losses: list[float], reference: list[float], per_step: float
     return all(abs(a - b) / abs(b) <= (2 + per_step * s) * U for s, (a, b) in enumerate(zip(losses, reference)))
 
 
-def test_batchnorm_in_bf16_on_deepspeed_and_fsdp_and_synced_over_dp_as_one_process(tmp_path):
+def test_batchnorm_in_bf16_on_deepspeed_and_fsdp_and_synced_over_dp_as_one_process(resnet):
     """One 2-rank job, dp 2 (resnet without its stages): BatchNorm over each rank's micro-batch (DDP's semantics) on
     ddp, deepspeed, and in bf16 on deepspeed and fsdp; and parallel.sync_batchnorm, in fp32 and in bf16 on fsdp,
     against one process on the whole micro-batch.
@@ -84,12 +114,7 @@ def test_batchnorm_in_bf16_on_deepspeed_and_fsdp_and_synced_over_dp_as_one_proce
     (2u); each update adds the roundings of the gradient it applies: 2u per step where both accumulate the same way
     (one rounding on each side), 6u between fsdp and deepspeed (FSDP2 also rounds the sum of the 4 micro-batches'
     gradients in bf16, 4 more roundings; DeepSpeed's ZeRO-0 accumulates them in fp32)."""
-    intents = {**RESNET, "deepspeed": ["parallel.data_parallel=deepspeed"], "sync": ["parallel.sync_batchnorm=true"]}
-    combos = [("no pipeline",), ("no pipeline", "deepspeed"), ("bf16", "no pipeline"), ("bf16", "no pipeline", "fsdp"),
-              ("no pipeline", "sync"), ("bf16", "no pipeline", "fsdp", "sync")]
-    result = composability.run(["resnet"], 5, tmp_path, intents, combos, world=2)
-    print(composability.table(result))
-    rows = result["rows"]
+    rows = _rows_of(resnet, BATCHNORM)["rows"]
     ddp, deepspeed, ds_bf16, fsdp_bf16, synced, synced_bf16 = (r["losses"] for r in rows)
     assert [r["parts"] for r in rows] == ["recompute+ddp", "recompute+deepspeed", "recompute+deepspeed",
                                           "recompute+fsdp", "recompute+sync_batchnorm+ddp",
