@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from hydra.errors import HydraException
 from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from launcher.config_files import check_recipe_file, quoted_path, user_recipes, yaml_problem
 from launcher.errors import ConfigError, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -53,8 +53,8 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
                           f"Rename your file (and its recipe.name), e.g. recipe/my_{clash[0]}.yaml.")
     for name in chosen:
         if name in users:
-            _check_recipe_file(Path(config_dir) / "recipe" / f"{name}.yaml", f"{config_dir}/recipe/{name}.yaml")
-    search = [f"hydra.searchpath=['file://{_quoted(Path(config_dir).resolve())}']"] if config_dir is not None else []
+            check_recipe_file(Path(config_dir) / "recipe" / f"{name}.yaml", f"{config_dir}/recipe/{name}.yaml")
+    search = [f"hydra.searchpath=['file://{quoted_path(Path(config_dir).resolve())}']"] if config_dir is not None else []
     search += [q for q in HYDRA_QUIET if not any(o.key_or_group == q.split("=")[0] for o in parsed)]
     script_mode = any(o.key_or_group == "script" for o in parsed)  # a user's own script: no recipe
     bases: dict[tuple[str, ...], DictConfig | ConfigError] = {}  # _compose_once's, for this call's Hydra
@@ -156,67 +156,6 @@ def sharding_override(line: str) -> str:
     if line.startswith("parallel.sharding=") or line.startswith("parallel.sharding."):
         return "+" + line
     return line
-
-
-def _quoted(path: Path) -> str:
-    """A path inside a quoted Hydra override value (commas, spaces and brackets are safe there)."""
-    return str(path).replace("\\", "\\\\").replace("'", "\\'")
-
-
-def _check_recipe_file(path: Path, shown: str) -> None:
-    """A recipe in the user's folder: UTF-8 text, YAML, a mapping of sections, ``# @package _global_`` first; else
-    ConfigError naming the file (and the line and column of a YAML error) before Hydra reads it."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{shown}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}). Save the file "
-                          f"as UTF-8.") from None
-    except OSError as e:
-        raise ConfigError(f"{shown}: cannot be read ({e.strerror}). Make it a readable file.") from None
-    if "@package _global_" not in text:
-        raise ConfigError(f"{shown}: its first line must be `# @package _global_` (a recipe sets sections at the root "
-                          f"of the config: model, data, loss, trainer, ...). Add that line.")
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(yaml_problem(e, shown)) from None
-    if doc is not None and not isinstance(doc, dict):
-        kind = {"list": "list", "str": "string"}.get(type(doc).__name__, f"single value ({doc!r})")
-        raise ConfigError(f"{shown}: the file holds a {kind}, not a mapping of sections. Write it as `key: value` "
-                          f"lines at the root: recipe: {{name: {path.stem}}}, model: {{_target_: ...}}, data: ..., "
-                          f"loss: ....")
-
-
-def yaml_problem(e: yaml.YAMLError, name: str | None = None) -> str:
-    """One problem sentence for a config file that is not YAML: the file (``name``, else the one PyYAML names), the
-    line and column, PyYAML's reason, and a fix."""
-    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-    if mark is None:  # a ReaderError (a character YAML does not allow) has no mark
-        return f"{name or 'a config file'} is not valid YAML: {first_line(e)}. Fix the file (UTF-8 text, YAML syntax)."
-    if name is None:
-        name = str(mark.name)
-        rel = os.path.relpath(name) if os.path.isabs(name) else name
-        name = rel if not rel.startswith("..") else name  # as the user would type it, under the current folder
-    problem = str(getattr(e, "problem", "") or "").strip() or first_line(e)
-    context, start = str(getattr(e, "context", "") or "").strip(), getattr(e, "context_mark", None)
-    begun = (f" ({context} begun at line {start.line + 1}, column {start.column + 1})"
-             if context and start is not None and (start.line, start.column) != (mark.line, mark.column) else
-             f" ({context})" if context else "")
-    fix = ("Keep one of the two." if "duplicate key" in problem else
-           "Fix the file there: an unclosed [ or {, a missing comma, a tab used for indentation or an unquoted value "
-           "holding ': ' are the usual causes.")
-    return f"{name}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}{begun}. {fix}"
-
-
-def user_recipes(config_dir: str | None) -> list[str]:
-    """The recipe names in the user's config dir (``<config_dir>/recipe/*.yaml``)."""
-    if config_dir is None:
-        return []
-    root = Path(config_dir)
-    if not root.is_dir():
-        raise ConfigError(f"--config-dir {config_dir}: no such directory (relative paths start at {Path.cwd()}). "
-                          f"Give the folder that holds recipe/<name>.yaml, e.g. --config-dir conf.")
-    return sorted(p.stem for p in (root / "recipe").glob("*.yaml"))
 
 
 def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), search: Sequence[str] = (),
