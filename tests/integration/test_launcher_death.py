@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import processes_of_run, run_cli, start_training
+from tests.conftest import processes_of_run, start_training
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ def _left_after(run_dir, within_s: float = GONE_WITHIN_S) -> list[str]:
 
 
 @pytest.mark.parametrize("launch", ["local", "mpi"])
-def test_a_launcher_killed_mid_run_leaves_no_process_of_its_job(tmp_path, launch):
+def test_a_launcher_killed_mid_run_leaves_no_process_of_its_job(tmp_path, launch, cli):
     if launch == "mpi" and shutil.which("mpirun") is None:
         pytest.skip("mpirun is not installed (Debian: apt-get install openmpi-bin; .ci/run installs it)")
     launcher, run_dir, pids = start_training(tmp_path, f"cluster.launch={launch}")
@@ -39,7 +39,7 @@ def test_a_launcher_killed_mid_run_leaves_no_process_of_its_job(tmp_path, launch
     assert left == [], left
     assert not (run_dir / "summary.json").exists()  # nothing of the launcher ran after SIGKILL
     if launch == "local":  # the run dir says so, and `report` still summarises it from the ranks' records
-        res = run_cli(["report", str(run_dir)], tmp_path)
+        res = cli(["report", str(run_dir)], tmp_path)
         assert res.returncode == 0 and "lost" in res.stdout, res.stdout + res.stderr
 
 

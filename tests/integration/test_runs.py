@@ -37,12 +37,12 @@ def _check_ok_run(tmp_path, recipe):
     return run, s
 
 
-def test_quickstart_two_ranks(tmp_path):
+def test_quickstart_two_ranks(tmp_path, cli):
     res = run_cli(["recipe=quickstart"], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     run, _ = _check_ok_run(tmp_path, "quickstart")
     assert "step 50/50" in res.stdout  # plain progress lines when stdout is not a terminal
-    rep = run_cli(["report", str(run)], tmp_path)
+    rep = cli(["report", str(run)], tmp_path)
     assert rep.returncode == 0 and "wrote" in rep.stdout and (run / "loss.png").is_file()
 
 
@@ -58,7 +58,7 @@ def test_wide_deep_two_ranks_zero2_with_periodic_checkpoints(tmp_path):
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step20", "step40"]
 
 
-def test_failing_rank_stops_the_others_and_is_named(tmp_path):
+def test_failing_rank_stops_the_others_and_is_named(tmp_path, cli):
     res = run_cli(["recipe=quickstart", "debug.fail_rank=1", "debug.fail_step=3"], tmp_path)
     assert res.returncode == 1
     out = res.stdout + res.stderr
@@ -79,7 +79,7 @@ def test_failing_rank_stops_the_others_and_is_named(tmp_path):
     # Nothing is lost (metrics, logs) and no rank survives the launcher.
     assert _metrics(run, 0) and _metrics(run, 1)
     # The report works on what a failed run left.
-    rep = run_cli(["report", "log_output/latest"], tmp_path)
+    rep = cli(["report", "log_output/latest"], tmp_path)
     assert rep.returncode == 0, rep.stdout + rep.stderr
     for png in ("loss.png", "throughput.png"):
         assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -62,8 +62,8 @@ def test_a_sweep_runs_every_job_and_a_failed_one_fails_it(tmp_path):
     assert run_case.find("failure").get("type") == "failed"
 
 
-def test_a_sweep_with_hydra_range_syntax_writes_every_jobs_dry_run(tmp_path):
-    res = run_cli(["-m", "recipe=quickstart", "smoke=true", "zero.stage=range(0,3)", "dry_run=true"], tmp_path)
+def test_a_sweep_with_hydra_range_syntax_writes_every_jobs_dry_run(tmp_path, cli):
+    res = cli(["-m", "recipe=quickstart", "smoke=true", "zero.stage=range(0,3)", "dry_run=true"], tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     sweep = (tmp_path / "log_output" / "latest").resolve()
     stages = [json.loads((sweep / str(n) / "plan.json").read_text())["zero_stage"] for n in range(3)]
