@@ -54,7 +54,8 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     for name in chosen:
         if name in users:
             check_recipe_file(Path(config_dir) / "recipe" / f"{name}.yaml", f"{config_dir}/recipe/{name}.yaml")
-    search = [f"hydra.searchpath=['file://{quoted_path(Path(config_dir).resolve())}']"] if config_dir is not None else []
+    search = ([f"hydra.searchpath=['file://{quoted_path(Path(config_dir).resolve())}']"] if config_dir is not None
+              else [])
     search += [q for q in HYDRA_QUIET if not any(o.key_or_group == q.split("=")[0] for o in parsed)]
     script_mode = any(o.key_or_group == "script" for o in parsed)  # a user's own script: no recipe
     bases: dict[tuple[str, ...], DictConfig | ConfigError] = {}  # _compose_once's, for this call's Hydra
