@@ -69,7 +69,20 @@ def package_dir(tree: Path, into: Path) -> Path:
     return into
 
 
-def run(pythonpath: Path, cwd: Path, name: str, overrides: list[str], steps: int, parts: bool) -> float:
+def tree_sha(rev: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD" if rev == "." else rev], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def ran_tree(run_dir: Path, summary: dict, sha: str, parts: bool) -> bool:
+    """The ranks ran the tree asked for: versions.json's git hash (the launcher's own checkout, symlinks resolved),
+    or, in a run dir from before versions.json had it, whether the summary has the parts (the new code's)."""
+    versions = run_dir / "versions.json"
+    git = json.loads(versions.read_text()).get("git", "") if versions.exists() else ""
+    return git.startswith(sha) if git and not git.startswith("unknown") else ("parts" in summary) == parts
+
+
+def run(pythonpath: Path, cwd: Path, name: str, overrides: list[str], steps: int, parts: bool, sha: str) -> float:
     cmd = [sys.executable, "-m", "launcher.cli", *overrides, f"trainer.steps={steps}", f"output.run_name={name}",
            "trainer.checkpoint_every=-1", "eval.batches=0", "trainer.log_every=10"]
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
@@ -77,8 +90,8 @@ def run(pythonpath: Path, cwd: Path, name: str, overrides: list[str], steps: int
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
     summary = json.loads((cwd / "log_output" / name / "summary.json").read_text())
-    if ("parts" in summary) != parts:  # the ranks ran the tree asked for (the old summary has no parts)
-        raise RuntimeError(f"{name}: expected the {'new' if parts else 'old'} code, got summary {summary}")
+    if not ran_tree(cwd / "log_output" / name, summary, sha, parts):
+        raise RuntimeError(f"{name}: expected the {'new' if parts else 'old'} code ({sha[:8]}), got {summary}")
     return step_time(cwd / "log_output" / name, 10)
 
 
@@ -92,12 +105,14 @@ def main() -> None:
     times = {(v, t): [] for v in VARIANTS for t in ("old", "new")}
     with tempfile.TemporaryDirectory() as tmp:
         paths = {t: package_dir(source_tree(rev), Path(tmp) / t) for t, rev in (("old", args.old), ("new", args.new))}
+        old_sha = tree_sha(args.old)
         for r in range(args.rounds):
             order = ("old", "new") if r % 2 == 0 else ("new", "old")
             for i, (variant, overrides) in enumerate(VARIANTS.items()):
                 for t in order:
                     times[(variant, t)].append(run(paths[t], Path(tmp), f"r{r}v{i}{t}", overrides, args.steps,
-                                                     parts=t == "new"))
+                                                     parts=t == "new",
+                                                     sha=old_sha if t == "old" else tree_sha(args.new)))
                     print(f"round {r + 1}: {variant} ({t}): {times[(variant, t)][-1] * 1e3:.1f} ms", file=sys.stderr)
     print(f"old = {args.old}, new = {args.new}; {args.steps} steps, median of {args.rounds} interleaved rounds\n")
     print("| run | old ms/step [rounds] | new ms/step [rounds] | new / old |")
