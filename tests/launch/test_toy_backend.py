@@ -4,7 +4,6 @@ own, starts each rank as a plain ``subprocess.Popen`` of its command with its va
 And no code outside launcher/backends/ compares a backend's name as a string: the knowledge of what a backend can
 do has one owner, the rest asks it (as tests/parallel/test_registry.py checks for the parallel parts)."""
 
-import ast
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import BACKENDS
+from tests.name_check import name_comparisons
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
 
@@ -92,27 +92,6 @@ def test_a_toy_backend_launches_a_two_rank_job(tmp_path):
     for rank in (0, 1):
         assert (run_dir / f"rank.{rank}" / "metrics.jsonl").read_text().strip()
     assert "toy" not in BACKENDS  # registered in the launcher's process only
-
-
-def _strings(node: ast.AST) -> set[str]:
-    """String constants in an expression, also inside tuples, lists and sets."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return {node.value}
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return set().union(*(_strings(e) for e in node.elts)) if node.elts else set()
-    return set()
-
-
-def name_comparisons(source: str, names: set[str]) -> list[tuple[int, str]]:
-    """(line, name) of every comparison (==, !=, in, match case) of one of names as a string literal."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare):
-            hits = set().union(*(_strings(n) for n in (node.left, *node.comparators))) & names
-            found += [(node.lineno, h) for h in sorted(hits)]
-        elif isinstance(node, ast.match_case) and isinstance(node.pattern, ast.MatchValue):
-            found += [(node.pattern.lineno, h) for h in sorted(_strings(node.pattern.value) & names)]
-    return found
 
 
 def test_the_name_check_finds_what_it_looks_for():

@@ -2,34 +2,18 @@
 choice a filter over what they say. No code outside that package compares a part's name as a string (the knowledge
 of what a part can do has one owner)."""
 
-import ast
 from pathlib import Path
 
 from launcher.parallel import DATA_PARALLEL, PARTS, SLOTS
 from launcher.parallel.registry import DCP
+from tests.name_check import name_comparisons as comparisons
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
 
 
-def _strings(node: ast.AST) -> set[str]:
-    """String constants in an expression, also inside tuples, lists and sets."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return {node.value}
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return set().union(*(_strings(e) for e in node.elts)) if node.elts else set()
-    return set()
-
-
 def name_comparisons(source: str) -> list[tuple[int, str]]:
     """(line, name) of every comparison (==, !=, in, match case) of a part's name as a string literal."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare):
-            hits = set().union(*(_strings(n) for n in (node.left, *node.comparators))) & set(PARTS)
-            found += [(node.lineno, h) for h in sorted(hits)]
-        elif isinstance(node, ast.match_case) and isinstance(node.pattern, ast.MatchValue):
-            found += [(node.pattern.lineno, h) for h in sorted(_strings(node.pattern.value) & set(PARTS))]
-    return found
+    return comparisons(source, set(PARTS))
 
 
 def test_the_check_finds_what_it_looks_for():
