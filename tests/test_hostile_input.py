@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import string
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -334,8 +335,12 @@ def guarded(monkeypatch):
     monkeypatch.setattr(launcher.launch, "launch_run", refuse)
     monkeypatch.setattr(launcher.launch, "write_dry_run", refuse)
     monkeypatch.setattr(subprocess, "Popen", refuse)
-    monkeypatch.setattr(launcher.launch.host, "probe_host", lambda: HostFacts(
-        hostname="ci", cpu_count=2, accelerators=0, extensions_dir="/nonexistent/extensions"))
+    fake = lambda: HostFacts(hostname="ci", cpu_count=2, accelerators=0,  # noqa: E731
+                             extensions_dir="/nonexistent/extensions")
+    real = launcher.launch.host.probe_host
+    for module in [m for name, m in list(sys.modules.items()) if name.startswith("launcher.") and m is not None]:
+        if getattr(module, "probe_host", None) is real:  # every module that imported it by name (sweep.py, ...)
+            monkeypatch.setattr(module, "probe_host", fake)
     monkeypatch.setenv("COLUMNS", "200")
 
 
