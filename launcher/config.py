@@ -328,24 +328,20 @@ def _table_entries(value) -> list[str]:
 def _check_value_override(base: DictConfig, key: str, value, line: str, delete: bool) -> list[str]:
     if key == "tables" and line.startswith("+tables=") and _table_entries(value):
         return _table_entries(value)
-    if not _exists(base, key):
-        if line.startswith("+"):  # an explicit append: a value its section's type refuses is named here
-            trial = base.copy()
-            try:
-                OmegaConf.update(trial, key, value, merge=True, force_add=True)
-            except OmegaConfBaseException as e:
-                return [f"{line}: {first_line(e)}; {key.rpartition('.')[0] or 'the config'} takes values of another "
-                        f"type (docs/configuration.md)."]
-            return []  # otherwise Hydra reports it if the schema forbids it
+    exists = _exists(base, key)
+    if not exists and not line.startswith("+"):
         return [_unknown(key, line.split("=", 1)[-1], list(_dotted_keys(base)), "key in the config; value")]
     if delete:
         return []
-    trial = base.copy()
+    trial = base.copy()  # a value its key's type (or, for an explicit +append, its section's) refuses is named here
     try:
-        OmegaConf.update(trial, key, value, merge=True)
+        OmegaConf.update(trial, key, value, merge=True, force_add=not exists)
     except OmegaConfBaseException as e:
+        if not exists:
+            return [f"{line}: {first_line(e)}; {key.rpartition('.')[0] or 'the config'} takes values of another "
+                    f"type (docs/configuration.md)."]
         return [f"{line}: {first_line(e)}. Current value: {key}={OmegaConf.select(base, key)!r}; give one of that type."]
-    return []
+    return []  # an append the schema forbids, Hydra reports
 
 
 def _exists(cfg: DictConfig, key: str) -> bool:
