@@ -94,26 +94,30 @@ def _git_hash() -> str:
         return "unknown"
 
 
-def link_checkpoint_dir(run_dir: RunDir, folder: str) -> None:
-    """trainer.checkpoint_dir: the run dir's checkpoints/ links there (made if missing), so that every reader and
-    writer of checkpoints (the worker, a restart, trainer.resume=<run>) finds them where they always are. Called
-    first on a new run dir: a folder that cannot be written removes it and exits 2 naming the key."""
+def checkpoint_target(folder: str) -> Path | None:
+    """trainer.checkpoint_dir, made if missing and checked writable, as an absolute path (the run dir's checkpoints/
+    will link there from any working directory); None when unset. ConfigError naming the key, before any run dir
+    exists, when it cannot be written (a folder that refuses writes would otherwise fail the first checkpoint)."""
     if not folder:
-        return
-    target = Path(folder).resolve()  # absolute: the link holds from any working directory
+        return None
+    target = Path(folder).resolve()
     try:
         target.mkdir(parents=True, exist_ok=True)
         probe = target / f".hetero-launch-write-test-{os.getpid()}"
-        probe.write_bytes(b"")  # a folder that exists but refuses writes would fail the first checkpoint instead
+        probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        import shutil
-
         from launcher.errors import ConfigError
 
-        shutil.rmtree(run_dir.path, ignore_errors=True)  # called first on a new run dir: none is left half made
         raise ConfigError(f"trainer.checkpoint_dir={folder}: checkpoints cannot be written there ({e.strerror or e}"
                           f"{f': {e.filename}' if e.filename else ''}). Set it to a folder every host can write (a "
                           f"shared file system for a multi-host job), or leave it unset for the run dir's "
                           f"checkpoints/.") from None
-    run_dir.checkpoints.symlink_to(target, target_is_directory=True)
+    return target
+
+
+def link_checkpoint_dir(run_dir: RunDir, target: Path | None) -> None:
+    """The run dir's checkpoints/ links to trainer.checkpoint_dir (``checkpoint_target``), so that every reader and
+    writer of checkpoints (the worker, a restart, trainer.resume=<run>) finds them where they always are."""
+    if target is not None:
+        run_dir.checkpoints.symlink_to(target, target_is_directory=True)

@@ -13,8 +13,8 @@ from rich.markup import escape
 
 from launcher.backends import backend
 from launcher.errors import ConfigError
-from launcher.launch.record import (RESERVED_BYTES, link_checkpoint_dir, release_space, reserve_space,
-                                    write_run_files)
+from launcher.launch.record import (RESERVED_BYTES, checkpoint_target, link_checkpoint_dir, release_space,
+                                    reserve_space, write_run_files)
 from launcher.plan import RunPlan
 from launcher.plan.ranks import on_node
 from launcher.rundir import RunDir, create_run_dir, point_latest
@@ -26,9 +26,10 @@ def start_run_dir(cfg: DictConfig, plan: RunPlan) -> RunDir:
     """A new run dir with the run's files, and ``latest`` pointing at it; ConfigError (and no half-made run dir) when
     they cannot be written (a full disk)."""
     log_dir = Path(cfg.output.log_dir)
+    checkpoints = checkpoint_target(cfg.trainer.checkpoint_dir)  # its own ConfigError, before any run dir exists
     run_dir = create_run_dir(log_dir, cfg.output.run_name, plan.name)
     try:
-        link_checkpoint_dir(run_dir, cfg.trainer.checkpoint_dir)
+        link_checkpoint_dir(run_dir, checkpoints)
         write_run_files(run_dir, cfg, plan)
         if not cfg.dry_run:
             reserve_space(run_dir)  # for summary.json and junit.xml, should the disk fill up meanwhile
