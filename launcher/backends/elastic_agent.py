@@ -32,7 +32,7 @@ from rich.table import Table
 
 from launcher.errors import ConfigError
 from launcher.plan import HostFacts, RunPlan
-from launcher.plan.nodes import checkpoint_problems, node_range
+from launcher.plan.nodes import node_range
 from launcher.rundir import RunDir
 
 __all__ = ["ElasticPlans", "launch_elastic"]
@@ -84,7 +84,7 @@ class ElasticPlans:
 def _resume_choice(run_dir: RunDir, cfg: DictConfig, number: int, own: str, console: Console) -> dict:
     """Node 0's decision for the round: the newest intact checkpoint of the job (by step), or the plan's own
     resume_from on the first attempt (or when none was written yet)."""
-    from launcher.launch.preflight import newest_intact_checkpoint as _newest_intact_checkpoint
+    from launcher.launch.preflight import newest_intact_checkpoint
 
     if number == 0:
         if cfg.trainer.checkpoint_dir and run_dir.complete_checkpoints():
@@ -92,7 +92,7 @@ def _resume_choice(run_dir: RunDir, cfg: DictConfig, number: int, own: str, cons
                              f"step {run_dir.complete_checkpoints()[-1][1]}): a new job's restarts would resume from "
                              f"them. Give each job its own folder; resume an earlier one with trainer.resume_from."}
         return {"step": None, "path": own}
-    newest = _newest_intact_checkpoint(run_dir, console)
+    newest = newest_intact_checkpoint(run_dir, console)
     if newest is None:
         return {"step": None, "path": own}
     return {"step": newest[1], "path": ""}
@@ -139,14 +139,11 @@ def attempts_table(records: list[dict]) -> Table:
 
 def launch_elastic(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     """Run this host's part of an elastic job; returns the launcher's exit code (0 = the job finished). Bad input
-    (a world of the range that cannot hold the job, restarts with no shared checkpoints) is a ConfigError before this
-    host meets any other."""
+    (a world of the range that cannot hold the job) is a ConfigError before this host meets any other; restarts with
+    no shared checkpoints were refused by the plan (plan/nodes.py checkpoint_problems)."""
     from launcher.launch.host import probe_host
     from launcher.launch.nodes import rendezvous_handler
 
-    problems = checkpoint_problems(cfg)
-    if problems:
-        raise ConfigError(problems)
     host = probe_host()
     plans = ElasticPlans(cfg, host, plan)
     plans.check_range()
@@ -262,10 +259,10 @@ class _Agent:
 
     def _start_run_dir(self) -> None:
         """The run dir (its checkpoints in trainer.checkpoint_dir, when given) and the ops the ranks need."""
-        from launcher.launch.run_records import start_run_dir as _start_run_dir
         from launcher.launch.ops import build_ops
+        from launcher.launch.run_records import start_run_dir
 
-        self.run_dir = _start_run_dir(self.cfg, self.plans.first)
+        self.run_dir = start_run_dir(self.cfg, self.plans.first)
         self.console.print(f"run dir: {self.run_dir.path}")
         build_ops(self.plans.first, self.run_dir, self.console)
 
@@ -304,7 +301,7 @@ class _Agent:
 
     def report(self, wall_s: float) -> int:
         """summary.json (with every attempt) and the console's summary; the exit code."""
-        from launcher.launch.run_records import report_run as _report
+        from launcher.launch.run_records import report_run
 
         if not self.attempts:
             return 128 + self.signum if self.signum is not None else 1
@@ -315,7 +312,7 @@ class _Agent:
         self.console.print(attempts_table(self.records))
         attempts = [_Recorded(a, r) for a, r in zip(self.attempts, self.records)]
         nodes = SimpleNamespace(node_rank=self.records[-1]["node_rank"], hosts=self.last_hosts)
-        return _report(self.cfg, self.plan, self.run_dir, attempts, wall_s, self.console, nodes)
+        return report_run(self.cfg, self.plan, self.run_dir, attempts, wall_s, self.console, nodes)
 
 
 def _decided(info, name: str, decide):
@@ -327,7 +324,7 @@ def _decided(info, name: str, decide):
 
 
 class _Recorded:
-    """An attempt whose summary record is the elastic one (launch._report asks each attempt for ``record()``)."""
+    """An attempt whose summary record is the elastic one (report_run asks each attempt for ``record()``)."""
 
     def __init__(self, attempt, record: dict) -> None:
         self._attempt, self._record = attempt, record

@@ -124,20 +124,18 @@ def device_and_backend(backend: str, host: HostFacts, device: str = "auto") -> t
 
 
 def _check_nodes(c: DictConfig, backends: tuple[BackendRules, ...]) -> list[str]:
-    """cluster.launch, nnodes, node_rank, and the keys only the chosen backend has."""
+    """cluster.launch, node_rank, and the keys only the chosen backend has (cluster.nnodes: plan/nodes.py
+    planned_nodes, which runs first and leaves a number >= 1 here)."""
     b = backend_named(backends, c.launch)
     if b is None:
         return [f"cluster.launch={c.launch} is not one of {', '.join(b.name for b in backends)}. Use cluster.launch="
                 f"{', '.join(b.help for b in backends)}."]
     p = []
-    if c.nnodes < 1:
-        p.append(f"cluster.nnodes={c.nnodes} must be 1 or more (the number of hosts). Set cluster.nnodes=1 for this "
-                 f"host alone.")
     if c.node_rank != 0 and not b.launcher_per_host:
         per_host = " / ".join(other.name for other in backends if other.launcher_per_host)
         p.append(f"cluster.node_rank={c.node_rank}: only cluster.launch={per_host} runs one launcher per host (and "
                  f"there the rendezvous assigns node ranks). Leave cluster.node_rank out.")
-    return p + _keys_of_other_backends(c, b, backends) + (b.problems(c) if c.nnodes >= 1 else [])
+    return p + _keys_of_other_backends(c, b, backends) + b.problems(c)
 
 
 def _keys_of_other_backends(c: DictConfig, chosen: BackendRules, backends: tuple[BackendRules, ...]) -> list[str]:
