@@ -23,7 +23,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from launcher.backends.job import RankJob
-from launcher.backends.processes import STOP_TIMEOUT_S, send_signals, stop_process_groups
+from launcher.backends.processes import STOP_TIMEOUT_S, process_state, send_signals, stop_process_groups
 from launcher.launch.watchdog import Stall, Watchdog
 from launcher.rundir import RUN_DIR_ENV
 
@@ -78,10 +78,9 @@ def job_processes(run_dir: str) -> list[int]:
             if (env_entry not in (proc / "environ").read_bytes()
                     and starter not in (proc / "cmdline").read_bytes()):
                 continue
-            state = (proc / "stat").read_text()
         except OSError:  # gone, or not ours to read
             continue
-        if state[state.rindex(")") + 2] != "Z":
+        if process_state(pid) not in ("", "Z"):  # '': gone meanwhile
             found.append(pid)
     return found
 
