@@ -118,12 +118,6 @@ class NodeGroup:
         self.publish_failure({"admit": waiting}, lost_peer=False)
         return True
 
-    def decided(self, name: str, decide) -> Any:
-        """A value node 0 decides for the round (decide() there) and every node reads (JSON)."""
-        if self.node_rank == 0:
-            self.store.set(self._key(name), json.dumps(decide()))
-        return json.loads(self.store.get(self._key(name)))
-
     def finish(self) -> None:
         """Say this node is done and wait (at most FINISH_WAIT_S) until every node is: the rendezvous store lives in
         one of the launchers (whichever bound cluster.rdzv_endpoint first), and the others may still need it to
