@@ -137,6 +137,12 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def assert_nothing_survives(pids: list[int]) -> None:
+    """No rank of pids is left, nor any process of its group (each rank leads its own group: its children too)."""
+    assert not any(pid_alive(p) for p in pids)
+    assert not any(group_alive(p) for p in pids)
+
+
 def start_training(cwd: Path, *overrides: str, recipe: str = "quickstart") -> tuple[subprocess.Popen, Path, list[int]]:
     """The launcher on a recipe (quickstart; 2 ranks, endless steps), once both ranks have logged a few steps:
     (launcher process, run dir, the ranks' pids)."""

@@ -9,14 +9,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.conftest import group_alive, pid_alive, start_training
+from tests.conftest import assert_nothing_survives, start_training
 
 pytestmark = pytest.mark.integration
-
-
-def _check_nothing_survives(pids):
-    assert not any(pid_alive(p) for p in pids)
-    assert not any(group_alive(p) for p in pids)  # each rank leads its process group: its children are gone too
 
 
 def test_a_rank_killed_from_outside_is_blamed_with_an_oom_hint(tmp_path):
@@ -39,7 +34,7 @@ def test_a_rank_killed_from_outside_is_blamed_with_an_oom_hint(tmp_path):
     assert not by_rank[0]["first_failure"]
     cases = {c.get("name"): c for c in ET.parse(run_dir / "junit.xml").getroot().iter("testcase")}
     assert "SIGKILL" in cases["rank 1"].find("failure").get("message")
-    _check_nothing_survives(pids)
+    assert_nothing_survives(pids)
 
 
 def test_a_stopped_rank_is_named_as_hung_with_every_ranks_stacks(tmp_path):
@@ -59,4 +54,4 @@ def test_a_stopped_rank_is_named_as_hung_with_every_ranks_stacks(tmp_path):
     assert "most recent call first" in (run_dir / "rank.0" / "stderr").read_text()
     by_rank = {r["rank"]: r for r in summary["ranks"]}
     assert by_rank[1]["stalled"] and not by_rank[0]["stalled"]
-    _check_nothing_survives(pids)
+    assert_nothing_survives(pids)

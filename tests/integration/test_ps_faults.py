@@ -9,15 +9,11 @@ import time
 
 import pytest
 
-from tests.conftest import group_alive, pid_alive, start_training
+from tests.conftest import assert_nothing_survives, start_training
 
 pytestmark = pytest.mark.integration
 
 PS = ("smoke=true", "model.rows_per_table=1000", "placement.ps=true")
-
-
-def _nothing_survives(pids):
-    assert not any(pid_alive(p) or group_alive(p) for p in pids)
 
 
 def test_a_ps_rank_killed_inside_the_row_exchange_is_named_and_its_peer_stopped(tmp_path):
@@ -31,7 +27,7 @@ def test_a_ps_rank_killed_inside_the_row_exchange_is_named_and_its_peer_stopped(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["first_failed_rank"] == 1
     assert not {r["rank"]: r for r in summary["ranks"]}[0]["first_failure"]  # rank 0 only lost its peer
-    _nothing_survives(pids)
+    assert_nothing_survives(pids)
 
 
 def test_a_stopped_ps_rank_is_named_as_hung_within_the_watchdog(tmp_path):
@@ -47,4 +43,4 @@ def test_a_stopped_ps_rank_is_named_as_hung_within_the_watchdog(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "hung" and summary["hang"]["ranks"] == [1]
     assert took < 60
-    _nothing_survives(pids)
+    assert_nothing_survives(pids)
