@@ -2,7 +2,7 @@
 # hetero-launch from a fresh clone: creates .venv when missing, installs torch only when none is importable there
 # (CPU default torch==2.13.0; HL_TORCH_SPEC picks another, e.g. a CUDA build), installs this project, then
 #   ./run.sh recipe=wide_deep [key=value ...]   runs hetero-launch in the current directory (log_output/ lands here)
-#   ./run.sh test [pytest args]                 runs the test suite
+#   ./run.sh test [pytest args]                 runs the test suite (two pytest-xdist workers; HL_TEST_WORKERS=0: one)
 # HL_VENV=path: use another venv. HL_SYSTEM_SITE=1: let a new venv see the system's packages (keeps a torch you have).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -52,6 +52,9 @@ fi
 if [ "${1:-}" = "test" ]; then
   shift
   cd "$ROOT"
-  exec "$PY" -m pytest "$@"
+  # Two pytest-xdist workers, a whole test file each at a time (module fixtures are shared): a launched run leaves a
+  # core idle a third of its time (the launcher alone starting, ranks waiting on each other, on a watchdog or on a
+  # rendezvous), the other worker's tests fill it. HL_TEST_WORKERS=0 runs every test in this one process (-s, --pdb).
+  exec "$PY" -m pytest -n "${HL_TEST_WORKERS:-2}" --dist loadfile "$@"
 fi
 exec "$VENV/bin/hetero-launch" "$@"

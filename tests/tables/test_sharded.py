@@ -128,6 +128,7 @@ def four(tmp_path_factory) -> tuple[dict, str]:
     return _spawn("_four_rank", tmp, 4, path), path
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_tables_train_as_replicated_ones(tmp_path, world, request):
     if world == 4:
@@ -177,6 +178,7 @@ def _held(store) -> dict:
             "steps": {n: t.optimizer.state_dict().get("steps") for n, t in store.tables.items()}}
 
 
+@pytest.mark.integration
 def test_a_checkpoint_of_4_shards_loads_onto_2(tmp_path, four):
     saved, path = {r: out["saved"] for r, out in four[0].items()}, four[1]
     two = _spawn("_resume_rank", tmp_path, 2, path)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -63,6 +64,7 @@ def _reduce_rank(rank: int, port: int, world: int, out) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_the_mean_of_each_table_is_the_same_on_every_rank_whatever_each_rank_got(tmp_path):
     out = _spawn(_reduce_rank, tmp_path)
     (local0, got0), (local1, got1) = out[0], out[1]
@@ -129,6 +131,7 @@ def _reference_weights() -> dict:
     return {n: p.detach() for n, p in params.items()}
 
 
+@pytest.mark.integration
 def test_a_batch_that_misses_a_table_on_one_rank_neither_hangs_nor_pairs_the_wrong_rows(tmp_path):
     out = _spawn(_missed_table_rank, tmp_path)
     reference = _reference_weights()

@@ -161,6 +161,7 @@ def _two_rank_momentum(rank: int, port: int, out_path: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_two_ranks_exchange_momentum_gradients_as_one_process_with_both_batches(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

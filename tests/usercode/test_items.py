@@ -100,6 +100,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "event" not in r}
 
 
+@pytest.mark.integration
 def test_a_huggingface_gpt2_trains_on_two_ranks_with_host_tables_as_on_one(hf_folder, tmp_path):
     """GPT-2 from YAML alone, with its position table on the host, on 1 rank, on 2 data-parallel ranks, and as 2
     pipeline stages cut by torch's tracer at a block (it is no chain: its blocks sit in a ModuleList; its head is

@@ -4,6 +4,8 @@ finite checkpoint is saved, and summary.json / metrics.jsonl stay strict JSON (a
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_cli
 
 MODEL = '''
@@ -52,6 +54,7 @@ def _strict(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
+@pytest.mark.integration
 def test_a_nan_loss_fails_the_run_and_keeps_the_last_finite_checkpoint(tmp_path: Path):
     (tmp_path / "nanmod.py").write_text(MODEL)
     (tmp_path / "conf" / "recipe").mkdir(parents=True)
