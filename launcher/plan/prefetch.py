@@ -18,7 +18,7 @@ from launcher.plan.placement import PlacementPlan
 
 AUTO_WHY = {
     "cpu": ("placement.prefetch=auto is 0 on CPU ranks: measured no faster here (bench/host_overlap.py, wide_deep at "
-            "4 M rows per table on 2 cores: 0.87x and 0.92x with 2 ranks, 0.91x and 1.07x with 1), as the prefetch "
+            "4 M rows per table on 2 cores: 0.87x and 0.92x with 2 ranks, 0.84x, 0.91x and 1.07x with 1), as the prefetch "
             "thread has no core its rank's own threads leave free; placement.prefetch=1 turns it on"),
     "cuda": ("placement.prefetch=auto is 0 on CUDA: the side-stream prefetch has not run on a GPU yet; "
              "placement.prefetch=1 turns it on"),
