@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import string
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -337,10 +336,7 @@ def guarded(monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", refuse)
     fake = lambda: HostFacts(hostname="ci", cpu_count=2, accelerators=0,  # noqa: E731
                              extensions_dir="/nonexistent/extensions")
-    real = launcher.launch.host.probe_host
-    for module in [m for name, m in list(sys.modules.items()) if name.startswith("launcher.") and m is not None]:
-        if getattr(module, "probe_host", None) is real:  # every module that imported it by name (sweep.py, ...)
-            monkeypatch.setattr(module, "probe_host", fake)
+    monkeypatch.setattr(launcher.launch.host, "probe_host", fake)  # every caller imports it from there at call time
     monkeypatch.setenv("COLUMNS", "200")
 
 

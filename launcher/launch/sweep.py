@@ -23,7 +23,6 @@ from rich.table import Table
 
 from launcher.config import compose_config
 from launcher.errors import ConfigError, first_line
-from launcher.launch.host import probe_host
 from launcher.launch.planning import plan_run
 from launcher.plan import RunPlan
 from launcher.rundir import RunDir, SweepDir, create_sweep_dir, point_latest
@@ -84,6 +83,8 @@ def plan_jobs(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | N
 def _plan_each(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | None = None,
                estimate: bool = True) -> tuple[list[Job], list[str]]:
     """(the jobs that plan, the problems of the others, each naming its job): one bad job never stops the rest."""
+    from launcher.launch.host import probe_host  # at call time, as cli.py does: one place to stand a host in for
+
     host = probe_host()
     planned, problems = [], []
     for n, overrides in enumerate(jobs):
