@@ -5,6 +5,10 @@ model and data schemas live beside its code in ``recipes/<name>/__init__.py`` an
 key a user can type is typed and known before anything runs.
 
 Sentinels: ``-1`` means "infer it" wherever a field says so; ``"auto"`` means "decide from the host".
+
+The sections of how the model is split and where its state lives (parallel, zero, deepspeed, placement) are in
+launcher/schema_parallel.py; those of where the ranks start and how they are watched (cluster, output, launcher,
+debug) in launcher/schema_cluster.py. Both are importable from here as well.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from launcher.schema_cluster import ClusterConfig, DebugConfig, LauncherConfig, OutputConfig
+from launcher.schema_parallel import DeepSpeedSection, ParallelConfig, PlacementConfig, ZeroConfig
 
 
 @dataclass
@@ -162,204 +169,6 @@ class BatchConfig:
     micro_batches: int = -1
     """A pipeline's micro-batches per optimizer step (M of its schedule): grad_accum by the name pipelines use; when
     set (not -1) it sets grad_accum."""
-
-
-@dataclass
-class ParallelConfig:
-    dp: int = -1
-    """Data-parallel degree; -1 = world_size / (pipeline_stages x tp). dp x pipeline_stages x tp = world_size."""
-    pipeline_stages: int = 1
-    """Pipeline stages P over the pp dim of the mesh (torch.distributed.pipelining); 1 = no pipeline."""
-    stages: dict[str, int] = field(default_factory=dict)
-    """MindSpore's cell.pipeline_stage in YAML: each of the recipe's layers() -> its stage (0 .. P x stages_per_rank
-    - 1, in forward order), e.g. {head: 0, layer1: 0, layer2: 0, layer3: 1, layer4: 1, fc: 1}; empty =
-    parallel.partition decides."""
-    partition: str = "parameters"
-    """With parallel.stages empty: parameters (contiguous stages balancing their parameter counts) or uniform (the
-    same number of layers per stage)."""
-    schedule: str = "1f1b"
-    """A pipeline's schedule: 1f1b (one forward, one backward in the steady state; with fewer micro-batches than
-    stages it is GPipe, and runs as gpipe), gpipe (every forward, then every backward) or interleaved_1f1b
-    (parallel.stages_per_rank >= 2 stages per rank, looped: a smaller bubble)."""
-    stages_per_rank: int = 1
-    """Virtual stages per pipeline rank (interleaved_1f1b): stage s runs on pipeline rank s mod P."""
-    tp: int = 1
-    """Tensor-parallel degree: with tp > 1 and no sharding, the recipe's tensor-parallel plan (gpt: Megatron-style
-    column/row-split attention and MLP) runs on the mesh's tp dim; its ranks share one replica and see the same data."""
-    sharding: dict[str, Any] = field(default_factory=dict)
-    """Op-level sharding in MindSpore's notation, operator -> strategy: {fc1: [[2, 4], [4, 1]]} splits fc1's x
-    (batch, in) 2 × 4 and its w (in, out) 4 × 1. The batch factor is dp, the rest tp; every strategy's factors multiply
-    to the ranks of one pipeline stage (world_size / pipeline_stages). Operators are named by module path (fc1) or
-    MindSpore-style by kind and order (matmul, matmul_1). Empty = none."""
-    search_mode: str = "sharding_propagation"
-    """How operators without a strategy get one: sharding_propagation (each takes its input's layout)."""
-    data_parallel: str = "auto"
-    """The part that runs data parallelism over the dp dim: ddp (replicated fp32 parameters, torch DDP), fsdp
-    (torch FSDP2: sharded parameters, gradients and optimizer states, bf16 master weights, CPU offload; composes
-    with tensor parallel and pipelines), deepspeed (DeepSpeed ZeRO 0-3 and ZeRO-Offload; plain data parallelism
-    only), or auto: chosen from zero.stage, optimizer.target, placement.offload_params, precision and the layout
-    (the plan says which and why)."""
-    sync_batchnorm: bool = False
-    """Every BatchNorm normalises over the dp group's whole micro-batch, as one process does (torchvision's --sync-bn):
-    the sync_batchnorm part (launcher/parallel/sync_batchnorm.py). Refused with dp 1 and on a model without one."""
-
-
-@dataclass
-class ZeroConfig:
-    stage: int = 0
-    """ZeRO stage 0-3: 0 = plain data parallel, 1 = shard optimizer states, 2 = + gradients, 3 = + parameters. On
-    DeepSpeed exactly so; on FSDP2 (with tensor parallel or pipeline stages) 1-3 shard the parameters too, and 1 and 2
-    keep each layer's gathered parameters from its forward to its backward."""
-
-
-@dataclass
-class DeepSpeedSection:
-    config: Any = None
-    """Your DeepSpeed config, merged with the one hetero-launch compiles: a JSON file's path (deepspeed.config=
-    ds_config.json) or a mapping (inline YAML). Keys hetero-launch does not model pass through to DeepSpeed; a key
-    it models (ZeRO stage, offload, bf16/fp16, batch sizes, gradient_clipping, optimizer) becomes the intent when
-    our key is not set, and must agree with it when it is (README "Bring your DeepSpeed config"). null = none."""
-    given: list[str] = field(default_factory=list)
-    """Set by the launcher: the keys the command line gave (a file's value never replaces those)."""
-    source: str = ""
-    """Set by the launcher: the file deepspeed.config was read from ("" = inline)."""
-
-
-@dataclass
-class PlacementConfig:
-    host_device_mix: int = 0
-    """1 = every embedding table with a sparse optimizer lives on the host (looked up and updated there);
-    0 = on the device. The dense network trains where the parallel parts put it (optimizer.target,
-    placement.offload_params)."""
-    offload_params: bool = False
-    """ZeRO-3 parameter offload (offload_param: device cpu); needs zero.stage=3."""
-    ps: bool = False
-    """Parameter-server mode for every table that trains outside the parts: its rows split over the ranks' host memory
-    (each rank of the table's pipeline stage owns one contiguous block of ceil(rows / ranks) rows and their optimizer
-    states), one copy per job instead of one per rank; placement.tables.<name> may still name another place for one
-    table. Needs a row-sparse table optimizer (lazy_adam, ftrl, sgd, momentum)."""
-    ps_init: str = "auto"
-    """How each rank gets its block of a split table: whole (the model is built as written, tables whole, and each
-    rank keeps its block: the same initial values as without ps; a host's ranks take turns, so a host holds at most
-    one whole copy at a time), blocks (the tables are made on the meta device and each rank replays their
-    initialisation on its own rows, with random draws seeded per 65,536-row chunk: no table is ever whole, so a table
-    larger than a host trains; other initial values than a whole build's), or auto: whole when that fits the host
-    budget, else blocks."""
-    tables: dict[str, str] = field(default_factory=dict)
-    """Per-table override of host_device_mix and ps: <table name> -> host (a whole copy on each rank's host), device
-    (a whole copy on each rank's device) or ps (rows split over the ranks' host memory, as placement.ps)."""
-    pin_memory: str = "auto"
-    """Page-locked host buffers for offload and transfers: auto (true with CUDA), true, false."""
-    prefetch: Any = "auto"
-    """Micro-batches drawn ahead whose host-table rows a background thread gathers while the current one steps
-    (tables with a copy on each rank's host), after each step's writes of the rows they need: 0 = each table looked
-    up when the forward asks; 1-8; auto = 0 for now (measured no faster on CPU ranks with no core to spare, not yet run
-    on a GPU: the plan says why)."""
-    mode: str = "manual"
-    """manual: the intents above decide; auto (``placement=auto``): the planner chooses where each table lives, the
-    dense optimizer's and parameters' offload, the ZeRO stage and the recompute set so that every device and host fits
-    its budget (cluster.device_memory_gb, cluster.host_memory_gb, less placement.reserve) at the least estimated step
-    time; the plan says each decision, its reason and the runner-up."""
-    reserve: float = 0.1
-    """Share of each memory budget kept free (fragmentation, what the model does not see), in [0, 1): 0.1 = plan to
-    90 %."""
-
-
-@dataclass
-class ClusterConfig:
-    launch: str = "local"
-    """How ranks are started: local (this host's ranks, the launcher hosts the rendezvous store); elastic (several
-    hosts: run the same command on each; they meet on torch elastic's c10d rendezvous at cluster.rdzv_endpoint and
-    get their node ranks there, as with torchrun --rdzv-backend=c10d); mpi (one launcher runs the ranks under
-    OpenMPI's mpirun, on the hosts of cluster.hostfile); slurm (inside an allocation: the ranks run under srun; a dry
-    run writes job.sbatch for sbatch)."""
-    launcher_args: list[str] = field(default_factory=list)
-    """cluster.launch=mpi|slurm: extra arguments for mpirun or srun, one list item each (never through a shell),
-    e.g. [--mca,btl_tcp_if_include,eth0]."""
-    nnodes: Any = 1
-    """Number of hosts; more than 1 needs cluster.launch=elastic, mpi (with cluster.hostfile) or slurm. With
-    cluster.launch=elastic also MIN:MAX (torchrun's --nnodes=MIN:MAX): the job runs on MIN to MAX hosts, planned for
-    MAX; with launcher.max_restarts > 0 it restarts on the hosts left when one is lost, and admits a host that joins
-    later, planning again for each world (global batch kept) from the newest checkpoint."""
-    node_rank: int = 0
-    """This host's index among nnodes (local: 0; elastic: assigned at the rendezvous, this key is not used)."""
-    rdzv_endpoint: str = ""
-    """cluster.launch=elastic: host:port of the c10d rendezvous, the same on every host (a host that is one of the
-    nodes; the first node there to start hosts it)."""
-    rdzv_id: str = "hetero-launch"
-    """cluster.launch=elastic: the rendezvous' name, the same on every host of one job (two jobs on one endpoint
-    need two ids)."""
-    rdzv_conf: dict[str, int] = field(default_factory=dict)
-    """cluster.launch=elastic: torch's c10d rendezvous settings, as torchrun's --rdzv-conf: last_call_timeout (s a
-    round waits for more hosts once MIN are there; torch's default 30), keep_alive_interval (s between a launcher's
-    heartbeats; 5), keep_alive_max_attempt (missed heartbeats before a host counts as lost; 3), close_timeout (30).
-    Empty = torch's defaults."""
-    rdzv_timeout_s: float = 300.0
-    """cluster.launch=elastic: how long the hosts wait for every node to join; then the run stops, saying who came."""
-    local_addr: str = ""
-    """cluster.launch=elastic: this host's address as the other hosts reach it; empty = its fully qualified name."""
-    nproc_per_node: str = "auto"
-    """Ranks on this host: a positive integer, or auto = one per visible accelerator, 2 on a CPU-only host."""
-    master_addr: str = "127.0.0.1"
-    """Address of the rendezvous store (rank 0's host)."""
-    master_port: int = 0
-    """Port of the rendezvous store; 0 = a free port picked at launch."""
-    device_memory_gb: float = 0.0
-    """Memory of one accelerator in GB (10^9 bytes); 0 = what the host reports (on a CPU-only host the ranks' share
-    of host memory: there the device is host memory)."""
-    host_memory_gb: float = 0.0
-    """Memory of one host in GB (10^9 bytes), shared by its ranks and the launcher; 0 = what the host reports (its
-    RAM, or the container's cgroup limit when lower)."""
-    backend: str = "auto"
-    """torch.distributed backend: auto (nccl with accelerators, else gloo), gloo or nccl."""
-    device: str = "auto"
-    """Where ranks compute: auto (cuda with visible CUDA devices, else cpu), cpu (also on a GPU host), or cuda."""
-    # A cluster described in a file (read in launcher/backends/cluster_files.py); give at most one.
-    rank_table_file: str = ""
-    """A MindSpore/HCCL rank table (JSON, version 1.0, as hccl_tools.py writes it): servers, devices, rank ids.
-    Empty = none."""
-    hostfile: str = ""
-    """A DeepSpeed-style hostfile: one `<host> slots=<N>` line per host, # comments. Empty = none."""
-    include: str = ""
-    """With hostfile: only these hosts/slots, DeepSpeed's --include syntax (worker-0@worker-1:0,2). Empty = all."""
-    exclude: str = ""
-    """With hostfile: all but these hosts/slots, DeepSpeed's --exclude syntax (worker-1:0). Empty = none excluded;
-    not together with include."""
-
-
-@dataclass
-class OutputConfig:
-    log_dir: str = "log_output"
-    """Where run dirs go, relative to the directory the command runs in."""
-    run_name: str = ""
-    """Run dir name; empty = <recipe>-<YYYYmmdd-HHMMSS>. An existing run dir is never overwritten."""
-    stderr_tail: int = 20
-    """Lines of a failed rank's stderr printed by the launcher."""
-    console: str = "rank0"
-    """A script= run's output on the launcher's terminal as it runs (torchrun's --tee): rank0 = rank 0's stdout and
-    stderr lines, all = every rank's, each line prefixed [rank N], none = nothing. Either way every rank's output is
-    written in full to rank.N/{stdout,stderr}; a line over 4 KiB is cut on the terminal with a marker. A recipe's
-    ranks report through the progress view and the failure report instead: their output stays in rank.N/."""
-
-
-@dataclass
-class LauncherConfig:
-    watchdog_s: float = 300.0
-    """A rank whose heartbeat (finished steps, evaluation batches) has not moved for this long, or for 10 of its
-    slowest steps if that is longer, is stalled: the launcher names it, has every rank print its Python stacks,
-    and stops the job (status hung). A checkpoint save keeps the heartbeat moving and may take up to 12 times this
-    limit. Watched from each rank's first finished step; 0 = no watchdog."""
-    max_restarts: int = 0
-    """After a failed attempt, start the job again this many times at most, from the run's newest complete
-    checkpoint (each attempt's rank logs are kept in attempt.<k>/). Not after an interrupt or bad input."""
-
-
-@dataclass
-class DebugConfig:
-    fail_rank: int = -1
-    """Fault injection for testing supervision: this rank raises ... (in the first attempt only); -1 = off."""
-    fail_step: int = -1
-    """... once this step is done and logged."""
 
 
 @dataclass

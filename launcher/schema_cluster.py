@@ -1,0 +1,105 @@
+"""The schema's sections for where and how the ranks are started, watched and recorded: ``cluster``, ``output``,
+``launcher`` and ``debug`` (part of the typed config in launcher/schema.py, which nests them in HeteroConfig).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ClusterConfig:
+    launch: str = "local"
+    """How ranks are started: local (this host's ranks, the launcher hosts the rendezvous store); elastic (several
+    hosts: run the same command on each; they meet on torch elastic's c10d rendezvous at cluster.rdzv_endpoint and
+    get their node ranks there, as with torchrun --rdzv-backend=c10d); mpi (one launcher runs the ranks under
+    OpenMPI's mpirun, on the hosts of cluster.hostfile); slurm (inside an allocation: the ranks run under srun; a dry
+    run writes job.sbatch for sbatch)."""
+    launcher_args: list[str] = field(default_factory=list)
+    """cluster.launch=mpi|slurm: extra arguments for mpirun or srun, one list item each (never through a shell),
+    e.g. [--mca,btl_tcp_if_include,eth0]."""
+    nnodes: Any = 1
+    """Number of hosts; more than 1 needs cluster.launch=elastic, mpi (with cluster.hostfile) or slurm. With
+    cluster.launch=elastic also MIN:MAX (torchrun's --nnodes=MIN:MAX): the job runs on MIN to MAX hosts, planned for
+    MAX; with launcher.max_restarts > 0 it restarts on the hosts left when one is lost, and admits a host that joins
+    later, planning again for each world (global batch kept) from the newest checkpoint."""
+    node_rank: int = 0
+    """This host's index among nnodes (local: 0; elastic: assigned at the rendezvous, this key is not used)."""
+    rdzv_endpoint: str = ""
+    """cluster.launch=elastic: host:port of the c10d rendezvous, the same on every host (a host that is one of the
+    nodes; the first node there to start hosts it)."""
+    rdzv_id: str = "hetero-launch"
+    """cluster.launch=elastic: the rendezvous' name, the same on every host of one job (two jobs on one endpoint
+    need two ids)."""
+    rdzv_conf: dict[str, int] = field(default_factory=dict)
+    """cluster.launch=elastic: torch's c10d rendezvous settings, as torchrun's --rdzv-conf: last_call_timeout (s a
+    round waits for more hosts once MIN are there; torch's default 30), keep_alive_interval (s between a launcher's
+    heartbeats; 5), keep_alive_max_attempt (missed heartbeats before a host counts as lost; 3), close_timeout (30).
+    Empty = torch's defaults."""
+    rdzv_timeout_s: float = 300.0
+    """cluster.launch=elastic: how long the hosts wait for every node to join; then the run stops, saying who came."""
+    local_addr: str = ""
+    """cluster.launch=elastic: this host's address as the other hosts reach it; empty = its fully qualified name."""
+    nproc_per_node: str = "auto"
+    """Ranks on this host: a positive integer, or auto = one per visible accelerator, 2 on a CPU-only host."""
+    master_addr: str = "127.0.0.1"
+    """Address of the rendezvous store (rank 0's host)."""
+    master_port: int = 0
+    """Port of the rendezvous store; 0 = a free port picked at launch."""
+    device_memory_gb: float = 0.0
+    """Memory of one accelerator in GB (10^9 bytes); 0 = what the host reports (on a CPU-only host the ranks' share
+    of host memory: there the device is host memory)."""
+    host_memory_gb: float = 0.0
+    """Memory of one host in GB (10^9 bytes), shared by its ranks and the launcher; 0 = what the host reports (its
+    RAM, or the container's cgroup limit when lower)."""
+    backend: str = "auto"
+    """torch.distributed backend: auto (nccl with accelerators, else gloo), gloo or nccl."""
+    device: str = "auto"
+    """Where ranks compute: auto (cuda with visible CUDA devices, else cpu), cpu (also on a GPU host), or cuda."""
+    # A cluster described in a file (read in launcher/backends/cluster_files.py); give at most one.
+    rank_table_file: str = ""
+    """A MindSpore/HCCL rank table (JSON, version 1.0, as hccl_tools.py writes it): servers, devices, rank ids.
+    Empty = none."""
+    hostfile: str = ""
+    """A DeepSpeed-style hostfile: one `<host> slots=<N>` line per host, # comments. Empty = none."""
+    include: str = ""
+    """With hostfile: only these hosts/slots, DeepSpeed's --include syntax (worker-0@worker-1:0,2). Empty = all."""
+    exclude: str = ""
+    """With hostfile: all but these hosts/slots, DeepSpeed's --exclude syntax (worker-1:0). Empty = none excluded;
+    not together with include."""
+
+
+@dataclass
+class OutputConfig:
+    log_dir: str = "log_output"
+    """Where run dirs go, relative to the directory the command runs in."""
+    run_name: str = ""
+    """Run dir name; empty = <recipe>-<YYYYmmdd-HHMMSS>. An existing run dir is never overwritten."""
+    stderr_tail: int = 20
+    """Lines of a failed rank's stderr printed by the launcher."""
+    console: str = "rank0"
+    """A script= run's output on the launcher's terminal as it runs (torchrun's --tee): rank0 = rank 0's stdout and
+    stderr lines, all = every rank's, each line prefixed [rank N], none = nothing. Either way every rank's output is
+    written in full to rank.N/{stdout,stderr}; a line over 4 KiB is cut on the terminal with a marker. A recipe's
+    ranks report through the progress view and the failure report instead: their output stays in rank.N/."""
+
+
+@dataclass
+class LauncherConfig:
+    watchdog_s: float = 300.0
+    """A rank whose heartbeat (finished steps, evaluation batches) has not moved for this long, or for 10 of its
+    slowest steps if that is longer, is stalled: the launcher names it, has every rank print its Python stacks,
+    and stops the job (status hung). A checkpoint save keeps the heartbeat moving and may take up to 12 times this
+    limit. Watched from each rank's first finished step; 0 = no watchdog."""
+    max_restarts: int = 0
+    """After a failed attempt, start the job again this many times at most, from the run's newest complete
+    checkpoint (each attempt's rank logs are kept in attempt.<k>/). Not after an interrupt or bad input."""
+
+
+@dataclass
+class DebugConfig:
+    fail_rank: int = -1
+    """Fault injection for testing supervision: this rank raises ... (in the first attempt only); -1 = off."""
+    fail_step: int = -1
+    """... once this step is done and logged."""
