@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher._prepare import _PreparedModel, _PreparedOptimizer, drop_from_optimizer, group_of, schedule_of, tables_of
 from launcher.log_args import checked_log_args
 from launcher.loggers.sink import open_metrics
 from launcher.plan.placement import follow_notes, plan_table_optimizers, plan_tables, takes_tables_out
@@ -140,14 +141,6 @@ def move(*batch: Any) -> tuple[Any, ...]:
     return tuple(move_to(b, _S.device, _S.dtype) for b in batch)
 
 
-def _tables_of(model: nn.Module) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
-    """The model's tables (module path -> (rows, dim)) and their other names (a TorchRec table's) -> module path."""
-    from launcher.inspect.model import model_facts_on_meta
-
-    facts = model_facts_on_meta(model)
-    return facts.tables, dict(facts.aliases)
-
-
 def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
     """(model, optimizer) as the plan compiles them: call the model as before; use ``runtime.backward(loss)`` and
     ``runtime.step()`` (or the returned optimizer's ``step()``) instead of ``loss.backward()`` / ``optimizer.step()``."""
@@ -166,7 +159,7 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     if _S.device.type == "cuda":
         torch.cuda.set_device(_S.device)
     _S.plan, _S.dtype, _S.micro = plan, DTYPES[plan.precision], 0  # the precision's dtype, as the Trainer's
-    shapes, aliases = _tables_of(model)
+    shapes, aliases = tables_of(model)
     intent = takes_tables_out(plan.host_device_mix, plan.table_locations, plan.table_configs, plan.ps)
     table_cfgs, problems = resolve_aliases("tables", {n: TableConfig(**t) for n, t in plan.table_configs.items()},
                                            aliases)
@@ -189,18 +182,18 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     followed = {}
     if sparse:
         weights = [model.get_submodule(t.name).weight for t in sparse]  # before the swap takes the modules out
-        followed = {t.name: _group_of(optimizer, w) for t, w in zip(sparse, weights) if t.name not in table_cfgs}
+        followed = {t.name: group_of(optimizer, w) for t, w in zip(sparse, weights) if t.name not in table_cfgs}
         mesh = world_mesh(_S.device.type) if any(t.shards > 1 for t in sparse) else None  # ps: over every rank
         group = mesh.get_group() if mesh is not None else None
         _S.tables = build_tables([model], tuple(sparse), _S.device, _S.dtype, dist.group.WORLD, group, mesh)
-        _drop_from_optimizer(optimizer, {id(w) for w in weights})
+        drop_from_optimizer(optimizer, {id(w) for w in weights})
     _S.engine = _build_engine(plan, model, optimizer)
-    _S.schedule = _schedule_of(sparse, followed, optimizer, _S.engine.optimizer.param_groups)
+    _S.schedule = schedule_of(sparse, followed, optimizer, _S.engine.optimizer.param_groups)
     if run_dir:
         rank_dir = RunDir(run_dir).rank(rank())
         _S.metrics = open_metrics(rank_dir, planned.get("loggers", ()), rank())  # rank 0's feeds the loggers
         _write_prepared(rank_dir, [*sparse, *(t for t in tables if t.location == "engine")], table_notes)
-    return _PreparedModel(_S.engine), _PreparedOptimizer(_S.engine.optimizer)
+    return _PreparedModel(_S.engine), _PreparedOptimizer(_S.engine.optimizer, step)
 
 
 def _build_engine(plan: RuntimePlan, model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
@@ -213,45 +206,12 @@ def _build_engine(plan: RuntimePlan, model: nn.Module, optimizer: torch.optim.Op
     return apply_parts([Chunk(module=model, paths=[])], rt, lambda _params: optimizer)
 
 
-def _group_of(optimizer: torch.optim.Optimizer, weight: torch.Tensor) -> dict | None:
-    return next((g for g in optimizer.param_groups if any(p is weight for p in g["params"])), None)
-
-
-def _schedule_of(sparse: list, followed: dict[str, dict | None], optimizer: torch.optim.Optimizer,
-                 engine_groups: list[dict]) -> tuple:
-    """What ``_follow_schedule`` needs: each followed table follows the group that held it, or the first group
-    when that group held only tables (it left the optimizer with them)."""
-    out = []
-    for t in sparse:
-        if t.name not in followed:
-            continue
-        held = followed[t.name]
-        index = min(next((i for i, g in enumerate(optimizer.param_groups) if g is held), 0), len(engine_groups) - 1)
-        group = engine_groups[index]
-        out.append((t.name, t.lr, index, float(group.get("initial_lr", group["lr"]))))
-    return tuple(out)
-
-
 def _follow_schedule() -> None:
     """Before the tables step: each followed table's lr = its lr at prepare() x (its group's lr now / then)."""
     groups = _S.engine.optimizer.param_groups
     for name, lr, index, base in _S.schedule:
         now = groups[index]["lr"]
         _S.tables.set_lr(name, lr * now / base if base > 0 else now)
-
-
-def _drop_from_optimizer(optimizer: torch.optim.Optimizer, ids: set[int]) -> None:
-    """Take the tables' weights out of the user's optimizer, in place (a scheduler made on it keeps working)."""
-    for g in optimizer.param_groups:
-        for p in g["params"]:
-            if id(p) in ids:
-                optimizer.state.pop(p, None)
-        g["params"] = [p for p in g["params"] if id(p) not in ids]
-    optimizer.param_groups[:] = [g for g in optimizer.param_groups if g["params"]]
-    if not optimizer.param_groups:
-        raise ValueError("runtime.prepare(): every parameter of the model is a table that left the engine; the "
-                         "engine has nothing to train. Keep a dense part in the model, or leave the tables inside "
-                         "(placement.host_device_mix=0).")
 
 
 def _write_prepared(rank_dir: RankDir, tables, table_notes: list[str]) -> None:
@@ -271,66 +231,6 @@ def _write_prepared(rank_dir: RankDir, tables, table_notes: list[str]) -> None:
         "engine_params": sum(p.numel() for p in _S.engine.module.parameters()),
     }
     rank_dir.prepared.write_text(json.dumps(info, indent=2))
-
-
-class _PreparedModel:
-    """What prepare() returns for the model: call it as before; ``train()``/``eval()`` and every attribute of your
-    module (``parameters()``, ``state_dict()``, your own methods) reach it through the engine."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-
-    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
-        return self.engine(*inputs, **kwargs)
-
-    def train(self, mode: bool = True) -> _PreparedModel:
-        self.engine.train(mode)
-        return self
-
-    def eval(self) -> _PreparedModel:
-        self.engine.eval()
-        return self
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine.module, name)
-
-
-class _PreparedOptimizer(torch.optim.Optimizer):
-    """What prepare() returns for the optimizer (an ``Optimizer``, so LR schedulers take it): ``step()`` is
-    ``runtime.step()`` (the engine and the tables), ``zero_grad()`` is the engine's at each step; ``param_groups``,
-    ``state`` and state dicts are the engine's optimizer's (your optimizer, or DeepSpeed's wrapper of it)."""
-
-    def __init__(self, inner: Any) -> None:  # no super().__init__: this shares inner's groups, it has none of its own
-        self.optimizer = inner
-        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, groups: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = groups
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return getattr(self.optimizer, "defaults", {})
-
-    def step(self, closure=None) -> None:
-        step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
 
 
 def state_dict() -> dict[str, Any]:
