@@ -14,6 +14,7 @@ less, held 32-41 k: a 7-10x "gain" that was libgomp's, not the overlap's.
 
     .venv/bin/python bench/host_overlap.py [--ranks 2 1] [--pairs 3] [--steps 150] [--out bench/results/host_overlap.txt]
     .venv/bin/python bench/host_overlap.py --in-process     (one process, 1 thread: where the time goes, per step)
+    .venv/bin/python bench/host_overlap.py --bound          (the most any overlap can give on this machine)
 
 --in-process runs the recipe's WideDeep, its data and the store in this process (no launcher, no DDP), 1 intra-op
 thread, serial and prefetch interleaved, and prints per step the wall time and the training thread's own CPU time
@@ -98,9 +99,8 @@ def in_process(a: argparse.Namespace, say) -> None:
             f"(last loss {loss:.6f})")
 
 
-def _steps_in_process(depth: int, a: argparse.Namespace) -> tuple[float, float, float]:
-    import time
-
+def _build(depth: int, a: argparse.Namespace):
+    """The recipe's WideDeep, its synthetic data and the store in this process; a Lookahead when ``depth``."""
     import torch
 
     sys.path.insert(0, str(ROOT))
@@ -113,9 +113,16 @@ def _steps_in_process(depth: int, a: argparse.Namespace) -> tuple[float, float, 
     torch.manual_seed(1234)
     model = WideDeep(13, 26, a.rows_per_table, 16, [256, 128])
     store = build_tables([model], table_plans(a.rows_per_table, 1), torch.device("cpu"), torch.float32)
-    opt, loss_fn = torch.optim.Adam(model.parameters(), lr=1e-3), torch.nn.BCEWithLogitsLoss()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     batches = SyntheticCTR(13, 26, a.rows_per_table, 0).train_batches(0, 1, BATCH, 1234)
     ahead = Lookahead(store, depth, torch.device("cpu"), torch.float32) if depth and store.start_prefetch() else None
+    return model, store, opt, torch.nn.BCEWithLogitsLoss(), batches, ahead
+
+
+def _steps_in_process(depth: int, a: argparse.Namespace) -> tuple[float, float, float]:
+    import time
+
+    model, store, opt, loss_fn, batches, ahead = _build(depth, a)
     walls, cpus = [], []
     for step in range(60):
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -133,6 +140,69 @@ def _steps_in_process(depth: int, a: argparse.Namespace) -> tuple[float, float, 
     return statistics.median(walls) * 1e3, statistics.median(cpus) * 1e3, loss.item()
 
 
+def bound(a: argparse.Namespace, say) -> None:
+    """The most any overlap can give on this machine: the serial step's parts timed at 1 thread (the work a
+    training thread keeps, and the table work a second core could take), against the serial step at the intra-op
+    threads the plan gives one rank (all cores), interleaved."""
+    import torch
+
+    cores = os.cpu_count() or 1
+    split: list[dict[str, float]] = []
+    whole: list[float] = []
+    for _ in range(a.pairs):
+        torch.set_num_threads(1)
+        split.append(_serial_parts(a))
+        torch.set_num_threads(cores)
+        whole.append(_serial_parts(a)["step"])
+    part = {k: statistics.median(s[k] for s in split) for k in split[0]}
+    dense = part["step"] - part["lookups"] - part["store step"] - part["data"]
+    table = part["lookups"] + part["store step"]
+    serial = statistics.median(whole)
+    say(f"bound: serial step at 1 thread {part['step']:.1f} ms (data draw {part['data']:.1f}, host-table lookups "
+        f"{part['lookups']:.1f}, store step {part['store step']:.1f}, the dense rest {dense:.1f}); serial at {cores} "
+        f"threads {serial:.1f} ms ({', '.join(f'{x:.1f}' for x in whole)}); {a.pairs} interleaved rounds, medians")
+    for name, train in (("the data drawn on the training thread (as built)", dense + part["data"]),
+                        ("the data drawn on the table thread too", dense)):
+        other = part["step"] - train
+        say(f"  ideal overlap, {name}: training thread {train:.1f} ms, the other core {other:.1f} ms -> at best "
+            f"{serial / max(train, other):.2f}x the {cores}-thread serial step (no stall, no shared bandwidth)")
+
+
+def _serial_parts(a: argparse.Namespace) -> dict[str, float]:
+    """Medians over steps 10-39 of the serial step and of its parts, in ms."""
+    import time
+
+    model, store, opt, loss_fn, batches, _ = _build(0, a)
+    spent = {"lookups": 0.0}
+    lookup = store.lookup
+
+    def timed_lookup(*args):
+        t = time.perf_counter()
+        out = lookup(*args)
+        spent["lookups"] += time.perf_counter() - t
+        return out
+
+    store.lookup = timed_lookup
+    got: dict[str, list[float]] = {"step": [], "data": [], "lookups": [], "store step": []}
+    for step in range(40):
+        spent["lookups"] = 0.0
+        t0 = time.perf_counter()
+        batch = next(batches)
+        t1 = time.perf_counter()
+        loss = loss_fn(model(*batch[0]), batch[1])
+        opt.zero_grad()
+        loss.backward()
+        store.collect()
+        opt.step()
+        t2 = time.perf_counter()
+        store.step()
+        t3 = time.perf_counter()
+        if step >= 10:
+            for k, v in (("step", t3 - t0), ("data", t1 - t0), ("lookups", spent["lookups"]), ("store step", t3 - t2)):
+                got[k].append(v * 1e3)
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 1])
@@ -141,6 +211,7 @@ def main() -> None:
     p.add_argument("--rows-per-table", type=int, default=153_847)
     p.add_argument("--wait-policy", default="PASSIVE")
     p.add_argument("--in-process", action="store_true")
+    p.add_argument("--bound", action="store_true")
     p.add_argument("--out", default="")
     a = p.parse_args()
     lines: list[str] = []
@@ -150,7 +221,9 @@ def main() -> None:
         lines.append(line)
 
     say(f"bench/host_overlap.py on {os.cpu_count()} cores: {' '.join(sys.argv[1:]) or '(defaults)'}")
-    if a.in_process:
+    if a.bound:
+        bound(a, say)
+    elif a.in_process:
         in_process(a, say)
     else:
         with tempfile.TemporaryDirectory(prefix="host_overlap_") as tmp:

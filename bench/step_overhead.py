@@ -19,7 +19,8 @@ each (the order rotates every round), it times:
 Medians over rounds of each round's mean µs per step, their min-max, and each variant's extra over the hand loop;
 the training thread's own CPU time per step (time.thread_time: what the Trainer's Python adds, less disturbed by
 other processes than wall time) and its extras; and the ratio of the fastest rounds (on a shared machine the least
-disturbed round of each variant is the fairest single figure). The sum of the parts' extras next to the whole one
+disturbed round of each variant is the fairest single figure); and the median of each round's own ratio to the hand
+loop with its interquartile range (a round's variants run seconds apart: drift between rounds cancels). The sum of the parts' extras next to the whole one
 says whether the list is complete. Not a test: numbers belong to
 the machine; rank 0 prints them (and appends them to --out when given).
 """
@@ -138,6 +139,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", help="append rank 0's table to this file")
     ap.add_argument("--micro", action="store_true", help="time each extra alone in this process (no torchrun)")
+    ap.add_argument("--only", nargs="+", default=[], metavar="VARIANT",
+                    help="time only these variants beside the hand loop (e.g. \"fit's step\" train_step): more "
+                         "rounds in the same time, each round's ratio closer to its pair")
     a = ap.parse_args()
     if a.micro:
         return micro(a.out)
@@ -173,7 +177,7 @@ def main() -> None:
         "train_step": lambda s: trainer.train_step(),
         "fit's step": fit_step,
     }
-    names = list(variants)
+    names = ["hand"] + [n for n in variants if n != "hand" and (not a.only or n in a.only)]
     for name in names:  # warm up each (allocator, DDP's first-iteration bucket rebuild)
         for s in range(1, 31):
             variants[name](s)
@@ -198,16 +202,19 @@ def main() -> None:
                  f"(micro-batch 16 per rank), {a.rounds} rounds x {a.steps} steps per variant, interleaved; "
                  f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, load average {os.getloadavg()[0]:.1f}",
                  f"{'variant':36s} {'us/step':>9s} {'min-max':>15s} {'extra':>8s} {'x hand':>7s} "
-                 f"{'thread CPU us':>13s} {'extra':>8s} {'min x hand':>10s}"]
+                 f"{'thread CPU us':>13s} {'extra':>8s} {'min x hand':>10s} {'round x hand':>18s}"]
         for n in names:
             v = per[n]
+            paired = sorted(x / h for x, h in zip(v, per["hand"]))  # each round's own ratio: drift between rounds out
             lines.append(f"{n:36s} {med[n]:9.1f} {min(v):7.1f}-{max(v):<7.1f} {med[n] - base:+8.1f} "
                          f"{med[n] / base:7.3f} {mcpu[n]:13.1f} {mcpu[n] - cbase:+8.1f} "
-                         f"{min(v) / min(per['hand']):10.3f}")
-        parts = sum(mcpu[n] - cbase for n in names if n.startswith("hand + "))
-        whole = mcpu["fit's step"] - cbase
-        lines.append(f"training thread's CPU: the parts' extras sum to {parts:+.1f} us; fit's step over hand "
-                     f"{whole:+.1f} us")
+                         f"{min(v) / min(per['hand']):10.3f} {statistics.median(paired):6.3f} "
+                         f"({paired[len(paired) // 4]:.2f}-{paired[(3 * len(paired)) // 4]:.2f})")
+        whole = mcpu.get("fit's step")
+        if whole is not None:
+            parts = sum(mcpu[n] - cbase for n in names if n.startswith("hand + "))
+            lines.append(f"training thread's CPU: the parts' extras sum to {parts:+.1f} us; fit's step over hand "
+                         f"{whole - cbase:+.1f} us")
         text = "\n".join(lines)
         print(text, flush=True)
         if a.out:
