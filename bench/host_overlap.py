@@ -156,7 +156,6 @@ def bound(a: argparse.Namespace, say) -> None:
         whole.append(_serial_parts(a)["step"])
     part = {k: statistics.median(s[k] for s in split) for k in split[0]}
     dense = part["step"] - part["lookups"] - part["store step"] - part["data"]
-    table = part["lookups"] + part["store step"]
     serial = statistics.median(whole)
     say(f"bound: serial step at 1 thread {part['step']:.1f} ms (data draw {part['data']:.1f}, host-table lookups "
         f"{part['lookups']:.1f}, store step {part['store step']:.1f}, the dense rest {dense:.1f}); serial at {cores} "

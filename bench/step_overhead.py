@@ -20,9 +20,9 @@ Medians over rounds of each round's mean µs per step, their min-max, and each v
 the training thread's own CPU time per step (time.thread_time: what the Trainer's Python adds, less disturbed by
 other processes than wall time) and its extras; and the ratio of the fastest rounds (on a shared machine the least
 disturbed round of each variant is the fairest single figure); and the median of each round's own ratio to the hand
-loop with its interquartile range (a round's variants run seconds apart: drift between rounds cancels). The sum of the parts' extras next to the whole one
-says whether the list is complete. Not a test: numbers belong to
-the machine; rank 0 prints them (and appends them to --out when given).
+loop with its interquartile range (a round's variants run seconds apart: drift between rounds cancels). The sum of
+the parts' extras next to the whole one says whether the list is complete. ``--only`` times the hand loop and the
+variants named. Not a test: numbers belong to the machine; rank 0 prints them (and appends them to --out when given).
 """
 
 from __future__ import annotations
@@ -177,6 +177,10 @@ def main() -> None:
         "train_step": lambda s: trainer.train_step(),
         "fit's step": fit_step,
     }
+    unknown = [n for n in a.only if n not in variants]
+    if unknown:
+        raise SystemExit(f"--only: no variant {', '.join(map(repr, unknown))}; the variants: "
+                         f"{', '.join(map(repr, variants))}")
     names = ["hand"] + [n for n in variants if n != "hand" and (not a.only or n in a.only)]
     for name in names:  # warm up each (allocator, DDP's first-iteration bucket rebuild)
         for s in range(1, 31):
