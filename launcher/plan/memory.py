@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from launcher.plan.placement import PlacementPlan
 from launcher.plan.ps import rows_per_rank
-from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS
+from launcher.plan.registry import DENSE_OPTIMIZERS, table_state_bytes
 from launcher.units import Bytes
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def with_tables(placement: PlacementPlan, dense: tuple[Bytes, Bytes], table_name
             continue
         size = rows_per_rank(t) * t.dim * 4  # its block with ps, else the whole table
         sums[t.location][0] += size
-        sums[t.location][1] += size * TABLE_OPTIMIZERS[t.optimizer].state_floats
+        sums[t.location][1] += table_state_bytes(t.optimizer, rows_per_rank(t), t.dim)
     where = {loc: b.plus(tables=sums[loc][0], table_states=sums[loc][1]) for loc, b in (("host", dense[0]),
                                                                                        ("device", dense[1]))}
     n = placement.dense_params

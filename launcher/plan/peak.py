@@ -20,7 +20,7 @@ from launcher import constants as C
 from launcher.codec import from_plain
 from launcher.plan.memory import MemoryEstimate
 from launcher.plan.ps import rows_per_rank
-from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS
+from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, table_state_bytes
 from launcher.units import Term
 
 PHASES = ("backward", "step", "save")
@@ -207,12 +207,15 @@ def _tables(m: MemoryInput) -> list[Term]:
             continue
         rows = rows_per_rank(t)
         size = rows * t.dim * 4
-        floats = TABLE_OPTIMIZERS[t.optimizer].state_floats if t.optimizer in TABLE_OPTIMIZERS else 0
+        spec = TABLE_OPTIMIZERS.get(t.optimizer)
+        per = (f"{spec.state_floats} per value" + (f" + {spec.row_floats} per row" if spec.row_floats else "")
+               if spec is not None else "0 per value")
         whole = f"{t.rows:,} × {t.dim} fp32"
         share = f"ps: 1/{t.shards} of {whole} ({rows:,} rows per rank)" if t.shards > 1 else whole
         of = f" of its {rows:,} rows (ps)" if t.shards > 1 else ""
         out += [Term(f"{t.name} table", t.location, size, source=share),
-                Term(f"{t.name} states", t.location, size * floats, source=f"{t.optimizer}: {floats} per value{of}")]
+                Term(f"{t.name} states", t.location, table_state_bytes(t.optimizer, rows, t.dim),
+                     source=f"{t.optimizer}: {per}{of}")]
     return out
 
 
@@ -225,7 +228,7 @@ def _built_whole(m: MemoryInput) -> list[Term]:
     if not ps:
         return []
     whole = sum(t.rows * t.dim * 4 for t in ps)
-    states = sum(rows_per_rank(t) * t.dim * 4 * TABLE_OPTIMIZERS[t.optimizer].state_floats for t in ps)
+    states = sum(table_state_bytes(t.optimizer, rows_per_rank(t), t.dim) for t in ps)
     extra = whole - states - int(C.KERNELS_RUNTIME.value)
     return [Term("whole tables while built", "host", extra, phase="build", basis="estimate",
                  source=f"{', '.join(t.name for t in ps)} built whole ({whole / 2**20:,.1f} MiB) before each rank "

@@ -55,11 +55,22 @@ class TableOptimizer:
     shardable: bool = True
     """Its state is per row in the table store, so parameter-server mode (placement.ps) can split it with the rows;
     torch's SparseAdam keeps its state over the whole weight, and a dense table is the engine's."""
+    row_floats: int = 0
+    """fp32 state values per row besides (row-wise Adagrad's one sum a row)."""
 
     @property
     def sparse(self) -> bool:
         """Trains outside the engine, on the rows of each batch only."""
         return bool(self.impl)
+
+    def state_bytes(self, rows: int, dim: int) -> int:
+        """Bytes of the optimizer's states for ``rows`` rows of ``dim`` values."""
+        return 4 * rows * (dim * self.state_floats + self.row_floats)
+
+
+def table_state_bytes(optimizer: str, rows: int, dim: int) -> int:
+    """Bytes of table optimizer ``optimizer``'s states for rows x dim (0 for a name the registry lacks)."""
+    return TABLE_OPTIMIZERS[optimizer].state_bytes(rows, dim) if optimizer in TABLE_OPTIMIZERS else 0
 
 
 _SGD = ("lr", "momentum", "dampening", "nesterov", "weight_decay")
@@ -71,6 +82,10 @@ TABLE_OPTIMIZERS: dict[str, TableOptimizer] = {
     "ftrl": TableOptimizer("launcher.tables.sparse_optim.SparseFTRL",
                            ("lr", "l1", "l2", "lr_power", "initial_accumulator"), 2),  # accumulator + linear
     "sgd": TableOptimizer("launcher.tables.sparse_optim.SparseSGD", _SGD, 0, ("sgd",)),
+    "adagrad": TableOptimizer("launcher.tables.sparse_optim.SparseAdagrad",
+                              ("lr", "eps", "weight_decay", "initial_accumulator"), 1),  # the sum of squares
+    "rowwise_adagrad": TableOptimizer("launcher.tables.sparse_optim.RowwiseAdagrad",
+                                      ("lr", "eps", "weight_decay", "initial_accumulator"), 0, row_floats=1),
     "momentum": TableOptimizer("launcher.tables.sparse_optim.SparseSGD", _SGD, 1, ("momentum",)),  # the buffer
     # a dense table is a parameter of the engine; its state is optimizer.name's
     "dense": TableOptimizer("", (), 0, shardable=False),

@@ -12,7 +12,7 @@ from launcher.errors import printable
 from launcher.plan import Bytes, LaunchPlan, ScriptPlan
 from launcher.plan.placement import TablePlan, twin_words
 from launcher.plan.ps import rows_per_rank
-from launcher.plan.registry import TABLE_OPTIMIZERS
+from launcher.plan.registry import table_state_bytes
 from launcher.plan.sharding import ShardingPlan, shapes_words, strategy_words
 from launcher.units import gb
 
@@ -61,7 +61,7 @@ def partition_words(t: TablePlan, ranks_per_host: int | None) -> str:
     table's stage depends on the mesh)."""
     rows = rows_per_rank(t)
     weights = rows * t.dim * 4
-    states = weights * TABLE_OPTIMIZERS[t.optimizer].state_floats if t.optimizer in TABLE_OPTIMIZERS else 0
+    states = table_state_bytes(t.optimizer, rows, t.dim)
     per_rank = f"{gb(weights)} (+ states {gb(states)}) per rank{'' if ranks_per_host else ' of its stage'}"
     host = f", {gb(ranks_per_host * (weights + states))} per host" if ranks_per_host else ""
     if t.shards > 1:

@@ -74,6 +74,9 @@ class BagLookup(TableLookup):
         ids = self._rows(input)
         rows = self._lookup(ids)
         flat = rows.reshape(-1, rows.shape[-1])
+        pooled = pool(flat, ids, offsets, per_sample_weights, self.mode, self.padding_idx, self.include_last_offset)
+        if pooled is not None:
+            return pooled
         index = torch.arange(flat.shape[0], device=flat.device).view(input.shape)
         padding = None
         if self.padding_idx is not None:  # its entries point at one zero row, which embedding_bag leaves out
@@ -86,6 +89,48 @@ class BagLookup(TableLookup):
             per_sample_weights = per_sample_weights.to(flat.device, flat.dtype)
         return F.embedding_bag(index, flat, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
                                include_last_offset=self.include_last_offset, padding_idx=padding)
+
+
+def pool(flat: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor | None, weights: torch.Tensor | None,
+         mode: str, padding_idx: int | None, include_last_offset: bool) -> torch.Tensor | None:
+    """Bags of already looked-up rows (``flat``: one row per id), sum or mean, as nn.EmbeddingBag pools them, by ops
+    whose backward hands each looked-up row its bag's gradient (an expand or an index_select): no embedding-bag
+    backward over rows that are gathered already (its sort and scatter were a quarter of a host-table step). None
+    for a call this does not take (mode max, a shape or argument torch would refuse): F.embedding_bag then pools it,
+    and refuses what torch refuses."""
+    if mode not in ("sum", "mean") or (weights is not None and (mode != "sum" or weights.shape != ids.shape)):
+        return None
+    if ids.dim() == 2 and offsets is None:
+        bags, size = ids.shape
+        bag_of = None
+    elif ids.dim() == 1 and offsets is not None and offsets.dim() == 1 and offsets.numel() > 0:
+        ends = offsets.to(flat.device, torch.int64)
+        if not include_last_offset:
+            ends = torch.cat([ends, ends.new_tensor([ids.numel()])])
+        lengths = ends.diff()
+        if int(ends[0]) != 0 or int(ends[-1]) != ids.numel() or bool((lengths < 0).any()):
+            return None  # torch's own checks and messages
+        bags, size = len(lengths), None
+        bag_of = torch.repeat_interleave(torch.arange(bags, device=flat.device), lengths)
+    else:
+        return None
+    scale = None if weights is None else weights.to(flat.device, flat.dtype).reshape(-1)
+    if padding_idx is not None:  # padding entries leave their bag (and its count)
+        keep = (ids.reshape(-1) != padding_idx).to(flat.device)
+        scale = keep.to(flat.dtype) if scale is None else scale * keep
+    x = flat if scale is None else flat * scale.unsqueeze(1)
+    if bag_of is None:  # (a bag of one: a copy, not a view of the store's leaf, which the model may change in place)
+        out = x.view(bags, x.shape[1]).clone() if size == 1 else x.view(bags, size, x.shape[1]).sum(1)
+    else:
+        out = x.new_zeros(bags, x.shape[1]).index_add(0, bag_of, x)
+    if mode == "mean":
+        if padding_idx is not None:
+            counts = keep.view(bags, size).sum(1) if bag_of is None else \
+                torch.zeros(bags, dtype=torch.int64, device=flat.device).index_add_(0, bag_of, keep.long())
+        else:
+            counts = torch.full((bags,), size, device=flat.device) if bag_of is None else lengths
+        out = out / counts.clamp(min=1).to(out.dtype).unsqueeze(1)
+    return out
 
 
 MIRRORED = ("num_embeddings", "embedding_dim", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq",

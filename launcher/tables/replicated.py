@@ -23,6 +23,7 @@ from hydra.utils import get_class
 
 from launcher.plan.placement import TablePlan
 from launcher.plan.registry import TABLE_OPTIMIZERS
+import launcher.tables.kernels as kernels
 from launcher.tables.prefetch import Ahead
 from launcher.tables.sparse_comm import coalesce, reduce_tables
 from launcher.tables.transfer import device_to_host, gather_to_device
@@ -59,6 +60,11 @@ def build_table_optimizer(p: TablePlan, weight: torch.Tensor) -> Any:
     """The row-sparse optimizer the registry names for p.optimizer (the planner refused unknown names)."""
     spec = TABLE_OPTIMIZERS[p.optimizer]
     return get_class(spec.impl)(weight, *(getattr(p, a) for a in spec.kwargs))
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat, without its copy of a single part."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 @dataclass
@@ -122,8 +128,9 @@ class ReplicatedTables:
             if not looked_up:
                 continue
             rows = ids.reshape(-1).to(self.compute, torch.int64)  # int32 ids too: every rank sends int64 rows
-            values = torch.cat([row_grads(a.grad, rows, self.tables[n].plan.dim, self.tables[n].padding_idx,
-                                          grad_scale) for n, a in looked_up], dim=1)  # (n, dim_a + dim_b ...)
+            grads = [row_grads(a.grad, rows, self.tables[n].plan.dim, self.tables[n].padding_idx, grad_scale)
+                     for n, a in looked_up]
+            values = grads[0] if len(grads) == 1 else torch.cat(grads, dim=1)  # (n, dim_a + dim_b ...)
             group = tuple(n for n, _ in looked_up)
             self._known[group] = known[0] if group not in self._grads else None
             self._grads.setdefault(group, []).append((rows, values))
@@ -138,8 +145,8 @@ class ReplicatedTables:
         parts: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         shares = [-1] * len(names)
         for group, entries in self._grads.items():
-            rows, values = coalesce(torch.cat([r for r, _ in entries]), torch.cat([v for _, v in entries]),
-                                    self._known.get(group))
+            rows, values = coalesce(_cat([r for r, _ in entries]), _cat([v for _, v in entries]),
+                                    self._known.get(group), any_order=True)
             start = 0
             for name in group:
                 dim = self.tables[name].plan.dim
@@ -158,7 +165,8 @@ class ReplicatedTables:
             elif len(got) == 1:
                 local.append((got[0][0], got[0][1].contiguous()))
             else:  # looked up in several groups: one gradient per table
-                local.append(coalesce(torch.cat([r for r, _ in got]), torch.cat([v for _, v in got])))
+                local.append(coalesce(torch.cat([r for r, _ in got]), torch.cat([v for _, v in got]),
+                                      any_order=True))
         self._grads.clear()
         self._known.clear()
         return local, shares
@@ -169,7 +177,7 @@ class ReplicatedTables:
         local, shares = self._local()
         dims = [t.plan.dim for t in self.tables.values()]
         reduced = reduce_tables(local, dims, shares, group=self.dp_group, device=self.compute)
-        if not all(bool(torch.isfinite(r[1]).all()) for r in reduced if r is not None):
+        if not all(kernels.all_finite(r[1]) for r in reduced if r is not None):
             self.skipped_steps += 1  # the same reduced values on every rank: every rank decides the same
             return False
         self._settle()  # the last update's writes are in: this one reads those rows

@@ -174,7 +174,8 @@ class ShardedTables:
         self._lookups.clear()
         updates = {}
         for name, parts in got.items():
-            rows, grads = coalesce(torch.cat([r for r, _ in parts]), torch.cat([g for _, g in parts]))
+            rows, grads = coalesce(torch.cat([r for r, _ in parts]), torch.cat([g for _, g in parts]),
+                                   any_order=True)
             updates[name] = (rows, grads / self.size)
         finite = all(bool(torch.isfinite(g).all()) for _, g in updates.values())
         bad = self._reduce_sum(torch.tensor([0 if finite else 1], device=self.comm_device))

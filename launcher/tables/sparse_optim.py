@@ -11,12 +11,19 @@
   reference); ``LazyAdam`` computes the same update with one gather and one scatter of the moments, stored
   interleaved per row, which makes the host step several times faster (bench/placement_bench.py). The tests hold
   it to SparseAdam's results.
+- Adagrad and row-wise Adagrad (``SparseAdagrad``, ``RowwiseAdagrad``): torch's Adagrad and FBGEMM's EXACT_ADAGRAD /
+  EXACT_ROWWISE_ADAGRAD on the rows of each step (the row-wise one keeps one number per row: DLRM's and TorchRec's
+  default for large tables).
 - SGD and SGD with momentum (``SparseSGD``): torch.optim.SGD's update on the rows a step has gradients for. Plain
   SGD without weight decay is torch's SGD exactly (a row with no gradient does not move there either); with momentum
   the buffer of a row decays, and the row moves, only on steps it is looked up (lazy momentum: torch's dense buffer
   decays and moves every row every step); weight decay, like lazy Adam's, applies to the rows a step updates.
 
 ``dense_settings`` reads a user's torch optimizer for runtime.prepare(): which twin its tables get.
+
+Each optimizer's ``step`` and ``updates`` run on the fused C kernels of launcher/tables/kernels.c when they loaded
+(one pass over the rows, prefetched, over the rank's threads), else on the torch ops written here: the same
+arithmetic (tests/tables/test_kernels.py holds them to each other).
 
 ``state_dict()`` returns references to the live state tensors, as torch's optimizers do: deep-copy it to keep a
 snapshot while training goes on.
@@ -29,6 +36,18 @@ import math
 import torch
 
 from launcher.plan.placement import DenseSettings
+import launcher.tables.kernels as kernels
+
+
+def fused(rows: torch.Tensor, grads: torch.Tensor, *tables: torch.Tensor | None) -> bool:
+    """Whether this update runs on the C kernels (launcher/tables/kernels.py): loaded, and every tensor fp32 / int64,
+    contiguous, on the CPU."""
+    return kernels.usable(rows, grads, *(t for t in tables if t is not None))
+
+
+def outputs(n: int, *like: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Per table-shaped tensor, an empty (n, ...) tensor for a kernel's deferred values (None stays None)."""
+    return [None if t is None else t.new_empty(n, *t.shape[1:]) for t in like]
 
 
 def write_rows(rows: torch.Tensor, updates: list[tuple[torch.Tensor, torch.Tensor]],
@@ -73,10 +92,22 @@ class SparseFTRL:
         self.linear.copy_(state["linear"])
 
     def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        write_rows(rows, self.updates(rows, grads))
+        if fused(rows, grads, self.weight, self.accum, self.linear):
+            self._kernel(rows, grads, None, None, None)
+        else:
+            write_rows(rows, self.updates(rows, grads))
+
+    def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
+        kernels.run("ftrl", rows, len(self.weight), self.weight, self.accum, self.linear, len(self.weight), rows,
+                    len(rows), grads, grads.shape[1], self.lr, self.l1, self.l2, -self.lr_power, *out,
+                    kernels.threads())
 
     @torch.no_grad()
     def updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if fused(rows, grads, self.weight, self.accum, self.linear):
+            out = outputs(len(rows), self.weight, self.accum, self.linear)
+            self._kernel(rows, grads, *out)
+            return list(zip((self.weight, self.accum, self.linear), out))
         w, n, z = self.weight[rows], self.accum[rows], self.linear[rows]
         n_new = n + grads * grads
         p = -self.lr_power
@@ -113,10 +144,24 @@ class LazyAdam:
         self.steps = int(state["steps"])
 
     def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        write_rows(rows, self.updates(rows, grads))
+        if fused(rows, grads, self.weight, self.moments):
+            self._kernel(rows, grads, None, None)
+        else:
+            write_rows(rows, self.updates(rows, grads))
+
+    def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
+        self.steps += 1
+        step_size = self.lr * math.sqrt(1 - self.beta2**self.steps) / (1 - self.beta1**self.steps)
+        kernels.run("lazy_adam", rows, len(self.weight), self.weight, self.moments, len(self.weight), rows, len(rows),
+                    grads, grads.shape[1], 1 - self.beta1, self.beta2, 1 - self.beta2, self.eps, self.weight_decay,
+                    int(self.decoupled_decay), 1 - self.lr * self.weight_decay, step_size, *out, kernels.threads())
 
     @torch.no_grad()
     def updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if fused(rows, grads, self.weight, self.moments):
+            out = outputs(len(rows), self.weight, self.moments)
+            self._kernel(rows, grads, *out)
+            return [(self.moments, out[1]), (self.weight, out[0])]
         self.steps += 1
         w = self.weight.index_select(0, rows)
         if self.weight_decay and not self.decoupled_decay:
@@ -166,10 +211,23 @@ class SparseSGD:
             self.buffer.copy_(state["momentum_buffer"])
 
     def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        write_rows(rows, self.updates(rows, grads))
+        if fused(rows, grads, self.weight, self.buffer):
+            self._kernel(rows, grads, None, None)
+        else:
+            write_rows(rows, self.updates(rows, grads))
+
+    def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
+        self.steps += 1
+        kernels.run("sgd", rows, len(self.weight), self.weight, self.buffer, len(self.weight), rows, len(rows), grads,
+                    grads.shape[1], self.lr, self.momentum, 1 - self.dampening, int(self.nesterov), self.weight_decay,
+                    int(self.steps == 1), *out, kernels.threads())
 
     @torch.no_grad()
     def updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if fused(rows, grads, self.weight, self.buffer):
+            out = outputs(len(rows), self.weight, self.buffer)
+            self._kernel(rows, grads, *out)
+            return [*([(self.buffer, out[1])] if self.buffer is not None else []), (self.weight, out[0])]
         self.steps += 1
         w = self.weight.index_select(0, rows)
         out = []
@@ -184,6 +242,70 @@ class SparseSGD:
             grads = grads.add(buf, alpha=self.momentum) if self.nesterov else buf
         w.add_(grads, alpha=-self.lr)
         return [*out, (self.weight, w)]  # rows are unique (see LazyAdam.step)
+
+
+class SparseAdagrad:
+    """Adagrad over the rows a step names (torch.optim.Adagrad without lr_decay; FBGEMM's EXACT_ADAGRAD): per value
+    ``state += g^2``, ``w -= lr * g / (sqrt(state) + eps)``, L2 weight decay added to g first. ``rowwise=True``:
+    one state per row, ``state += mean(g^2)`` over the row (FBGEMM's EXACT_ROWWISE_ADAGRAD, TorchRec's default):
+    the smallest state a table can have, 4 bytes a row. Rows no batch touches keep their state, as torch's dense
+    Adagrad does for a zero gradient."""
+
+    def __init__(self, weight: torch.Tensor, lr: float, eps: float = 1e-8, weight_decay: float = 0.0,
+                 initial_accumulator: float = 0.0, rowwise: bool = False) -> None:
+        if lr <= 0 or eps <= 0 or weight_decay < 0 or initial_accumulator < 0:
+            raise ValueError(f"Adagrad needs lr > 0, eps > 0, weight_decay >= 0, initial_accumulator >= 0; got "
+                             f"lr={lr}, eps={eps}, weight_decay={weight_decay}, "
+                             f"initial_accumulator={initial_accumulator}")
+        self.weight, self.lr, self.eps, self.weight_decay, self.rowwise = weight, lr, eps, weight_decay, rowwise
+        shape = (weight.shape[0],) if rowwise else weight.shape
+        self.state = torch.full(shape, float(initial_accumulator), dtype=weight.dtype, device=weight.device)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [self.state]
+
+    def state_dict(self) -> dict:
+        return {"sum": self.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state.copy_(state["sum"])
+
+    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        if fused(rows, grads, self.weight, self.state):
+            self._kernel(rows, grads, None, None)
+        else:
+            write_rows(rows, self.updates(rows, grads))
+
+    def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
+        kernels.run("adagrad", rows, len(self.weight), self.weight, self.state, len(self.weight), rows, len(rows),
+                    grads, grads.shape[1], self.lr, self.eps, self.weight_decay, int(self.rowwise), *out,
+                    kernels.threads())
+
+    @torch.no_grad()
+    def updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if fused(rows, grads, self.weight, self.state):
+            out = outputs(len(rows), self.weight, self.state)
+            self._kernel(rows, grads, *out)
+            return [(self.state, out[1]), (self.weight, out[0])]
+        w = self.weight.index_select(0, rows)
+        if self.weight_decay:
+            grads = grads.add(w, alpha=self.weight_decay)
+        state = self.state.index_select(0, rows)
+        if self.rowwise:
+            state += (grads * grads).sum(1) / grads.shape[1]
+            w -= (self.lr / (state.sqrt() + self.eps)).unsqueeze(1) * grads
+        else:
+            state.addcmul_(grads, grads)
+            w.add_(grads / (state.sqrt() + self.eps), alpha=-self.lr)
+        return [(self.state, state), (self.weight, w)]
+
+
+class RowwiseAdagrad(SparseAdagrad):
+    """SparseAdagrad with one state per row (tables.<name>.optimizer=rowwise_adagrad)."""
+
+    def __init__(self, weight: torch.Tensor, lr: float, eps: float = 1e-8, weight_decay: float = 0.0,
+                 initial_accumulator: float = 0.0) -> None:
+        super().__init__(weight, lr, eps, weight_decay, initial_accumulator, rowwise=True)
 
 
 class SparseAdam:

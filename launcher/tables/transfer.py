@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+import launcher.tables.kernels as kernels
+
 
 RING_MAX = 64 << 20
 """Bytes of the largest copy a ring takes (a buffer grows up to this); a larger one is pinned by torch's caching host
@@ -116,6 +118,9 @@ def gather_to_device(table: torch.Tensor, index: torch.Tensor, device: torch.dev
         if staged is not None:
             torch.index_select(table, 0, index, out=staged)
             return _cast(_to_device(staged, slot, staging, device), dtype)
+    if table.dim() == 2 and table.dtype == torch.float32 and index.dtype == torch.int64 \
+            and kernels.usable(table, index):  # one pass, rows prefetched (launcher/tables/kernels.c)
+        return host_to_device(kernels.gather(table, index), device, dtype)
     return host_to_device(torch.index_select(table, 0, index), device, dtype)
 
 

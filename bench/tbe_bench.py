@@ -1,0 +1,212 @@
+"""Host tables against FBGEMM's fused CPU table-batched embedding (TBE) and torch's sparse EmbeddingBag: the
+embedding work of one training step, interleaved in one invocation.
+
+    .venv/bin/python bench/tbe_bench.py [--shape 26x1000000x16] [--batch 4096] [--rounds 3] [--steps 8]
+                                        [--threads 1] [--variants sgd,fbgemm_sgd,...] [--out bench/results/tbe.txt]
+
+One step, for every variant: the pooled forward of every table (1 id per feature per sample, Zipf(1.05) ids over
+the table's rows, a fresh batch each step), the backward of a fixed upstream gradient, and the sparse update of the
+touched rows. The project's path is driven as the Trainer drives it: ``BagLookup`` modules standing where
+``nn.EmbeddingBag`` tables were, ``store.collect()``, ``store.step()``. Variants:
+
+- ``sgd``, ``adagrad``, ``rowwise_adagrad``, ``lazy_adam``, ``ftrl``: the project's replicated host store;
+- ``fbgemm_sgd``, ``fbgemm_adagrad``, ``fbgemm_rowwise_adagrad``: FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen``
+  on the host (EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD), when ``fbgemm_gpu`` imports;
+- ``torch_sgd``: one ``nn.EmbeddingBag(sparse=True)`` per table and ``torch.optim.SGD``.
+
+Each round builds each variant afresh (tables of the same shape), runs --warmup steps, times --steps, frees it;
+rounds alternate the variants' order. Reported: per variant the median ms/step over rounds (each round's own median),
+the spread (min-max of the round medians), bytes moved per step (rows read and written, states included) and that
+rate against a measured copy bound, and each variant's ratio to its FBGEMM counterpart, round by round. Numbers
+depend on the machine: see docs/performance.md for where they were taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROJECT = ("sgd", "adagrad", "rowwise_adagrad", "lazy_adam", "ftrl")
+FBGEMM = {"fbgemm_sgd": "EXACT_SGD", "fbgemm_adagrad": "EXACT_ADAGRAD",
+          "fbgemm_rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD"}
+AGAINST = {"sgd": "fbgemm_sgd", "adagrad": "fbgemm_adagrad", "rowwise_adagrad": "fbgemm_rowwise_adagrad",
+           "lazy_adam": "fbgemm_adagrad", "ftrl": "fbgemm_adagrad", "torch_sgd": "fbgemm_sgd"}
+STATE_FLOATS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 0, "lazy_adam": 2, "ftrl": 2, "fbgemm_sgd": 0,
+                "fbgemm_adagrad": 1, "fbgemm_rowwise_adagrad": 0, "torch_sgd": 0}
+LR = 0.01
+
+
+def zipf_ids(n: int, rows: int, gen: torch.Generator, a: float = 1.05) -> torch.Tensor:
+    """``n`` ids in [0, rows) drawn from a Zipf(a) law over ranks, the ranks scattered over the rows by a fixed
+    permutation-like multiply (a hot row is not always row 0)."""
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    # inverse CDF of a continuous power law on [1, rows]: x = ((rows^(1-a) - 1) u + 1)^(1/(1-a))
+    ranks = (((rows ** (1 - a) - 1) * u + 1) ** (1 / (1 - a))).long().clamp_(1, rows) - 1
+    return (ranks * 2654435761) % rows
+
+
+def batches(tables: int, rows: int, batch: int, count: int, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.stack([zipf_ids(batch, rows, gen) for _ in range(tables)]) for _ in range(count)]
+
+
+def project(optimizer: str, tables: int, rows: int, dim: int):
+    """A replicated host store of ``tables`` tables and a BagLookup for each (as build_tables makes them)."""
+    from launcher.plan.placement import TablePlan
+    from launcher.tables.lookup import lookup_for
+    from launcher.tables.replicated import ReplicatedTables
+
+    plans = tuple(TablePlan(f"t{i:02d}", rows, dim, "host", optimizer, LR, (0.9, 0.999), 1e-8, 0.0, 0.0, -0.5, 0.1)
+                  for i in range(tables))
+    weights = {p.name: torch.empty(rows, dim).uniform_(-0.01, 0.01) for p in plans}
+    store = ReplicatedTables(weights, plans, torch.device("cpu"))
+    like = nn.EmbeddingBag(1, dim, mode="sum", device="meta")
+    like.num_embeddings = rows
+    bags = [lookup_for(store, p.name, like) for p in plans]
+
+    def step(ids: torch.Tensor, grad: torch.Tensor) -> None:
+        out = torch.cat([bag(ids[t].view(-1, 1)) for t, bag in enumerate(bags)], dim=1)
+        out.backward(grad)
+        store.collect()
+        store.step()
+    return step, store
+
+
+def fbgemm(optimizer: str, tables: int, rows: int, dim: int):
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
+                                                                        SplitTableBatchedEmbeddingBagsCodegen)
+
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
+        optimizer=getattr(EmbOptimType, optimizer), learning_rate=LR, eps=1e-8)
+
+    def step(ids: torch.Tensor, grad: torch.Tensor) -> None:
+        batch = ids.shape[1]
+        offsets = torch.arange(tables * batch + 1, dtype=torch.int64)
+        out = tbe(ids.reshape(-1), offsets)
+        out.backward(grad)
+    return step, tbe
+
+
+def torch_sparse(tables: int, rows: int, dim: int):
+    bags = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum", sparse=True) for _ in range(tables))
+    opt = torch.optim.SGD(bags.parameters(), lr=LR)
+
+    def step(ids: torch.Tensor, grad: torch.Tensor) -> None:
+        out = torch.cat([bag(ids[t].view(-1, 1)) for t, bag in enumerate(bags)], dim=1)
+        out.backward(grad)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step, bags
+
+
+def build(variant: str, tables: int, rows: int, dim: int):
+    if variant in PROJECT:
+        return project(variant, tables, rows, dim)
+    if variant in FBGEMM:
+        return fbgemm(FBGEMM[variant], tables, rows, dim)
+    if variant == "torch_sgd":
+        return torch_sparse(tables, rows, dim)
+    raise SystemExit(f"unknown variant {variant}; known: {', '.join([*PROJECT, *FBGEMM, 'torch_sgd'])}")
+
+
+def copy_bound() -> float:
+    """GB/s of a 256 MiB copy (median of 5), this process's threads."""
+    src = torch.empty(64 << 20).uniform_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / statistics.median(times) / 1e9
+
+
+def step_bytes(variant: str, ids: torch.Tensor, dim: int) -> int:
+    """Bytes a step must move at least: each looked-up id's row read once (forward), each unique row and its state
+    read and written once (update)."""
+    unique = sum(len(torch.unique(ids[t])) for t in range(ids.shape[0]))
+    state = STATE_FLOATS[variant] * dim + (1 if "rowwise" in variant else 0)
+    return 4 * (ids.numel() * dim + 2 * unique * (dim + state))
+
+
+def measure(variant: str, shape: tuple[int, int, int], batch: int, warmup: int, steps: int) -> float:
+    tables, rows, dim = shape
+    step, keep = build(variant, tables, rows, dim)
+    data = batches(tables, rows, batch, warmup + steps, seed=1)
+    grad = torch.randn(batch, tables * dim, generator=torch.Generator().manual_seed(2))
+    for ids in data[:warmup]:
+        step(ids, grad)
+    times = []
+    for ids in data[warmup:]:
+        t0 = time.perf_counter()
+        step(ids, grad)
+        times.append(time.perf_counter() - t0)
+    del step, keep
+    gc.collect()
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="26x1000000x16", help="TABLESxROWSxDIM")
+    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--variants", default="sgd,fbgemm_sgd,torch_sgd,adagrad,fbgemm_adagrad,rowwise_adagrad,"
+                                          "fbgemm_rowwise_adagrad,lazy_adam,ftrl")
+    ap.add_argument("--out", default="", help="append the report to this file")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    shape = tuple(int(x) for x in args.shape.split("x"))
+    variants = [v for v in args.variants.split(",") if v]
+    try:
+        import fbgemm_gpu  # noqa: F401
+    except ImportError as e:
+        print(f"fbgemm_gpu does not import ({e}): its variants are left out")
+        variants = [v for v in variants if v not in FBGEMM]
+    bound = copy_bound()
+    sample = batches(shape[0], shape[1], args.batch, 1, seed=1)[0]
+    results: dict[str, list[float]] = {v: [] for v in variants}
+    for r in range(args.rounds):
+        order = variants if r % 2 == 0 else variants[::-1]
+        for v in order:
+            results[v].append(measure(v, shape, args.batch, args.warmup, args.steps))
+        print(f"round {r + 1}: " + ", ".join(f"{v} {results[v][-1]:.1f}" for v in variants), flush=True)
+    lines = [f"# tbe_bench {args.shape} batch {args.batch}, {args.threads} thread(s), {args.rounds} rounds x "
+             f"{args.steps} steps; copy bound {bound:.1f} GB/s; torch {torch.__version__}",
+             f"{'variant':<24}{'median ms':>10}{'spread':>16}{'GB/s':>7}{'of copy':>8}   ratio to FBGEMM (rounds)"]
+    for v in variants:
+        med = statistics.median(results[v])
+        rate = step_bytes(v, sample, shape[2]) / (med / 1e3) / 1e9
+        ref = AGAINST.get(v)
+        ratio = ""
+        if ref in results and v != ref:
+            per = [a / b for a, b in zip(results[v], results[ref])]
+            ratio = (f"{med / statistics.median(results[ref]):.2f}x {ref} "
+                     f"({', '.join(f'{x:.2f}' for x in per)})")
+        spread = f"{min(results[v]):.1f}-{max(results[v]):.1f}"
+        lines.append(f"{v:<24}{med:>10.1f}{spread:>16}{rate:>7.2f}{rate / bound:>8.1%}   {ratio}")
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(report + "\n\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+/* Fused host-table kernels (launcher/tables/kernels.py builds this file once per compiler and loads it with ctypes).
+ *
+ * Plain C over fp32 tables with int64 row ids: no torch headers, so a build takes about a second. Each kernel does
+ * in one pass what the torch path does in several calls (torch's per-call cost, not memory bandwidth, bounds a step
+ * of many small tables): hl_coalesce sums a lookup's gradients per row (an open-addressing hash, rows kept in order
+ * of first appearance, each row's values added in index order: the sums of torch's index_add_ bit for bit), and
+ * hl_<optimizer> updates the unique rows of one table and its states, rows spread over OpenMP threads (each row is
+ * written by one thread) and the next rows prefetched, as FBGEMM's CPU kernels do.
+ *
+ * Every update reads a row's weight and states and writes the new values either in place (out == NULL) or into
+ * ``out`` arrays of (n, ...) values (the deferred writes of placement.prefetch): the same arithmetic either way.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PREFETCH_AHEAD 8
+
+/* torch's CPU kernels fuse `a + alpha * b` (add with alpha, addcmul, lerp) into one FMA where the CPU has it: so do
+ * these, through fmaf, in a clone of each kernel built for FMA (picked at load time) and a portable one. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KERNEL __attribute__((target_clones("fma", "default")))
+#else
+#define KERNEL
+#endif
+
+static inline void prefetch_row(const float *base, int64_t row, int64_t width) {
+    const char *p = (const char *)(base + row * width);
+    for (int64_t b = 0; b < width * 4; b += 64) __builtin_prefetch(p + b, 1, 1);
+}
+
+/* Sum ``values`` (n x d) per row of ``ids`` (n). ``keys`` (cap int64) and ``slots`` (cap int32) are scratch, cap a
+ * power of two >= 2n. Writes the distinct rows in order of first appearance to ``unique`` and their sums to ``sums``;
+ * returns how many, or -(i + 1) when ids[i] is not in [0, rows). */
+int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t rows, int64_t *keys,
+                    int32_t *slots, int64_t cap, int64_t *unique, float *sums) {
+    int shift = 64;
+    for (int64_t c = cap; c > 1; c >>= 1) --shift;
+    for (int64_t i = 0; i < cap; ++i) keys[i] = -1;
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        int64_t r = ids[i];
+        if (r < 0 || r >= rows) return -(i + 1);
+        uint64_t h = ((uint64_t)r * 0x9E3779B97F4A7C15ull) >> shift;
+        while (keys[h] != -1 && keys[h] != r) h = (h + 1) & (uint64_t)(cap - 1);
+        float *out;
+        const float *v = values + i * d;
+        if (keys[h] == -1) {
+            keys[h] = r;
+            slots[h] = (int32_t)k;
+            unique[k] = r;
+            out = sums + k * d;
+            for (int64_t j = 0; j < d; ++j) out[j] = 0.0f + v[j];
+            ++k;
+        } else {
+            out = sums + (int64_t)slots[h] * d;
+            for (int64_t j = 0; j < d; ++j) out[j] += v[j];
+        }
+    }
+    return k;
+}
+
+/* Check that every row is in [0, rows): -(i + 1) for the first that is not, else 0. */
+static int64_t check_rows(const int64_t *rows, int64_t n, int64_t limit) {
+    for (int64_t i = 0; i < n; ++i)
+        if (rows[i] < 0 || rows[i] >= limit) return -(i + 1);
+    return 0;
+}
+
+/* torch.optim.SGD's step on rows (SparseSGD): L2 decay, then momentum (buffer = grad on the first step), Nesterov.
+ * ``undamped`` = 1 - dampening, computed in double as torch's alpha is. */
+KERNEL int64_t hl_sgd(float *w, float *buf, int64_t table_rows, const int64_t *rows, int64_t n, const float *g, int64_t d,
+               float lr, float momentum, float undamped, int nesterov, float decay, int first, float *out_w,
+               float *out_buf, int threads) {
+    int64_t bad = check_rows(rows, n, table_rows);
+    if (bad) return bad;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+        if (i + PREFETCH_AHEAD < n) {
+            prefetch_row(w, rows[i + PREFETCH_AHEAD], d);
+            if (buf) prefetch_row(buf, rows[i + PREFETCH_AHEAD], d);
+        }
+        float *wr = w + rows[i] * d, *ow = out_w ? out_w + i * d : wr;
+        float *br = buf ? buf + rows[i] * d : NULL, *ob = buf ? (out_buf ? out_buf + i * d : br) : NULL;
+        const float *gr = g + i * d;
+        for (int64_t j = 0; j < d; ++j) {
+            float gj = gr[j], wj = wr[j];
+            if (decay != 0.0f) gj = fmaf(decay, wj, gj);
+            if (buf) {
+                float b = first ? gj : fmaf(undamped, gj, br[j] * momentum);
+                ob[j] = b;
+                gj = nesterov ? fmaf(momentum, b, gj) : b;
+            }
+            ow[j] = fmaf(-lr, gj, wj);
+        }
+    }
+    return 0;
+}
+
+/* Lazy Adam (LazyAdam): moments interleaved per row as (2, d); ``step_size`` = lr * sqrt(1 - b2^t) / (1 - b1^t).
+ * The constants come computed in double, as torch's Python scalars are: w1 = 1 - beta1, w2 = 1 - beta2,
+ * keep = 1 - lr * decay (decoupled decay). */
+KERNEL int64_t hl_lazy_adam(float *w, float *moments, int64_t table_rows, const int64_t *rows, int64_t n, const float *g,
+                     int64_t d, float w1, float beta2, float w2, float eps, float decay, int decoupled, float keep,
+                     float step_size, float *out_w, float *out_m, int threads) {
+    int64_t bad = check_rows(rows, n, table_rows);
+    if (bad) return bad;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+        if (i + PREFETCH_AHEAD < n) {
+            prefetch_row(w, rows[i + PREFETCH_AHEAD], d);
+            prefetch_row(moments, rows[i + PREFETCH_AHEAD], 2 * d);
+        }
+        float *wr = w + rows[i] * d, *ow = out_w ? out_w + i * d : wr;
+        float *mr = moments + rows[i] * 2 * d, *om = out_m ? out_m + i * 2 * d : mr;
+        const float *gr = g + i * d;
+        for (int64_t j = 0; j < d; ++j) {
+            float wj = wr[j], gj = gr[j];
+            if (decay != 0.0f && !decoupled) gj = fmaf(decay, wj, gj);
+            float m = mr[j], v = mr[d + j];
+            m = w1 < 0.5f ? fmaf(w1, gj - m, m) : fmaf(gj - m, -(1.0f - w1), gj); /* torch.lerp */
+            v = fmaf(w2 * gj, gj, v * beta2);                                     /* addcmul */
+            if (decay != 0.0f && decoupled) wj = wj * keep;
+            om[j] = m;
+            om[d + j] = v;
+            ow[j] = fmaf(-step_size, m / (sqrtf(v) + eps), wj);
+        }
+    }
+    return 0;
+}
+
+/* FTRL-Proximal (SparseFTRL), p = -lr_power. */
+KERNEL int64_t hl_ftrl(float *w, float *accum, float *linear, int64_t table_rows, const int64_t *rows, int64_t n,
+                const float *g, int64_t d, float lr, float l1, float l2, float p, float *out_w, float *out_n,
+                float *out_z, int threads) {
+    int64_t bad = check_rows(rows, n, table_rows);
+    if (bad) return bad;
+    int root = p == 0.5f;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+        if (i + PREFETCH_AHEAD < n) {
+            prefetch_row(w, rows[i + PREFETCH_AHEAD], d);
+            prefetch_row(accum, rows[i + PREFETCH_AHEAD], d);
+            prefetch_row(linear, rows[i + PREFETCH_AHEAD], d);
+        }
+        int64_t at = rows[i] * d;
+        float *ow = out_w ? out_w + i * d : w + at, *on = out_n ? out_n + i * d : accum + at;
+        float *oz = out_z ? out_z + i * d : linear + at;
+        const float *gr = g + i * d;
+        for (int64_t j = 0; j < d; ++j) {
+            float gj = gr[j], wj = w[at + j], nj = accum[at + j], zj = linear[at + j];
+            float n_new = nj + gj * gj;
+            float n_pow = root ? sqrtf(nj) : powf(nj, p), n_new_pow = root ? sqrtf(n_new) : powf(n_new, p);
+            zj = zj + (gj - (n_new_pow - n_pow) / lr * wj);
+            float quadratic = n_new_pow / lr + 2.0f * l2;
+            float sign = zj > 0.0f ? 1.0f : zj < 0.0f ? -1.0f : 0.0f;
+            ow[j] = fabsf(zj) > l1 ? (sign * l1 - zj) / quadratic : 0.0f;
+            on[j] = n_new;
+            oz[j] = zj;
+        }
+    }
+    return 0;
+}
+
+/* Adagrad (torch.optim.Adagrad without lr_decay; FBGEMM's EXACT_ADAGRAD): state += g^2, w -= lr g / (sqrt(state) +
+ * eps). ``rowwise``: one state per row, += mean(g^2) (FBGEMM's EXACT_ROWWISE_ADAGRAD). L2 decay into g first. */
+KERNEL int64_t hl_adagrad(float *w, float *state, int64_t table_rows, const int64_t *rows, int64_t n, const float *g,
+                   int64_t d, float lr, float eps, float decay, int rowwise, float *out_w, float *out_s,
+                   int threads) {
+    int64_t bad = check_rows(rows, n, table_rows);
+    if (bad) return bad;
+    int64_t width = rowwise ? 1 : d;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+        if (i + PREFETCH_AHEAD < n) {
+            prefetch_row(w, rows[i + PREFETCH_AHEAD], d);
+            prefetch_row(state, rows[i + PREFETCH_AHEAD], width);
+        }
+        float *wr = w + rows[i] * d, *ow = out_w ? out_w + i * d : wr;
+        float *sr = state + rows[i] * width, *os = out_s ? out_s + i * width : sr;
+        const float *gr = g + i * d;
+        if (rowwise) {
+            float sq = 0.0f;
+            for (int64_t j = 0; j < d; ++j) {
+                float gj = decay != 0.0f ? fmaf(decay, wr[j], gr[j]) : gr[j];
+                sq += gj * gj;
+            }
+            float s = sr[0] + sq / (float)d;
+            float mult = lr / (sqrtf(s) + eps);
+            for (int64_t j = 0; j < d; ++j) {
+                float gj = decay != 0.0f ? fmaf(decay, wr[j], gr[j]) : gr[j];
+                ow[j] = wr[j] - mult * gj;
+            }
+            os[0] = s;
+        } else {
+            for (int64_t j = 0; j < d; ++j) {
+                float wj = wr[j], gj = decay != 0.0f ? fmaf(decay, wj, gr[j]) : gr[j];
+                float s = fmaf(gj, gj, sr[j]);
+                os[j] = s;
+                ow[j] = fmaf(-lr, gj / (sqrtf(s) + eps), wj);
+            }
+        }
+    }
+    return 0;
+}
+
+/* out[i] = table[rows[i]] (n rows of d values), rows prefetched ahead, spread over threads: the forward gather of a
+ * host table. -(i + 1) when rows[i] is not in [0, table_rows). */
+int64_t hl_gather(const float *table, int64_t table_rows, const int64_t *rows, int64_t n, int64_t d, float *out,
+                  int threads) {
+    int64_t bad = check_rows(rows, n, table_rows);
+    if (bad) return bad;
+#pragma omp parallel for num_threads(threads) schedule(static) if (n * d >= 32768)
+    for (int64_t i = 0; i < n; ++i) {
+        if (i + PREFETCH_AHEAD < n) {
+            const char *p = (const char *)(table + rows[i + PREFETCH_AHEAD] * d);
+            for (int64_t b = 0; b < d * 4; b += 64) __builtin_prefetch(p + b, 0, 1);
+        }
+        memcpy(out + i * d, table + rows[i] * d, (size_t)d * 4);
+    }
+    return 0;
+}
+
+/* 1 when every one of the n values is finite, else 0. */
+int64_t hl_all_finite(const float *x, int64_t n) {
+    int ok = 1;
+    for (int64_t i = 0; i < n; ++i) ok &= isfinite(x[i]) != 0;
+    return ok;
+}

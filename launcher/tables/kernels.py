@@ -1,0 +1,174 @@
+"""The host tables' fused kernels: launcher/tables/kernels.c, built once per compiler and source into the cache
+(``$HL_CACHE_DIR/table_kernels/``, ~1 s with gcc) and loaded with ctypes; torch ops where they cannot be.
+
+Why C: a step of many small host tables is bound by torch's cost per call (~10 us each, ~30 calls per table), not
+by memory: the coalesce of a lookup's gradients (torch: a sort, a fill, an index_add_) and a row-sparse optimizer's
+update (a gather, a few element-wise ops, a scatter per state) are one pass each here, over rows prefetched ahead,
+the update spread over the rank's intra-op threads (bench/tbe_bench.py measures both paths against FBGEMM's TBE).
+
+``available()`` says whether the kernels loaded, and ``why_not()`` why not (no C compiler, a failed build):
+the stores then use the torch ops, with the same results (tests/tables/test_kernels.py holds the two paths to each
+other, to <= 1e-6). ``HL_TABLE_KERNELS=torch`` chooses the torch ops on purpose (a benchmark, a debugging run).
+Only fp32 tables on the host (or a CPU "device") with int64 rows take the kernels; anything else takes torch's ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-std=c99")
+"""No -march=native (the cache may be shared by other machines) and no contraction into FMAs: the kernels round as
+torch's element-wise ops do."""
+
+_lib: ctypes.CDLL | None = None
+_why = ""
+_tried = False
+
+F32, I64, PTR = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
+SIGNATURES = {
+    "hl_coalesce": [PTR, I64, PTR, I64, I64, PTR, PTR, I64, PTR, PTR],
+    "hl_sgd": [PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, ctypes.c_int, F32, ctypes.c_int, PTR, PTR,
+               ctypes.c_int],
+    "hl_lazy_adam": [PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, F32, F32, ctypes.c_int, F32, F32, PTR, PTR,
+                     ctypes.c_int],
+    "hl_ftrl": [PTR, PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, F32, PTR, PTR, PTR, ctypes.c_int],
+    "hl_adagrad": [PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, ctypes.c_int, PTR, PTR, ctypes.c_int],
+    "hl_gather": [PTR, I64, PTR, I64, I64, PTR, ctypes.c_int],
+    "hl_all_finite": [PTR, I64],
+}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("HL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hetero-launch")
+    return Path(root) / "table_kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _build(cc: str) -> Path:
+    """The library for this source and compiler (built when missing; written under a temporary name and renamed:
+    ranks that build at once each get a whole file)."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = cache_dir() / f"hl_table_kernels-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-400:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _load() -> None:
+    global _lib, _why, _tried
+    _tried = True
+    if os.environ.get("HL_TABLE_KERNELS", "auto") == "torch":
+        _why = "HL_TABLE_KERNELS=torch"
+        return
+    cc = _compiler()
+    if cc is None:
+        _why = "no C compiler (cc, gcc or clang) on PATH"
+        return
+    try:
+        lib = ctypes.CDLL(str(_build(cc)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        _why = f"the kernels did not build: {e}"
+        return
+    for name, args in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, I64
+    _lib = lib
+
+
+def available() -> bool:
+    if not _tried:
+        _load()
+    return _lib is not None
+
+
+def why_not() -> str:
+    available()
+    return _why
+
+
+def kernel_name() -> str:
+    """What a host table's coalesce and update run on here: 'c' or 'torch (<why>)'."""
+    return "c" if available() else f"torch ({why_not()})"
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """The kernels take these: loaded, every tensor on the CPU, contiguous, fp32 or int64."""
+    return available() and all(t.device.type == "cpu" and t.is_contiguous() and t.dtype in (torch.float32, torch.int64)
+                               for t in tensors)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _check(result: int, rows: torch.Tensor, limit: int) -> None:
+    if result < 0:
+        bad = int(rows[-result - 1])
+        raise IndexError(f"index {bad} is out of bounds for a table of {limit} rows")
+
+
+def coalesce(rows: torch.Tensor, values: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(distinct rows in order of first appearance, the sum of each one's values in index order)."""
+    n, d = values.shape[0], values.shape[1] if values.dim() > 1 else 1
+    cap = 1 << max(4, (2 * n - 1).bit_length())
+    keys, slots = torch.empty(cap, dtype=torch.int64), torch.empty(cap, dtype=torch.int32)
+    unique, sums = torch.empty(n, dtype=torch.int64), values.new_empty(values.shape)
+    k = _lib.hl_coalesce(rows.data_ptr(), n, values.data_ptr(), d, limit, keys.data_ptr(), slots.data_ptr(), cap,
+                         unique.data_ptr(), sums.data_ptr())
+    _check(k, rows, limit)
+    return unique[:k], sums[:k]
+
+
+def gather(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (1-D int64) of a 2-D table, as torch.index_select(table, 0, rows) gives them."""
+    out = table.new_empty(len(rows), table.shape[1])
+    _check(_lib.hl_gather(table.data_ptr(), len(table), rows.data_ptr(), len(rows), table.shape[1], out.data_ptr(),
+                          threads()), rows, len(table))
+    return out
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every value of ``x`` is finite (one pass, no temporary)."""
+    if usable(x) and x.dtype == torch.float32:
+        return bool(_lib.hl_all_finite(x.data_ptr(), x.numel()))
+    return bool(torch.isfinite(x).all())
+
+
+def threads() -> int:
+    return torch.get_num_threads()
+
+
+def run(name: str, rows: torch.Tensor, limit: int, *args) -> None:
+    """Call kernel ``name`` (rows checked against ``limit`` inside it); tensors among ``args`` pass as pointers."""
+    fn = getattr(_lib, f"hl_{name}")
+    converted = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+    _check(fn(*converted), rows, limit)
