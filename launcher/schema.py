@@ -67,13 +67,15 @@ class TableConfig:
 
     optimizer: str = "lazy_adam"
     """lazy_adam (row-fused lazy Adam), sparse_adam (the same algorithm by torch.optim.SparseAdam, slower),
-    ftrl (FTRL-Proximal), or dense (with the rest of the model, by the parallel parts, with optimizer.name)."""
+    ftrl (FTRL-Proximal), sgd, momentum, adagrad (torch's Adagrad on the rows of each step), rowwise_adagrad (one
+    accumulator a row, as FBGEMM's and TorchRec's default), or dense (with the rest of the model, by the parallel
+    parts, with optimizer.name)."""
     lr: float = 1e-3
     """Learning rate of the table's optimizer."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """lazy_adam's / sparse_adam's (beta1, beta2)."""
     eps: float = 1e-8
-    """lazy_adam's epsilon."""
+    """lazy_adam's, adagrad's and rowwise_adagrad's epsilon."""
     l1: float = 0.0
     """ftrl's L1 strength."""
     l2: float = 0.0
@@ -81,7 +83,8 @@ class TableConfig:
     lr_power: float = -0.5
     """ftrl's learning-rate power (<= 0; -0.5 = 1/sqrt schedule)."""
     initial_accumulator: float = 0.1
-    """ftrl's starting squared-gradient accumulator (> 0)."""
+    """ftrl's, adagrad's and rowwise_adagrad's starting squared-gradient accumulator (> 0; TensorFlow's Adagrad
+    default)."""
     hash: int = 0
     """Raw ids -> rows inside the table's lookup: 0 = the ids are rows (0 .. rows-1, as nn.Embedding takes them);
     n > 0 = every id (any int64: hashed 32/64-bit feature ids) is hashed into the table's first n rows (n <= its

@@ -1,0 +1,181 @@
+"""The host tables' C kernels (launcher/tables/kernels.c) against the torch ops they replace, and the Adagrad table
+optimizers against torch's Adagrad and FBGEMM's TBE: the same rows, the same optimizer, <= 1e-6 apart."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import launcher.tables.kernels as kernels
+from launcher.plan import TablePlan
+from launcher.plan.registry import TABLE_OPTIMIZERS, table_state_bytes
+from launcher.tables import build_tables
+from launcher.tables.sparse_optim import (LazyAdam, RowwiseAdagrad, SparseAdagrad, SparseFTRL, SparseSGD,
+                                          write_rows)
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"the C kernels did not load: {kernels.why_not()}")
+
+ROWS, DIM = 50, 7  # 7: no vector width divides it (the kernels' tails)
+
+OPTIMIZERS = {
+    "sgd": lambda w: SparseSGD(w, lr=0.1),
+    "momentum_nesterov_decay": lambda w: SparseSGD(w, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "momentum_dampening": lambda w: SparseSGD(w, lr=0.05, momentum=0.5, dampening=0.1),
+    "lazy_adam": lambda w: LazyAdam(w, lr=0.01),
+    "lazy_adam_l2": lambda w: LazyAdam(w, lr=0.01, weight_decay=0.1, decoupled_decay=False),
+    "lazy_adamw": lambda w: LazyAdam(w, lr=0.01, weight_decay=0.1),
+    "ftrl": lambda w: SparseFTRL(w, lr=0.1, l1=0.01, l2=0.02),
+    "ftrl_power": lambda w: SparseFTRL(w, lr=0.1, lr_power=-0.3, initial_accumulator=0.5),
+    "adagrad": lambda w: SparseAdagrad(w, lr=0.1, initial_accumulator=0.1),
+    "adagrad_decay": lambda w: SparseAdagrad(w, lr=0.1, weight_decay=0.05),
+    "rowwise_adagrad": lambda w: RowwiseAdagrad(w, lr=0.1, initial_accumulator=0.1),
+    "rowwise_adagrad_decay": lambda w: RowwiseAdagrad(w, lr=0.1, weight_decay=0.05),
+}
+
+
+def _torch_ops(monkeypatch) -> None:
+    """From here on the optimizers take the torch ops (as on a host where the kernels do not build)."""
+    monkeypatch.setattr(kernels, "_lib", None)
+
+
+def _steps(make, steps: int = 4):
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(ROWS, DIM, generator=g)
+    batches = [(torch.randperm(ROWS, generator=g)[:20], torch.randn(20, DIM, generator=g)) for _ in range(steps)]
+    return make(weight), batches
+
+
+def _state(opt) -> list[torch.Tensor]:
+    return [opt.weight.clone(), *[t.clone() for t in opt.state_tensors()]]
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_each_optimizer_steps_as_its_torch_ops(name, monkeypatch):
+    fused, batches = _steps(OPTIMIZERS[name])
+    for rows, grads in batches:
+        fused.step(rows, grads)
+    _torch_ops(monkeypatch)
+    ref, _ = _steps(OPTIMIZERS[name])
+    for rows, grads in batches:
+        ref.step(rows, grads)
+    for got, want in zip(_state(fused), _state(ref)):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert not torch.equal(fused.weight, _steps(OPTIMIZERS[name])[0].weight)  # it moved
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_deferred_updates_are_the_in_place_step_bit_for_bit(name):
+    """``updates`` (placement.prefetch writes them later) computes what ``step`` writes."""
+    stepped, batches = _steps(OPTIMIZERS[name])
+    deferred, _ = _steps(OPTIMIZERS[name])
+    for rows, grads in batches:
+        stepped.step(rows, grads)
+        write_rows(rows, deferred.updates(rows, grads))
+    for got, want in zip(_state(deferred), _state(stepped)):
+        assert torch.equal(got, want)
+
+
+def test_adagrad_is_torchs_when_every_row_steps():
+    torch.manual_seed(0)
+    start = torch.randn(ROWS, DIM)
+    ref = nn.Parameter(start.clone())
+    opt = torch.optim.Adagrad([ref], lr=0.1, eps=1e-10, initial_accumulator_value=0.1, weight_decay=0.01)
+    ours = SparseAdagrad(start.clone(), lr=0.1, eps=1e-10, initial_accumulator=0.1, weight_decay=0.01)
+    for _ in range(4):
+        grad = torch.randn(ROWS, DIM)
+        ref.grad = grad.clone()
+        opt.step()
+        ours.step(torch.arange(ROWS), grad)
+    torch.testing.assert_close(ours.weight, ref.detach(), atol=1e-6, rtol=0)
+
+
+def test_coalesce_sums_each_row_in_index_order_and_refuses_an_id_out_of_range():
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 30, (500,), generator=g)
+    values = torch.randn(500, DIM, generator=g)
+    unique, sums = kernels.coalesce(rows, values, 30)
+    want_rows, inverse = torch.unique(rows, return_inverse=True)
+    want = torch.zeros(len(want_rows), DIM).index_add_(0, inverse, values)
+    order = torch.argsort(unique)
+    assert torch.equal(unique[order], want_rows) and torch.equal(sums[order], want)
+    assert unique[0] == rows[0]  # first appearance first
+    with pytest.raises(IndexError, match="index 30 is out of bounds"):
+        kernels.coalesce(torch.tensor([1, 30]), torch.ones(2, DIM), 30)
+
+
+def test_gather_is_index_select_and_refuses_an_id_out_of_range():
+    table = torch.randn(ROWS, DIM)
+    rows = torch.randint(0, ROWS, (300,))
+    assert torch.equal(kernels.gather(table, rows), torch.index_select(table, 0, rows))
+    with pytest.raises(IndexError):
+        kernels.gather(table, torch.tensor([0, -1]))
+    assert kernels.all_finite(table) and not kernels.all_finite(torch.tensor([1.0, float("nan")]))
+
+
+def test_rowwise_adagrad_keeps_one_state_a_row_and_the_planner_counts_it():
+    opt = RowwiseAdagrad(torch.zeros(ROWS, DIM), lr=0.1)
+    assert [t.shape for t in opt.state_tensors()] == [torch.Size([ROWS])]
+    assert table_state_bytes("rowwise_adagrad", ROWS, DIM) == 4 * ROWS
+    assert table_state_bytes("adagrad", ROWS, DIM) == 4 * ROWS * DIM
+    assert TABLE_OPTIMIZERS["adagrad"].sparse and TABLE_OPTIMIZERS["rowwise_adagrad"].shardable
+
+
+def test_a_host_without_a_compiler_takes_the_torch_ops(monkeypatch):
+    monkeypatch.setattr(kernels, "_lib", None)
+    monkeypatch.setattr(kernels, "_tried", False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CC", raising=False)
+    assert not kernels.available() and kernels.kernel_name().startswith("torch (no C compiler")
+    opt = SparseSGD(torch.zeros(4, 2), lr=1.0)
+    opt.step(torch.tensor([1]), torch.ones(1, 2))
+    assert opt.weight[1].tolist() == [-1.0, -1.0]
+    monkeypatch.setattr(kernels, "_tried", False)
+    monkeypatch.setenv("HL_TABLE_KERNELS", "torch")
+    assert not kernels.available() and kernels.why_not() == "HL_TABLE_KERNELS=torch"
+
+
+def _plan(optimizer: str, rows: int, dim: int, name: str) -> TablePlan:
+    return TablePlan(name=name, rows=rows, dim=dim, location="host", optimizer=optimizer, lr=0.05,
+                     betas=(0.9, 0.999), eps=1e-8, l1=0.0, l2=0.0, lr_power=-0.5, initial_accumulator=0.1)
+
+
+@pytest.mark.parametrize("optimizer, fbgemm_name", [("sgd", "EXACT_SGD"), ("adagrad", "EXACT_ADAGRAD"),
+                                                     ("rowwise_adagrad", "EXACT_ROWWISE_ADAGRAD")])
+def test_host_tables_train_as_fbgemms_tbe(optimizer, fbgemm_name):
+    """Three nn.EmbeddingBag tables (1-id and 3-id bags, sum) trained through the host store equal FBGEMM's CPU
+    table-batched embedding with the same optimizer, starting weights and accumulators."""
+    tbe_mod = pytest.importorskip("fbgemm_gpu.split_table_batched_embeddings_ops_training",
+                                  reason="fbgemm-gpu-cpu is not installed (the test extra brings it on x86-64 Linux)")
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+
+    rows, dim, batch, bag = 40, 8, 16, 3
+    torch.manual_seed(0)
+    model = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(3))
+    tbe = tbe_mod.SplitTableBatchedEmbeddingBagsCodegen(
+        [(rows, dim, EmbeddingLocation.HOST, tbe_mod.ComputeDevice.CPU)] * 3,
+        optimizer=getattr(EmbOptimType, fbgemm_name), learning_rate=0.05, eps=1e-8)
+    for t, (w, m) in enumerate(zip(tbe.split_embedding_weights(), model)):
+        w.copy_(m.weight.detach())
+    if optimizer != "sgd":
+        for states in tbe.split_optimizer_states():
+            states[0].fill_(0.1)
+    ours = copy.deepcopy(model)
+    build_tables([ours], tuple(_plan(optimizer, rows, dim, str(t)) for t in range(3)), torch.device("cpu"),
+                 torch.float32)
+    store = ours[0]._tables[0]
+    g = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        ids = torch.randint(0, rows, (3, batch, bag), generator=g)
+        up = torch.randn(batch, 3 * dim, generator=g)
+        out = torch.cat([ours[t](ids[t]) for t in range(3)], dim=1)
+        out.backward(up)
+        store.collect()
+        assert store.step()
+        offsets = torch.arange(0, 3 * batch * bag + 1, bag)
+        tbe(ids.reshape(-1), offsets).backward(up)
+    for t, w in enumerate(tbe.split_embedding_weights()):
+        torch.testing.assert_close(store.tables[str(t)].weight, w, atol=1e-6, rtol=1e-5)
