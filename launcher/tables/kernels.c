@@ -29,11 +29,11 @@ static inline void prefetch_row(const float *base, int64_t row, int64_t width) {
     for (int64_t b = 0; b < width * 4; b += 64) __builtin_prefetch(p + b, 1, 1);
 }
 
-/* Sum ``values`` (n x d) per row of ``ids`` (n). ``keys`` (cap int64) and ``slots`` (cap int32) are scratch, cap a
+/* Sum ``values`` (n x d, rows ``stride`` values apart: a column slice is read in place) per row of ``ids`` (n). ``keys`` (cap int64) and ``slots`` (cap int32) are scratch, cap a
  * power of two >= 2n. Writes the distinct rows in order of first appearance to ``unique`` and their sums to ``sums``;
  * returns how many, or -(i + 1) when ids[i] is not in [0, rows). */
-int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t rows, int64_t *keys,
-                    int32_t *slots, int64_t cap, int64_t *unique, float *sums) {
+int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t stride, int64_t rows,
+                    int64_t *keys, int32_t *slots, int64_t cap, int64_t *unique, float *sums) {
     int shift = 64;
     for (int64_t c = cap; c > 1; c >>= 1) --shift;
     for (int64_t i = 0; i < cap; ++i) keys[i] = -1;
@@ -44,7 +44,7 @@ int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, int64_t 
         uint64_t h = ((uint64_t)r * 0x9E3779B97F4A7C15ull) >> shift;
         while (keys[h] != -1 && keys[h] != r) h = (h + 1) & (uint64_t)(cap - 1);
         float *out;
-        const float *v = values + i * d;
+        const float *v = values + i * stride;
         if (keys[h] == -1) {
             keys[h] = r;
             slots[h] = (int32_t)k;

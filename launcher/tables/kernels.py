@@ -35,7 +35,7 @@ _tried = False
 
 F32, I64, PTR = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
 SIGNATURES = {
-    "hl_coalesce": [PTR, I64, PTR, I64, I64, PTR, PTR, I64, PTR, PTR],
+    "hl_coalesce": [PTR, I64, PTR, I64, I64, I64, PTR, PTR, I64, PTR, PTR],
     "hl_sgd": [PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, ctypes.c_int, F32, ctypes.c_int, PTR, PTR,
                ctypes.c_int],
     "hl_lazy_adam": [PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, F32, F32, ctypes.c_int, F32, F32, PTR, PTR,
@@ -136,14 +136,21 @@ def _check(result: int, rows: torch.Tensor, limit: int) -> None:
         raise IndexError(f"index {bad} is out of bounds for a table of {limit} rows")
 
 
+def coalescable(rows: torch.Tensor, values: torch.Tensor) -> bool:
+    """``coalesce`` takes these: int64 rows, fp32 (n, d) values whose rows may lie apart (a column slice) on the CPU."""
+    return (available() and rows.device.type == values.device.type == "cpu" and rows.dtype == torch.int64
+            and rows.is_contiguous() and rows.dim() == 1 and values.dtype == torch.float32 and values.dim() == 2
+            and values.stride(1) == 1 and len(rows) == len(values))
+
+
 def coalesce(rows: torch.Tensor, values: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(distinct rows in order of first appearance, the sum of each one's values in index order)."""
-    n, d = values.shape[0], values.shape[1] if values.dim() > 1 else 1
+    n, d = values.shape
     cap = 1 << max(4, (2 * n - 1).bit_length())
     keys, slots = torch.empty(cap, dtype=torch.int64), torch.empty(cap, dtype=torch.int32)
-    unique, sums = torch.empty(n, dtype=torch.int64), values.new_empty(values.shape)
-    k = _lib.hl_coalesce(rows.data_ptr(), n, values.data_ptr(), d, limit, keys.data_ptr(), slots.data_ptr(), cap,
-                         unique.data_ptr(), sums.data_ptr())
+    unique, sums = torch.empty(n, dtype=torch.int64), values.new_empty((n, d))
+    k = _lib.hl_coalesce(rows.data_ptr(), n, values.data_ptr(), d, values.stride(0), limit, keys.data_ptr(),
+                         slots.data_ptr(), cap, unique.data_ptr(), sums.data_ptr())
     _check(k, rows, limit)
     return unique[:k], sums[:k]
 

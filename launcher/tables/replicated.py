@@ -67,6 +67,32 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+class Looked:
+    """A tracked lookup's gradient, once the backward brought it (None: the loss did not reach those rows)."""
+
+    __slots__ = ("grad",)
+
+    def __init__(self) -> None:
+        self.grad: torch.Tensor | None = None
+
+
+class ToStore(torch.autograd.Function):
+    """The looked-up rows as the model sees them; their gradient goes to the store (``Looked``) as the backward hands
+    it over: no leaf whose ``.grad`` would be a copy, as a strided slice of the model's gradient (the columns of a
+    concatenation) is kept as it is, and the coalesce reads it in place."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, rows: torch.Tensor, slot: Looked) -> torch.Tensor:  # noqa: ARG004
+        ctx.slot = slot
+        return rows.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        slot = ctx.slot
+        slot.grad = grad if slot.grad is None else slot.grad + grad  # a second backward through the same graph
+        return None, None, None
+
+
 @dataclass
 class Table:
     plan: TablePlan
@@ -93,6 +119,8 @@ class ReplicatedTables:
         self._grads: dict[tuple[str, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._known: dict[tuple[str, ...], Any] = {}
         """A group's (unique, inverse) from the prefetch, while it has one micro-batch's gradient."""
+        self._anchor = torch.zeros((), requires_grad=True)
+        """What every tracked lookup's rows hang from in the autograd graph (ToStore): no gradient reaches it."""
         self._ahead: Ahead | None = None
         """The prefetch queue of the host tables (placement.prefetch > 0: start_prefetch)."""
         self.skipped_steps = 0
@@ -112,12 +140,13 @@ class ReplicatedTables:
         else:
             act, known = served
         if torch.is_grad_enabled():
-            act.requires_grad_()
+            slot = Looked()
+            act = ToStore.apply(self._anchor, act, slot)
             group = next((g for g in self._pending if g[0] is ids and all(n != name for n, _ in g[1])), None)
             if group is None:  # a new ids tensor, or this table looked up twice with the same ids
                 group = (ids, [], [None])
                 self._pending.append(group)
-            group[1].append((name, act))
+            group[1].append((name, slot))
             group[2][0] = group[2][0] or known
         return act.view(*ids.shape, t.plan.dim)
 

@@ -26,7 +26,7 @@ def coalesce(rows: torch.Tensor, values: torch.Tensor, known: tuple[torch.Tensor
     same sums, one pass instead of a sort, a fill and a scatter)."""
     if rows.numel() == 0:
         return rows, values
-    if any_order and known is None and values.dim() == 2 and kernels.usable(rows, values):
+    if any_order and known is None and kernels.coalescable(rows, values):
         return kernels.coalesce(rows, values, 1 << 62)
     if rows.device.type == "cpu":
         # CPU index_add_ accumulates in index order (no atomics): deterministic, and 1.6x faster than the sort path.

@@ -17,7 +17,8 @@ from launcher.tables.transfer import PinnedRing, gather_to_device
 
 CPU = torch.device("cpu")
 OPTIMIZERS = {"lazy_adam": dict(lr=0.05), "ftrl": dict(lr=0.1, l1=1e-3, l2=1e-3), "sgd": dict(lr=0.1),
-              "momentum": dict(lr=0.1, momentum=0.9), "sparse_adam": dict(lr=0.05)}
+              "momentum": dict(lr=0.1, momentum=0.9), "sparse_adam": dict(lr=0.05), "adagrad": dict(lr=0.1),
+              "rowwise_adagrad": dict(lr=0.1)}
 
 
 def _plan(name: str, rows: int, dim: int, optimizer: str) -> TablePlan:
@@ -69,7 +70,8 @@ def _same_state(a, b):
 
 
 @pytest.mark.parametrize("deep,wide,depth,accum", [("lazy_adam", "ftrl", 1, 1), ("lazy_adam", "ftrl", 2, 2),
-                                                    ("momentum", "sgd", 1, 2), ("sparse_adam", "ftrl", 3, 1)])
+                                                    ("momentum", "sgd", 1, 2), ("sparse_adam", "ftrl", 3, 1),
+                                                    ("adagrad", "rowwise_adagrad", 2, 1)])
 def test_prefetch_gives_the_serial_losses_tables_and_states_bit_for_bit(deep, wide, depth, accum):
     held_out = next(SyntheticCTR(13, 26, 8, 0).train_batches(0, 1, 64, 99))[0]
     runs = []

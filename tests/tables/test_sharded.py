@@ -25,13 +25,14 @@ ROWS = {"emb": 50, "wide": 50, "bag": 37}
 OPTIMIZERS = {"emb": "lazy_adam", "wide": "ftrl", "bag": "momentum"}
 
 
-def _spawn(fn: str, tmp_path: Path, world: int, *args: str) -> dict:
+def _spawn(fn: str, tmp_path: Path, world: int, *args: str, module: str = "tests.tables.test_sharded") -> dict:
+    """Run ``module``'s ``fn(rank, port, world, *args)`` on ``world`` processes; {rank: what it returned}."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     # fast_exit: no interpreter teardown, which can abort a rank whose gloo threads are still joinable (SIGABRT,
     # "terminate called without an active exception") and costs ~0.7 s a process (launcher/fastexit.py)
-    code = (f"import sys, torch; from tests.tables.test_sharded import {fn}; "
+    code = (f"import sys, torch; from {module} import {fn}; "
             f"torch.save({fn}(int(sys.argv[1]), {port}, {world}, *sys.argv[3:]), sys.argv[2]); "
             f"from launcher.fastexit import fast_exit; fast_exit(0)")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(tmp_path / f"{fn}{r}.pt"), *args], cwd=ROOT,
@@ -61,9 +62,9 @@ class UserModel(nn.Module):
         return self.head(x).squeeze(1)
 
 
-def _plans(shards: int) -> tuple[TablePlan, ...]:
+def _plans(shards: int, optimizers: dict[str, str] = OPTIMIZERS) -> tuple[TablePlan, ...]:
     dims = {"emb": 4, "wide": 1, "bag": 3}
-    return tuple(TablePlan(name=n, rows=ROWS[n], dim=dims[n], location="host", optimizer=OPTIMIZERS[n], lr=0.05,
+    return tuple(TablePlan(name=n, rows=ROWS[n], dim=dims[n], location="host", optimizer=optimizers[n], lr=0.05,
                            betas=(0.9, 0.999), eps=1e-8, l1=0.001, l2=0.001, lr_power=-0.5, initial_accumulator=0.1,
                            momentum=0.9, shards=shards) for n in ROWS)
 
