@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from launcher import native
 from launcher.plan.types import HostFacts
 from launcher.procfs import kernel_field
 
@@ -30,6 +31,7 @@ def probe_host() -> HostFacts:
         notes=(note,) if note else (),
         host_memory=host_memory(),
         device_memory=device_memory,
+        table_kernels=native.choice(),
     )
 
 

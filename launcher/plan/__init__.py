@@ -25,7 +25,7 @@ from launcher.plan.nodes import planned_nodes
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.pipeline import PipelinePlan
 from launcher.plan.placement import PlacementPlan, TablePlan
-from launcher.plan.prefetch import plan_prefetch
+from launcher.plan.prefetch import kernels_words, plan_prefetch
 from launcher.plan.ps import placed, plan_build, ps_fixes, stage_ranks
 from launcher.plan.ranks import RankPlan, plan_ranks, rank_table, visible_devices
 from launcher.plan.rules import check_config
@@ -110,6 +110,8 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     placement = dataclasses.replace(d.placement, param_location=run.param_location,
                                     optimizer_location=run.optimizer_location)
     placement, prefetch_problems = plan_prefetch(cfg.placement.prefetch, placement, dims, zero, d.device_type)
+    placement = dataclasses.replace(placement, kernels_words=kernels_words(placement, host.table_kernels,
+                                                                                d.device_type))
     d.problems += prefetch_problems
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
                        host.host_memory, host.device_memory, d.device_type, d.nproc)

@@ -112,6 +112,8 @@ class PlacementPlan:
     0 = looked up when the forward asks."""
     prefetch_words: str = ""
     """How the tables are looked up, for the plan: what prefetch covers, or why it does not apply."""
+    kernels_words: str = ""
+    """What the host tables' gathers, gradient coalesces and optimizer updates run on (HostFacts.table_kernels)."""
 
     @property
     def offload(self) -> bool:

@@ -76,6 +76,21 @@ def plan_prefetch(value: Any, placement: PlacementPlan, dims: ParallelDims, zero
     return replace(placement, prefetch=depth, prefetch_words=_words(placement, depth)), []
 
 
+def kernels_words(placement: PlacementPlan, kernels: str, device_type: str) -> str:
+    """Which tables the C kernels (launcher/tables/kernels.c) or torch's ops step, in words ('' without such
+    tables): tables in host memory, or on a CPU device, take the host's choice; tables on a CUDA device torch's
+    ops."""
+    on_cpu = ("host", "device") if device_type == "cpu" else ("host",)
+    host = [t.name for t in placement.tables if t.location in on_cpu]
+    if not host or not kernels:
+        return ""
+    return f"{', '.join(host)}: gather, gradient coalesce and {_optimizers(placement, host)} update on {kernels}"
+
+
+def _optimizers(placement: PlacementPlan, names: list[str]) -> str:
+    return "/".join(sorted({t.optimizer for t in placement.tables if t.name in names}))
+
+
 def _words(placement: PlacementPlan, depth: int) -> str:
     host = [t.name for t in placement.tables if t.location == "host" and t.shards == 1]
     others = [t.name for t in placement.tables if t.location != "engine" and t.name not in host]

@@ -82,11 +82,11 @@ TABLE_OPTIMIZERS: dict[str, TableOptimizer] = {
     "ftrl": TableOptimizer("launcher.tables.sparse_optim.SparseFTRL",
                            ("lr", "l1", "l2", "lr_power", "initial_accumulator"), 2),  # accumulator + linear
     "sgd": TableOptimizer("launcher.tables.sparse_optim.SparseSGD", _SGD, 0, ("sgd",)),
+    "momentum": TableOptimizer("launcher.tables.sparse_optim.SparseSGD", _SGD, 1, ("momentum",)),  # the buffer
     "adagrad": TableOptimizer("launcher.tables.sparse_optim.SparseAdagrad",
                               ("lr", "eps", "weight_decay", "initial_accumulator"), 1),  # the sum of squares
     "rowwise_adagrad": TableOptimizer("launcher.tables.sparse_optim.RowwiseAdagrad",
                                       ("lr", "eps", "weight_decay", "initial_accumulator"), 0, row_floats=1),
-    "momentum": TableOptimizer("launcher.tables.sparse_optim.SparseSGD", _SGD, 1, ("momentum",)),  # the buffer
     # a dense table is a parameter of the engine; its state is optimizer.name's
     "dense": TableOptimizer("", (), 0, shardable=False),
 }

@@ -38,6 +38,9 @@ class HostFacts:
     """Bytes of memory this host has for the run: RAM, or the cgroup's limit when lower; 0 = unknown."""
     device_memory: int = 0
     """Bytes of memory of one accelerator (the smallest visible one); 0 = none or unknown."""
+    table_kernels: str = ""
+    """What host tables' gathers, coalesces and updates run on here, in words (launcher.native.choice): the C
+    kernels, or torch's ops and why."""
 
 
 class RunPlan(Protocol):

@@ -168,6 +168,8 @@ def plan_tree(plan: LaunchPlan) -> Tree:
     root.add(f"optimizer: {o.name} lr {o.lr} on {plan.placement.optimizer_location}")
     if plan.placement.sparse_tables and plan.placement.prefetch_words:
         root.add(escape(f"table lookups: {plan.placement.prefetch_words}"))
+    if plan.placement.kernels_words:
+        root.add(escape(f"table kernels: {plan.placement.kernels_words}"))
     per_rank = "; per rank: the largest stage's" if plan.pipeline is not None else ""
     mem = root.add(memory_tree(plan)) if plan.peak is not None else root.add("memory")
     states = mem.add(f"states ({m.params:,} parameters, {m.dense_params:,} trained by the parts{per_rank})")

@@ -1,5 +1,5 @@
 """The host tables' fused kernels: launcher/tables/kernels.c, built once per compiler and source into the cache
-(``$HL_CACHE_DIR/table_kernels/``, ~1 s with gcc) and loaded with ctypes; torch ops where they cannot be.
+(launcher/native.py: ``$HL_CACHE_DIR/native/``, ~1 s with gcc) and loaded with ctypes; torch ops where they cannot be.
 
 Why C: a step of many small host tables is bound by torch's cost per call (~10 us each, ~30 calls per table), not
 by memory: the coalesce of a lookup's gradients (torch: a sort, a fill, an index_add_) and a row-sparse optimizer's
@@ -15,19 +15,15 @@ Only fp32 tables on the host (or a CPU "device") with int64 rows take the kernel
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from launcher import native
+
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-std=c99")
-"""No -march=native (the cache may be shared by other machines) and no contraction into FMAs: the kernels round as
-torch's element-wise ops do."""
 
 _lib: ctypes.CDLL | None = None
 _why = ""
@@ -47,56 +43,16 @@ SIGNATURES = {
 }
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("HL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hetero-launch")
-    return Path(root) / "table_kernels"
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def _build(cc: str) -> Path:
-    """The library for this source and compiler (built when missing; written under a temporary name and renamed:
-    ranks that build at once each get a whole file)."""
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = cache_dir() / f"hl_table_kernels-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
-                              timeout=120)
-        if done.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-400:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
-
-
 def _load() -> None:
     global _lib, _why, _tried
     _tried = True
-    if os.environ.get("HL_TABLE_KERNELS", "auto") == "torch":
-        _why = "HL_TABLE_KERNELS=torch"
-        return
-    cc = _compiler()
-    if cc is None:
-        _why = "no C compiler (cc, gcc or clang) on PATH"
+    if os.environ.get(native.ENV, "auto") == "torch":
+        _why = f"{native.ENV}=torch"
         return
     try:
-        lib = ctypes.CDLL(str(_build(cc)))
+        lib = ctypes.CDLL(str(native.build(SOURCE)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        _why = f"the kernels did not build: {e}"
+        _why = f"the kernels did not build: {e}" if native.compiler() else str(e)
         return
     for name, args in SIGNATURES.items():
         fn = getattr(lib, name)

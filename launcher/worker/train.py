@@ -21,6 +21,7 @@ from launcher.parallel.compose import apply_parts, split
 from launcher.parallel.rank import RankContext, held_module
 from launcher.plan import LaunchPlan
 from launcher.rundir import CheckpointDir, RunDir
+import launcher.tables.kernels as kernels
 from launcher.tables import build_tables
 from launcher.tables.block_init import DeferredTables, init_blocks
 from launcher.tables.lookup import take_blocks
@@ -120,5 +121,7 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
     if plan.placement.sparse_tables:  # tables train outside the parts; the parts get the rest of the model
         tables = build_tables([c.module for c in chunks], plan.placement.tables, device, DTYPES[plan.precision],
                               dp.group, stage.get_group() if stage else None, stage, blocks)
+        if tables is not None and not kernels.available():  # the plan's "table kernels" line said which
+            print(f"rank {rank}: host tables run on torch's ops: {kernels.why_not()}", file=sys.stderr, flush=True)
     engine = apply_parts(chunks, rt, lambda params: build_optimizer(plan, params))
     return Trainer(plan, engine, tables, loss_fn, data, dp, device, rank)

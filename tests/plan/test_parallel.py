@@ -82,7 +82,8 @@ def test_auto_data_parallel_says_why(overrides, part, why, cpu_host):
          r"\(parallel.tp=2\)\. Set parallel.data_parallel=auto \(it picks ddp\)\."),
         (["parallel.data_parallel=fsdp", "precision=fp16", "cluster.device=cuda"], r"cluster.device=cuda needs CUDA"),
         (["tables.deep_embedding.optimizer=lazyadam"],
-         r"tables.deep_embedding.optimizer=lazyadam is not one of lazy_adam, sparse_adam, ftrl, sgd, momentum, dense\. "
+         r"tables.deep_embedding.optimizer=lazyadam is not one of lazy_adam, sparse_adam, ftrl, sgd, momentum, adagrad, "
+         r"rowwise_adagrad, dense\. "
          r"Did you mean tables.deep_embedding.optimizer=lazy_adam\?"),
         (["optimizer.name=adamm"], r"optimizer.name=adamm is not one of sgd, momentum, adam, adamw\. Did you mean"),
     ],

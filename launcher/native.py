@@ -1,0 +1,69 @@
+"""C sources shipped in the package, built once per compiler into hetero-launch's cache and loaded with ctypes (the
+host tables' kernels: launcher/tables/kernels.c). Torch-free: the launcher's host probe asks ``choice`` before any
+rank starts, and a plan says what the ranks will run."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-std=c99")
+"""No -march=native (the cache may be shared by other machines) and no contraction into FMAs but the ones a source
+asks for (the kernels round as torch's element-wise ops do)."""
+
+ENV = "HL_TABLE_KERNELS"
+"""auto (default): the C kernels where they build, torch's ops elsewhere; torch: torch's ops on purpose."""
+
+
+def cache_dir() -> Path:
+    """$HL_CACHE_DIR (default $XDG_CACHE_HOME/hetero-launch or ~/.cache/hetero-launch)/native."""
+    root = os.environ.get("HL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hetero-launch")
+    return Path(root) / "native"
+
+
+def compiler() -> str | None:
+    """$CC, else cc, gcc or clang on PATH."""
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        found = shutil.which(name) if name else None
+        if found:
+            return found
+    return None
+
+
+def choice() -> str:
+    """What the ranks' host tables will run, in words: 'C kernels (<compiler>)' or 'torch ops (<why>)'."""
+    if os.environ.get(ENV, "auto") == "torch":
+        return f"torch ops ({ENV}=torch)"
+    cc = compiler()
+    return f"C kernels ({os.path.basename(cc)})" if cc else "torch ops (no C compiler: cc, gcc or clang, on PATH)"
+
+
+def build(source: Path) -> Path:
+    """The shared library of ``source`` for this compiler (built when missing; written under a temporary name and
+    renamed: ranks that build at once each get a whole file). RuntimeError saying why it cannot be built."""
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(source.read_bytes() + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = cache_dir() / f"{source.stem}-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, str(source), "-o", tmp, "-lm"], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-400:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
