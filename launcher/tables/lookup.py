@@ -119,8 +119,13 @@ def pool(flat: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor | None, we
         keep = (ids.reshape(-1) != padding_idx).to(flat.device)
         scale = keep.to(flat.dtype) if scale is None else scale * keep
     x = flat if scale is None else flat * scale.unsqueeze(1)
-    if bag_of is None:  # (a bag of one: a copy, not a view of the store's leaf, which the model may change in place)
-        out = x.view(bags, x.shape[1]).clone() if size == 1 else x.view(bags, size, x.shape[1]).sum(1)
+    if bag_of is None and size == 1:  # the rows themselves (a copy where they are a leaf: the model may change the
+        out = x.view(bags, x.shape[1])  # output in place, which autograd refuses on a view of a leaf)
+        base = out._base if out._base is not None else out
+        if base.is_leaf and base.requires_grad:
+            out = out.clone()
+    elif bag_of is None:
+        out = x.view(bags, size, x.shape[1]).sum(1)
     else:
         out = x.new_zeros(bags, x.shape[1]).index_add(0, bag_of, x)
     if mode == "mean":
