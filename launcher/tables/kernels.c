@@ -12,6 +12,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PREFETCH_AHEAD 8
@@ -29,9 +30,10 @@ static inline void prefetch_row(const float *base, int64_t row, int64_t width) {
     for (int64_t b = 0; b < width * 4; b += 64) __builtin_prefetch(p + b, 1, 1);
 }
 
-/* Sum ``values`` (n x d, rows ``stride`` values apart: a column slice is read in place) per row of ``ids`` (n). ``keys`` (cap int64) and ``slots`` (cap int32) are scratch, cap a
- * power of two >= 2n. Writes the distinct rows in order of first appearance to ``unique`` and their sums to ``sums``;
- * returns how many, or -(i + 1) when ids[i] is not in [0, rows). */
+/* Sum ``values`` (n x d, rows ``stride`` values apart: a column slice is read in place) per row of ``ids`` (n).
+ * ``keys`` (cap int64) and ``slots`` (cap int32) are scratch, cap a power of two >= 2n. Writes the distinct rows in
+ * order of first appearance to ``unique`` and their sums to ``sums``; returns how many, or -(i + 1) when ids[i] is
+ * not in [0, rows). */
 int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t stride, int64_t rows,
                     int64_t *keys, int32_t *slots, int64_t cap, int64_t *unique, float *sums) {
     int shift = 64;
@@ -58,6 +60,30 @@ int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, int64_t 
         }
     }
     return k;
+}
+
+/* hl_coalesce of ``count`` lookups at once, the lookups spread over threads (each one's sums still added in index
+ * order): found[t] = its distinct rows, or -(i + 1) for an id out of range. 0, or -1 when scratch could not be had. */
+int64_t hl_coalesce_many(int64_t count, const int64_t *const *ids, const int64_t *n, const float *const *values,
+                         const int64_t *d, const int64_t *stride, int64_t rows, int64_t *const *unique,
+                         float *const *sums, int64_t *found, int threads) {
+    int64_t failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(| : failed)
+    for (int64_t t = 0; t < count; ++t) {
+        int64_t cap = 16;
+        while (cap < 2 * n[t]) cap <<= 1;
+        int64_t *keys = malloc((size_t)cap * sizeof(int64_t));
+        int32_t *slots = malloc((size_t)cap * sizeof(int32_t));
+        if (!keys || !slots) {
+            failed |= 1;
+        } else {
+            found[t] = hl_coalesce(ids[t], n[t], values[t], d[t], stride[t], rows, keys, slots, cap, unique[t],
+                                   sums[t]);
+        }
+        free(keys);
+        free(slots);
+    }
+    return failed ? -1 : 0;
 }
 
 /* Check that every row is in [0, rows): -(i + 1) for the first that is not, else 0. */

@@ -38,6 +38,7 @@ SIGNATURES = {
                      ctypes.c_int],
     "hl_ftrl": [PTR, PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, F32, PTR, PTR, PTR, ctypes.c_int],
     "hl_adagrad": [PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, ctypes.c_int, PTR, PTR, ctypes.c_int],
+    "hl_coalesce_many": [I64, PTR, PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, ctypes.c_int],
     "hl_gather": [PTR, I64, PTR, I64, I64, PTR, ctypes.c_int],
     "hl_all_finite": [PTR, I64],
 }
@@ -109,6 +110,35 @@ def coalesce(rows: torch.Tensor, values: torch.Tensor, limit: int) -> tuple[torc
                          slots.data_ptr(), cap, unique.data_ptr(), sums.data_ptr())
     _check(k, rows, limit)
     return unique[:k], sums[:k]
+
+
+def _pointers(tensors: list[torch.Tensor]) -> ctypes.Array:
+    return (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+
+
+def _int64s(values: list[int]) -> ctypes.Array:
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+def coalesce_many(parts: list[tuple[torch.Tensor, torch.Tensor]],
+                  limit: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``coalesce`` of each (rows, values) of ``parts`` (each ``coalescable``), in one call: the parts spread over the
+    rank's threads."""
+    count = len(parts)
+    unique = [torch.empty(len(r), dtype=torch.int64) for r, _ in parts]
+    sums = [v.new_empty(v.shape) for _, v in parts]
+    found = (ctypes.c_int64 * count)()
+    ok = _lib.hl_coalesce_many(count, _pointers([r for r, _ in parts]), _int64s([len(r) for r, _ in parts]),
+                               _pointers([v for _, v in parts]), _int64s([v.shape[1] for _, v in parts]),
+                               _int64s([v.stride(0) for _, v in parts]), limit, _pointers(unique), _pointers(sums),
+                               found, threads())
+    if ok < 0:
+        raise MemoryError("the table kernels could not allocate the coalesce's scratch")
+    out = []
+    for (rows, _), u, s, k in zip(parts, unique, sums, found):
+        _check(k, rows, limit)
+        out.append((u[:k], s[:k]))
+    return out
 
 
 def gather(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

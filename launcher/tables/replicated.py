@@ -25,7 +25,7 @@ from launcher.plan.placement import TablePlan
 from launcher.plan.registry import TABLE_OPTIMIZERS
 import launcher.tables.kernels as kernels
 from launcher.tables.prefetch import Ahead
-from launcher.tables.sparse_comm import coalesce, reduce_tables
+from launcher.tables.sparse_comm import coalesce, coalesce_all, reduce_tables
 from launcher.tables.transfer import device_to_host, gather_to_device
 
 HOST = torch.device("cpu")
@@ -173,9 +173,9 @@ class ReplicatedTables:
         names = list(self.tables)
         parts: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         shares = [-1] * len(names)
-        for group, entries in self._grads.items():
-            rows, values = coalesce(_cat([r for r, _ in entries]), _cat([v for _, v in entries]),
-                                    self._known.get(group), any_order=True)
+        summed = coalesce_all([(_cat([r for r, _ in entries]), _cat([v for _, v in entries]), self._known.get(group))
+                               for group, entries in self._grads.items()])
+        for group, (rows, values) in zip(self._grads, summed):
             start = 0
             for name in group:
                 dim = self.tables[name].plan.dim

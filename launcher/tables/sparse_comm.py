@@ -39,6 +39,20 @@ def coalesce(rows: torch.Tensor, values: torch.Tensor, known: tuple[torch.Tensor
     return unique, summed
 
 
+def coalesce_all(parts: list[tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]]
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``coalesce(rows, values, known, any_order=True)`` of each part, those the C kernels take in one call (spread
+    over the rank's threads), the others one by one."""
+    fused = [i for i, (r, v, k) in enumerate(parts) if k is None and r.numel() and kernels.coalescable(r, v)]
+    out: list = [None] * len(parts)
+    for i, got in zip(fused, kernels.coalesce_many([parts[i][:2] for i in fused], 1 << 62) if fused else []):
+        out[i] = got
+    for i, (rows, values, known) in enumerate(parts):
+        if out[i] is None:
+            out[i] = coalesce(rows, values, known, any_order=True)
+    return out
+
+
 def _all_gather(t: torch.Tensor, group, world: int) -> list[torch.Tensor]:
     out = [torch.empty_like(t) for _ in range(world)]
     dist.all_gather(out, t, group=group)

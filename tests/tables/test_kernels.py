@@ -106,6 +106,19 @@ def test_coalesce_sums_each_row_in_index_order_and_refuses_an_id_out_of_range():
         kernels.coalesce(torch.tensor([1, 30]), torch.ones(2, DIM), 30)
 
 
+def test_coalesce_many_is_each_coalesce_over_threads(monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    wide = torch.randn(400, 3 * DIM, generator=g)
+    parts = [(torch.randint(0, 30, (n,), generator=g), torch.randn(n, DIM, generator=g)) for n in (0, 1, 257, 400)]
+    parts.append((torch.randint(0, 30, (400,), generator=g), wide[:, DIM:2 * DIM]))  # a column slice, read in place
+    monkeypatch.setattr(kernels, "threads", lambda: 2)
+    for (u, s), (rows, values) in zip(kernels.coalesce_many(parts, 30), parts):
+        want_u, want_s = kernels.coalesce(rows, values.contiguous(), 30)
+        assert torch.equal(u, want_u) and torch.equal(s, want_s)
+    with pytest.raises(IndexError, match="index 31 is out of bounds"):
+        kernels.coalesce_many([parts[2], (torch.tensor([3, 31]), torch.ones(2, DIM))], 30)
+
+
 def test_gather_is_index_select_and_refuses_an_id_out_of_range():
     table = torch.randn(ROWS, DIM)
     rows = torch.randint(0, ROWS, (300,))
