@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-std=c99")
+FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-std=c99")
 """No -march=native (the cache may be shared by other machines) and no contraction into FMAs but the ones a source
 asks for (the kernels round as torch's element-wise ops do)."""
 

@@ -123,14 +123,33 @@ KERNEL int64_t hl_sgd(float *w, float *buf, int64_t table_rows, const int64_t *r
     return 0;
 }
 
+/* One row of lazy Adam; ``l2``, ``decoupled`` and ``low`` (w1 < 0.5: torch.lerp's branch) are constants at each call,
+ * so each of the loop's versions has no branch and vectorizes. */
+static inline void adam_row(const float *wr, const float *mr, const float *gr, float *ow, float *om, int64_t d,
+                            float w1, float beta2, float w2, float eps, float decay, float keep, float step_size,
+                            const int l2, const int decoupled, const int low) {
+    for (int64_t j = 0; j < d; ++j) {
+        float wj = wr[j], gj = gr[j];
+        if (l2) gj = fmaf(decay, wj, gj);
+        float m = mr[j], v = mr[d + j];
+        m = low ? fmaf(w1, gj - m, m) : fmaf(gj - m, -(1.0f - w1), gj); /* torch.lerp */
+        v = fmaf(w2 * gj, gj, v * beta2);                                /* addcmul */
+        if (decoupled) wj = wj * keep;
+        om[j] = m;
+        om[d + j] = v;
+        ow[j] = fmaf(-step_size, m / (sqrtf(v) + eps), wj);
+    }
+}
+
 /* Lazy Adam (LazyAdam): moments interleaved per row as (2, d); ``step_size`` = lr * sqrt(1 - b2^t) / (1 - b1^t).
  * The constants come computed in double, as torch's Python scalars are: w1 = 1 - beta1, w2 = 1 - beta2,
  * keep = 1 - lr * decay (decoupled decay). */
-KERNEL int64_t hl_lazy_adam(float *w, float *moments, int64_t table_rows, const int64_t *rows, int64_t n, const float *g,
-                     int64_t d, float w1, float beta2, float w2, float eps, float decay, int decoupled, float keep,
-                     float step_size, float *out_w, float *out_m, int threads) {
+KERNEL int64_t hl_lazy_adam(float *w, float *moments, int64_t table_rows, const int64_t *rows, int64_t n,
+                            const float *g, int64_t d, float w1, float beta2, float w2, float eps, float decay,
+                            int decoupled, float keep, float step_size, float *out_w, float *out_m, int threads) {
     int64_t bad = check_rows(rows, n, table_rows);
     if (bad) return bad;
+    int l2 = decay != 0.0f && !decoupled, dec = decay != 0.0f && decoupled, low = w1 < 0.5f;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < n; ++i) {
         if (i + PREFETCH_AHEAD < n) {
@@ -140,25 +159,39 @@ KERNEL int64_t hl_lazy_adam(float *w, float *moments, int64_t table_rows, const 
         float *wr = w + rows[i] * d, *ow = out_w ? out_w + i * d : wr;
         float *mr = moments + rows[i] * 2 * d, *om = out_m ? out_m + i * 2 * d : mr;
         const float *gr = g + i * d;
-        for (int64_t j = 0; j < d; ++j) {
-            float wj = wr[j], gj = gr[j];
-            if (decay != 0.0f && !decoupled) gj = fmaf(decay, wj, gj);
-            float m = mr[j], v = mr[d + j];
-            m = w1 < 0.5f ? fmaf(w1, gj - m, m) : fmaf(gj - m, -(1.0f - w1), gj); /* torch.lerp */
-            v = fmaf(w2 * gj, gj, v * beta2);                                     /* addcmul */
-            if (decay != 0.0f && decoupled) wj = wj * keep;
-            om[j] = m;
-            om[d + j] = v;
-            ow[j] = fmaf(-step_size, m / (sqrtf(v) + eps), wj);
-        }
+        if (low && !l2 && !dec)
+            adam_row(wr, mr, gr, ow, om, d, w1, beta2, w2, eps, decay, keep, step_size, 0, 0, 1);
+        else if (low && l2)
+            adam_row(wr, mr, gr, ow, om, d, w1, beta2, w2, eps, decay, keep, step_size, 1, 0, 1);
+        else if (low)
+            adam_row(wr, mr, gr, ow, om, d, w1, beta2, w2, eps, decay, keep, step_size, 0, 1, 1);
+        else
+            adam_row(wr, mr, gr, ow, om, d, w1, beta2, w2, eps, decay, keep, step_size, l2, dec, 0);
     }
     return 0;
 }
 
+/* One row of FTRL; ``root`` (p = 0.5: sqrt, as torch's pow takes it) is a constant at each call. */
+static inline void ftrl_row(const float *wr, const float *nr, const float *zr, const float *gr, float *ow, float *on,
+                            float *oz, int64_t d, float lr, float l1, float l2, float p, const int root) {
+    for (int64_t j = 0; j < d; ++j) {
+        float gj = gr[j], wj = wr[j], nj = nr[j], zj = zr[j];
+        float n_new = nj + gj * gj;
+        float n_pow = root ? sqrtf(nj) : powf(nj, p), n_new_pow = root ? sqrtf(n_new) : powf(n_new, p);
+        zj = zj + (gj - (n_new_pow - n_pow) / lr * wj);
+        float quadratic = n_new_pow / lr + 2.0f * l2;
+        float sign = (float)(zj > 0.0f) - (float)(zj < 0.0f); /* torch.sign, branch-free */
+        float w_new = (sign * l1 - zj) / quadratic;
+        ow[j] = w_new * (float)(fabsf(zj) > l1) + 0.0f; /* torch.where(|z| > l1, w_new, 0): no branch to mispredict */
+        on[j] = n_new;
+        oz[j] = zj;
+    }
+}
+
 /* FTRL-Proximal (SparseFTRL), p = -lr_power. */
 KERNEL int64_t hl_ftrl(float *w, float *accum, float *linear, int64_t table_rows, const int64_t *rows, int64_t n,
-                const float *g, int64_t d, float lr, float l1, float l2, float p, float *out_w, float *out_n,
-                float *out_z, int threads) {
+                       const float *g, int64_t d, float lr, float l1, float l2, float p, float *out_w, float *out_n,
+                       float *out_z, int threads) {
     int64_t bad = check_rows(rows, n, table_rows);
     if (bad) return bad;
     int root = p == 0.5f;
@@ -172,18 +205,10 @@ KERNEL int64_t hl_ftrl(float *w, float *accum, float *linear, int64_t table_rows
         int64_t at = rows[i] * d;
         float *ow = out_w ? out_w + i * d : w + at, *on = out_n ? out_n + i * d : accum + at;
         float *oz = out_z ? out_z + i * d : linear + at;
-        const float *gr = g + i * d;
-        for (int64_t j = 0; j < d; ++j) {
-            float gj = gr[j], wj = w[at + j], nj = accum[at + j], zj = linear[at + j];
-            float n_new = nj + gj * gj;
-            float n_pow = root ? sqrtf(nj) : powf(nj, p), n_new_pow = root ? sqrtf(n_new) : powf(n_new, p);
-            zj = zj + (gj - (n_new_pow - n_pow) / lr * wj);
-            float quadratic = n_new_pow / lr + 2.0f * l2;
-            float sign = zj > 0.0f ? 1.0f : zj < 0.0f ? -1.0f : 0.0f;
-            ow[j] = fabsf(zj) > l1 ? (sign * l1 - zj) / quadratic : 0.0f;
-            on[j] = n_new;
-            oz[j] = zj;
-        }
+        if (root)
+            ftrl_row(w + at, accum + at, linear + at, g + i * d, ow, on, oz, d, lr, l1, l2, p, 1);
+        else
+            ftrl_row(w + at, accum + at, linear + at, g + i * d, ow, on, oz, d, lr, l1, l2, p, 0);
     }
     return 0;
 }
