@@ -10,6 +10,8 @@ Prints a markdown table and writes bench/results/placement.json. Rows:
                    both tables so the math equals "hand sparse"): with torch's SparseAdam (the same loop as
                    "hand sparse", so launcher overhead shows) and with our row-fused lazy Adam (the gain);
                    also 2 ranks, and the recipe's default (FTRL on the wide table)
+                   each of the last two also with HL_TABLE_KERNELS=torch (the table store on torch's ops, as before
+                   launcher/tables/kernels.c: the kernels' gain)
   launcher dense   hetero-launch with tables.*.optimizer=dense (the dense baseline through the launcher)
   bound            random row gathers from the table: uniform ids, and the recipe's skewed (log-uniform) ids
 Not a test: numbers depend on the machine. Step time excludes the first warm-up steps.
@@ -68,14 +70,16 @@ def hand_loop(rows_per: int, batch: int, steps: int, warmup: int, sparse: bool, 
     return {"ms_per_step": ms, "samples_per_s": batch / ms * 1000, "lookups_per_s": batch * FIELDS / ms * 1000}
 
 
-def launcher_run(rows_per: int, batch: int, steps: int, warmup: int, nproc: int, extra: list[str]) -> dict:
+def launcher_run(rows_per: int, batch: int, steps: int, warmup: int, nproc: int, extra: list[str],
+                 env: dict[str, str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         args = [
             "recipe=wide_deep", f"model.rows_per_table={rows_per}", f"batch.global_size={batch}",
             f"cluster.nproc_per_node={nproc}", f"trainer.steps={warmup + steps}", "trainer.log_every=1",
             "trainer.checkpoint_every=-1", "eval.batches=0", *extra,
         ]
-        res = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=tmp, capture_output=True, text=True)
+        res = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=tmp, capture_output=True, text=True,
+                             env={**os.environ, **(env or {})})
         if res.returncode != 0:
             raise RuntimeError(res.stdout[-2000:] + res.stderr[-2000:])
         records = RunDir(Path(tmp) / "log_output" / "latest").rank(0).read_metrics()
@@ -143,6 +147,10 @@ def main() -> None:
         "launcher, host tables, row-fused lazy Adam, 1 rank": lambda: launcher_run(rows_per, a.batch, a.steps, a.warmup, 1, lazy_both),
         "launcher, host tables, row-fused lazy Adam, 2 ranks": lambda: launcher_run(rows_per, a.batch, a.steps, a.warmup, 2, lazy_both),
         "launcher, host tables, recipe default (lazy Adam + FTRL), 1 rank": lambda: launcher_run(rows_per, a.batch, a.steps, a.warmup, 1, ["placement.host_device_mix=1"]),
+        "launcher, host tables, recipe default, torch ops (HL_TABLE_KERNELS=torch), 1 rank": lambda: launcher_run(
+            rows_per, a.batch, a.steps, a.warmup, 1, ["placement.host_device_mix=1"], {"HL_TABLE_KERNELS": "torch"}),
+        "launcher, host tables, row-fused lazy Adam, torch ops (HL_TABLE_KERNELS=torch), 1 rank": lambda: launcher_run(
+            rows_per, a.batch, a.steps, a.warmup, 1, lazy_both, {"HL_TABLE_KERNELS": "torch"}),
         "hand dense (Adam foreach)": lambda: hand_loop(rows_per, a.batch, a.steps, a.warmup, False, False),
         "hand dense (Adam fused)": lambda: hand_loop(rows_per, a.batch, a.steps, a.warmup, False, True),
         "launcher dense, 1 rank": lambda: launcher_run(rows_per, a.batch, a.steps, a.warmup, 1, dense),

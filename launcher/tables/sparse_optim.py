@@ -62,7 +62,39 @@ def write_rows(rows: torch.Tensor, updates: list[tuple[torch.Tensor, torch.Tenso
         target.index_copy_(0, rows, values if index is None else values.index_select(0, index))
 
 
-class SparseFTRL:
+class RowUpdate:
+    """What the row-sparse optimizers below share: ``step`` and ``updates`` run the optimizer's C kernel
+    (``_kernel(rows, grads, *out)``; out None: in place) when it takes these tensors (``fused``), else its torch ops
+    (``_torch_updates``). ``_tensors``: the table and its states, in the order the kernel writes them."""
+
+    def _tensors(self) -> tuple[torch.Tensor | None, ...]:
+        raise NotImplementedError
+
+    def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
+        raise NotImplementedError
+
+    def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        raise NotImplementedError
+
+    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        tensors = self._tensors()
+        if fused(rows, grads, *tensors):
+            self._kernel(rows, grads, *([None] * len(tensors)))
+        else:
+            write_rows(rows, self._torch_updates(rows, grads))
+
+    @torch.no_grad()
+    def updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each (table-shaped tensor, its new values of ``rows``): the step, not yet written."""
+        tensors = self._tensors()
+        if not fused(rows, grads, *tensors):
+            return self._torch_updates(rows, grads)
+        out = outputs(len(rows), *tensors)
+        self._kernel(rows, grads, *out)
+        return [(t, o) for t, o in zip(tensors, out) if t is not None]
+
+
+class SparseFTRL(RowUpdate):
     """FTRL-Proximal over the rows of one table. ``step(rows, grads)`` takes coalesced (unique) rows."""
 
     def __init__(
@@ -91,11 +123,8 @@ class SparseFTRL:
         self.accum.copy_(state["accum"])
         self.linear.copy_(state["linear"])
 
-    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        if fused(rows, grads, self.weight, self.accum, self.linear):
-            self._kernel(rows, grads, None, None, None)
-        else:
-            write_rows(rows, self.updates(rows, grads))
+    def _tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return self.weight, self.accum, self.linear
 
     def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
         kernels.run("ftrl", rows, len(self.weight), self.weight, self.accum, self.linear, len(self.weight), rows,
@@ -103,11 +132,7 @@ class SparseFTRL:
                     kernels.threads())
 
     @torch.no_grad()
-    def updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        if fused(rows, grads, self.weight, self.accum, self.linear):
-            out = outputs(len(rows), self.weight, self.accum, self.linear)
-            self._kernel(rows, grads, *out)
-            return list(zip((self.weight, self.accum, self.linear), out))
+    def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         w, n, z = self.weight[rows], self.accum[rows], self.linear[rows]
         n_new = n + grads * grads
         p = -self.lr_power
@@ -119,7 +144,7 @@ class SparseFTRL:
         return [(self.weight, w_new), (self.accum, n_new), (self.linear, z)]
 
 
-class LazyAdam:
+class LazyAdam(RowUpdate):
     """Row-fused lazy Adam: ``step(rows, grads)`` with coalesced rows; moments in one (rows, 2, dim) tensor. Weight
     decay applies to the rows a step updates only (rows no batch touched keep their values, as with every lazy
     optimizer): decoupled as AdamW's, or as Adam's L2 term in the gradient."""
@@ -143,11 +168,8 @@ class LazyAdam:
         self.moments.copy_(state["moments"])
         self.steps = int(state["steps"])
 
-    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        if fused(rows, grads, self.weight, self.moments):
-            self._kernel(rows, grads, None, None)
-        else:
-            write_rows(rows, self.updates(rows, grads))
+    def _tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return self.weight, self.moments
 
     def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
         self.steps += 1
@@ -157,11 +179,7 @@ class LazyAdam:
                     int(self.decoupled_decay), 1 - self.lr * self.weight_decay, step_size, *out, kernels.threads())
 
     @torch.no_grad()
-    def updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        if fused(rows, grads, self.weight, self.moments):
-            out = outputs(len(rows), self.weight, self.moments)
-            self._kernel(rows, grads, *out)
-            return [(self.moments, out[1]), (self.weight, out[0])]
+    def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         self.steps += 1
         w = self.weight.index_select(0, rows)
         if self.weight_decay and not self.decoupled_decay:
@@ -180,7 +198,7 @@ class LazyAdam:
         return [(self.moments, state), (self.weight, w)]
 
 
-class SparseSGD:
+class SparseSGD(RowUpdate):
     """torch.optim.SGD (momentum, dampening, Nesterov, L2 weight decay) on the rows ``step(rows, grads)`` names, in
     torch's order of operations: with every row stepping every step it is torch's SGD bit for bit. The momentum
     buffer starts as the first step's gradient, as torch's (rows without one start at zero there too)."""
@@ -210,11 +228,8 @@ class SparseSGD:
         if self.buffer is not None:
             self.buffer.copy_(state["momentum_buffer"])
 
-    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        if fused(rows, grads, self.weight, self.buffer):
-            self._kernel(rows, grads, None, None)
-        else:
-            write_rows(rows, self.updates(rows, grads))
+    def _tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return self.weight, self.buffer
 
     def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
         self.steps += 1
@@ -223,11 +238,7 @@ class SparseSGD:
                     int(self.steps == 1), *out, kernels.threads())
 
     @torch.no_grad()
-    def updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        if fused(rows, grads, self.weight, self.buffer):
-            out = outputs(len(rows), self.weight, self.buffer)
-            self._kernel(rows, grads, *out)
-            return [*([(self.buffer, out[1])] if self.buffer is not None else []), (self.weight, out[0])]
+    def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         self.steps += 1
         w = self.weight.index_select(0, rows)
         out = []
@@ -244,7 +255,7 @@ class SparseSGD:
         return [*out, (self.weight, w)]  # rows are unique (see LazyAdam.step)
 
 
-class SparseAdagrad:
+class SparseAdagrad(RowUpdate):
     """Adagrad over the rows a step names (torch.optim.Adagrad without lr_decay; FBGEMM's EXACT_ADAGRAD): per value
     ``state += g^2``, ``w -= lr * g / (sqrt(state) + eps)``, L2 weight decay added to g first. ``rowwise=True``:
     one state per row, ``state += mean(g^2)`` over the row (FBGEMM's EXACT_ROWWISE_ADAGRAD, TorchRec's default):
@@ -270,11 +281,8 @@ class SparseAdagrad:
     def load_state_dict(self, state: dict) -> None:
         self.state.copy_(state["sum"])
 
-    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        if fused(rows, grads, self.weight, self.state):
-            self._kernel(rows, grads, None, None)
-        else:
-            write_rows(rows, self.updates(rows, grads))
+    def _tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return self.weight, self.state
 
     def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
         kernels.run("adagrad", rows, len(self.weight), self.weight, self.state, len(self.weight), rows, len(rows),
@@ -282,11 +290,7 @@ class SparseAdagrad:
                     kernels.threads())
 
     @torch.no_grad()
-    def updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        if fused(rows, grads, self.weight, self.state):
-            out = outputs(len(rows), self.weight, self.state)
-            self._kernel(rows, grads, *out)
-            return [(self.state, out[1]), (self.weight, out[0])]
+    def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         w = self.weight.index_select(0, rows)
         if self.weight_decay:
             grads = grads.add(w, alpha=self.weight_decay)
