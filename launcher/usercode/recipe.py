@@ -46,9 +46,15 @@ def units(model: Any, top: bool = True) -> list[tuple[str, Any]]:
     ``transformer.h`` and ``model.layers`` ModuleLists anywhere below; at the top level also timm's ViT ``blocks``
     and torchvision's ResNet ``layer1`` Sequentials) or holds a ModuleList is opened down to that stack's items:
     (module path, module) in registration order. A pipeline stage begins at one of them, recompute and FSDP units
-    name them. A Sequential deeper down stays inside its layer (TorchRec's MLP keeps its Perceptrons)."""
+    name them. A Sequential deeper down stays inside its layer (TorchRec's MLP keeps its Perceptrons). A model that
+    wraps one module with layers of its own (TorchRec's ``DLRMTrain``, a model that builds a KeyedJaggedTensor and
+    calls ``self.dlrm``, HF's ``*ForCausalLM`` around its ``model``) has that module's layers."""
+    children = list(model.named_children())
+    if top and len(children) == 1 and _is_wrapped(children[0][1]):
+        name, child = children[0]
+        return [(f"{name}.{n}", m) for n, m in units(child, top=True)]
     out: list[tuple[str, Any]] = []
-    for name, child in model.named_children():
+    for name, child in children:
         if _is_stack(child, sequential=top):
             out += [(f"{name}.{n}", m) for n, m in child.named_children()]
         elif any(_is_stack(m, sequential=False) for m in child.modules()):
@@ -56,6 +62,13 @@ def units(model: Any, top: bool = True) -> list[tuple[str, Any]]:
         else:
             out.append((name, child))
     return out
+
+
+def _is_wrapped(module: Any) -> bool:
+    """The one child of a wrapper is a model in its own right: two or more children, one of them made of modules (a
+    Sequential of single operations, ``Linear, ReLU, Linear``, stays one layer)."""
+    items = list(module.children())
+    return len(items) >= 2 and any(any(True for _ in m.children()) for m in items)
 
 
 def _is_stack(module: Any, sequential: bool) -> bool:

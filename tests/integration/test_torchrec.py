@@ -98,3 +98,49 @@ def test_a_run_checkpoints_its_torchrec_tables_and_reports_hash_collisions(proje
     assert set(summary["hashing"]) == paths
     counts = summary["hashing"][names["c0"]["name"]]
     assert counts["ids"] > 0 and 0 <= counts["collided"] <= counts["distinct_ids_per_batch"]
+
+
+WRAPPER = '''
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from clicks.data import FEATURES, collate
+
+
+def collate_plain(items):
+    """(dense, lengths, ids, label): plain tensors, the KeyedJaggedTensor is the model's to build."""
+    dense, sparse, label = collate(items)
+    return dense, sparse.lengths(), sparse.values(), label
+
+
+class Wrapped(torch.nn.Module):
+    """Builds the KeyedJaggedTensor from plain tensors inside its forward, then calls TorchRec's DLRM."""
+
+    def __init__(self, dlrm):
+        super().__init__()
+        self.dlrm = dlrm
+
+    def forward(self, dense, lengths, values):
+        return self.dlrm(dense, KeyedJaggedTensor.from_lengths_sync(keys=FEATURES, values=values, lengths=lengths))
+'''
+
+
+def test_a_model_wrapping_dlrm_pipelines_as_one_process(project):
+    """The split descends into a single-child wrapper: its DLRM's arches are the layers (before, 'has one layer
+    (dlrm): nothing to cut'); 2 stages, with host tables too, equal one process."""
+    (project / "clicks" / "wrap.py").write_text(WRAPPER)
+    recipe = (project / "conf" / "recipe" / "dlrm.yaml").read_text()
+    model = recipe[recipe.index("model:\n"):recipe.index("data:")]
+    wrapped = "model:\n  _target_: clicks.wrap.Wrapped\n  dlrm:\n" + "".join(
+        f"  {line}\n" for line in model.splitlines()[1:])
+    recipe = recipe.replace(model, wrapped).replace("name: dlrm}", "name: dlrmw}")
+    (project / "conf" / "recipe" / "dlrmw.yaml").write_text(
+        recipe.replace("collate_fn: clicks.data.collate}", "collate_fn: clicks.wrap.collate_plain}"))
+    combos = [("pp 2",), ("host tables", "pp 2")]
+    result = composability.run(["dlrmw"], steps=3, workdir=project, intents=INTENTS, combos=combos, world=2,
+                               config_dir=str(project / "conf"), base=BASE)
+    rows = {tuple(r["combo"]): r for r in result["rows"]}
+    for combo in combos:
+        r = rows[combo]
+        assert r["status"] == "trained", r
+        assert r["worst"] <= 1e-5, (combo, r["losses"], r["reference"])

@@ -139,6 +139,21 @@ def test_a_sequential_of_single_operations_or_below_the_top_level_stays_one_laye
     assert [n for n, _ in units(model)] == ["mlp", "stack.0", "stack.1", "one", "deep"]
 
 
+def test_a_wrapper_of_one_model_has_that_models_layers():
+    """A model whose one child is a model (TorchRec's DLRMTrain, a forward that builds a KeyedJaggedTensor and calls
+    self.dlrm) is cut at that model's layers; a wrapper of a Sequential of single operations stays one layer."""
+    inner = nn.Module()
+    inner.dense = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    inner.stack = nn.ModuleList([ViTBlock(2), ViTBlock(2)])
+    inner.head = nn.Linear(2, 1)
+    wrapper = nn.Module()
+    wrapper.dlrm = inner
+    assert [n for n, _ in units(wrapper)] == ["dlrm.dense", "dlrm.stack.0", "dlrm.stack.1", "dlrm.head"]
+    flat = nn.Module()
+    flat.net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
+    assert [n for n, _ in units(flat)] == ["net"]
+
+
 def test_real_timm_and_torchvision_models_open_their_stacks():
     try:  # torchvision's CUDA wheel beside a CPU torch raises RuntimeError on import, not ImportError
         import timm
