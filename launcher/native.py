@@ -11,9 +11,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-std=c99")
+FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
+         "-std=c99")
 """No -march=native (the cache may be shared by other machines) and no contraction into FMAs but the ones a source
-asks for (the kernels round as torch's element-wise ops do)."""
+asks for (the kernels round as torch's element-wise ops do); no errno from sqrtf and no FP traps assumed, so that
+loops with square roots and compares vectorize (IEEE results unchanged: nothing is reassociated)."""
 
 ENV = "HL_TABLE_KERNELS"
 """auto (default): the C kernels where they build, torch's ops elsewhere; torch: torch's ops on purpose."""

@@ -128,6 +128,7 @@ KERNEL int64_t hl_sgd(float *w, float *buf, int64_t table_rows, const int64_t *r
 static inline void adam_row(const float *wr, const float *mr, const float *gr, float *ow, float *om, int64_t d,
                             float w1, float beta2, float w2, float eps, float decay, float keep, float step_size,
                             const int l2, const int decoupled, const int low) {
+#pragma GCC ivdep /* a row is read, then written at the same index: no carried dependency */
     for (int64_t j = 0; j < d; ++j) {
         float wj = wr[j], gj = gr[j];
         if (l2) gj = fmaf(decay, wj, gj);
@@ -174,6 +175,7 @@ KERNEL int64_t hl_lazy_adam(float *w, float *moments, int64_t table_rows, const 
 /* One row of FTRL; ``root`` (p = 0.5: sqrt, as torch's pow takes it) is a constant at each call. */
 static inline void ftrl_row(const float *wr, const float *nr, const float *zr, const float *gr, float *ow, float *on,
                             float *oz, int64_t d, float lr, float l1, float l2, float p, const int root) {
+#pragma GCC ivdep /* a row is read, then written at the same index: no carried dependency */
     for (int64_t j = 0; j < d; ++j) {
         float gj = gr[j], wj = wr[j], nj = nr[j], zj = zr[j];
         float n_new = nj + gj * gj;
