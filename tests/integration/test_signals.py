@@ -25,7 +25,7 @@ def test_a_signal_stops_every_rank_and_writes_the_summary(tmp_path, sig, code):
     stop_s = time.monotonic() - t0
     print(f"{sig.name}: launcher exited {launcher.returncode} after {stop_s:.1f} s")
     assert launcher.returncode == code, out[-2000:] + err[-2000:]
-    assert "Traceback" not in out + err and f"interrupted by {sig.name}" in out
+    assert "Traceback" not in out + err and f"interrupted by {sig.name}" in out, err[-3000:] + out[-1000:]
     assert not any(pid_alive(p) for p in pids)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["interrupted_by"] == sig.name
