@@ -21,11 +21,16 @@ ENV = "HL_TABLE_KERNELS"
 """auto (default): the C kernels where they build, torch's ops elsewhere; torch: torch's ops on purpose."""
 
 
+def cache_root() -> Path:
+    """hetero-launch's cache: $HL_CACHE_DIR, default $XDG_CACHE_HOME/hetero-launch or ~/.cache/hetero-launch (the
+    DeepSpeed ops' torch_extensions/ and these libraries' native/)."""
+    return Path(os.environ.get("HL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hetero-launch"))
+
+
 def cache_dir() -> Path:
-    """$HL_CACHE_DIR (default $XDG_CACHE_HOME/hetero-launch or ~/.cache/hetero-launch)/native."""
-    root = os.environ.get("HL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hetero-launch")
-    return Path(root) / "native"
+    """Where the built libraries are: cache_root()/native."""
+    return cache_root() / "native"
 
 
 def compiler() -> str | None:

@@ -185,10 +185,7 @@ def extensions_dir(toolchain: Toolchain | None = None) -> Path:
     Other venvs on the machine write ~/.cache/torch_extensions too and can force a rebuild; ours is separate.
     HL_CACHE_DIR moves it (default: $XDG_CACHE_HOME/hetero-launch or ~/.cache/hetero-launch).
     """
-    root = os.environ.get("HL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hetero-launch"
-    )
-    return Path(root) / "torch_extensions" / cache_key(toolchain or probe_toolchain())
+    return native.cache_root() / "torch_extensions" / cache_key(toolchain or probe_toolchain())
 
 
 def _package_dir(name: str) -> str:

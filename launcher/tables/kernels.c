@@ -34,7 +34,7 @@ static inline void prefetch_row(const float *base, int64_t row, int64_t width) {
  * ``keys`` (cap int64) and ``slots`` (cap int32) are scratch, cap a power of two >= 2n. Writes the distinct rows in
  * order of first appearance to ``unique`` and their sums to ``sums``; returns how many, or -(i + 1) when ids[i] is
  * not in [0, rows). */
-int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t stride, int64_t rows,
+static int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t stride, int64_t rows,
                     int64_t *keys, int32_t *slots, int64_t cap, int64_t *unique, float *sums) {
     int shift = 64;
     for (int64_t c = cap; c > 1; c >>= 1) --shift;

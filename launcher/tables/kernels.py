@@ -31,7 +31,6 @@ _tried = False
 
 F32, I64, PTR = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
 SIGNATURES = {
-    "hl_coalesce": [PTR, I64, PTR, I64, I64, I64, PTR, PTR, I64, PTR, PTR],
     "hl_sgd": [PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, ctypes.c_int, F32, ctypes.c_int, PTR, PTR,
                ctypes.c_int],
     "hl_lazy_adam": [PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, F32, F32, ctypes.c_int, F32, F32, PTR, PTR,
@@ -83,10 +82,6 @@ def usable(*tensors: torch.Tensor) -> bool:
                                for t in tensors)
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
 def _check(result: int, rows: torch.Tensor, limit: int) -> None:
     if result < 0:
         bad = int(rows[-result - 1])
@@ -102,14 +97,7 @@ def coalescable(rows: torch.Tensor, values: torch.Tensor) -> bool:
 
 def coalesce(rows: torch.Tensor, values: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(distinct rows in order of first appearance, the sum of each one's values in index order)."""
-    n, d = values.shape
-    cap = 1 << max(4, (2 * n - 1).bit_length())
-    keys, slots = torch.empty(cap, dtype=torch.int64), torch.empty(cap, dtype=torch.int32)
-    unique, sums = torch.empty(n, dtype=torch.int64), values.new_empty((n, d))
-    k = _lib.hl_coalesce(rows.data_ptr(), n, values.data_ptr(), d, values.stride(0), limit, keys.data_ptr(),
-                         slots.data_ptr(), cap, unique.data_ptr(), sums.data_ptr())
-    _check(k, rows, limit)
-    return unique[:k], sums[:k]
+    return coalesce_many([(rows, values)], limit)[0]
 
 
 def _pointers(tensors: list[torch.Tensor]) -> ctypes.Array:

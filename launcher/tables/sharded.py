@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import launcher.tables.kernels as kernels
 from launcher.plan.placement import TablePlan
 from launcher.tables.partition import RowPartition
 from launcher.tables.ps_comm import Route, bytes_sent, fetch, push, route
@@ -177,7 +178,7 @@ class ShardedTables:
             rows, grads = coalesce(torch.cat([r for r, _ in parts]), torch.cat([g for _, g in parts]),
                                    any_order=True)
             updates[name] = (rows, grads / self.size)
-        finite = all(bool(torch.isfinite(g).all()) for _, g in updates.values())
+        finite = all(kernels.all_finite(g) for _, g in updates.values())
         bad = self._reduce_sum(torch.tensor([0 if finite else 1], device=self.comm_device))
         if int(bad.item()):
             self.skipped_steps += 1
