@@ -4,9 +4,11 @@ schedule, a torch optimizer over their parameters, DCP checkpoints (launcher/par
 The micro-batches reach the stages as they are, whatever their structure (a KeyedJaggedTensor, a dict): torch's
 schedules split the step's arguments with ``tensor_split``, so the first stage is given the micro-batches' numbers
 (``arange(M)``, split into one number each) and looks its micro-batch up (``Feed``), as the last stage's loss looks up
-its labels. A short held-out batch runs through stages shaped for full micro-batches: the first stage computes it as
-it is and repeats the rows of what it sends up to the full micro-batch (``fit``), and the rows past the batch are
-dropped from the output.
+its labels. A later stage that uses the batch's inputs (a graph split's ``Chunk.fed``) reads them from the
+micro-batch the schedule runs (``Stage`` records which), so an input whose shape changes from one micro-batch to the
+next is never sent between stages. torch's stages are shaped once, by a micro-batch of the run's size; a held-out
+batch of another size (the short last one) runs through stages shaped for it, made the first time such a batch comes
+(every rank of the pipeline holds the same batch, so they all make the same ones without a word between them).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from launcher.parallel.engine import DTYPES, ChunkEngine
-from launcher.parallel.pipeline_stages import stage_examples
+from launcher.parallel.engine import ChunkEngine
+from launcher.parallel.pipeline_stages import stage_shapes
 from launcher.parallel.rank import local_tensor
 from launcher.usercode.items import batch_rows, input_tensors
 
@@ -36,47 +38,49 @@ def _tied_parameter(chunk: Any, path: str) -> nn.Parameter | None:
 
 
 class Feed:
-    """The micro-batches of the step the schedule runs: the first stage's inputs and the last stage's labels, by
-    micro-batch number."""
+    """The micro-batches of the step the schedule runs: the first stage's inputs, the inputs a later stage reads and
+    the last stage's labels, by micro-batch number."""
 
     def __init__(self) -> None:
         self.inputs: list[Any] = []
         self.labels: list[Any] = []
-        self.rows = 0
-        """Samples in the held-out batch being evaluated (0 while training: no micro-batch is short)."""
+        self.current = 0
+        """The micro-batch a stage of this rank runs now (``Stage`` sets it before each forward)."""
 
-    def hold(self, micro_batches: list[tuple[Any, Any]], held_out: bool = False) -> torch.Tensor:
+    def hold(self, micro_batches: list[tuple[Any, Any]]) -> torch.Tensor:
         """Keep ``micro_batches`` ((inputs, labels) each) for the schedule; their numbers, which it splits."""
         self.inputs = [mb[0] for mb in micro_batches]
         self.labels = [mb[1] for mb in micro_batches]
-        self.rows = batch_rows(self.inputs[0]) if held_out else 0
         return torch.arange(len(micro_batches))
 
-    def first_stage(self, forward: Any, sends: tuple[torch.Tensor, ...]) -> Any:
+    def first_stage(self, forward: Any) -> Any:
         """The first stage's forward on micro-batch ``number`` (its inputs as positional tensors, a dict's values in
-        key order), its outputs fitted to the shapes ``sends`` it was planned with."""
+        key order)."""
         def run(number: torch.Tensor) -> Any:
-            out = forward(*input_tensors(self.inputs[int(number)]))
-            if isinstance(out, tuple):
-                return tuple(fit(t, like, self.rows) for t, like in zip(out, sends))
-            return fit(out, sends[0], self.rows)
+            return forward(*input_tensors(self.inputs[int(number)]))
+
+        return run
+
+    def later_stage(self, forward: Any, positions: tuple[int, ...]) -> Any:
+        """A later stage's forward on what it receives and the batch's inputs at ``positions`` of the micro-batch
+        it runs."""
+        def run(*received: Any) -> Any:
+            given = input_tensors(self.inputs[self.current])
+            return forward(*received, *(given[i] for i in positions))
 
         return run
 
 
-def fit(t: torch.Tensor, like: torch.Tensor, rows: int) -> torch.Tensor:
-    """``t`` as the first stage sends it for a micro-batch shaped as ``like``: a short held-out batch's ``rows``
-    repeated up to the micro-batch's along the dimension that has them (as torch's DistributedSampler pads: the first
-    rows again)."""
-    if t.shape == like.shape:
-        return t
-    differ = [d for d in range(t.dim()) if t.shape[d] != like.shape[d]] if t.dim() == like.dim() else []
-    if len(differ) != 1 or not 0 < rows == t.shape[differ[0]] < like.shape[differ[0]]:
-        raise RuntimeError(f"the first pipeline stage sends a {tuple(t.shape)} tensor where the stages were shaped "
-                           f"for {tuple(like.shape)} (by the first micro-batch): every micro-batch must give the "
-                           f"stages the same shapes (a short held-out batch has fewer rows)")
-    d = differ[0]
-    return t.index_select(d, torch.arange(like.shape[d], device=t.device) % rows)
+class Stage(PipelineStage):
+    """torch's PipelineStage that tells the ``Feed`` which micro-batch its forward runs."""
+
+    def __init__(self, *args: Any, feed: Feed, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.feed = feed
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        self.feed.current = fwd_chunk_id
+        return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
 
 
 class PipelineEngine(ChunkEngine):
@@ -85,33 +89,47 @@ class PipelineEngine(ChunkEngine):
     def __init__(self, chunks: list[Any], optimizer: torch.optim.Optimizer, rt: Any) -> None:
         super().__init__(chunks, optimizer, rt.dp_group)
         plan = rt.plan.pipeline
-        self.device = rt.device
+        self.device, self._rt = rt.device, rt
         self._pp_group = rt.mesh["pp"].get_group()
         self._last_rank = dist.get_global_rank(self._pp_group, plan.ranks - 1)
         n, m, loss_fn = len(plan.stages), plan.micro_batches, rt.loss_fn
         self._first = any(c.stage == 0 for c in chunks)
         self._last = any(c.stage == n - 1 for c in chunks)
-        examples = ({c.stage: c.io for c in chunks} if all(c.io for c in chunks) else
-                    stage_examples(rt.plan.model, rt.layers_of, plan, rt.example, DTYPES[rt.plan.precision]))
+        self._rows = batch_rows(rt.example)
+        """The samples of a micro-batch: what the stages were shaped by."""
         self._feed = feed = Feed()
         for c in chunks:
             if c.stage == 0:
-                c.module.forward = feed.first_stage(c.module.forward, examples[0][1])
-        number = torch.zeros(1, dtype=torch.int64, device="meta")  # what the first stage takes: a micro-batch's number
-        stages = [PipelineStage(c.call or c.module, c.stage, n, rt.device,
-                                input_args=(number,) if c.stage == 0 else examples[c.stage][0],
-                                output_args=examples[c.stage][1], group=self._pp_group) for c in chunks]
+                c.module.forward = feed.first_stage(c.module.forward)
+            elif c.fed:
+                c.module.forward = feed.later_stage(c.module.forward, c.fed)
+        examples = ({c.stage: c.io for c in chunks} if all(c.io for c in chunks) else
+                    stage_shapes(rt, plan, rt.example))
+        stages = self._stages(examples)
 
         def mean_part(output: Any, number: torch.Tensor) -> torch.Tensor:  # each micro-batch's share of the mean
             return loss_fn(output, feed.labels[int(number)]) / m
 
         if plan.schedule in _SINGLE:
             self._train = _SINGLE[plan.schedule](stages[0], m, loss_fn=mean_part, scale_grads=False)
-            self._eval = ScheduleGPipe(stages[0], 1)
         else:
             self._train = ScheduleInterleaved1F1B(stages, m, loss_fn=mean_part, scale_grads=False)
-            self._eval = ScheduleInterleaved1F1B(stages, 1)
+        self._evals = {self._rows: self._eval_schedule(stages)}
+        """Samples in a held-out batch -> the forward-only schedule over stages shaped for it."""
         self._sum_tied(plan, rt)
+
+    def _stages(self, examples: dict[int, tuple[tuple, tuple]]) -> list[Stage]:
+        """This rank's stages as torch's PipelineStage, shaped by ``examples`` (stage -> (receives, sends))."""
+        n = len(self._rt.plan.pipeline.stages)
+        number = torch.zeros(1, dtype=torch.int64, device="meta")  # what the first stage takes: a micro-batch's number
+        return [Stage(c.call or c.module, c.stage, n, self.device,
+                      input_args=(number,) if c.stage == 0 else examples[c.stage][0],
+                      output_args=examples[c.stage][1], group=self._pp_group, feed=self._feed) for c in self.chunks]
+
+    def _eval_schedule(self, stages: list[Stage]) -> Any:
+        if self._rt.plan.pipeline.schedule in _SINGLE:
+            return ScheduleGPipe(stages[0], 1)
+        return ScheduleInterleaved1F1B(stages, 1)
 
     def _sum_tied(self, plan: Any, rt: Any) -> None:
         """Before every optimizer step, sum each shared weight's gradient over its copies: this rank's stages and the
@@ -165,11 +183,15 @@ class PipelineEngine(ChunkEngine):
         return loss
 
     def outputs(self, inputs: Any) -> torch.Tensor | None:
-        """The model's output for one held-out micro-batch (on the rank of the last stage; None elsewhere); a short
-        batch's output has the full micro-batch's rows, the batch's first (``fit``)."""
-        numbers = self._feed.hold([(inputs, None)], held_out=True)
+        """The model's output for one held-out micro-batch (on the rank of the last stage; None elsewhere), through
+        stages shaped for its size."""
+        rows = batch_rows(inputs)
+        if rows not in self._evals:
+            self._evals[rows] = self._eval_schedule(self._stages(stage_shapes(self._rt, self._rt.plan.pipeline,
+                                                                              inputs)))
+        numbers = self._feed.hold([(inputs, None)])
         try:
-            out = self._eval.eval(*((numbers,) if self._first else ()))
+            out = self._evals[rows].eval(*((numbers,) if self._first else ()))
         finally:
             self._feed.hold([])
         return out if self._last else None

@@ -7,13 +7,16 @@ stage).
 to its items) as a leaf: the layers are never traced into, so they may do anything (a KeyedJaggedTensor's split, a
 data-dependent branch); only the code between them is recorded. Each node of that graph is put on a stage: a layer's
 call on the plan's stage of the layer, the model's inputs on stage 0, any other node (a ``torch.cat``, a ``*``, a
-``.squeeze``) on the stage of its latest input (one without inputs, a constant, on the earliest stage that uses it).
+``.squeeze``) on the stage of its latest input (one made from the batch's inputs and constants alone, on the earliest
+stage that uses it).
 A stage is one ``torch.fx.GraphModule`` over the model whose inputs are the values that cross the boundary before it
-and whose outputs are those that cross the boundary after it, in the graph's order: a model input or a layer's
-output that a later stage needs passes through the stages between (a skip connection). Stage 0 takes the batch's
-inputs as the model does (any structure); what crosses a boundary must be a tensor (``sent`` says which value is
-not; the pre-launch check finds the layers no stage may begin at first, launcher/usercode/pipeline_check.py). The
-last stage returns what ``model_output`` selects. A stage's module holds the model's own layer modules at their
+and whose outputs are those that cross the boundary after it, in the graph's order: a layer's output that a later
+stage needs passes through the stages between (a skip connection). The batch's inputs never cross: stage 0 takes
+them as the model does (any structure), and a later stage that uses one reads it from the micro-batch it runs
+(``Cut.fed``; the pipeline engine hands them over), so an input whose shape changes from one micro-batch to the next
+(a 1-D bag's ids, a KeyedJaggedTensor) is never sent. What crosses a boundary must be a tensor (``sent`` says which
+value is not; the pre-launch check finds the layers no stage may begin at first,
+launcher/usercode/pipeline_check.py). The last stage returns what ``model_output`` selects. A stage's module holds the model's own layer modules at their
 module paths, so its parameter names are the model's (a DCP checkpoint moves between layouts) and a table the plan
 trains outside the parts is found at its path and swapped for a lookup as in an uncut model.
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -117,6 +120,9 @@ class Cut:
     live: list[list[str]]
     """boundary b (after stage b) -> the nodes whose values cross it, in graph order: stage b + 1's inputs."""
     stages: int
+    fed: list[list[str]] = field(default_factory=list)
+    """stage k -> the model inputs (graph inputs the batch gives) its nodes use after stage 0, in graph order: read
+    from the micro-batch after the values received, never sent (empty for stage 0, which takes them all)."""
 
     def node(self, name: str) -> fx.Node:
         return next(n for n in self.graph.nodes if n.name == name)
@@ -127,8 +133,9 @@ class Cut:
         return [(n, i) for n in self.graph.nodes for i in n.all_input_nodes if self.stage[i.name] > self.stage[n.name]]
 
 
-def cut_graph(graph: fx.Graph, unit_stage: dict[str, int], stages: int) -> Cut:
-    """Each node's stage (module docstring) and what crosses each boundary."""
+def cut_graph(graph: fx.Graph, unit_stage: dict[str, int], stages: int, fed: frozenset[str] = frozenset()) -> Cut:
+    """Each node's stage (module docstring) and what crosses each boundary; the graph inputs named in ``fed`` (those
+    the batch gives) never cross: each stage that uses one reads it from the micro-batch."""
     nodes = list(graph.nodes)
     stage: dict[str, int] = {}
     unit: dict[str, str] = {}
@@ -142,7 +149,7 @@ def cut_graph(graph: fx.Graph, unit_stage: dict[str, int], stages: int) -> Cut:
         elif owner is not None:
             unit[n.name], stage[n.name] = owner, unit_stage[owner]
         else:
-            fixed = [stage[i.name] for i in n.all_input_nodes if i.name not in floating]
+            fixed = [stage[i.name] for i in n.all_input_nodes if i.name not in floating and i.name not in fed]
             if fixed:
                 stage[n.name] = max(fixed)
             else:
@@ -150,9 +157,21 @@ def cut_graph(graph: fx.Graph, unit_stage: dict[str, int], stages: int) -> Cut:
     for n in reversed(nodes):  # a constant on the earliest stage that uses it (its users are placed by now)
         if n.name in floating:
             stage[n.name] = min((stage[u.name] for u in n.users), default=0)
-    live = [[n.name for n in nodes if n.op != "output" and stage[n.name] <= b
+    live = [[n.name for n in nodes if n.op != "output" and n.name not in fed and stage[n.name] <= b
              and any(stage[u.name] > b for u in n.users)] for b in range(stages - 1)]
-    return Cut(graph=graph, stage=stage, unit=unit, live=live, stages=stages)
+    used = [[n.name for n in nodes if n.name in fed and any(stage[u.name] == k for u in n.users)] if k else []
+            for k in range(stages)]
+    return Cut(graph=graph, stage=stage, unit=unit, live=live, stages=stages, fed=used)
+
+
+def batch_inputs(graph: fx.Graph, inputs: Any) -> dict[str, int]:
+    """graph input name -> its position in the batch's inputs (``input_tensors``: positional, or a dict's values in
+    its key order), for the forward's inputs the batch gives."""
+    nodes = [n for n in graph.nodes if n.op == "placeholder"]
+    if isinstance(inputs, Mapping):
+        keys = list(inputs)
+        return {n.name: keys.index(n.target) for n in nodes if n.target in inputs}
+    return {n.name: i for i, n in enumerate(nodes[:len(inputs)])}
 
 
 def stage_graph(cut: Cut, k: int, output: str) -> fx.Graph:
@@ -167,7 +186,7 @@ def stage_graph(cut: Cut, k: int, output: str) -> fx.Graph:
             if n.op == "placeholder":
                 env[n] = g.node_copy(n, env.__getitem__)
     else:
-        for name in cut.live[k - 1]:
+        for name in (*cut.live[k - 1], *cut.fed[k]):
             env[cut.node(name)] = g.placeholder(name)
     for n in nodes:
         if n.op not in ("placeholder", "output") and cut.stage[n.name] == k:
@@ -210,30 +229,37 @@ def _positional(module: nn.Module, keys: tuple[str, ...]) -> None:
 
 
 def cut_model(model: nn.Module, plan: PipelinePlan, inputs: Any) -> Cut:
-    """``model``'s forward traced on ``inputs`` and cut at the plan's stages."""
+    """``model``'s forward traced on ``inputs`` and cut at the plan's stages (the batch's inputs fed, not sent)."""
     layers = [name for s in plan.stages for name in s.layers]
     unit_stage = {name: s.index for s in plan.stages for name in s.layers}
-    return cut_graph(trace_forward(model, inputs, layers), unit_stage, len(plan.stages))
+    graph = trace_forward(model, inputs, layers)
+    return cut_graph(graph, unit_stage, len(plan.stages), frozenset(batch_inputs(graph, inputs)))
+
+
+def fed_positions(cut: Cut, k: int, inputs: Any) -> tuple[int, ...]:
+    """The positions in the batch's inputs of what stage ``k`` reads from the micro-batch (``Cut.fed``)."""
+    where = batch_inputs(cut.graph, inputs)
+    return tuple(where[name] for name in cut.fed[k])
 
 
 def graph_chunks(model: nn.Module, plan: PipelinePlan, pp_rank: int, rt: Any) -> list[Chunk]:
     """The chunks of pipeline rank ``pp_rank``, cut from ``model``'s forward graph, each with its stage's inputs and
     outputs (``Chunk.io``) for torch's PipelineStage. A rank that runs several stages gives each a copy of the model
     (a weight two of them share is then held, and stepped, once per stage as the plan's ``tied`` says)."""
-    from launcher.parallel.engine import DTYPES
+    from launcher.parallel.pipeline_stages import stage_shapes
 
-    io = stage_io(rt.plan.model, plan, rt.example, rt.plan.model_output, DTYPES[rt.plan.precision])
+    io = stage_shapes(rt, plan, rt.example)
     local = [s for s in plan.stages if plan.rank_of(s.index) == pp_rank]
     keys = tuple(rt.example) if isinstance(rt.example, Mapping) else ()
     chunks = []
     for stage in local:
         source = model if len(local) == 1 else copy.deepcopy(model)
-        module = stage_module(source, cut_model(source, plan, rt.example), stage.index, stage.layers,
-                              rt.plan.model_output)
+        cut = cut_model(source, plan, rt.example)
+        module = stage_module(source, cut, stage.index, stage.layers, rt.plan.model_output)
         if stage.index == 0 and keys:
             _positional(module, keys)
         chunks.append(Chunk(module=module, paths=[(n, n) for n in stage.layers], stage=stage.index,
-                            io=io[stage.index]))
+                            io=io[stage.index], fed=fed_positions(cut, stage.index, rt.example)))
     return chunks
 
 
@@ -311,11 +337,13 @@ def run_stages(model: nn.Module, plan: PipelinePlan, inputs: Any, output: str) -
     (forward only, gradients recorded so that each value says whether it needs one back)."""
     cut = cut_model(model, plan, inputs)
     state: Any = inputs
+    given = input_tensors(inputs)
     out = []
     with torch.enable_grad():
         for stage in plan.stages:
             module = stage_module(model, cut, stage.index, stage.layers, output)
-            got = call(module, state) if stage.index == 0 else module(*state)
+            fed = [given[i] for i in fed_positions(cut, stage.index, inputs)]
+            got = call(module, state) if stage.index == 0 else module(*state, *fed)
             got = got if isinstance(got, tuple) else (got,)
             out.append((tuple(input_tensors(state)) if stage.index == 0 else state, got))
             state = tuple(t.detach().requires_grad_(t.requires_grad) for t in got)

@@ -87,3 +87,20 @@ def stage_examples(model_spec: dict[str, Any], layers_of: Any, plan: PipelinePla
             out[stage.index] = (state, sent)
             state = tuple(t.detach().requires_grad_(t.requires_grad) for t in sent)
     return out
+
+
+def stage_shapes(rt: Any, plan: PipelinePlan, example: Any) -> dict[int, tuple[tuple, tuple]]:
+    """stage -> (what it receives, what it sends), as meta tensors, for one micro-batch like ``example``, by the
+    shape run of the plan's split (as split_model cuts it)."""
+    from launcher.parallel.engine import DTYPES
+
+    dtype = DTYPES[rt.plan.precision]
+    if plan.split == "trace":
+        from launcher.parallel.pipeline_trace import stage_io as trace_io
+
+        return trace_io(rt.plan.model, plan, example, rt.plan.model_output, dtype)[0]
+    if plan.split == "graph":
+        from launcher.parallel.pipeline_graph import stage_io
+
+        return stage_io(rt.plan.model, plan, example, rt.plan.model_output, dtype)
+    return stage_examples(rt.plan.model, rt.layers_of, plan, example, dtype)

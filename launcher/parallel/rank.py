@@ -26,6 +26,9 @@ class Chunk:
     """What the forward goes through when a part wraps the module (torch DDP); None = the module itself."""
     io: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
     """A traced pipeline stage's (inputs, outputs) as meta tensors (launcher/parallel/pipeline_trace.py)."""
+    fed: tuple[int, ...] = ()
+    """A later pipeline stage's model inputs, read from the micro-batch it runs (their positions in the batch's
+    inputs), after what it receives (launcher/parallel/pipeline_graph.py ``Cut.fed``)."""
 
     @property
     def layers(self) -> list[tuple[str, Any]]:

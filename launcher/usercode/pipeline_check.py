@@ -147,16 +147,17 @@ def uncuttable(model_spec: dict[str, Any], graph: fx.Graph, inputs: Any, order: 
     layer called again). Which values are tensors comes from one forward through the graph on ``inputs``: on meta, or
     on the CPU with its tables never made when meta cannot run it and its dense part is small; else only the batch's
     own inputs are known (the other values are taken for tensors, and a rank shaping its stages says otherwise)."""
-    from launcher.parallel.pipeline_graph import cut_graph
+    from launcher.parallel.pipeline_graph import batch_inputs, cut_graph
 
     found, kinds = _kinds(model_spec, inputs, list(order), facts.dense_params <= CPU_CHECK_PARAMS)
     if found is not None:
         graph = found
     else:
         kinds = {name: "" if torch.is_tensor(v) else type(v).__name__ for name, v in _placeholders(graph, inputs)}
+    fed = frozenset(batch_inputs(graph, inputs))  # the batch's inputs never cross: each stage reads them
     out = []
     for i in range(1, len(order)):
-        cut = cut_graph(graph, {n: int(j >= i) for j, n in enumerate(order)}, 2)
+        cut = cut_graph(graph, {n: int(j >= i) for j, n in enumerate(order)}, 2, fed)
         bad = [n for n in cut.live[0] if kinds.get(n)]
         if bad:
             node = cut.node(bad[0])

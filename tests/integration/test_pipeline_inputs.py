@@ -3,8 +3,10 @@ inputs (user and item ids, a bag of history ids with their weights, a category, 
 the last layer's input uses: a skip connection past the first stage), cut from its forward's graph
 (launcher/parallel/pipeline_graph.py), trained on 2 pipeline ranks with its tables inside the parts and with its
 tables on the host, each against one process per step, and its held-out metrics through the pipeline with a short
-last batch. A model whose input is no tensor (a bag read by value, as TorchRec's KeyedJaggedTensor is) is refused
-before launch when the cut asked for would send that input to stage 1, naming it and a cut that works.
+last batch. A six-input model whose 1-D bag (ids and offsets: their length changes every batch) is used on stage 1
+does the same (issue 43). An input that is no tensor (a bag read by value, as TorchRec's KeyedJaggedTensor is) is
+read from the micro-batch by the stage that uses it; a cut that would send such a value, made by a layer, is refused
+before launch, naming it and a cut that works.
 
 The project (model, data, YAML) is written to the test's own folder. SGD: a table trained outside the parts takes
 torch's SGD step on the rows looked up, so one one-process run is the reference of both layouts.
@@ -86,15 +88,21 @@ class Pooled(nn.Module):
         return self.bag(bag.ids, offsets)
 
 
+class Prep(nn.Module):
+    def forward(self, bag):
+        return Bag(bag.ids % 100, bag.lengths)
+
+
 class BagNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.dense_net = nn.Linear(3, 4)
+        self.prep = Prep()
         self.pooled = Pooled()
         self.head = nn.Linear(8, 1)
 
     def forward(self, dense, bag):
-        return self.head(torch.cat([self.dense_net(dense), self.pooled(bag)], dim=1)).squeeze(-1)
+        return self.head(torch.cat([self.dense_net(dense), self.pooled(self.prep(bag))], dim=1)).squeeze(-1)
 
 
 class Bags(Dataset):
@@ -103,6 +111,48 @@ class Bags(Dataset):
 
     def __getitem__(self, i):
         return torch.randn(3), torch.arange(i % 3 + 1) + i % 50, float(i % 2)
+
+
+class Six(nn.Module):
+    """Three embeddings, a 2-D bag, a 1-D bag with offsets (its ids' length changes every batch) and dense features."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.user_emb = nn.Embedding(1000, dim)
+        self.item_emb = nn.Embedding(500, dim)
+        self.cat_emb = nn.Embedding(20, dim)
+        self.hist = nn.EmbeddingBag(500, dim, mode="mean")
+        self.tags = nn.EmbeddingBag(300, dim, mode="sum")
+        self.top = nn.Sequential(nn.Linear(5 * dim + 4, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, user, item, category, hist, tag_ids, tag_offsets, dense):
+        x = torch.cat([self.user_emb(user), self.item_emb(item), self.cat_emb(category), self.hist(hist),
+                       self.tags(tag_ids, tag_offsets), dense], dim=1)
+        return self.top(x).squeeze(-1)
+
+
+class SixData(Dataset):
+    def __init__(self, n=2048, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.rows = [(torch.randint(0, 1000, (), generator=g), torch.randint(0, 500, (), generator=g),
+                      torch.randint(0, 20, (), generator=g), torch.randint(0, 500, (4,), generator=g),
+                      torch.randint(0, 300, (int(torch.randint(1, 6, ())),), generator=g), torch.randn(4, generator=g))
+                     for _ in range(n)]
+        self.label = torch.bernoulli(torch.sigmoid(torch.stack([r[5].sum() for r in self.rows])), generator=g)
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return (*self.rows[i], self.label[i])
+
+
+def six_batch(items):
+    tags = [it[4] for it in items]
+    offsets = torch.tensor([0, *itertools.accumulate(len(t) for t in tags)][:-1])
+    return (torch.stack([it[0] for it in items]), torch.stack([it[1] for it in items]),
+            torch.stack([it[2] for it in items]), torch.stack([it[3] for it in items]), torch.cat(tags), offsets,
+            torch.stack([it[5] for it in items]), torch.stack([it[6] for it in items]))
 
 
 def bags(items):
@@ -116,6 +166,18 @@ recipe: {name: seven}
 model: {_target_: recsys7.model.Seven}
 data: {_target_: recsys7.model.SevenData}
 eval_data: {_target_: recsys7.model.SevenData, n: 250, seed: 1}
+loss: {_target_: torch.nn.BCEWithLogitsLoss}
+optimizer: {name: sgd, lr: 0.5}
+trainer: {steps: 8, log_every: 1, checkpoint_every: -1}
+batch: {global_size: 64, micro_batches: 2}
+"""
+
+SIX = """# @package _global_
+recipe: {name: six}
+model: {_target_: recsys7.model.Six}
+data: {_target_: recsys7.model.SixData}
+eval_data: {_target_: recsys7.model.SixData, n: 250, seed: 1}
+loader: {collate_fn: recsys7.model.six_batch}
 loss: {_target_: torch.nn.BCEWithLogitsLoss}
 optimizer: {name: sgd, lr: 0.5}
 trainer: {steps: 8, log_every: 1, checkpoint_every: -1}
@@ -141,11 +203,12 @@ def project(tmp_path_factory) -> Path:
     (root / "conf" / "recipe").mkdir(parents=True)
     (root / "conf" / "recipe" / "seven.yaml").write_text(SEVEN)
     (root / "conf" / "recipe" / "bagnet.yaml").write_text(BAGNET)
+    (root / "conf" / "recipe" / "six.yaml").write_text(SIX)
     return root
 
 
-def train(project: Path, name: str, overrides: list[str]) -> Path:
-    res = run_cli(["--config-dir", "conf", "recipe=seven", f"output.run_name={name}", *overrides], project)
+def train(project: Path, name: str, overrides: list[str], recipe: str = "seven") -> Path:
+    res = run_cli(["--config-dir", "conf", f"recipe={recipe}", f"output.run_name={name}", *overrides], project)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return project / "log_output" / name
 
@@ -172,11 +235,37 @@ def test_seven_inputs_on_two_stages_match_one_process_with_device_and_host_table
         assert abs(evals[name]["loss"] - evals["one"]["loss"]) <= 1e-5 * evals["one"]["loss"], evals
 
 
-def test_a_cut_that_would_send_an_input_that_is_no_tensor_is_refused_before_launch(project):
+def test_six_inputs_with_a_1d_bag_on_stage_1_train_and_evaluate_as_one_process(project):
+    """The 1-D bag's ids change length every micro-batch and the held-out set ends on a short batch (250 = 7 × 32 +
+    26): stage 1 reads the batch's inputs from the micro-batch it runs (nothing of variable shape is sent), and the
+    short batch runs through stages shaped for it."""
+    one = train(project, "six_one", ["cluster.nproc_per_node=1"], "six")
+    runs = [train(project, "six_pp2", ["parallel.pipeline_stages=2", "+parallel.stages={hist: 1}"], "six"),
+            train(project, "six_pp2_host", ["parallel.pipeline_stages=2", "+parallel.stages={hist: 1}",
+                                            "placement.host_device_mix=1"], "six")]
+    plan = json.loads((runs[1] / "plan.json").read_text())
+    assert [s["layers"] for s in plan["pipeline"]["stages"]] == [["user_emb", "item_emb", "cat_emb"],
+                                                                 ["hist", "tags", "top"]]
+    assert {t["name"]: t["location"] for t in plan["placement"]["tables"]}["tags"] == "host"
+    reference = losses(one)
+    assert len(reference) == 8 and reference[-1] < reference[0]
+    want = json.loads((one / "summary.json").read_text())["eval"]
+    for run in runs:
+        assert_close(reference, losses(run), rel=1e-5)
+        got = json.loads((run / "summary.json").read_text())["eval"]
+        assert got["n"] == 250 and abs(got["auc"] - want["auc"]) <= 1e-6, (got, want)
+        assert abs(got["loss"] - want["loss"]) <= 1e-5 * want["loss"], (got, want)
+
+
+def test_the_batch_s_own_bag_reaches_stage_1_and_a_cut_that_would_send_a_bag_is_refused_before_launch(project):
+    """A Bag the batch gives is read from the micro-batch on any stage; a Bag a layer makes cannot cross."""
+    run = train(project, "bag_pp2", ["parallel.pipeline_stages=2", "+parallel.stages={prep: 1}"], "bagnet")
+    assert len(losses(run)) == 2
     res = run_cli(["--config-dir", "conf", "recipe=bagnet", "parallel.pipeline_stages=2",
                    "+parallel.stages={pooled: 1}"], project)
     assert res.returncode == 2, res.stdout[-3000:] + res.stderr[-3000:]
     out = " ".join((res.stdout + res.stderr).split())
-    assert ("parallel.stages: stage 1 cannot begin at layer pooled: input bag (a Bag) would cross into it from the "
-            "stage before, to layer pooled, and pipeline stages send each other tensors only. Begin stage 1 where only "
-            "tensors cross: at head ('+parallel.stages={head: 1}'), or set parallel.pipeline_stages=1.") in out, out
+    assert ("parallel.stages: stage 1 cannot begin at layer pooled: the output of layer prep (a Bag) would cross into "
+            "it from the stage before, to layer pooled, and pipeline stages send each other tensors only. Begin stage "
+            "1 where only tensors cross: at prep, head ('+parallel.stages={prep: 1}'), or set "
+            "parallel.pipeline_stages=1.") in out, out

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from launcher.inspect.model import model_facts_on_meta
-from launcher.parallel.pipeline_graph import cut_model, stage_io as graph_io, stage_module, trace_forward, unit_order
+from launcher.parallel.pipeline_graph import (cut_model, fed_positions, stage_io as graph_io, stage_module,
+                                              trace_forward, unit_order)
 from launcher.parallel.pipeline_trace import stage_io, trace
 from launcher.plan.pipeline import PipelinePlan, StagePlan, plan_pipeline
 from launcher.usercode.pipeline_check import check_pipeline, forward_order
@@ -150,15 +151,17 @@ def test_seven_inputs_and_a_skip_connection_cut_into_three_stages_run_as_the_who
     assert layers == ("hist", "user_emb", "item_emb", "cat_emb", "dense_net", "top", "out")  # the forward's order
     plan = _plan(layers, "item_emb", "top", split="graph")
     cut = cut_model(model, plan, inputs)
-    # stage 0 sends the inputs later layers take, its layers' outputs and dense * scale (made from its inputs alone);
-    # stage 1 passes dense * scale on to stage 2 with the concatenated features
-    assert cut.live == [["item", "category", "dense", "hist_1", "user_emb", "mul"], ["cat", "mul"]]
+    # stage 0 sends its layers' outputs; the inputs are never sent: each later stage reads those it uses from the
+    # micro-batch (dense * scale, made from inputs alone, is computed on stage 2, the one that uses it)
+    assert cut.live == [["hist_1", "user_emb"], ["cat"]]
+    assert cut.fed == [[], ["item", "category", "dense"], ["dense", "scale"]]
+    assert [fed_positions(cut, k, inputs) for k in range(3)] == [(), (1, 4, 5), (5, 6)]
     stages = [stage_module(model, cut, s.index, s.layers, "auto") for s in plan.stages]
     assert [sorted({n.split(".")[0] for n, _ in m.named_parameters()}) for m in stages] == [
         ["hist", "user_emb"], ["cat_emb", "dense_net", "item_emb"], ["out", "top"]]  # the model's own names
     sent = stages[0](*inputs)
-    sent = stages[1](*sent)
-    out = stages[2](*sent)
+    sent = stages[1](*sent, inputs[1], inputs[4], inputs[5])
+    out = stages[2](*sent, inputs[5], inputs[6])
     want = reference(*inputs)
     assert torch.equal(out, want)
     out.sum().backward()
@@ -168,9 +171,8 @@ def test_seven_inputs_and_a_skip_connection_cut_into_three_stages_run_as_the_who
             assert torch.allclose(p.grad, reference.get_parameter(name).grad, rtol=1e-6, atol=1e-7), name
     io = graph_io({"_target_": f"{__name__}.Seven"}, plan, inputs, "auto", torch.bfloat16)  # shaped on meta
     assert [(tuple(t.shape), t.dtype, t.requires_grad) for t in io[1][0]] == [
-        ((4,), torch.int64, False), ((4,), torch.int64, False), ((4, 3), torch.bfloat16, False),
-        ((4, 4), torch.bfloat16, True), ((4, 4), torch.bfloat16, True), ((4, 3), torch.bfloat16, False)]
-    assert [(tuple(t.shape), t.requires_grad) for t in io[2][0]] == [((4, 20), True), ((4, 3), False)]
+        ((4, 4), torch.bfloat16, True), ((4, 4), torch.bfloat16, True)]
+    assert [(tuple(t.shape), t.requires_grad) for t in io[2][0]] == [((4, 20), True)]
     assert [tuple(t.shape) for t in io[2][1]] == [(4,)]
 
 
@@ -194,10 +196,11 @@ def test_keyword_inputs_from_dict_batches_reach_their_parameters():
     batch = {"item": torch.tensor([1, 2]), "user": torch.tensor([3, 4])}
     plan = _plan(("user_emb", "item_emb", "head"), "item_emb", split="graph")
     cut = cut_model(model, plan, batch)
-    assert cut.live == [["item", "user_emb"]]
+    assert cut.live == [["user_emb"]] and cut.fed == [[], ["item"]]
+    assert fed_positions(cut, 1, batch) == (0,)  # item: first in the batch's key order
     first, second = (stage_module(model, cut, s.index, s.layers, "auto") for s in plan.stages)
     _positional(first, tuple(batch))  # the engine passes a dict's values in its key order
-    assert torch.equal(second(*first(*batch.values())), model(**batch))
+    assert torch.equal(second(*first(*batch.values()), batch["item"]), model(**batch))
 
 
 @dataclass
@@ -221,15 +224,23 @@ class Pooled(nn.Module):
         return self.bag(bag.ids, offsets)
 
 
+class Prep(nn.Module):
+    """A layer whose output is no tensor."""
+
+    def forward(self, bag: Bag) -> Bag:
+        return Bag(bag.ids % 40, bag.lengths)
+
+
 class BagNet(nn.Module):
     def __init__(self, frozen: bool = False) -> None:
         super().__init__()
         self.dense_net = nn.Linear(3, 4).requires_grad_(not frozen)
+        self.prep = Prep()
         self.pooled = Pooled()
         self.head = nn.Linear(8, 1)
 
     def forward(self, dense, bag):
-        return self.head(torch.cat([self.dense_net(dense), self.pooled(bag)], dim=1)).squeeze(-1)
+        return self.head(torch.cat([self.dense_net(dense), self.pooled(self.prep(bag))], dim=1)).squeeze(-1)
 
 
 def _bag_batch():
@@ -238,7 +249,7 @@ def _bag_batch():
 
 def test_an_input_that_is_no_tensor_is_taken_on_stage_0_and_shaped_on_the_cpu_without_its_table():
     (dense, bag), _ = _bag_batch()
-    plan = _plan(("dense_net", "pooled", "head"), "head", split="graph")
+    plan = _plan(("dense_net", "prep", "pooled", "head"), "head", split="graph")
     spec = {"_target_": f"{__name__}.BagNet", "frozen": True}
     io = graph_io(spec, plan, (dense, bag), "auto", torch.float32)  # meta cannot run it: on the CPU
     assert isinstance(io[0][0][1], Bag)  # stage 0 takes the batch's inputs as they are
@@ -247,21 +258,24 @@ def test_an_input_that_is_no_tensor_is_taken_on_stage_0_and_shaped_on_the_cpu_wi
     assert [tuple(t.shape) for t in io[1][1]] == [(2,)]
 
 
-def test_a_cut_that_would_send_an_input_that_is_no_tensor_is_refused_before_launch_with_one_that_works():
+def test_a_cut_that_would_send_a_value_that_is_no_tensor_is_refused_before_launch_with_one_that_works():
+    """The Bag a layer makes cannot cross a boundary; the batch's own Bag may be used on any stage (each reads it
+    from the micro-batch)."""
     with torch.device("meta"):
         model = BagNet()
     facts = model_facts_on_meta(model)
     problems, split, order, barred = check_pipeline({"_target_": f"{__name__}.BagNet"}, model, _bag_batch(), "x.yaml",
                                                     _parallel(), "auto", facts)
-    assert not problems and split == "graph" and order == ("dense_net", "pooled", "head")
-    assert barred == (("pooled", "input bag (a Bag) would cross into it from the stage before, to layer pooled"),)
-    plan, _ = plan_pipeline(2, 2, {}, "uniform", order, facts.layer_params, (), uncuttable=barred)
-    assert [s.layers for s in plan.stages] == [("dense_net", "pooled"), ("head",)]  # the cut avoids it
+    assert not problems and split == "graph" and order == ("dense_net", "prep", "pooled", "head")
+    assert barred == (("pooled", "the output of layer prep (a Bag) would cross into it from the stage before, to "
+                                 "layer pooled"),)
+    plan, _ = plan_pipeline(2, 2, {"prep": 1}, "parameters", order, facts.layer_params, (), uncuttable=barred)
+    assert [s.layers for s in plan.stages] == [("dense_net",), ("prep", "pooled", "head")]  # the input is fed
     _, problems = plan_pipeline(2, 2, {"pooled": 1}, "parameters", order, facts.layer_params, (), uncuttable=barred)
     assert problems == [
-        "parallel.stages: stage 1 cannot begin at layer pooled: input bag (a Bag) would cross into it from the stage "
-        "before, to layer pooled, and pipeline stages send each other tensors only. Begin stage 1 where only tensors "
-        "cross: at head ('+parallel.stages={head: 1}'), or set parallel.pipeline_stages=1."]
+        "parallel.stages: stage 1 cannot begin at layer pooled: the output of layer prep (a Bag) would cross into it "
+        "from the stage before, to layer pooled, and pipeline stages send each other tensors only. Begin stage 1 where only "
+        "tensors cross: at prep, head ('+parallel.stages={prep: 1}'), or set parallel.pipeline_stages=1."]
 
 
 class Sized(nn.Module):
