@@ -35,12 +35,19 @@ class ClusterConfig:
     rdzv_conf: dict[str, int] = field(default_factory=dict)
     """cluster.launch=elastic: torch's c10d rendezvous settings, as torchrun's --rdzv-conf: last_call_timeout (s a
     round waits for more hosts once MIN are there; torch's default 30), keep_alive_interval (s between a launcher's
-    heartbeats; 5), keep_alive_max_attempt (missed heartbeats before a host counts as lost; 3), close_timeout (30).
+    heartbeats; 5), keep_alive_max_attempt (missed heartbeats before a host counts as lost; 3), close_timeout (30),
+    read_timeout (s a store call may take; 60).
     Empty = torch's defaults."""
     rdzv_timeout_s: float = 300.0
     """cluster.launch=elastic: how long the hosts wait for every node to join; then the run stops, saying who came."""
+    heartbeat_timeout_s: float = 30.0
+    """cluster.launch=elastic: a host whose launcher has not been heard from for this long is lost: every other host
+    names it (host name, address, ranks) and stops its ranks; a host that the rendezvous store has not answered for
+    this long is cut off and leaves the job. The launchers beat six times within it (at most every 5 s)."""
     local_addr: str = ""
-    """cluster.launch=elastic: this host's address as the other hosts reach it; empty = its fully qualified name."""
+    """cluster.launch=elastic: this host's address as the other hosts reach it; empty = its fully qualified name (a
+    job of several hosts whose name resolves to a loopback address is refused before launch). When it is the host of
+    cluster.rdzv_endpoint, this host's launcher holds the rendezvous store."""
     nproc_per_node: str = "auto"
     """Ranks on this host: a positive integer, or auto = one per visible accelerator, 2 on a CPU-only host."""
     master_addr: str = "127.0.0.1"

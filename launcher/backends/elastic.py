@@ -19,7 +19,7 @@ class ElasticBackend(Backend):
     launcher_per_host = True
     restarts = True  # the launchers meet again at the rendezvous (launcher.backends.elastic_agent)
     scripts = False
-    reads = ("rdzv_endpoint", "rdzv_id", "rdzv_conf", "rdzv_timeout_s", "local_addr")
+    reads = ("rdzv_endpoint", "rdzv_id", "rdzv_conf", "rdzv_timeout_s", "heartbeat_timeout_s", "local_addr")
 
     def problems(self, c) -> list[str]:
         from launcher.plan.values import number_problems
@@ -36,10 +36,11 @@ class ElasticBackend(Backend):
             p.append(f"cluster.local_addr={c.local_addr} must be a host name or an address, e.g. "
                      f"cluster.local_addr=10.0.0.2.")
         return p + rdzv_conf_problems(c.rdzv_conf) + number_problems(
-            "cluster", {"rdzv_timeout_s": (c.rdzv_timeout_s, "positive")})
+            "cluster", {"rdzv_timeout_s": (c.rdzv_timeout_s, "positive"),
+                        "heartbeat_timeout_s": (c.heartbeat_timeout_s, "positive")})
 
 
-RDZV_CONF = ("last_call_timeout", "keep_alive_interval", "keep_alive_max_attempt", "close_timeout")
+RDZV_CONF = ("last_call_timeout", "keep_alive_interval", "keep_alive_max_attempt", "close_timeout", "read_timeout")
 """The settings of torch's c10d rendezvous handler (DynamicRendezvousHandler.from_backend) we pass on, each a whole
 number of seconds (or attempts)."""
 

@@ -142,8 +142,10 @@ def launch_elastic(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     (a world of the range that cannot hold the job) is a ConfigError before this host meets any other; restarts with
     no shared checkpoints were refused by the plan (plan/nodes.py checkpoint_problems)."""
     from launcher.launch.host import probe_host
-    from launcher.launch.nodes import rendezvous_handler
+    from launcher.launch.nodes import address_problems, rendezvous_handler
 
+    if problems := address_problems(cfg):
+        raise ConfigError(problems)
     host = probe_host()
     plans = ElasticPlans(cfg, host, plan)
     plans.check_range()
@@ -214,6 +216,9 @@ class _Agent:
             last_hosts, failed_at = hosts, _failed_at(attempt)
             if attempt.status in ("ok", "interrupted") or (restarts_left <= 0 and attempt.status != "admit"):
                 return
+            if self.group is not None and self.group.store_lost:  # cut off from the rendezvous: no next round
+                self.error = attempt.remote_failure["error"] if attempt.remote_failure else "the store is lost"
+                return
             restarts_left -= 1
             self._between_rounds(attempt, restarts_left)
 
@@ -235,14 +240,15 @@ class _Agent:
             raise ConfigError(choice["error"])
         plan = self.plans.plan(info.world_size, _resume_path(self.run_dir, self.cfg, choice))
         ranks_store = host_store(hosts[0]["addr"], 0) if info.rank == 0 else None
-        self.group = group = agree(info, hosts, self.handler, plan, ranks_store)
+        admit = restarts_left > 0 and info.world_size < node_range(self.cfg.cluster.nnodes)[1]
+        self.group = group = agree(info, hosts, self.handler, plan, ranks_store, self.cfg.cluster, admit)
         group.ranks_store = ranks_store  # held for the round: this node's ranks (and the others') meet on it
-        group.admit = restarts_left > 0 and info.world_size < node_range(self.cfg.cluster.nnodes)[1]
         self.plan = plan
         self.run_dir.write_json(self.run_dir.plan, plan.to_dict())
         self.run_dir.write_json(self.run_dir.rank_table, rank_table(plan.ranks, [h["addr"] for h in hosts]))
         envs = rank_envs(plan, self.run_dir, group.master_port, number, int(self.cfg.launcher.max_restarts),
                          node=group.node_rank, master_addr=group.master_addr)
+        _bind_sockets(envs, str(self.cfg.cluster.local_addr))
         write_rank_env(self.run_dir, envs)
         mine = [r.rank for r in on_node(plan.ranks, group.node_rank)]
         self.console.print(f"attempt {number}: node {group.node_rank} of {group.nnodes} (world {plan.world_size}), "
@@ -278,6 +284,8 @@ class _Agent:
                "time_lost_s": round(first - failed_at, 2) if first is not None and failed_at is not None else None}
         if attempt.remote_failure and "admit" in attempt.remote_failure:
             rec["ended_to_admit"] = attempt.remote_failure["admit"]
+        if attempt.remote_failure and attempt.remote_failure.get("lost"):
+            rec["lost_hosts"] = attempt.remote_failure["lost"]
         return rec
 
     def _between_rounds(self, attempt, restarts_left: int) -> None:
@@ -286,10 +294,13 @@ class _Agent:
 
         archive_attempt(self.run_dir, attempt.number, [e["rank"] for e in attempt.exits])
         why = {"admit": "a host waits to join"}.get(attempt.status, f"attempt {attempt.number} {attempt.status}")
+        if attempt.remote_failure and attempt.remote_failure.get("lost"):
+            why = f"attempt {attempt.number} failed: {attempt.remote_failure['error']}"
         self.console.print(f"[yellow]{why}: meeting the other nodes again ({restarts_left} restart(s) left after "
                            f"this one; logs of attempt {attempt.number}: {self.run_dir.attempt(attempt.number).path})"
                            f"[/yellow]", soft_wrap=True)
         self.group.ranks_store = None
+        self.group.close()
         self.group = None
 
     def _mark_interrupted(self, signum: int) -> None:
@@ -313,6 +324,20 @@ class _Agent:
         attempts = [_Recorded(a, r) for a, r in zip(self.attempts, self.records)]
         nodes = SimpleNamespace(node_rank=self.records[-1]["node_rank"], hosts=self.last_hosts)
         return report_run(self.cfg, self.plan, self.run_dir, attempts, wall_s, self.console, nodes)
+
+
+def _bind_sockets(envs: dict[int, dict[str, str]], local_addr: str) -> None:
+    """With cluster.local_addr, the ranks' gloo and NCCL sockets on the interface that holds it (unless the user set
+    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME): a host whose name resolves to 127.0.1.1 would offer its peers that."""
+    from launcher.launch.nodes import socket_ifname
+
+    iface = socket_ifname(local_addr) if local_addr else None
+    if iface is None:
+        return
+    for env in envs.values():
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if var not in os.environ:
+                env.setdefault(var, iface)
 
 
 def _decided(info, name: str, decide):

@@ -83,8 +83,7 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
     remote = None
     if nodes is not None and (blamed is not None or outcome.stopped_for_another_node):
         local = _failure_record(run_dir, blamed) if blamed is not None else None
-        remote = (nodes.publish_failure(local, blamed.lost_peer) if local is not None
-                  else nodes.remote_failure(force=True))
+        remote = nodes.publish_failure(local, blamed.lost_peer) if local is not None else nodes.round_end()
         if remote is not None and "admit" in remote:
             blamed = None  # the round ended to admit a host: what failed here was stopped by it
         elif remote is not None and remote.get("node") == nodes.node_rank:

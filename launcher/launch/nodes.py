@@ -12,7 +12,10 @@ elastic_agent``) has its own store, which carries what the launchers tell each o
 - ``master``: the address of the store node 0 hosts for the round's ranks;
 - ``failed``: the first failure, written once (compare_set): every launcher stops its ranks and names the same rank
   (or ``{"admit": N}``: a host waits to join, and the round ends to admit it);
-- ``finished/<node>``: no launcher leaves (and takes a store with it) before every node is done.
+- ``finished/<node>``: no launcher leaves (and takes a store with it) before every node is done;
+- ``beat/<node>``: each launcher's heartbeat (launcher/launch/liveness.py): a node silent for
+  cluster.heartbeat_timeout_s is named lost on every other node, and a host the store does not answer for that long
+  leaves the job. While ranks run, only the liveness thread calls the store.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from launcher.errors import ConfigError
+from launcher.launch.liveness import Liveness, Silence
 from launcher.plan import HostFacts, RunPlan
 from launcher.metrics_writer import host_available_memory
 
@@ -63,15 +67,28 @@ class NodeGroup:
     handler: Any
     admit: bool = False
     """A host waiting to join stops this round (launcher.max_restarts left and fewer than MAX hosts)."""
+    liveness: Liveness | None = None
+    """The heartbeats between the round's launchers (started by ``agree``)."""
+    endpoint: str = ""
+    """cluster.rdzv_endpoint: where the store is."""
+    ranks: dict[int, list[int]] | None = None
+    """node -> its global ranks, for naming a lost host."""
     _checked: float = 0.0
     _waiting_checked: float = 0.0
 
     def _key(self, name: str) -> str:
         return _PREFIX + name
 
+    @property
+    def store_lost(self) -> bool:
+        """The store has not answered this host for the heartbeat timeout: it is not called again."""
+        return self.liveness is not None and self.liveness.store_lost
+
     def publish_failure(self, failure: dict[str, Any], lost_peer: bool) -> dict[str, Any]:
         """Tell every node about this node's first failure, unless another node spoke first; returns the failure
         every node names. A failure that is only a lost peer waits a little for the node with the cause."""
+        if self.store_lost:
+            return {**failure, "node": failure.get("node", self.node_rank)}
         if lost_peer:
             deadline = time.monotonic() + LOST_PEER_WAIT_S
             while time.monotonic() < deadline:
@@ -79,15 +96,18 @@ class NodeGroup:
                 if theirs is not None:
                     return theirs
                 time.sleep(0.1)
-        payload = json.dumps({**failure, "node": self.node_rank})
+        payload = json.dumps({"node": self.node_rank, **failure})
         try:
             won = self.store.compare_set(self._key("failed"), "", payload)
             return json.loads(won.decode() if isinstance(won, bytes) else won)
         except (RuntimeError, ValueError, OSError):  # the store went away with node 0: our own view stands
-            return {**failure, "node": self.node_rank}
+            return {"node": self.node_rank, **failure}
 
     def remote_failure(self, force: bool = False) -> dict[str, Any] | None:
-        """The failure another node published, if any (looked up at most every POLL_S)."""
+        """The failure another node published, if any: what the liveness thread read (while ranks run, and once the
+        store is lost), else looked up at most every POLL_S."""
+        if self.liveness is not None and (not force or self.store_lost):
+            return self.liveness.failure
         now = time.monotonic()
         if not force and now - self._checked < POLL_S:
             return None
@@ -105,6 +125,8 @@ class NodeGroup:
         admission as the round's end, so that every node names the same cause."""
         if self.remote_failure() is not None:
             return True
+        if self.liveness is not None:  # (the thread asks the handler whether a host waits)
+            return self.liveness.silence() is not None or (self.admit and self.liveness.waiting > 0)
         now = time.monotonic()
         if not self.admit or now - self._waiting_checked < ADMIT_POLL_S:
             return False
@@ -118,20 +140,72 @@ class NodeGroup:
         self.publish_failure({"admit": waiting}, lost_peer=False)
         return True
 
+    def round_end(self) -> dict[str, Any] | None:
+        """Why this node's ranks were stopped from outside (``should_stop``), as every node names it: a lost host or
+        store (published, so that the others name the same), a host waiting to join (published as the round's end),
+        or the failure another node published."""
+        silence = self.liveness.silence() if self.liveness is not None else None
+        if silence is not None:
+            return self.publish_failure(self.lost_failure(silence), lost_peer=False)
+        if self.liveness is not None and self.admit and self.liveness.waiting > 0 and \
+                self.remote_failure(force=True) is None:
+            return self.publish_failure({"admit": self.liveness.waiting}, lost_peer=False)
+        return self.remote_failure(force=True)
+
+    def lost_failure(self, silence: Silence) -> dict[str, Any]:
+        """The failure record of a silence: the hosts lost (node, hostname, address, ranks) and what this node saw."""
+        timeout = self.liveness.timeout_s if self.liveness is not None else 0
+        if silence.store:
+            host = self.endpoint.rpartition(":")[0].strip("[]")
+            holders = [n for n in silence.nodes if host in (self.hosts[n]["addr"], self.hosts[n]["hostname"])]
+            nodes = holders or list(silence.nodes)
+        else:
+            nodes = list(silence.nodes)
+        lost = [{"node": n, "hostname": self.hosts[n]["hostname"], "addr": self.hosts[n]["addr"],
+                 "ranks": (self.ranks or {}).get(n, [])} for n in nodes]
+        named = "; ".join(_host_words(h) for h in lost)
+        if silence.store:
+            error = (f"the rendezvous store at cluster.rdzv_endpoint={self.endpoint} has not answered this host for "
+                     f"{silence.silent_s:g} s (cluster.heartbeat_timeout_s={timeout:g}): this host is cut off from "
+                     f"{named}, or that host is lost. This host's ranks were stopped and it leaves the job.")
+        else:
+            error = (f"{named} {'has' if len(lost) == 1 else 'have'} not been heard from for {silence.silent_s:g} s "
+                     f"(cluster.heartbeat_timeout_s={timeout:g}): lost (its launcher is gone or its network is "
+                     f"cut). This host's ranks were stopped.")
+        return {"node": nodes[0], "rank": None, "lost": lost, "store_lost": silence.store,
+                "seen_by": self.node_rank, "silent_s": silence.silent_s, "error": error}
+
+    def close(self) -> None:
+        """The round is over for this node: no more heartbeats."""
+        if self.liveness is not None:
+            self.liveness.stop()
+
     def finish(self) -> None:
-        """Say this node is done and wait (at most FINISH_WAIT_S) until every node is: the rendezvous store lives in
-        one of the launchers (whichever bound cluster.rdzv_endpoint first), and the others may still need it to
-        learn who failed first."""
+        """Say this node is done and wait (at most FINISH_WAIT_S) until every node still heard from is: the
+        rendezvous store lives in one of the launchers (whichever bound cluster.rdzv_endpoint first), and the others
+        may still need it to learn who failed first. A host the store no longer answers leaves at once."""
+        silence = self.liveness.silence() if self.liveness is not None else None
+        if silence is not None and silence.store:
+            self.close()
+            return
+        gone = set(silence.nodes) if silence is not None else set()
         try:
             self.store.set(self._key(f"finished/{self.node_rank}"), "1")
-            keys = [self._key(f"finished/{n}") for n in range(self.nnodes)]
+            keys = [self._key(f"finished/{n}") for n in range(self.nnodes) if n not in gone]
             self.store.wait(keys, timedelta(seconds=FINISH_WAIT_S))
         except (RuntimeError, OSError):
             pass
+        self.close()
         try:
             self.handler.shutdown()
         except Exception:  # noqa: BLE001 - torch's handler may fail on a store already gone; nothing is left to do
             pass
+
+
+def _host_words(host: dict[str, Any]) -> str:
+    ranks = ", ".join(map(str, host["ranks"])) or "none"
+    addr = f"{host['addr']}; " if host["addr"] != host["hostname"] else ""
+    return f"host {host['hostname']} ({addr}node {host['node']}, ranks {ranks})"
 
 
 def memory_problems(plan: RunPlan, hosts: list[dict[str, Any]]) -> list[str]:
@@ -154,6 +228,64 @@ def memory_problems(plan: RunPlan, hosts: list[dict[str, Any]]) -> list[str]:
             f"zero.stage (shards the states), or hosts with more memory."]
 
 
+def address_problems(cfg: DictConfig) -> list[str]:
+    """A job of several hosts on a host that would advertise a loopback address (no cluster.local_addr, and its name
+    resolves to 127.0.1.1 as Debian's /etc/hosts and many containers have it): the others could not reach it."""
+    from launcher.plan.nodes import node_range
+
+    c = cfg.cluster
+    if c.local_addr or node_range(c.nnodes)[1] < 2:
+        return []
+    name = socket.getfqdn()
+    try:
+        resolved = socket.gethostbyname(name)
+    except OSError:
+        return [f"cluster.local_addr is empty and this host's name {name} does not resolve: the other hosts could "
+                f"not reach it. Set cluster.local_addr to this host's address as the others reach it"
+                f"{_own_addresses()}."]
+    if not resolved.startswith("127."):
+        return []
+    return [f"cluster.local_addr is empty and this host's name {name} resolves to {resolved}, a loopback address "
+            f"(/etc/hosts): the other hosts could not reach this one. Set cluster.local_addr to this host's address "
+            f"as the others reach it{_own_addresses()}, or make {name} resolve to it."]
+
+
+def socket_ifname(addr: str) -> str | None:
+    """The network interface of this host that holds ``addr`` (a name is resolved first), or None: what gloo's and
+    NCCL's sockets are bound to (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) when cluster.local_addr says which address
+    this host is reached by (they would bind the address its name resolves to, which may be a loopback one)."""
+    try:
+        import psutil
+
+        ip = socket.gethostbyname(addr)
+        return next((name for name, addrs in psutil.net_if_addrs().items()
+                     if any(a.family == socket.AF_INET and a.address == ip for a in addrs)), None)
+    except Exception:  # noqa: BLE001 - psutil missing, a name that does not resolve: the libraries' own choice
+        return None
+
+
+def _own_addresses() -> str:
+    """', e.g. cluster.local_addr=<a non-loopback address of this host>' where one is found."""
+    try:
+        import psutil
+
+        found = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                 if a.family == socket.AF_INET and not a.address.startswith("127.")]
+    except Exception:  # noqa: BLE001 - psutil missing or the interfaces unreadable: no example
+        found = []
+    return f", e.g. cluster.local_addr={found[0]}" if found else ""
+
+
+def _is_host(endpoint: str, local_addr: str) -> dict[str, str]:
+    """torch's ``is_host`` setting, where its own guess would be wrong: the endpoint is this host's cluster.local_addr
+    but its name does not resolve to it (a name on 127.0.1.1), so no launcher would hold the store. Elsewhere torch
+    guesses (and falls back to a client when the port is taken: several launchers on one machine)."""
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    host = endpoint.rpartition(":")[0].strip("[]")
+    return {"is_host": "true"} if local_addr and local_addr == host and not _matches_machine_hostname(host) else {}
+
+
 def rendezvous_handler(cfg: DictConfig):
     """torch's c10d rendezvous handler of this job (``get_rendezvous_handler``, as torchrun builds it): rounds of MIN to
     MAX hosts (cluster.nnodes), with cluster.rdzv_conf's settings (last call, keep-alive) passed on."""
@@ -172,6 +304,7 @@ def rendezvous_handler(cfg: DictConfig):
     params = RendezvousParameters(
         backend="c10d", endpoint=c.rdzv_endpoint, run_id=c.rdzv_id, min_nodes=lo, max_nodes=hi,
         local_addr=c.local_addr or None, join_timeout=str(int(c.rdzv_timeout_s)),
+        **_is_host(str(c.rdzv_endpoint), str(c.local_addr or "")),
         **{k: str(v) for k, v in dict(c.rdzv_conf or {}).items()},
     )
     try:
@@ -217,10 +350,12 @@ def next_round(handler, cfg: DictConfig, host: HostFacts, attempts: int, identit
     return info, hosts, max(h["attempts"] for h in hosts)
 
 
-def agree(info, hosts: list[dict[str, Any]], handler, plan: RunPlan, ranks_store) -> NodeGroup:
+def agree(info, hosts: list[dict[str, Any]], handler, plan: RunPlan, ranks_store, cluster: Any = None,
+          admit: bool = False) -> NodeGroup:
     """Check that every node of the round planned the same run and can hold it; returns the round's NodeGroup, whose
-    ranks meet at ranks_store (node 0's, given there; the others read its address from the round's store).
-    ConfigError for a plan that differs or hosts that cannot run it."""
+    ranks meet at ranks_store (node 0's, given there; the others read its address from the round's store), its
+    heartbeats started (``cluster``: heartbeat_timeout_s, rdzv_endpoint). ConfigError for a plan that differs or
+    hosts that cannot run it."""
     store, node, nnodes = info.store, info.rank, info.world_size
     if node == 0:
         store.set(_PREFIX + "master", f"{hosts[0]['addr']}:{ranks_store.port}")
@@ -228,7 +363,9 @@ def agree(info, hosts: list[dict[str, Any]], handler, plan: RunPlan, ranks_store
     store.set(_PREFIX + f"plan/{node}", plan_hash(plan))
     hashes = [store.get(_PREFIX + f"plan/{n}").decode() for n in range(nnodes)]
     group = NodeGroup(node_rank=node, nnodes=nnodes, master_addr=master_addr, master_port=int(master_port),
-                      hosts=hosts, store=store, handler=handler)
+                      hosts=hosts, store=store, handler=handler, admit=admit,
+                      endpoint=str(cluster.rdzv_endpoint) if cluster is not None else "",
+                      ranks={n: [r.rank for r in plan.ranks if r.node_rank == n] for n in range(nnodes)})
     problems = []
     if len(set(hashes)) > 1:
         differ = [f"node {n} ({hosts[n]['hostname']}) {h}" for n, h in enumerate(hashes)]
@@ -244,4 +381,6 @@ def agree(info, hosts: list[dict[str, Any]], handler, plan: RunPlan, ranks_store
     if problems:
         group.finish()
         raise ConfigError(problems)
+    if cluster is not None and nnodes > 1:  # every node got here (the hashes above wait for all): beat from now on
+        group.liveness = Liveness(store, node, nnodes, float(cluster.heartbeat_timeout_s), handler, admit).start()
     return group

@@ -86,6 +86,8 @@ def report_run(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, 
                             for h in nodes.hosts]
         if last.remote_failure is not None:
             summary["first_failure"] = last.remote_failure
+            if last.remote_failure.get("lost"):
+                summary["lost_hosts"] = last.remote_failure["lost"]
     if outcome.stall is not None:
         summary["hang"] = outcome.stall.to_dict()
     if outcome.signal is not None:

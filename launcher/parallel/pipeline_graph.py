@@ -246,9 +246,9 @@ def graph_chunks(model: nn.Module, plan: PipelinePlan, pp_rank: int, rt: Any) ->
     """The chunks of pipeline rank ``pp_rank``, cut from ``model``'s forward graph, each with its stage's inputs and
     outputs (``Chunk.io``) for torch's PipelineStage. A rank that runs several stages gives each a copy of the model
     (a weight two of them share is then held, and stepped, once per stage as the plan's ``tied`` says)."""
-    from launcher.parallel.pipeline_stages import stage_shapes
+    from launcher.parallel.engine import DTYPES
 
-    io = stage_shapes(rt, plan, rt.example)
+    io = stage_io(rt.plan.model, plan, rt.example, rt.plan.model_output, DTYPES[rt.plan.precision])
     local = [s for s in plan.stages if plan.rank_of(s.index) == pp_rank]
     keys = tuple(rt.example) if isinstance(rt.example, Mapping) else ()
     chunks = []

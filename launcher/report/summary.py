@@ -348,7 +348,13 @@ def failure_report(run_dir: RunDir, summary: dict, failed_rank: int | None, tail
 
 
 def remote_failure_report(summary: dict, failure: dict) -> Panel:
-    """A rank on another node failed first (cluster.launch=elastic): what that node said, and what happened here."""
+    """A rank on another node failed first (cluster.launch=elastic): what that node said, and what happened here; or
+    a host was lost (launcher/launch/liveness.py): which, and how long it was silent."""
+    if failure.get("lost"):
+        names = ", ".join(h["hostname"] + (f" ({h['addr']})" if h["addr"] != h["hostname"] else "")
+                          for h in failure["lost"])
+        title = "the rendezvous store is lost" if failure.get("store_lost") else f"host lost: {names}"
+        return Panel(Text(failure["error"], style="bold red"), title=title, border_style="red")
     node = next((n for n in summary.get("nodes", []) if n["node"] == failure.get("node")), {})
     how = f"signal {failure['signal']}" if failure.get("signal") else f"exit code {failure.get('exit_code')}"
     body = Text(f"rank {failure['rank']} on node {failure.get('node')} ({node.get('addr', '?')}) failed first, with "

@@ -1,0 +1,128 @@
+"""Hosts with network stacks of their own, for multi-host tests: Linux network namespaces on one bridge.
+
+``Hosts(n)`` makes a namespace ``<tag>-sw`` holding a bridge, and for each host ``<tag>-h<i>`` a namespace joined to
+the bridge by a veth pair made inside the two namespaces (nothing is added to the test machine's own network), with
+the address ``10.<a>.<b>.<10 + i>/24`` (a private range, drawn per instance) on its ``eth0`` and its loopback up.
+``run(i, argv)`` starts a command on host i: in its namespace, under ``unshare --uts --mount`` with hostname
+``h<i>`` and an ``/etc/hosts`` that names every host by its address (bind-mounted in that mount namespace only), so
+``socket.getfqdn()`` and name lookups behave as on separate machines. ``cut(i)`` takes host i's link down (packets
+are dropped, no connection is reset: a cable pulled), ``shape(i, ...)`` puts netem on it. ``close()`` kills what is
+left in the namespaces and removes them, which removes their links.
+
+Needs root and ``ip``, ``unshare``; ``missing()`` says why not, for a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+def missing() -> str:
+    """Why namespaced hosts cannot be made here ('' when they can)."""
+    if os.geteuid() != 0:
+        return "namespaced hosts need root (ip netns, unshare --mount)"
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return f"namespaced hosts need {tool}"
+    probe = f"hlprobe{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot make a network namespace here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return ""
+
+
+def _ip(*args: str, ns: str | None = None) -> None:
+    cmd = ["ip", *(["-n", ns] if ns else []), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {res.stderr.strip()}")
+
+
+class Hosts:
+    def __init__(self, n: int, loopback_names: bool = False) -> None:
+        """``loopback_names``: each host's /etc/hosts names itself 127.0.1.1 (Debian's line, many containers) and
+        the others by their addresses."""
+        self.tag = f"hl{os.getpid() % 10000}{random.randrange(100, 1000)}"
+        self.net = f"10.{random.randrange(64, 250)}.{random.randrange(1, 250)}"
+        self.names = [f"h{i}" for i in range(n)]
+        self.addrs = [f"{self.net}.{10 + i}" for i in range(n)]
+        self.switch = f"{self.tag}-sw"
+        self.spaces = [f"{self.tag}-h{i}" for i in range(n)]
+        self.loopback_names = loopback_names
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
+        self._procs: list[subprocess.Popen] = []
+        try:
+            self._make()
+        except Exception:
+            self.close()
+            raise
+
+    def _make(self) -> None:
+        _ip("netns", "add", self.switch)
+        _ip("link", "add", "br0", "type", "bridge", ns=self.switch)
+        _ip("link", "set", "br0", "up", ns=self.switch)
+        for i, me in enumerate(self.names):
+            lines = ["127.0.0.1 localhost"] + [f"{'127.0.1.1' if h == me and self.loopback_names else a} {h}"
+                                               for a, h in zip(self.addrs, self.names)]
+            (self._dir / f"hosts{i}").write_text("\n".join(lines) + "\n")
+        for i, ns in enumerate(self.spaces):
+            _ip("netns", "add", ns)
+            _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}", "netns", self.switch)
+            _ip("link", "set", f"p{i}", "master", "br0", "up", ns=self.switch)
+            _ip("addr", "add", f"{self.addrs[i]}/24", "dev", "eth0", ns=ns)
+            _ip("link", "set", "eth0", "up", ns=ns)
+            _ip("link", "set", "lo", "up", ns=ns)
+
+    def command(self, i: int, argv: list[str]) -> list[str]:
+        """argv as host i runs it (its namespace, hostname and /etc/hosts)."""
+        setup = f'hostname {self.names[i]} && mount --bind {self._dir / f"hosts{i}"} /etc/hosts && exec "$@"'
+        return ["ip", "netns", "exec", self.spaces[i], "unshare", "--uts", "--mount", "sh", "-c", setup, "sh", *argv]
+
+    def run(self, i: int, argv: list[str], **popen) -> subprocess.Popen:
+        """Start argv on host i (its own process group: close() ends what it leaves)."""
+        p = subprocess.Popen(self.command(i, argv), start_new_session=True, **popen)
+        self._procs.append(p)
+        return p
+
+    def cut(self, i: int) -> None:
+        """Host i's link down: its packets go nowhere, no connection is reset."""
+        _ip("link", "set", "eth0", "down", ns=self.spaces[i])
+
+    def shape(self, i: int, *netem: str) -> None:
+        """netem on host i's link (e.g. 'rate', '20mbit', 'delay', '50ms')."""
+        subprocess.run(["ip", "netns", "exec", self.spaces[i], "tc", "qdisc", "add", "dev", "eth0", "root", "netem",
+                        *netem], check=True, capture_output=True)
+
+    def pids(self, i: int) -> list[int]:
+        """The processes in host i's network namespace."""
+        res = subprocess.run(["ip", "netns", "pids", self.spaces[i]], capture_output=True, text=True)
+        return [int(p) for p in res.stdout.split()]
+
+    def close(self) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        for ns in [*self.spaces, self.switch]:
+            for pid in (self.pids(self.spaces.index(ns)) if ns in self.spaces else []):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> "Hosts":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

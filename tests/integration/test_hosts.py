@@ -1,0 +1,168 @@
+"""Several hosts with network stacks of their own (tests/hosts.py: network namespaces on one bridge, each with its own
+address, hostname and /etc/hosts), each running its own hetero-launch as on separate machines (issue 44): real TCP
+between distinct addresses, not loopback.
+
+- 2 hosts × 1 rank (cluster.launch=elastic) equal the 1-host 2-rank run, and every address the job advertises is
+  the namespaced host's own;
+- hosts whose names resolve to 127.0.1.1 (Debian's /etc/hosts line): refused before launch naming
+  cluster.local_addr, and with it the job runs;
+- 2 hosts, static, the second host's link cut mid-run (no connection reset: a cable pulled): both launchers exit
+  non-zero within cluster.heartbeat_timeout_s + 15 s, each naming the other host and its ranks, both summaries say
+  which host was lost, and no process of the job is left in either namespace.
+
+Skipped where namespaces cannot be made (not root, no ``ip``), saying why.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.hosts import Hosts, missing
+from tests.integration.test_placement_runs import assert_close, losses
+
+WHY = missing()
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(bool(WHY), reason=WHY or "")]
+
+HEARTBEAT_S = 8
+BASE = ["recipe=wide_deep", "smoke=true", "trainer.log_every=1", "eval.batches=0", "trainer.checkpoint_every=-1"]
+
+
+def _elastic(hosts: Hosts, port: int) -> list[str]:
+    return ["cluster.launch=elastic", "cluster.nnodes=2", "cluster.nproc_per_node=1",
+            f"cluster.rdzv_endpoint={hosts.addrs[0]}:{port}", "cluster.rdzv_id=ns", "cluster.rdzv_timeout_s=60",
+            f"cluster.heartbeat_timeout_s={HEARTBEAT_S}"]
+
+
+def _start(hosts: Hosts, tmp: Path, args: list[str], own=lambda i: []) -> list[subprocess.Popen]:
+    """Every host's launcher with ``args`` and ``own(i)``, each in its own folder under ``tmp``."""
+    procs = []
+    for i in range(len(hosts.names)):
+        cwd = tmp / hosts.names[i]
+        cwd.mkdir(exist_ok=True)
+        procs.append(hosts.run(i, [sys.executable, "-m", "launcher.cli", *args, *own(i)], cwd=cwd,
+                               stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"}))
+    return procs
+
+
+def _step(run: Path) -> int:
+    """The last step any rank of the host logged."""
+    best = 0
+    for metrics in run.glob("rank.*/metrics.jsonl"):
+        for line in metrics.read_text().splitlines()[-3:]:
+            try:
+                best = max(best, int(json.loads(line).get("step", 0)))
+            except ValueError:
+                pass
+    return best
+
+
+def test_two_hosts_equal_one_host_with_their_own_addresses(tmp_path):
+    with Hosts(2) as hosts:
+        procs = _start(hosts, tmp_path, [*BASE, "trainer.steps=30", *_elastic(hosts, 29400)])
+        outs = [p.communicate(timeout=300) for p in procs]
+        for p, (out, err) in zip(procs, outs):
+            assert p.returncode == 0, out[-4000:] + err[-3000:]
+    one = tmp_path / "one"
+    one.mkdir()
+    res = run_cli([*BASE, "trainer.steps=30", "cluster.nproc_per_node=2"], one)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    reference = losses(one / "log_output" / "latest")
+    runs = [(tmp_path / h / "log_output" / "latest").resolve() for h in hosts.names]
+    assert len(reference) == 30
+    assert_close(reference, losses(runs[0]), rel=1e-6)  # rank 0 is on h0
+    for i, run in enumerate(runs):
+        summary = json.loads((run / "summary.json").read_text())
+        # each host advertises its fully qualified name, which its /etc/hosts and the others' resolve to its address
+        assert [(n["hostname"], n["addr"], n["ranks"]) for n in summary["nodes"]] == [("h0", "h0", [0]),
+                                                                                      ("h1", "h1", [1])]
+        table = json.dumps(json.loads((run / "rank_table.json").read_text()))
+        assert '"h0"' in table and '"h1"' in table and "127.0" not in table and "localhost" not in table
+        env = json.loads((run / "rank_env.json").read_text())
+        assert {e["MASTER_ADDR"] for e in env.values()} == {"h0"}  # the ranks' store on h0
+
+
+def test_a_cut_off_host_is_named_lost_on_both_hosts_and_both_exit_in_time(tmp_path):
+    with Hosts(2) as hosts:
+        procs = _start(hosts, tmp_path, [*BASE, "trainer.steps=100000", *_elastic(hosts, 29401)])
+        run0 = tmp_path / "h0" / "log_output" / "latest"
+        deadline = time.monotonic() + 240
+        while _step(run0) < 20:
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            assert time.monotonic() < deadline, "the job never reached step 20"
+            time.sleep(0.2)
+        hosts.cut(1)
+        cut = time.monotonic()
+        outs = [p.communicate(timeout=HEARTBEAT_S + 60) for p in procs]
+        took = [time.monotonic() - cut]  # the later of the two
+        left = [hosts.pids(i) for i in range(2)]
+    assert took[0] <= HEARTBEAT_S + 15, took
+    assert all(p.returncode not in (0, None) for p in procs), [p.returncode for p in procs]
+    assert left == [[], []]  # no launcher or rank left in either namespace
+    said = [" ".join((out + err).replace("│", " ").split()) for out, err in outs]  # (a panel's borders out)
+    assert "host h1 (node 1, ranks 1) has not been heard from for" in said[0], said[0][-3000:]
+    assert (f"the rendezvous store at cluster.rdzv_endpoint={hosts.addrs[0]}:29401 has not answered this host for"
+            in said[1] and "is cut off from host h0 (node 0, ranks 0), or that host is lost" in said[1]
+            ), said[1][-3000:]
+    for i, host in enumerate(hosts.names):
+        summary = json.loads(((tmp_path / host / "log_output" / "latest") / "summary.json").read_text())
+        assert summary["status"] == "failed"
+        assert [h["hostname"] for h in summary["lost_hosts"]] == [hosts.names[1 - i]], summary
+
+
+def test_hosts_whose_names_resolve_to_loopback_are_refused_before_launch_then_run_with_local_addr(tmp_path):
+    with Hosts(2, loopback_names=True) as hosts:
+        procs = _start(hosts, tmp_path, [*BASE, "trainer.steps=5", *_elastic(hosts, 29402)])
+        outs = [p.communicate(timeout=120) for p in procs]
+        for i, (p, (out, err)) in enumerate(zip(procs, outs)):
+            said = " ".join((out + err).replace("│", " ").split())
+            assert p.returncode == 2, said[-3000:]
+            assert (f"cluster.local_addr is empty and this host's name h{i} resolves to 127.0.1.1, a loopback "
+                    f"address (/etc/hosts): the other hosts could not reach this one. Set cluster.local_addr to this "
+                    f"host's address as the others reach it, e.g. cluster.local_addr={hosts.addrs[i]}") in said, said
+            assert "Traceback" not in said
+        procs = _start(hosts, tmp_path, [*BASE, "trainer.steps=5", *_elastic(hosts, 29403)],
+                       own=lambda i: [f"cluster.local_addr={hosts.addrs[i]}"])
+        outs = [p.communicate(timeout=300) for p in procs]
+        for p, (out, err) in zip(procs, outs):
+            assert p.returncode == 0, out[-4000:] + err[-3000:]
+
+
+def test_an_elastic_job_goes_on_without_a_cut_off_host_which_leaves(tmp_path):
+    """nnodes=1:2: the store's host names the other lost (the liveness check, not the watchdog), meets the
+    rendezvous again alone and finishes from the newest checkpoint; the cut-off host says it lost the store, exits."""
+    shared = tmp_path / "shared"
+    args = [*BASE, "trainer.steps=60", "trainer.checkpoint_every=10", f"trainer.checkpoint_dir={shared}",
+            "launcher.max_restarts=1", "+cluster.rdzv_conf.last_call_timeout=2",
+            "+cluster.rdzv_conf.keep_alive_interval=1", "+cluster.rdzv_conf.keep_alive_max_attempt=3"]
+    with Hosts(2) as hosts:
+        elastic = [a.replace("cluster.nnodes=2", "cluster.nnodes=1:2") for a in _elastic(hosts, 29404)]
+        procs = _start(hosts, tmp_path, [*args, *elastic])
+        run0 = tmp_path / "h0" / "log_output" / "latest"
+        deadline = time.monotonic() + 240
+        while _step(run0) < 22:
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            assert time.monotonic() < deadline, "the job never reached step 22"
+            time.sleep(0.2)
+        hosts.cut(1)
+        cut = time.monotonic()
+        out1, err1 = procs[1].communicate(timeout=HEARTBEAT_S + 60)
+        took = time.monotonic() - cut
+        out0, err0 = procs[0].communicate(timeout=300)
+    assert procs[1].returncode == 1 and took <= HEARTBEAT_S + 15, (procs[1].returncode, took, out1[-3000:])
+    assert "is cut off from host h0" in " ".join((out1 + err1).split())
+    assert procs[0].returncode == 0, out0[-4000:] + err0[-3000:]
+    summary = json.loads((run0.resolve() / "summary.json").read_text())
+    first, second = summary["attempts"]
+    assert first["status"] == "failed" and "hung_ranks" not in first  # named lost, not a hang
+    assert [h["hostname"] for h in first["lost_hosts"]] == ["h1"]
+    assert summary["attempts"][1]["resumed_step"] in (10, 20) and second["status"] == "ok"
+    assert second["left"] and second["left"][0].startswith("h1 (launcher h1:")
+    said = " ".join(out0.replace("│", " ").split())
+    assert "host h1 (node 1, ranks 1) has not been heard from for" in said, said[-3000:]
