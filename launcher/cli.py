@@ -13,12 +13,15 @@ from launcher.errors import ConfigError
 from launcher.terminal import launcher_console
 
 HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "--package", "-p",
-               "--shell-completion", "-sc", "--version"}
+               "--shell-completion", "-sc"}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Pick the subcommand (SUBCOMMANDS) from the arguments and run it; a ConfigError is one message, exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):  # no config: what is installed
+        print(versions())
+        return 0
     if argv[:1] == ["report"]:  # hetero-launch report RUN_DIR [RUN_DIR ...] [--into OUT]: no config, no overrides
         return _report(argv[1:], None, argv)
     try:
@@ -27,6 +30,21 @@ def main(argv: list[str] | None = None) -> int:
         return SUBCOMMANDS[_subcommand(rest)](rest, config_dir, argv)
     except ConfigError as e:
         return _print_error(e)
+
+
+def versions() -> str:
+    """hetero-launch's version and those of the engines it drives, from the installed packages' metadata (nothing
+    imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    engines = ", ".join(f"{n} {of(n)}" for n in ("torch", "deepspeed", "hydra-core", "omegaconf"))
+    return f"hetero-launch {of('hetero-launch')} ({engines}; Python {sys.version.split()[0]})"
 
 
 def _subcommand(rest: list[str]) -> str:

@@ -14,6 +14,7 @@ Needs root and ``ip``, ``unshare``; ``missing()`` says why not, for a skip.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -36,6 +37,18 @@ def missing() -> str:
         return f"cannot make a network namespace here: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return ""
+
+
+def last_step(run: Path) -> int:
+    """The last step any rank of a run dir logged (0 before the first)."""
+    best = 0
+    for metrics in run.glob("rank.*/metrics.jsonl"):
+        for line in metrics.read_text().splitlines()[-3:]:
+            try:
+                best = max(best, int(json.loads(line).get("step", 0)))
+            except ValueError:
+                pass
+    return best
 
 
 def _ip(*args: str, ns: str | None = None) -> None:
@@ -99,6 +112,16 @@ class Hosts:
         """netem on host i's link (e.g. 'rate', '20mbit', 'delay', '50ms')."""
         subprocess.run(["ip", "netns", "exec", self.spaces[i], "tc", "qdisc", "add", "dev", "eth0", "root", "netem",
                         *netem], check=True, capture_output=True)
+
+    def can_shape(self) -> str:
+        """Why links cannot be shaped here ('' when netem is there)."""
+        res = subprocess.run(["ip", "netns", "exec", self.switch, "tc", "qdisc", "add", "dev", "p0", "root", "netem",
+                              "delay", "1ms"], capture_output=True, text=True)
+        if res.returncode != 0:
+            return f"tc netem is not available here: {res.stderr.strip() or res.stdout.strip()}"
+        subprocess.run(["ip", "netns", "exec", self.switch, "tc", "qdisc", "del", "dev", "p0", "root"],
+                       capture_output=True)
+        return ""
 
     def pids(self, i: int) -> list[int]:
         """The processes in host i's network namespace."""

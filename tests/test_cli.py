@@ -116,3 +116,16 @@ def test_an_address_of_another_machine_is_refused():
     _check_local_address("127.0.0.1")
     with pytest.raises(ConfigError, match=r"cluster.master_addr=192.0.2.1: not an address of this host"):
         _check_local_address("192.0.2.1")  # TEST-NET-1: documentation only, never a local address
+
+
+def test_version_and_python_m_launcher_work_without_a_recipe(tmp_path):
+    """--version prints hetero-launch's version and its engines'; ``python -m launcher`` is the same command."""
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    res = subprocess.run([sys.executable, "-m", "launcher", "--version"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"hetero-launch {version('hetero-launch')} (torch {version('torch')}, deepspeed "
+                                 f"{version('deepspeed')}, hydra-core {version('hydra-core')}"), res.stdout
+    assert not list(tmp_path.iterdir())  # nothing written

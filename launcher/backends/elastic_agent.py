@@ -119,7 +119,11 @@ def _first_step_time(run_dir: RunDir, ranks) -> float | None:
 
 
 def _failed_at(attempt) -> float:
-    """The wall clock of the attempt's end as this launcher saw it: its first rank that ended on its own, else now."""
+    """The wall clock of the attempt's end as this launcher saw it: when a lost host was last heard from, else its
+    first rank that ended on its own, else now."""
+    lost = attempt.remote_failure or {}
+    if isinstance(lost.get("last_heard"), (int, float)):
+        return float(lost["last_heard"])
     seen = [e.seen_s for e in attempt.outcome.exits if e.seen_s is not None and e.exit_code not in (0, None)]
     return time.time() - (time.monotonic() - min(seen)) if seen else time.time()
 

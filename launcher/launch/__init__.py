@@ -141,6 +141,11 @@ def _launch_in(cfg: DictConfig, plan: RunPlan, console: Console, b: Backend, con
     from launcher.report.summary import build_summary
 
     console.print(f"run dir: {run_dir.path}")
+    if getattr(plan, "resume_from", ""):
+        from launcher.report.summary import resumed_from
+
+        where = resumed_from(plan.resume_from)
+        console.print(f"resuming from {where['path']} (step {where['step']})")
     t0 = time.monotonic()
     try:
         build_ops(plan, run_dir, console)

@@ -173,7 +173,8 @@ class NodeGroup:
                      f"(cluster.heartbeat_timeout_s={timeout:g}): lost (its launcher is gone or its network is "
                      f"cut). This host's ranks were stopped.")
         return {"node": nodes[0], "rank": None, "lost": lost, "store_lost": silence.store,
-                "seen_by": self.node_rank, "silent_s": silence.silent_s, "error": error}
+                "seen_by": self.node_rank, "silent_s": silence.silent_s, "last_heard": time.time() - silence.silent_s,
+                "error": error}
 
     def close(self) -> None:
         """The round is over for this node: no more heartbeats."""

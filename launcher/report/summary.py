@@ -93,6 +93,17 @@ def signal_name(exit_code: int | None) -> str | None:
         return f"signal {-exit_code}"
 
 
+def resumed_from(path: str) -> dict:
+    """The checkpoint a run resumed from: its path and step (its checkpoint.json's; None if unreadable)."""
+    from launcher.rundir import CheckpointDir
+
+    try:
+        step = int(json.loads(CheckpointDir(Path(path)).meta.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        step = None
+    return {"path": str(path), "step": step}
+
+
 def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: str, wall_s: float) -> dict:
     """rank_exits: [{rank, exit_code, stopped_by_launcher, first_failure, stalled}] for every rank (exit_code None
     if unknown)."""
@@ -149,6 +160,8 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
         "eval": {k: v for k, v in evals[-1].items() if k not in ("event", "time", "wall_s")} if evals else {},
         "reference": reference,
     }
+    if plan.get("resume_from"):
+        summary["resumed_from"] = resumed_from(plan["resume_from"])
     hashing = _hashing(run_dir, rank_exits)
     if hashing:
         summary["hashing"] = hashing

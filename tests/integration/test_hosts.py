@@ -6,6 +6,7 @@ between distinct addresses, not loopback.
   the namespaced host's own;
 - hosts whose names resolve to 127.0.1.1 (Debian's /etc/hosts line): refused before launch naming
   cluster.local_addr, and with it the job runs;
+- a link shaped to 20 Mbit/s and 50 ms (tc netem, where the kernel has it): trains with no false lost host or hang;
 - 2 hosts, static, the second host's link cut mid-run (no connection reset: a cable pulled): both launchers exit
   non-zero within cluster.heartbeat_timeout_s + 15 s, each naming the other host and its ranks, both summaries say
   which host was lost, and no process of the job is left in either namespace.
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.hosts import Hosts, missing
+from tests.hosts import Hosts, last_step, missing
 from tests.integration.test_placement_runs import assert_close, losses
 
 WHY = missing()
@@ -51,16 +52,13 @@ def _start(hosts: Hosts, tmp: Path, args: list[str], own=lambda i: []) -> list[s
     return procs
 
 
-def _step(run: Path) -> int:
-    """The last step any rank of the host logged."""
-    best = 0
-    for metrics in run.glob("rank.*/metrics.jsonl"):
-        for line in metrics.read_text().splitlines()[-3:]:
-            try:
-                best = max(best, int(json.loads(line).get("step", 0)))
-            except ValueError:
-                pass
-    return best
+def _run_until(procs: list[subprocess.Popen], run: Path, step: int) -> None:
+    """Wait until the run dir's ranks logged ``step`` (every launcher still running)."""
+    deadline = time.monotonic() + 240
+    while last_step(run) < step:
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        assert time.monotonic() < deadline, f"the job never reached step {step}"
+        time.sleep(0.2)
 
 
 def test_two_hosts_equal_one_host_with_their_own_addresses(tmp_path):
@@ -91,12 +89,7 @@ def test_two_hosts_equal_one_host_with_their_own_addresses(tmp_path):
 def test_a_cut_off_host_is_named_lost_on_both_hosts_and_both_exit_in_time(tmp_path):
     with Hosts(2) as hosts:
         procs = _start(hosts, tmp_path, [*BASE, "trainer.steps=100000", *_elastic(hosts, 29401)])
-        run0 = tmp_path / "h0" / "log_output" / "latest"
-        deadline = time.monotonic() + 240
-        while _step(run0) < 20:
-            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
-            assert time.monotonic() < deadline, "the job never reached step 20"
-            time.sleep(0.2)
+        _run_until(procs, tmp_path / "h0" / "log_output" / "latest", 20)
         hosts.cut(1)
         cut = time.monotonic()
         outs = [p.communicate(timeout=HEARTBEAT_S + 60) for p in procs]
@@ -145,11 +138,7 @@ def test_an_elastic_job_goes_on_without_a_cut_off_host_which_leaves(tmp_path):
         elastic = [a.replace("cluster.nnodes=2", "cluster.nnodes=1:2") for a in _elastic(hosts, 29404)]
         procs = _start(hosts, tmp_path, [*args, *elastic])
         run0 = tmp_path / "h0" / "log_output" / "latest"
-        deadline = time.monotonic() + 240
-        while _step(run0) < 22:
-            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
-            assert time.monotonic() < deadline, "the job never reached step 22"
-            time.sleep(0.2)
+        _run_until(procs, run0, 22)
         hosts.cut(1)
         cut = time.monotonic()
         out1, err1 = procs[1].communicate(timeout=HEARTBEAT_S + 60)
@@ -166,3 +155,15 @@ def test_an_elastic_job_goes_on_without_a_cut_off_host_which_leaves(tmp_path):
     assert second["left"] and second["left"][0].startswith("h1 (launcher h1:")
     said = " ".join(out0.replace("│", " ").split())
     assert "host h1 (node 1, ranks 1) has not been heard from for" in said, said[-3000:]
+
+
+def test_a_slow_link_trains_with_no_false_lost_host(tmp_path):
+    with Hosts(2) as hosts:
+        if why := hosts.can_shape():
+            pytest.skip(why)
+        for i in range(2):
+            hosts.shape(i, "rate", "20mbit", "delay", "25ms")  # 50 ms between the hosts
+        procs = _start(hosts, tmp_path, [*BASE, "trainer.steps=15", *_elastic(hosts, 29405)])
+        outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:] + err[-3000:]

@@ -68,6 +68,10 @@ def test_resume_latest_brings_back_host_tables_and_their_optimizers(tmp_path, ca
     after = (tmp_path / "log_output" / "latest").resolve()
     assert after != before  # a new run dir; the old one is untouched
     assert json.loads((after / "plan.json").read_text())["resume_from"] == str(before / "checkpoints" / "step4")
+    # the run names the checkpoint it resumed from, on the console and in its summary
+    assert f"resuming from {before / 'checkpoints' / 'step4'} (step 4)" in " ".join(resumed.stdout.split())
+    assert json.loads((after / "summary.json").read_text())["resumed_from"] == {
+        "path": str(before / "checkpoints" / "step4"), "step": 4}
     _assert_same(_losses(after / "rank.0"), _losses(before / "rank.0"))
     # Another layout is refused before anything starts, naming what differs and why (DeepSpeed's own files).
     code = main([*common, f"trainer.resume_from={before}/checkpoints/step4", "cluster.nproc_per_node=1",
