@@ -129,3 +129,25 @@ def test_version_and_python_m_launcher_work_without_a_recipe(tmp_path):
     assert res.stdout.startswith(f"hetero-launch {version('hetero-launch')} (torch {version('torch')}, deepspeed "
                                  f"{version('deepspeed')}, hydra-core {version('hydra-core')}"), res.stdout
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_after_a_dry_run_latest_still_means_the_newest_run_that_trained(tmp_path, cli):
+    """A dry run moves log_output/latest (its job.sbatch is there), but trainer.resume=latest and report take the
+    newest run that trained, and report on the dry run itself says it is one."""
+    trained = run_cli(["recipe=quickstart", "smoke=true", "trainer.checkpoint_every=1"], tmp_path)
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    run = (tmp_path / "log_output" / "latest").resolve()
+    dry = cli(["recipe=quickstart", "dry_run=true"], tmp_path)
+    assert dry.returncode == 0 and (tmp_path / "log_output" / "latest").resolve() != run
+    dry_dir = (tmp_path / "log_output" / "latest").resolve()
+    report = cli(["report", "log_output/latest"], tmp_path)
+    said = " ".join(report.stdout.split())
+    assert report.returncode == 0 and f"is a dry run ({dry_dir.name}): taking the newest run that trained" in said
+    assert (run / "loss.png").is_file()  # the trained run was reported
+    report = cli(["report", str(dry_dir)], tmp_path)
+    assert "dry run (dry_run=true wrote this plan: nothing was started or trained)" in " ".join(report.stdout.split())
+    resumed = cli(["recipe=quickstart", "smoke=true", "trainer.steps=4", "trainer.resume=latest", "dry_run=true"],
+                  tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    plan = json.loads(((tmp_path / "log_output" / "latest").resolve() / "plan.json").read_text())
+    assert plan["resume_from"].startswith(str(run / "checkpoints" / "step")), plan["resume_from"]

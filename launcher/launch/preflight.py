@@ -23,7 +23,7 @@ from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError, first_line
 from launcher.manifest import manifest_problems
 from launcher.plan import LaunchPlan, checkpoint_layout
-from launcher.rundir import CheckpointDir, RunDir
+from launcher.rundir import CheckpointDir, RunDir, latest_trained
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -48,6 +48,8 @@ def resume_checkpoint(cfg: DictConfig) -> str:
         raise ConfigError(f"{key} and trainer.resume_from={cfg.trainer.resume_from}: give one. trainer.resume takes a "
                           f"run dir (or latest), trainer.resume_from one of its checkpoints/step<N> folders.")
     path = Path(cfg.output.log_dir) / "latest" if resume == "latest" else Path(resume)
+    if resume == "latest":  # the newest run that trained: a dry run since then has nothing to resume
+        path = latest_trained(path)[0]
     try:
         run = RunDir(path.resolve())
     except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (pathlib, Python < 3.13)

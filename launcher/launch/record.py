@@ -27,7 +27,8 @@ def write_run_files(run_dir: RunDir, cfg: DictConfig, plan: RunPlan) -> None:
         run_dir.write_json(run_dir.ds_config, engine_config)
     run_dir.write_json(run_dir.rank_table, plan.rank_table)
     run_dir.write_json(run_dir.versions, versions())
-    run_dir.write_json(run_dir.launcher, {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()})
+    run_dir.write_json(run_dir.launcher, {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+                                          "dry_run": bool(cfg.get("dry_run", False))})
 
 
 def write_rank_env(run_dir: RunDir, envs: dict[int, dict[str, str]]) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 
 from launcher.report.summary import build_summary, odd_record, summary_table
-from launcher.rundir import RunDir, SweepDir
+from launcher.rundir import RunDir, SweepDir, is_dry_run, latest_trained
 
 
 def load_summary(run_dir: RunDir) -> dict:
@@ -29,6 +29,8 @@ def launcher_state(run_dir: RunDir) -> str:
     """The status of a run dir without a summary: its launcher still runs, or it died without writing one."""
     import socket
 
+    if is_dry_run(run_dir):
+        return "dry run (dry_run=true wrote this plan: nothing was started or trained)"
     try:
         record = run_dir.read_json(run_dir.launcher)
         host, pid = str(record["host"]), int(record["pid"])
@@ -95,7 +97,8 @@ def write_plots(run_dir: RunDir, summary: dict) -> list[Path]:
 
 def _save(plt, fig, ax, path: Path) -> Path:
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # (a run with no throughput records has nothing to label)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -103,6 +106,9 @@ def _save(plt, fig, ax, path: Path) -> Path:
 
 
 def report(path: Path, console: Console) -> int:
+    path, note = latest_trained(path)
+    if note:
+        console.print(note)
     run_dir = RunDir(path)
     if not run_dir.plan.exists() and SweepDir(path).json.exists():
         console.print(f"[red]hetero-launch report: {path} is a sweep; its table is in {SweepDir(path).json}. Report "
