@@ -103,13 +103,29 @@ def _hydra_flags(rest: list[str], config_dir: str | None, argv: list[str]) -> in
     """Hydra's own flags (--help, --info, ...), handed to a Hydra app once our checks of the overrides passed."""
     from launcher.config import compose_config, table_path_override
 
+    if completion := _completion(argv):  # Hydra's shell completion: its own words, straight through
+        return _hydra_app(completion)
     overrides = _overrides_and_flags(rest)[0]
-    if {"--help", "-h"} & set(argv):
+    if "--hydra-help" in argv:  # Hydra's own help: no config of ours
+        return _hydra_app([a for a in argv if a == "--hydra-help"])
+    if INFO_FLAGS & set(argv):
         if not any(o.startswith("recipe=") for o in overrides):
-            argv.insert(0, "recipe=quickstart")  # help composes a config; any recipe lists the same groups
+            argv.insert(0, "recipe=quickstart")  # these compose a config; any recipe lists the same groups
     else:
         compose_config(overrides, config_dir)  # our messages for bad keys, before Hydra prints anything
     return _hydra_app([table_path_override(a) for a in argv])  # compose_config rewrites them itself
+
+
+INFO_FLAGS = {"--help", "-h", "--info", "-i"}
+"""Hydra's flags that print about the app: they need no recipe (one is picked to compose a config)."""
+
+
+def _completion(argv: list[str]) -> list[str]:
+    """``-sc install=bash`` / ``--shell-completion query=bash`` ... for Hydra, a recipe added when none is given (the
+    completion composes a config); [] when the arguments ask for no completion."""
+    if not {"-sc", "--shell-completion"} & set(argv):
+        return []
+    return argv if any(w.startswith("recipe=") for w in argv) else ["recipe=quickstart", *argv]
 
 
 def _run(rest: list[str], config_dir: str | None, argv: list[str]) -> int:
@@ -217,9 +233,10 @@ def _hydra_app(argv: list[str]) -> int:
     def app(_cfg) -> None:  # only reached without an info flag; the flags print and return before it
         pass
 
-    overrides, flags = _overrides_and_flags(argv)  # flags first: argparse wants the positionals together
-    sys.argv = [sys.argv[0], *flags, "hydra/help=hetero_launch", "hydra.output_subdir=null", "hydra.run.dir=.",
-                "hydra/job_logging=none", "hydra/hydra_logging=none", *overrides]
+    overrides, flags = _overrides_and_flags(argv)
+    # the positionals together and first, the flags last: a flag's optional value (--info [what]) takes no override
+    sys.argv = [sys.argv[0], "hydra/help=hetero_launch", "hydra.output_subdir=null", "hydra.run.dir=.",
+                "hydra/job_logging=none", "hydra/hydra_logging=none", *overrides, *flags]
     app()
     return 0
 

@@ -151,3 +151,19 @@ def test_after_a_dry_run_latest_still_means_the_newest_run_that_trained(tmp_path
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     plan = json.loads(((tmp_path / "log_output" / "latest").resolve() / "plan.json").read_text())
     assert plan["resume_from"].startswith(str(run / "checkpoints" / "step")), plan["resume_from"]
+
+
+def test_hydra_s_info_flags_and_shell_completion_work_without_a_recipe(tmp_path):
+    """--info, --hydra-help and shell completion (install, and a query as bash asks it) need no recipe= and exit 0."""
+    import os
+
+    info = run_cli(["--info"], tmp_path)
+    assert info.returncode == 0 and "Installed Hydra Plugins" in info.stdout, info.stdout + info.stderr
+    hydra_help = run_cli(["--hydra-help"], tmp_path)
+    assert hydra_help.returncode == 0 and "Hydra (" in hydra_help.stdout, hydra_help.stdout + hydra_help.stderr
+    install = run_cli(["-sc", "install=bash"], tmp_path)
+    assert install.returncode == 0 and "complete -o nospace -o default -F hydra_bash_completion" in install.stdout
+    query = subprocess.run([sys.executable, "-m", "launcher.cli", "-sc", "query=bash"], cwd=tmp_path, text=True,
+                           capture_output=True, env={**os.environ, "COMP_LINE": "hetero-launch trainer.st"})
+    assert query.returncode == 0 and "trainer.steps=" in query.stdout.split(), query.stdout + query.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
