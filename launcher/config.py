@@ -81,7 +81,7 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
             except (HydraException, OmegaConfBaseException) as error:
                 problems = _diagnose(parsed, script_mode, users, search, bases) or [first_line(error)]
                 raise ConfigError([_as_given(p, said) for p in problems]) from None
-        added = _added_unknown_keys(cfg, parsed) + _numbers_as_bools(cfg, parsed)
+        added = _added_unknown_keys(cfg, parsed) + _numbers_as_bools(cfg, parsed) + _steps_or_epochs(cfg, parsed)
         if added:
             raise ConfigError(added)
         if cfg.smoke:
@@ -103,6 +103,21 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {first_line(e)}. Set it on the command line: {e.full_key}=<value>.") from None
     return cfg
+
+
+def _steps_or_epochs(cfg: DictConfig, parsed) -> list[str]:
+    """trainer.steps and trainer.epochs compete (epochs > 0 trains that many passes instead of steps): the one the
+    user wrote wins over a recipe's or data option's default (data=tabular's epochs: 5); both written is refused."""
+    given = {o.key_or_group.lstrip("+~") for o in parsed}
+    steps, epochs = "trainer.steps" in given, "trainer.epochs" in given
+    if not steps or cfg.trainer.epochs <= 0:
+        return []
+    if epochs:
+        return [f"trainer.steps={cfg.trainer.steps} and trainer.epochs={cfg.trainer.epochs:g} were both given: "
+                f"epochs > 0 trains that many passes over the data instead of a number of steps. Give one of them "
+                f"(trainer.epochs=0 to train trainer.steps steps)."]
+    cfg.trainer.epochs = 0  # the user's steps over a default's epochs
+    return []
 
 
 def _as_given(problem: str, said: dict[str, str]) -> str:

@@ -93,3 +93,14 @@ def test_added_keys_and_broken_interpolations_are_named(override, message):
 def test_added_keys_in_open_sections_still_work():
     cfg = compose_config(["recipe=gpt", "++trainer.steps=3", "+parallel.stages.embedding=0"])
     assert cfg.trainer.steps == 3 and cfg.parallel.stages.embedding == 0
+
+
+def test_steps_the_user_writes_win_over_a_data_option_s_epochs_and_both_written_are_refused():
+    """data=tabular defaults to trainer.epochs=5: trainer.steps=30 on the command line trains 30 steps (issue 45)."""
+    base = ["recipe=wide_deep", "data=tabular", "data.path=x.csv", "data.label=y", "data.positive=1"]
+    assert compose_config(base).trainer.epochs == 5
+    cfg = compose_config([*base, "trainer.steps=30"])
+    assert cfg.trainer.steps == 30 and cfg.trainer.epochs == 0
+    with pytest.raises(ConfigError) as e:
+        compose_config([*base, "trainer.steps=30", "trainer.epochs=2"])
+    assert "trainer.steps=30 and trainer.epochs=2 were both given" in str(e.value.render())
