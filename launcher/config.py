@@ -44,6 +44,8 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
         raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value.") from None
+    if hydra_keys := _hydra_keys(parsed):
+        raise ConfigError(hydra_keys)
     chosen = [o.value() for o in parsed if o.key_or_group == "recipe"]
     register_schemas([c for c in chosen if c in RECIPES])
     users = user_recipes(config_dir)
@@ -103,6 +105,32 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {first_line(e)}. Set it on the command line: {e.full_key}=<value>.") from None
     return cfg
+
+
+HYDRA_HINTS = {"hydra.run.dir": "a run's files go to output.log_dir/<run name>: set output.log_dir={v} (and "
+                                 "output.run_name=<name> to name the run's own folder)",
+               "hydra.sweep.dir": "a sweep's runs go to output.log_dir/sweep-<date>-<time>/<job>: set "
+                                   "output.log_dir={v}",
+               "hydra.sweep.subdir": "a sweep's jobs are numbered folders of its sweep dir",
+               "hydra.job.chdir": "ranks run in the folder hetero-launch is started in"}
+"""What a user who writes one of Hydra's own run settings wants instead."""
+
+
+def _hydra_keys(parsed) -> list[str]:
+    """Hydra's own settings on the command line (hydra.run.dir, hydra/launcher=...): hetero-launch composes the config
+    with Hydra's compose API and runs the job itself, so they would do nothing. hydra.searchpath (more config folders)
+    and the logging groups the launcher sets itself are what compose reads."""
+    out = []
+    for o in parsed:
+        key = o.key_or_group.lstrip("+~")
+        if not key.startswith(("hydra.", "hydra/")) or key == "hydra.searchpath" or \
+                f"{key}={o.value()}" in HYDRA_QUIET:
+            continue
+        value = o.value()
+        hint = HYDRA_HINTS.get(key, "remove it").format(v=value)
+        out.append(f"{key}={value}: Hydra's own run settings do nothing here (hetero-launch composes the config "
+                   f"with Hydra and runs the job itself): {hint}.")
+    return out
 
 
 def _steps_or_epochs(cfg: DictConfig, parsed) -> list[str]:

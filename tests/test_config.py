@@ -104,3 +104,15 @@ def test_steps_the_user_writes_win_over_a_data_option_s_epochs_and_both_written_
     with pytest.raises(ConfigError) as e:
         compose_config([*base, "trainer.steps=30", "trainer.epochs=2"])
     assert "trainer.steps=30 and trainer.epochs=2 were both given" in str(e.value.render())
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("hydra.run.dir=outs", "set output.log_dir=outs (and output.run_name=<name>"),
+    ("hydra.sweep.dir=sweeps", "set output.log_dir=sweeps."),
+    ("hydra/launcher=basic", "remove it."),
+])
+def test_hydra_s_own_run_settings_are_refused_with_what_to_set_instead(override, hint):
+    with pytest.raises(ConfigError) as e:
+        compose_config(["recipe=quickstart", override])
+    said = str(e.value.render())
+    assert f"{override}: Hydra's own run settings do nothing here" in said and hint in said, said
