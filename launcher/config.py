@@ -43,7 +43,8 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
-        raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value.") from None
+        raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value."
+                          f"{_quote_hint(given)}") from None
     if hydra_keys := _hydra_keys(parsed):
         raise ConfigError(hydra_keys)
     chosen = [o.value() for o in parsed if o.key_or_group == "recipe"]
@@ -114,6 +115,21 @@ HYDRA_HINTS = {"hydra.run.dir": "a run's files go to output.log_dir/<run name>: 
                "hydra.sweep.subdir": "a sweep's jobs are numbered folders of its sweep dir",
                "hydra.job.chdir": "ranks run in the folder hetero-launch is started in"}
 """What a user who writes one of Hydra's own run settings wants instead."""
+
+
+def _quote_hint(overrides: list[str]) -> str:
+    """For the first override whose value Hydra's grammar cannot read as it is (>50K, a space, a colon): how to quote
+    it, on the command line and in a shell."""
+    for line in overrides:
+        key, sep, value = line.partition("=")
+        if not sep or not value or value[0] in "'\"":
+            continue
+        try:
+            OverridesParser.create().parse_overrides([line])
+        except HydraException:
+            return (f" A value with characters Hydra's grammar reserves is quoted: {key}='{value}' (in a shell, "
+                    f"\"{key}='{value}'\").")
+    return ""
 
 
 def _hydra_keys(parsed) -> list[str]:

@@ -116,3 +116,10 @@ def test_hydra_s_own_run_settings_are_refused_with_what_to_set_instead(override,
         compose_config(["recipe=quickstart", override])
     said = str(e.value.render())
     assert f"{override}: Hydra's own run settings do nothing here" in said and hint in said, said
+
+
+def test_a_value_hydra_s_grammar_cannot_read_gets_a_hint_to_quote_it():
+    with pytest.raises(ConfigError) as e:
+        compose_config(["recipe=wide_deep", "data=tabular", "data.positive=>50K"])
+    assert ("A value with characters Hydra's grammar reserves is quoted: data.positive='>50K' (in a shell, "
+            "\"data.positive='>50K'\").") in str(e.value.render())
