@@ -65,8 +65,8 @@ class TabularDataConfig:
     groups; needs hash_buckets)."""
     label: str = MISSING
     """The label column."""
-    positive: str = MISSING
-    """The label value of a positive (clicked) row."""
+    positive: str = ""
+    """The label value of a positive (clicked) row; empty = 1 / true / 1.0 of a 0/1 or true/false label column."""
     negative: str = ""
     """The label value of a negative row; empty = the one other value in the column."""
     categorical: list[str] = field(default_factory=list)

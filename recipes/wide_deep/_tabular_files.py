@@ -227,7 +227,7 @@ def _layout(path, files, footers, n_train_files, label, positive, negative, cont
     schema = footers[0][0]
     reads = [label, *cont, *cats, *(c for pair in crosses for c in pair)]
     text = tuple(h for h in dict.fromkeys(reads) if _is_text(_plain(schema.field(h).type)))
-    negative, sample = _labels(files, footers, train, label, positive, negative)
+    positive, negative, sample = _labels(files, footers, train, label, positive, negative)
     group_bytes = max(m.row_group(g).total_byte_size for _, m in footers for g in range(m.num_row_groups))
     return Layout(path, tuple(files), train, held, tuple(cont), tuple(cats), tuple(crosses), label, positive, negative,
                   text, int(group_bytes), sample, how)
@@ -239,8 +239,10 @@ def _is_text(t) -> bool:
     return pa.types.is_string(t) or pa.types.is_binary(t)
 
 
-def _labels(files, footers, train: np.ndarray, label: str, positive: str, negative: str) -> tuple[str, tuple]:
-    """(the negative label value, (rows, positive share) of the first train row group): the label values of that
+def _labels(files, footers, train: np.ndarray, label: str, positive: str,
+            negative: str) -> tuple[str, str, tuple]:
+    """(the positive and the negative label value, (rows, positive share) of the first train row group): the label
+    values of that
     row group and every row group's footer min / max checked as one file's label column is."""
     import pyarrow.parquet as pq
 
@@ -255,12 +257,12 @@ def _labels(files, footers, train: np.ndarray, label: str, positive: str, negati
             if stats is not None and stats.has_min_max:
                 values.update(_stat_text(v) for v in (stats.min, stats.max))
     try:
-        _check_labels(label, positive, negative, sorted(values))
+        positive = _check_labels(label, positive, negative, sorted(values))
     except TabularError as e:
         raise TabularError([f"{e.problems[0]} (streamed data: the values of row group {g} of {files[f]} and the "
                             f"footers' min / max)"]) from None
     share = float(np.mean(np.array([t == positive for t in texts])[col.codes])) if len(col.codes) else 0.0
-    return negative or next(v for v in sorted(values) if v != positive), (len(col.codes), share)
+    return positive, negative or next(v for v in sorted(values) if v != positive), (len(col.codes), share)
 
 
 def _stat_text(v) -> str:

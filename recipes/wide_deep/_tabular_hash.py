@@ -28,7 +28,8 @@ import torch
 from launcher.recipes.wide_deep import tabular
 from launcher.recipes.wide_deep._tabular_read import Coded, ReadError, _bytes, read_batches
 from launcher.recipes.wide_deep.tabular import (DENSE, IDS, LABELS, Prepared, TabularError, _check_labels, _cross,
-                                                _float_lut, _is_numeric, _prepared, _split, _standardised)
+                                                _float_lut, _is_numeric, _prepared, _split, _standardised,
+                                                is_positive)
 
 LABEL_VALUES = 1024
 """data.hash_buckets: distinct values of the label column held at most (a label has two)."""
@@ -124,7 +125,7 @@ class _HashedRead:
         if len(self.labels) > LABEL_VALUES:
             raise TabularError([f"data.label={self.label}: has more than {LABEL_VALUES:,} distinct values; a label "
                                 f"has two (data.positive, data.negative). Name the click column in data.label."])
-        self.y.frombytes(_bytes(np.array([t == self.positive for t in texts], np.uint8)[label.codes]))
+        self.y.frombytes(_bytes(np.array([is_positive(t, self.positive) for t in texts], np.uint8)[label.codes]))
         for h in self.cont:
             col = cols.get(h)
             if col is None:  # data.continuous in the launcher's pass: not read

@@ -236,7 +236,7 @@ def _prepare_vocab(p: Path, names, table, label, positive, negative, categorical
     cols = table.columns
 
     labels = cols[label]
-    _check_labels(label, positive, negative, sorted(labels.texts()))
+    positive = _check_labels(label, positive, negative, sorted(labels.texts()))
     features = [h for h in names if h != label and h not in drop]
     cont = [h for h in features if h in continuous or (h not in categorical and _is_numeric(cols[h]))]
     cats = [h for h in features if h not in cont]
@@ -282,8 +282,26 @@ def _key_problems(path, names, label, categorical, continuous, drop, crosses, te
     return problems
 
 
-def _check_labels(label: str, positive: str, negative: str, values: list[str]) -> None:
-    """TabularError unless the label column's distinct values (sorted) are data.positive and one negative value."""
+TRUE_LABELS = ("1", "true", "1.0")
+"""A 0/1 or boolean label's positive value (any case): no data.positive needed."""
+BINARY_LABELS = ({"0", "1"}, {"false", "true"}, {"0.0", "1.0"})
+
+
+def is_positive(text: str, positive: str) -> bool:
+    """Whether a label value is the positive one: data.positive, or (empty) 1 / true / 1.0."""
+    return text == positive if positive else text.strip().lower() in TRUE_LABELS
+
+
+def _check_labels(label: str, positive: str, negative: str, values: list[str]) -> str:
+    """The positive label value: data.positive, or for a 0/1 or true/false column (data.positive empty) its 1 / true.
+    TabularError unless the label column's distinct values (sorted) are that and one negative value."""
+    if not positive:
+        lower = {v.strip().lower() for v in values}
+        if len(values) != 2 or not any(lower == pair for pair in BINARY_LABELS):
+            raise TabularError([f"data.positive is not set and column {label!r} is not a 0/1 or true/false label "
+                                f"(its values: {', '.join(values[:10])}). Set data.positive to the clicked/positive "
+                                f"value, e.g. data.positive={values[-1] if values else 1}."])
+        positive = next(v for v in values if is_positive(v, ""))
     if positive not in values:
         raise TabularError([f"data.positive={positive}: no row of column {label!r} has that value; its values: "
                             f"{', '.join(values[:10])}. Set data.positive to the clicked/positive one."])
@@ -295,6 +313,7 @@ def _check_labels(label: str, positive: str, negative: str, values: list[str]) -
     if unknown:
         raise TabularError([f"data.label={label}: values {', '.join(unknown[:10])} are neither data.positive="
                             f"{positive} nor data.negative={negative}. Fix the file or set data.negative."])
+    return positive
 
 
 def _split(path: str, n: int, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

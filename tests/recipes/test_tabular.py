@@ -28,6 +28,20 @@ def test_columns_are_typed_split_and_encoded(csv_path):
     assert set(y.tolist()) == {0.0, 1.0}
 
 
+@pytest.mark.parametrize("yes, no", [("1", "0"), ("True", "False"), ("true", "false")])
+@pytest.mark.parametrize("buckets", [0, 64])
+def test_a_0_1_or_boolean_label_needs_no_positive(csv_path, tmp_path, yes, no, buckets):
+    """Without data.positive, a label column of 0/1 or true/false takes 1 / true as the positive: the same labels as
+    data.positive=<that value>, with vocabularies and with hashed ids."""
+    text = csv_path.read_text().replace(",yes\n", f",{yes}\n").replace(",no\n", f",{no}\n")
+    path = tmp_path / "binary.csv"
+    path.write_text(text)
+    inferred = prepare(str(path), "clicked", "", drop=["user_id"], hash_buckets=buckets)
+    given = prepare(str(path), "clicked", yes, drop=["user_id"], hash_buckets=buckets)
+    assert torch.equal(inferred.train[2], given.train[2]) and 0 < inferred.train[2].mean() < 1
+    assert torch.equal(inferred.test[2], given.test[2])
+
+
 def test_explicit_types_hashing_and_crosses(csv_path):
     p = prepare(str(csv_path), "clicked", "yes", drop=["user_id"], categorical=["age"], max_vocab=50,
                 crosses=[["job", "device"]])
@@ -101,8 +115,12 @@ def test_cli_refuses_a_bad_file_before_starting(tmp_path, cli):
     assert not (tmp_path / "log_output").exists()
     res = cli(["recipe=wide_deep", "data=tabular"], tmp_path)
     assert res.returncode == 2
-    for key in ("data.path", "data.label", "data.positive"):
+    for key in ("data.path", "data.label"):
         assert f"{key} is required and not set" in res.stderr
+    res = cli(["recipe=wide_deep", "data=tabular", "data.path=f.csv", "data.label=clicked"], tmp_path)
+    assert res.returncode == 2 and ("data.positive is not set and column 'clicked' is not a 0/1 or true/false label "
+                                    "(its values: no, yes). Set data.positive to the clicked/positive value, e.g. "
+                                    "data.positive=yes.") in " ".join(res.stderr.split()), res.stderr
 
 
 # The column-wise reader (issue 21, item 10) against the per-cell one it replaced (tests/recipes/_tabular_reference.py):

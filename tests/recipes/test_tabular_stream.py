@@ -195,6 +195,8 @@ def test_vocabularies_and_a_single_row_group_are_refused(tmp_path):
         layout(str(write_dir(tmp_path / "one", (100,))), "label", "1", categorical=["k"], hash_buckets=BUCKETS)
     with pytest.raises(TabularError, match=r"data.positive=yes: no row .* \(streamed data: the values of row group"):
         layout(str(tmp_path / "d"), "label", "yes", categorical=["k"], hash_buckets=BUCKETS)
+    inferred = layout(str(tmp_path / "d"), "label", "", categorical=["k"], hash_buckets=BUCKETS)  # a 0/1 label
+    assert (inferred.positive, inferred.negative) == ("1", "0")
 
 
 @pytest.mark.parametrize("args, message", [
