@@ -27,7 +27,8 @@ import numpy as np
 
 from launcher.recipes.wide_deep._tabular_parquet import _is_number_type, coded
 from launcher.recipes.wide_deep._tabular_read import INSTALL, _pyarrow, _unreadable
-from launcher.recipes.wide_deep.tabular import TabularError, _check_labels, _hash_problems, _key_problems
+from launcher.recipes.wide_deep.tabular import (TabularError, _check_labels, _hash_problems, _key_problems,
+                                                id_columns)
 
 SUFFIXES = (".parquet", ".pq")
 TEST_FRACTION = 0.2
@@ -192,6 +193,7 @@ def layout(path: str, label: str, positive: str, negative: str = "", categorical
     if problems:
         raise TabularError(problems)
     features = [h for h in names if h != label and h not in drop]
+    categorical = [*categorical, *id_columns(names, label, categorical, continuous, drop)]  # ids by name
     cont = [h for h in features if h in continuous or (h not in categorical and _is_number_type(
         _plain(schema.field(h).type)))]
     cats = [h for h in features if h not in cont]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,6 +209,33 @@ def prepare(path: str, label: str, positive: str, negative: str = "", categorica
     if not names:
         raise TabularError([no_rows])
     problems = _key_problems(path, names, label, categorical, continuous, drop, crosses, test_fraction, max_vocab)
+    ids = id_columns(names, label, categorical, continuous, drop)
+    categorical = [*categorical, *ids]
+    prepared = _prepare(p, names, label, positive, negative, categorical, continuous, drop, test_fraction, max_vocab,
+                        crosses, seed, hash_buckets, tensors, problems, no_rows)
+    if ids:
+        said = (f"{', '.join(ids)} categorical: named as ids (data.continuous=[{ids[0]}] would keep "
+                f"{'it a number' if len(ids) == 1 else 'one a number'})")
+        prepared.note = f"{prepared.note}; {said}" if prepared.note else said
+    return prepared
+
+
+ID_NAME = re.compile(r"(?i:(^|_)id)$|[a-z0-9](Id|ID)$")
+"""A column named as an identifier: id, user_id, movieId, itemID (not paid, valid, grid)."""
+
+
+def id_columns(names, label, categorical, continuous, drop) -> list[str]:
+    """Columns named as identifiers (``ID_NAME``) that no data.* key types or drops: categorical, as a user id or a
+    movie id is, though its values are integers (MovieLens' user_id and movie_id read as numbers trained to AUC 0.72
+    instead of 0.78)."""
+    said = {label, *categorical, *continuous, *drop}
+    return [h for h in names if h not in said and ID_NAME.search(h)]
+
+
+def _prepare(p, names, label, positive, negative, categorical, continuous, drop, test_fraction, max_vocab, crosses,
+             seed, hash_buckets, tensors, problems, no_rows) -> Prepared:
+    """prepare's reading: hashed (hash_buckets > 0) or with vocabularies."""
+    path = str(p)
     if hash_buckets:
         if problems:  # before reading the whole file
             raise TabularError(problems)

@@ -42,6 +42,19 @@ def test_a_0_1_or_boolean_label_needs_no_positive(csv_path, tmp_path, yes, no, b
     assert torch.equal(inferred.test[2], given.test[2])
 
 
+@pytest.mark.parametrize("buckets", [0, 64])
+def test_integer_ids_are_categorical_by_their_names(tmp_path, buckets):
+    """MovieLens-shaped: integer user_id and movieId are ids, not numbers; age stays continuous; the note says so."""
+    rows = ["user_id,movieId,age,rating_ge_4"] + [f"{i % 97},{(i * 7) % 301},{20 + i % 50},{i % 3 == 0:d}"
+                                                   for i in range(600)]
+    (tmp_path / "ratings.csv").write_text("\n".join(rows) + "\n")
+    p = prepare(str(tmp_path / "ratings.csv"), "rating_ge_4", "", hash_buckets=buckets)
+    assert p.continuous == ["age"] and sorted(p.categorical) == ["movieId", "user_id"]
+    assert "categorical: named as ids (data.continuous=[user_id] would keep one a number)" in p.note, p.note
+    kept = prepare(str(tmp_path / "ratings.csv"), "rating_ge_4", "", continuous=["user_id"], hash_buckets=buckets)
+    assert kept.continuous == ["user_id", "age"] and kept.categorical == ["movieId"]
+
+
 def test_explicit_types_hashing_and_crosses(csv_path):
     p = prepare(str(csv_path), "clicked", "yes", drop=["user_id"], categorical=["age"], max_vocab=50,
                 crosses=[["job", "device"]])
