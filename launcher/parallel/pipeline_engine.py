@@ -44,6 +44,8 @@ class Feed:
     def __init__(self) -> None:
         self.inputs: list[Any] = []
         self.labels: list[Any] = []
+        self.sends: dict[int, tuple] = {}
+        """stage -> what it sends, as the stages running now were shaped (meta tensors)."""
         self.current = 0
         """The micro-batch a stage of this rank runs now (``Stage`` sets it before each forward)."""
 
@@ -67,6 +69,26 @@ class Feed:
         def run(*received: Any) -> Any:
             given = input_tensors(self.inputs[self.current])
             return forward(*received, *(given[i] for i in positions))
+
+        return run
+
+    def checked(self, forward: Any, stage: int) -> Any:
+        """``forward`` of a stage that sends, its outputs checked against the shapes the stages were made for
+        (``sends``): a value whose shape depends on the batch's content cannot cross (torch's stages receive into
+        buffers of the planned shapes)."""
+        def run(*args: Any) -> Any:
+            out = forward(*args)
+            sent = out if isinstance(out, tuple) else (out,)
+            for i, (t, like) in enumerate(zip(sent, self.sends[stage])):
+                if torch.is_tensor(t) and tuple(t.shape) != tuple(like.shape):
+                    raise RuntimeError(
+                        f"pipeline stage {stage} sends a {tuple(t.shape)} tensor (its output {i}) where the stages "
+                        f"were shaped for {tuple(like.shape)} by a micro-batch of the same size: its shape depends "
+                        f"on the batch's content (a variable-length value made by a layer). Only the batch's own "
+                        f"inputs may change shape from one micro-batch to the next (each stage reads them from the "
+                        f"micro-batch). Begin the next stage elsewhere (parallel.stages) so that the layer that makes "
+                        f"it and the one that uses it are on one stage, or set parallel.pipeline_stages=1.")
+            return out
 
         return run
 
@@ -103,9 +125,13 @@ class PipelineEngine(ChunkEngine):
                 c.module.forward = feed.first_stage(c.module.forward)
             elif c.fed:
                 c.module.forward = feed.later_stage(c.module.forward, c.fed)
+            if c.stage < n - 1:
+                c.module.forward = feed.checked(c.module.forward, c.stage)
         examples = ({c.stage: c.io for c in chunks} if all(c.io for c in chunks) else
                     stage_shapes(rt, plan, rt.example))
         stages = self._stages(examples)
+        self._sends = {self._rows: {k: v[1] for k, v in examples.items()}}
+        """Samples in a micro-batch -> what each stage sends (Feed.sends), as its stages were shaped."""
 
         def mean_part(output: Any, number: torch.Tensor) -> torch.Tensor:  # each micro-batch's share of the mean
             return loss_fn(output, feed.labels[int(number)]) / m
@@ -170,6 +196,7 @@ class PipelineEngine(ChunkEngine):
         """One optimizer step over ``micro_batches`` ((inputs, labels) each, on the device) by the schedule: the mean
         loss over them, on every stage."""
         numbers = self._feed.hold(micro_batches)
+        self._feed.sends = self._sends[self._rows]
         losses: list[torch.Tensor] = []
         try:
             self._train.step(*((numbers,) if self._first else ()), return_outputs=False,  # only the losses are wanted
@@ -187,9 +214,11 @@ class PipelineEngine(ChunkEngine):
         stages shaped for its size."""
         rows = batch_rows(inputs)
         if rows not in self._evals:
-            self._evals[rows] = self._eval_schedule(self._stages(stage_shapes(self._rt, self._rt.plan.pipeline,
-                                                                              inputs)))
+            examples = stage_shapes(self._rt, self._rt.plan.pipeline, inputs)
+            self._evals[rows] = self._eval_schedule(self._stages(examples))
+            self._sends[rows] = {k: v[1] for k, v in examples.items()}
         numbers = self._feed.hold([(inputs, None)])
+        self._feed.sends = self._sends[rows]
         try:
             out = self._evals[rows].eval(*((numbers,) if self._first else ()))
         finally:

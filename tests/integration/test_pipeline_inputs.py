@@ -147,6 +147,33 @@ class SixData(Dataset):
         return (*self.rows[i], self.label[i])
 
 
+class Keep(nn.Module):
+    def forward(self, ids):
+        return ids[ids % 2 == 0]  # as many ids as are even: a length that depends on the batch's content
+
+
+class VarNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense_net = nn.Linear(3, 4)
+        self.keep = Keep()
+        self.bag = nn.EmbeddingBag(100, 4, mode="sum")
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, dense, ids):
+        pooled = self.bag(self.keep(ids).view(1, -1)).expand(dense.shape[0], -1)
+        return self.head(torch.cat([self.dense_net(dense), pooled], dim=1)).squeeze(-1)
+
+
+class VarData(Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(3, generator=g), torch.randint(0, 100, (3,), generator=g), float(i % 2)
+
+
 def six_batch(items):
     tags = [it[4] for it in items]
     offsets = torch.tensor([0, *itertools.accumulate(len(t) for t in tags)][:-1])
@@ -184,6 +211,15 @@ trainer: {steps: 8, log_every: 1, checkpoint_every: -1}
 batch: {global_size: 64, micro_batches: 2}
 """
 
+VARNET = """# @package _global_
+recipe: {name: varnet}
+model: {_target_: recsys7.model.VarNet}
+data: {_target_: recsys7.model.VarData}
+loss: {_target_: torch.nn.BCEWithLogitsLoss}
+trainer: {steps: 4}
+batch: {global_size: 32, micro_batches: 2}
+"""
+
 BAGNET = """# @package _global_
 recipe: {name: bagnet}
 model: {_target_: recsys7.model.BagNet}
@@ -204,6 +240,7 @@ def project(tmp_path_factory) -> Path:
     (root / "conf" / "recipe" / "seven.yaml").write_text(SEVEN)
     (root / "conf" / "recipe" / "bagnet.yaml").write_text(BAGNET)
     (root / "conf" / "recipe" / "six.yaml").write_text(SIX)
+    (root / "conf" / "recipe" / "varnet.yaml").write_text(VARNET)
     return root
 
 
@@ -269,3 +306,13 @@ def test_the_batch_s_own_bag_reaches_stage_1_and_a_cut_that_would_send_a_bag_is_
             "it from the stage before, to layer pooled, and pipeline stages send each other tensors only. Begin stage "
             "1 where only tensors cross: at prep, head ('+parallel.stages={prep: 1}'), or set "
             "parallel.pipeline_stages=1.") in out, out
+
+
+def test_a_value_whose_shape_depends_on_the_batch_crossing_a_boundary_is_named(project):
+    """A layer's output of another length every micro-batch (the even ids) sent to the next stage: the rank says
+    which stage, which output and what to do, instead of a receive of the wrong size."""
+    res = run_cli(["--config-dir", "conf", "recipe=varnet", "parallel.pipeline_stages=2", "+parallel.stages={bag: 1}",
+                   "output.run_name=varnet"], project)
+    out = " ".join((res.stdout + res.stderr).replace("│", " ").split())
+    assert res.returncode == 1, out[-3000:]
+    assert "pipeline stage 0 sends a (" in out and "its shape depends on the batch's content" in out, out[-3000:]
