@@ -188,46 +188,20 @@ def bags(items):
             torch.tensor([it[2] for it in items]))
 '''
 
-SEVEN = """# @package _global_
-recipe: {name: seven}
-model: {_target_: recsys7.model.Seven}
-data: {_target_: recsys7.model.SevenData}
-eval_data: {_target_: recsys7.model.SevenData, n: 250, seed: 1}
-loss: {_target_: torch.nn.BCEWithLogitsLoss}
-optimizer: {name: sgd, lr: 0.5}
-trainer: {steps: 8, log_every: 1, checkpoint_every: -1}
-batch: {global_size: 64, micro_batches: 2}
-"""
+def recipe(name: str, model: str, data: str, *lines: str, held_out: bool = False) -> str:
+    """A recipe file of this project: ``name``, its model and data classes (recsys7.model), BCE loss, ``lines``."""
+    head = ["# @package _global_", f"recipe: {{name: {name}}}", f"model: {{_target_: recsys7.model.{model}}}",
+            f"data: {{_target_: recsys7.model.{data}}}"]
+    held = [f"eval_data: {{_target_: recsys7.model.{data}, n: 250, seed: 1}}"] if held_out else []
+    return "\n".join([*head, *held, "loss: {_target_: torch.nn.BCEWithLogitsLoss}", *lines]) + "\n"
 
-SIX = """# @package _global_
-recipe: {name: six}
-model: {_target_: recsys7.model.Six}
-data: {_target_: recsys7.model.SixData}
-eval_data: {_target_: recsys7.model.SixData, n: 250, seed: 1}
-loader: {collate_fn: recsys7.model.six_batch}
-loss: {_target_: torch.nn.BCEWithLogitsLoss}
-optimizer: {name: sgd, lr: 0.5}
-trainer: {steps: 8, log_every: 1, checkpoint_every: -1}
-batch: {global_size: 64, micro_batches: 2}
-"""
 
-VARNET = """# @package _global_
-recipe: {name: varnet}
-model: {_target_: recsys7.model.VarNet}
-data: {_target_: recsys7.model.VarData}
-loss: {_target_: torch.nn.BCEWithLogitsLoss}
-trainer: {steps: 4}
-batch: {global_size: 32, micro_batches: 2}
-"""
-
-BAGNET = """# @package _global_
-recipe: {name: bagnet}
-model: {_target_: recsys7.model.BagNet}
-data: {_target_: recsys7.model.Bags}
-loader: {collate_fn: recsys7.model.bags}
-loss: {_target_: torch.nn.BCEWithLogitsLoss}
-trainer: {steps: 2}
-"""
+STEPS_8 = ("optimizer: {name: sgd, lr: 0.5}", "trainer: {steps: 8, log_every: 1, checkpoint_every: -1}",
+           "batch: {global_size: 64, micro_batches: 2}")
+SEVEN = recipe("seven", "Seven", "SevenData", *STEPS_8, held_out=True)
+SIX = recipe("six", "Six", "SixData", "loader: {collate_fn: recsys7.model.six_batch}", *STEPS_8, held_out=True)
+VARNET = recipe("varnet", "VarNet", "VarData", "trainer: {steps: 4}", "batch: {global_size: 32, micro_batches: 2}")
+BAGNET = recipe("bagnet", "BagNet", "Bags", "loader: {collate_fn: recsys7.model.bags}", "trainer: {steps: 2}")
 
 
 @pytest.fixture(scope="module")
