@@ -113,7 +113,7 @@ def report_run(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, 
     elif last.first_failed is not None:
         console.print(failure_report(run_dir, summary, last.first_failed, cfg.output.stderr_tail))
     if written:
-        console.print(f"summary: {run_dir.summary}")
+        console.print(f"summary: {run_dir.summary} (plots: hetero-launch report {run_dir.path})")
     if last.status == "ok":
         return 0 if written else 1
     return 128 + outcome.signal if outcome.signal is not None else 1
