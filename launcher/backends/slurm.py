@@ -36,28 +36,32 @@ class SlurmBackend(Backend):
         return srun_command(plan, run_dir, extra)
 
     def write_dry_run(self, run_dir, plan, argv, log_dir) -> None:
-        threads = int(plan.ranks[0].env.get("OMP_NUM_THREADS", "1"))
-        run_dir.sbatch.write_text(sbatch_script(plan, list(argv), Path.cwd(), Path(log_dir).resolve(), threads))
+        run_dir.sbatch.write_text(sbatch_script(plan, list(argv), Path.cwd(), Path(log_dir).resolve()))
 
 
 def srun_command(plan, run_dir, extra: list[str]) -> list[str]:
     """``srun`` for the plan's world inside the allocation: nnodes × nproc_per_node tasks in blocks (Slurm's
-    default distribution), one failed task ends the step, no CPU binding (OMP_NUM_THREADS shares the cores)."""
+    default distribution), one failed task ends the step, each task the CPUs the plan gives a rank (OMP_NUM_THREADS:
+    the node's cores shared by its ranks, as the plan made on the node found them), no CPU binding."""
+    threads = int(plan.ranks[0].env.get("OMP_NUM_THREADS", "1"))
     return ["srun", f"--nodes={plan.nnodes}", f"--ntasks={plan.world_size}",
-            f"--ntasks-per-node={plan.nproc_per_node}", "--distribution=block", "--kill-on-bad-exit=1",
-            "--cpu-bind=none", f"--job-name={run_dir.name}", *extra, *rank_command(run_dir, SlurmBackend.name, plan)]
+            f"--ntasks-per-node={plan.nproc_per_node}", f"--cpus-per-task={threads}", "--distribution=block",
+            "--kill-on-bad-exit=1", "--cpu-bind=none", f"--job-name={run_dir.name}", *extra,
+            *rank_command(run_dir, SlurmBackend.name, plan)]
 
 
-def sbatch_script(plan, argv: list[str], cwd: Path, log_dir: Path, cpus_per_task: int) -> str:
+def sbatch_script(plan, argv: list[str], cwd: Path, log_dir: Path) -> str:
     """A batch script that runs this plan inside an allocation: ``sbatch job.sbatch``. Every argument is quoted
-    for the shell (shlex.quote): no value of the config reaches it unquoted."""
+    for the shell (shlex.quote): no value of the config reaches it unquoted. It asks for whole nodes (--exclusive):
+    the CPUs a rank gets are the target node's cores shared by its ranks, planned on that node when the script runs
+    (srun's --cpus-per-task), not this host's (a login node's)."""
     q = shlex.quote
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={q(plan.name)}",
         f"#SBATCH --nodes={plan.nnodes}",
         f"#SBATCH --ntasks-per-node={plan.nproc_per_node}",
-        f"#SBATCH --cpus-per-task={cpus_per_task}",
+        "#SBATCH --exclusive",
         f"#SBATCH --output={q(str(log_dir / 'slurm-%j.out'))}",
     ]
     if plan.device_type == "cuda":

@@ -86,8 +86,10 @@ def test_a_rank_ends_as_its_process_did_and_leaves_the_record(tmp_path):
 def test_the_batch_script_quotes_every_value_and_runs_the_same_command(cpu_host, tmp_path):
     plan = plan_of(["recipe=quickstart", "cluster.launch=slurm", "cluster.nnodes=2"], cpu_host)
     argv = ["recipe=quickstart", "output.run_name='a b$(touch pwned)'", "dry_run=true", "cluster.nnodes=2"]
-    text = sbatch_script(plan, argv, tmp_path / "my dir", tmp_path / "logs", 1)
+    text = sbatch_script(plan, argv, tmp_path / "my dir", tmp_path / "logs")
     assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=2" in text
+    # whole nodes: the CPUs per rank are the target node's, planned there (srun --cpus-per-task), not this host's
+    assert "#SBATCH --exclusive" in text and "cpus-per-task" not in text
     exec_line = next(line for line in text.splitlines() if line.startswith("exec "))
     assert shlex.split(exec_line)[1:] == [sys.executable, "-m", "launcher.cli", "recipe=quickstart",
                                           "output.run_name='a b$(touch pwned)'", "cluster.nnodes=2",
