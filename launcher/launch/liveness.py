@@ -64,8 +64,12 @@ class Liveness:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, join: bool = False) -> None:
+        """No more beats; ``join``: wait (a few seconds at most) for a beat under way, so that nothing else calls the
+        store or the rendezvous handler meanwhile (not when the store is lost: that beat may never return)."""
         self._stop.set()
+        if join and not self.store_lost and self._thread.is_alive():
+            self._thread.join(timeout=5.0)
 
     def _run(self) -> None:
         while not self._stop.is_set() and not self.store_lost:

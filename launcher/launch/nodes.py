@@ -177,9 +177,9 @@ class NodeGroup:
                 "error": error}
 
     def close(self) -> None:
-        """The round is over for this node: no more heartbeats."""
+        """The round is over for this node: no more heartbeats (the next round's handler calls are this thread's)."""
         if self.liveness is not None:
-            self.liveness.stop()
+            self.liveness.stop(join=True)
 
     def finish(self) -> None:
         """Say this node is done and wait (at most FINISH_WAIT_S) until every node still heard from is: the
