@@ -21,7 +21,7 @@ from launcher.plan.budget import budget_of, check_fit
 from launcher.plan.draft import Draft, plan_dataloader, plan_draft_parts, plan_recompute, plan_shape, plan_where
 from launcher.plan.layout import ClusterLayout
 from launcher.plan.memory import Bytes, MemoryEstimate
-from launcher.plan.nodes import planned_nodes
+from launcher.plan.nodes import planned_nodes, store_notes
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.pipeline import PipelinePlan
 from launcher.plan.placement import PlacementPlan, TablePlan
@@ -49,7 +49,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
     cfg, node_problems = planned_nodes(cfg, facts.backends)  # cluster.nnodes=MIN:MAX is planned at MAX
     cfg, ds_notes, ds_problems = adopt_config(cfg)  # deepspeed.config's intents, where ours are not set
     d = Draft(problems=node_problems + check_config(cfg, host, facts.backends) + check_script_ops(cfg) + ds_problems,
-              notes=_smoke_notes(cfg) + ds_notes)
+              notes=_smoke_notes(cfg) + ds_notes + store_notes(cfg, facts.backends))
     plan_shape(cfg, host, facts, d)
     plan_where(cfg, host, d)
     plan_dataloader(cfg, host, facts, d)

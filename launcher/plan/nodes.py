@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from launcher.contract import BackendRules, backend_named
 
-__all__ = ["checkpoint_problems", "node_range", "node_range_problems", "planned_nodes"]
+__all__ = ["checkpoint_problems", "node_range", "node_range_problems", "planned_nodes", "store_notes"]
 
 _RANGE = re.compile(r"\s*(-?\d+)\s*:\s*(-?\d+)\s*")
 
@@ -66,6 +66,18 @@ def checkpoint_problems(cfg: DictConfig) -> list[str]:
         return [f"launcher.max_restarts={restarts} with trainer.checkpoint_every=-1: a restart could only start "
                 f"over. Set trainer.checkpoint_every=<N steps>."]
     return []
+
+
+def store_notes(cfg: DictConfig, backends: tuple[BackendRules, ...]) -> list[str]:
+    """A job of several hosts that meet at a rendezvous (cluster.launch=elastic): where its store is, and which host
+    it cannot lose."""
+    chosen = backend_named(backends, cfg.cluster.launch)
+    got = node_range(cfg.cluster.nnodes)
+    if chosen is None or not chosen.launcher_per_host or got is None or got[1] < 2:
+        return []
+    return [f"cluster.rdzv_endpoint={cfg.cluster.rdzv_endpoint}: the rendezvous store lives in the launcher on that "
+            f"host (torch's c10d backend), so losing that host ends the job whatever cluster.nnodes allows; any other "
+            f"host may be lost (named after cluster.heartbeat_timeout_s={cfg.cluster.heartbeat_timeout_s:g} s)"]
 
 
 def planned_nodes(cfg: DictConfig, backends: tuple[BackendRules, ...],
