@@ -21,6 +21,7 @@ from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config_files import check_recipe_file, quoted_path, user_recipes, yaml_problem
+from launcher.config_overrides import hydra_keys, quote_hint, steps_or_epochs
 from launcher.errors import ConfigError, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -44,9 +45,9 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
         raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value."
-                          f"{_quote_hint(given)}") from None
-    if hydra_keys := _hydra_keys(parsed):
-        raise ConfigError(hydra_keys)
+                          f"{quote_hint(given)}") from None
+    if refused := hydra_keys(parsed, tuple(HYDRA_QUIET)):
+        raise ConfigError(refused)
     chosen = [o.value() for o in parsed if o.key_or_group == "recipe"]
     register_schemas([c for c in chosen if c in RECIPES])
     users = user_recipes(config_dir)
@@ -84,7 +85,7 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
             except (HydraException, OmegaConfBaseException) as error:
                 problems = _diagnose(parsed, script_mode, users, search, bases) or [first_line(error)]
                 raise ConfigError([_as_given(p, said) for p in problems]) from None
-        added = _added_unknown_keys(cfg, parsed) + _numbers_as_bools(cfg, parsed) + _steps_or_epochs(cfg, parsed)
+        added = _added_unknown_keys(cfg, parsed) + _numbers_as_bools(cfg, parsed) + steps_or_epochs(cfg, parsed)
         if added:
             raise ConfigError(added)
         if cfg.smoke:
@@ -106,62 +107,6 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {first_line(e)}. Set it on the command line: {e.full_key}=<value>.") from None
     return cfg
-
-
-HYDRA_HINTS = {"hydra.run.dir": "a run's files go to output.log_dir/<run name>: set output.log_dir={v} (and "
-                                 "output.run_name=<name> to name the run's own folder)",
-               "hydra.sweep.dir": "a sweep's runs go to output.log_dir/sweep-<date>-<time>/<job>: set "
-                                   "output.log_dir={v}",
-               "hydra.sweep.subdir": "a sweep's jobs are numbered folders of its sweep dir",
-               "hydra.job.chdir": "ranks run in the folder hetero-launch is started in"}
-"""What a user who writes one of Hydra's own run settings wants instead."""
-
-
-def _quote_hint(overrides: list[str]) -> str:
-    """For the first override whose value Hydra's grammar cannot read as it is (>50K, a space, a colon): how to quote
-    it, on the command line and in a shell."""
-    for line in overrides:
-        key, sep, value = line.partition("=")
-        if not sep or not value or value[0] in "'\"":
-            continue
-        try:
-            OverridesParser.create().parse_overrides([line])
-        except HydraException:
-            return (f" A value with characters Hydra's grammar reserves is quoted: {key}='{value}' (in a shell, "
-                    f"\"{key}='{value}'\").")
-    return ""
-
-
-def _hydra_keys(parsed) -> list[str]:
-    """Hydra's own settings on the command line (hydra.run.dir, hydra/launcher=...): hetero-launch composes the config
-    with Hydra's compose API and runs the job itself, so they would do nothing. hydra.searchpath (more config folders)
-    and the logging groups the launcher sets itself are what compose reads."""
-    out = []
-    for o in parsed:
-        key = o.key_or_group.lstrip("+~")
-        if not key.startswith(("hydra.", "hydra/")) or key == "hydra.searchpath" or \
-                f"{key}={o.value()}" in HYDRA_QUIET:
-            continue
-        value = o.value()
-        hint = HYDRA_HINTS.get(key, "remove it").format(v=value)
-        out.append(f"{key}={value}: Hydra's own run settings do nothing here (hetero-launch composes the config "
-                   f"with Hydra and runs the job itself): {hint}.")
-    return out
-
-
-def _steps_or_epochs(cfg: DictConfig, parsed) -> list[str]:
-    """trainer.steps and trainer.epochs compete (epochs > 0 trains that many passes instead of steps): the one the
-    user wrote wins over a recipe's or data option's default (data=tabular's epochs: 5); both written is refused."""
-    given = {o.key_or_group.lstrip("+~") for o in parsed}
-    steps, epochs = "trainer.steps" in given, "trainer.epochs" in given
-    if not steps or cfg.trainer.epochs <= 0:
-        return []
-    if epochs:
-        return [f"trainer.steps={cfg.trainer.steps} and trainer.epochs={cfg.trainer.epochs:g} were both given: "
-                f"epochs > 0 trains that many passes over the data instead of a number of steps. Give one of them "
-                f"(trainer.epochs=0 to train trainer.steps steps)."]
-    cfg.trainer.epochs = 0  # the user's steps over a default's epochs
-    return []
 
 
 def _as_given(problem: str, said: dict[str, str]) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 from launcher.errors import ConfigError
 
 __all__ = ["CheckpointDir", "RankDir", "RunDir", "SweepDir", "check_log_dir", "create_run_dir", "create_sweep_dir",
-           "is_dry_run", "is_step", "latest_trained", "newest_trained", "point_latest"]
+           "is_step", "point_latest"]
 
 
 RUN_DIR_ENV = "HL_RUN_DIR"
@@ -331,40 +331,6 @@ def check_log_dir(log_dir: Path) -> None:
     if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{key}: {existing} is not writable by this user, so the run dir cannot be made there. Set "
                           f"output.log_dir to a folder you can write (e.g. output.log_dir=$HOME/log_output).")
-
-
-def is_dry_run(run_dir: RunDir) -> bool:
-    """Whether a dry run (dry_run=true) wrote this run dir: a plan, nothing started or trained."""
-    try:
-        return bool(json.loads(run_dir.launcher.read_text()).get("dry_run"))
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def newest_trained(log_dir: Path) -> RunDir | None:
-    """The newest run dir of log_dir that a run (not a dry run) made, by when its launcher started."""
-    found = []
-    for path in log_dir.iterdir() if log_dir.is_dir() else ():
-        run = RunDir(path)
-        if path.name == "latest" or path.is_symlink() or not run.plan.is_file() or is_dry_run(run):
-            continue
-        try:
-            found.append((float(json.loads(run.launcher.read_text())["started"]), run))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return max(found, key=lambda f: f[0])[1] if found else None
-
-
-def latest_trained(path: Path) -> tuple[Path, str]:
-    """``path`` as trainer.resume=latest and ``report`` read it: when it is a log dir's ``latest`` link to a dry run,
-    the newest run that trained instead, with a line that says so ('' otherwise)."""
-    if path.name != "latest" or not path.is_symlink() or not is_dry_run(RunDir(path)):
-        return path, ""
-    trained = newest_trained(path.parent)
-    if trained is None:
-        return path, ""
-    return trained.path, (f"{path} is a dry run ({path.resolve().name}): taking the newest run that trained, "
-                          f"{trained.path}")
 
 
 def point_latest(log_dir: Path, run_dir: RunDir) -> None:

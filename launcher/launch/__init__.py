@@ -142,7 +142,7 @@ def _launch_in(cfg: DictConfig, plan: RunPlan, console: Console, b: Backend, con
 
     console.print(f"run dir: {run_dir.path}")
     if getattr(plan, "resume_from", ""):
-        from launcher.report.summary import resumed_from
+        from launcher.report.runs import resumed_from
 
         where = resumed_from(plan.resume_from)
         console.print(f"resuming from {where['path']} (step {where['step']})")

@@ -23,7 +23,8 @@ from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError, first_line
 from launcher.manifest import manifest_problems
 from launcher.plan import LaunchPlan, checkpoint_layout
-from launcher.rundir import CheckpointDir, RunDir, latest_trained
+from launcher.report.runs import latest_trained
+from launcher.rundir import CheckpointDir, RunDir
 
 if TYPE_CHECKING:
     from rich.console import Console

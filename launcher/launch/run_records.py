@@ -73,6 +73,7 @@ def report_run(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, 
             nodes=None) -> int:
     """summary.json, junit.xml and the printed tables and reports of the run's last attempt (and the list of
     attempts); returns the launcher's exit code."""
+    from launcher.report.runs import resumed_from
     from launcher.report.summary import (backend_report, build_summary, failure_report, hang_report,
                                          remote_failure_report, summary_table)
 
@@ -80,6 +81,8 @@ def report_run(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, 
     outcome = last.outcome
     summary = build_summary(run_dir, plan.to_dict(), last.exits, last.status, wall_s)
     summary["first_failed_rank"] = last.first_failed
+    if getattr(plan, "resume_from", ""):
+        summary["resumed_from"] = resumed_from(plan.resume_from)  # the checkpoint, path and step
     if nodes is not None:
         summary["node_rank"] = nodes.node_rank
         summary["nodes"] = [{**h, "ranks": [r.rank for r in on_node(plan.ranks, h["node"])]}

@@ -34,7 +34,7 @@ class TablePlan:
     """host or device: where the table, its lookups and its optimizer state live; engine: trained with the rest of
     the model by the parallel parts (dense)."""
     optimizer: str
-    """A TABLE_OPTIMIZERS name: lazy_adam, sparse_adam, ftrl, sgd, momentum, or dense."""
+    """A TABLE_OPTIMIZERS name (launcher/tables/sparse_optim.py: lazy_adam, adagrad, ftrl, sgd, ...), or dense."""
     lr: float
     betas: tuple[float, float]
     eps: float
@@ -375,15 +375,11 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, d
         notes.append("optimizer.target=CPU needs ZeRO (offload_optimizer): zero.stage 0 -> 2")
     cpu = CPU_OPTIMIZERS.get(o.cpu_impl)
     if offload_opt and cpu is not None and cpu.impl and not DENSE_OPTIMIZERS.get(o.name, DENSE_OPTIMIZERS["sgd"]).ds_cpu_adam:
-        problems.append(
-            f"optimizer.cpu_impl=deepspeed runs DeepSpeedCPUAdam, which needs optimizer.name=adam or adamw; got "
-            f"optimizer.name={o.name}. Set optimizer.cpu_impl=torch."
-        )
+        problems.append(f"optimizer.cpu_impl=deepspeed runs DeepSpeedCPUAdam, which needs optimizer.name=adam or "
+                        f"adamw; got optimizer.name={o.name}. Set optimizer.cpu_impl=torch.")
     if pl.offload_params and stage != 3:
-        problems.append(
-            f"placement.offload_params=true needs zero.stage=3 (offload_param partitions parameters); got "
-            f"zero.stage={stage}. Set zero.stage=3 or placement.offload_params=false."
-        )
+        problems.append(f"placement.offload_params=true needs zero.stage=3 (offload_param partitions parameters); "
+                        f"got zero.stage={stage}. Set zero.stage=3 or placement.offload_params=false.")
     pin = str(pl.pin_memory).lower()
     if pin not in ("auto", "true", "false"):
         problems.append(f"placement.pin_memory={pl.pin_memory} must be auto, true or false.")

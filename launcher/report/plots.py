@@ -6,8 +6,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from launcher.report.runs import is_dry_run, latest_trained
 from launcher.report.summary import build_summary, odd_record, summary_table
-from launcher.rundir import RunDir, SweepDir, is_dry_run, latest_trained
+from launcher.rundir import RunDir, SweepDir
 
 
 def load_summary(run_dir: RunDir) -> dict:

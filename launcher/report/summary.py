@@ -93,17 +93,6 @@ def signal_name(exit_code: int | None) -> str | None:
         return f"signal {-exit_code}"
 
 
-def resumed_from(path: str) -> dict:
-    """The checkpoint a run resumed from: its path and step (its checkpoint.json's; None if unreadable)."""
-    from launcher.rundir import CheckpointDir
-
-    try:
-        step = int(json.loads(CheckpointDir(Path(path)).meta.read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        step = None
-    return {"path": str(path), "step": step}
-
-
 def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: str, wall_s: float) -> dict:
     """rank_exits: [{rank, exit_code, stopped_by_launcher, first_failure, stalled}] for every rank (exit_code None
     if unknown)."""
@@ -160,8 +149,6 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
         "eval": {k: v for k, v in evals[-1].items() if k not in ("event", "time", "wall_s")} if evals else {},
         "reference": reference,
     }
-    if plan.get("resume_from"):
-        summary["resumed_from"] = resumed_from(plan["resume_from"])
     hashing = _hashing(run_dir, rank_exits)
     if hashing:
         summary["hashing"] = hashing
@@ -363,10 +350,9 @@ def failure_report(run_dir: RunDir, summary: dict, failed_rank: int | None, tail
 def remote_failure_report(summary: dict, failure: dict) -> Panel:
     """A rank on another node failed first (cluster.launch=elastic): what that node said, and what happened here; or
     a host was lost (launcher/launch/liveness.py): which, and how long it was silent."""
-    if failure.get("lost"):
-        names = ", ".join(h["hostname"] + (f" ({h['addr']})" if h["addr"] != h["hostname"] else "")
-                          for h in failure["lost"])
-        title = "the rendezvous store is lost" if failure.get("store_lost") else f"host lost: {names}"
+    if failure.get("lost"):  # (the error names the hosts, their addresses and ranks)
+        title = "the rendezvous store is lost" if failure.get("store_lost") else "host lost: " + ", ".join(
+            h["hostname"] for h in failure["lost"])
         return Panel(Text(failure["error"], style="bold red"), title=title, border_style="red")
     node = next((n for n in summary.get("nodes", []) if n["node"] == failure.get("node")), {})
     how = f"signal {failure['signal']}" if failure.get("signal") else f"exit code {failure.get('exit_code')}"

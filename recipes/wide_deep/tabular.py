@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,18 +34,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from launcher.recipes.wide_deep._tabular_columns import (TabularError, _check_labels, id_columns,  # noqa: F401
+                                                        is_positive)
 from launcher.recipes.wide_deep._tabular_read import INSTALL, Coded, ReadError, compact, header, is_streamed, read_table
 
 if TYPE_CHECKING:
     from launcher.recipes.wide_deep._tabular_hash import Collisions
-
-
-class TabularError(ValueError):
-    """Problems with the user's file or columns; each entry names the key, the value and a fix."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(problems))
 
 
 def _is_number(v: str) -> bool:
@@ -220,18 +213,6 @@ def prepare(path: str, label: str, positive: str, negative: str = "", categorica
     return prepared
 
 
-ID_NAME = re.compile(r"(?i:(^|_)id)$|[a-z0-9](Id|ID)$")
-"""A column named as an identifier: id, user_id, movieId, itemID (not paid, valid, grid)."""
-
-
-def id_columns(names, label, categorical, continuous, drop) -> list[str]:
-    """Columns named as identifiers (``ID_NAME``) that no data.* key types or drops: categorical, as a user id or a
-    movie id is, though its values are integers (MovieLens' user_id and movie_id read as numbers trained to AUC 0.72
-    instead of 0.78)."""
-    said = {label, *categorical, *continuous, *drop}
-    return [h for h in names if h not in said and ID_NAME.search(h)]
-
-
 def _prepare(p, names, label, positive, negative, categorical, continuous, drop, test_fraction, max_vocab, crosses,
              seed, hash_buckets, tensors, problems, no_rows) -> Prepared:
     """prepare's reading: hashed (hash_buckets > 0) or with vocabularies."""
@@ -308,40 +289,6 @@ def _key_problems(path, names, label, categorical, continuous, drop, crosses, te
     if max_vocab < 2:
         problems.append(f"data.max_vocab={max_vocab} must be >= 2.")
     return problems
-
-
-TRUE_LABELS = ("1", "true", "1.0")
-"""A 0/1 or boolean label's positive value (any case): no data.positive needed."""
-BINARY_LABELS = ({"0", "1"}, {"false", "true"}, {"0.0", "1.0"})
-
-
-def is_positive(text: str, positive: str) -> bool:
-    """Whether a label value is the positive one: data.positive, or (empty) 1 / true / 1.0."""
-    return text == positive if positive else text.strip().lower() in TRUE_LABELS
-
-
-def _check_labels(label: str, positive: str, negative: str, values: list[str]) -> str:
-    """The positive label value: data.positive, or for a 0/1 or true/false column (data.positive empty) its 1 / true.
-    TabularError unless the label column's distinct values (sorted) are that and one negative value."""
-    if not positive:
-        lower = {v.strip().lower() for v in values}
-        if len(values) != 2 or not any(lower == pair for pair in BINARY_LABELS):
-            raise TabularError([f"data.positive is not set and column {label!r} is not a 0/1 or true/false label "
-                                f"(its values: {', '.join(values[:10])}). Set data.positive to the clicked/positive "
-                                f"value, e.g. data.positive={values[-1] if values else 1}."])
-        positive = next(v for v in values if is_positive(v, ""))
-    if positive not in values:
-        raise TabularError([f"data.positive={positive}: no row of column {label!r} has that value; its values: "
-                            f"{', '.join(values[:10])}. Set data.positive to the clicked/positive one."])
-    negatives = {negative} if negative else set(values) - {positive}
-    if not negative and len(negatives) != 1:
-        raise TabularError([f"data.label={label}: has {len(values)} values ({', '.join(values[:10])}); with "
-                            f"data.positive={positive} the negative one is ambiguous. Set data.negative=<value>."])
-    unknown = sorted(set(values) - negatives - {positive})
-    if unknown:
-        raise TabularError([f"data.label={label}: values {', '.join(unknown[:10])} are neither data.positive="
-                            f"{positive} nor data.negative={negative}. Fix the file or set data.negative."])
-    return positive
 
 
 def _split(path: str, n: int, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
