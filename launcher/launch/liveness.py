@@ -103,8 +103,3 @@ class Liveness:
             return None
         return Silence(nodes=tuple(sorted(silent)), store=False,
                        silent_s=round(max(now - self._heard[n][1] for n in silent), 1))
-
-    def forget(self, nodes: tuple[int, ...]) -> None:
-        """Stop waiting for ``nodes`` (lost: they will not say goodbye)."""
-        for n in nodes:
-            self._heard.pop(n, None)

@@ -31,8 +31,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from launcher.errors import ConfigError
-from launcher.launch.liveness import Liveness, Silence
+from launcher.launch.liveness import FAILED_KEY, Liveness, Silence
 from launcher.plan import HostFacts, RunPlan
+from launcher.plan.ranks import on_node
 from launcher.metrics_writer import host_available_memory
 
 _PREFIX = "hl/"
@@ -98,7 +99,7 @@ class NodeGroup:
                 time.sleep(0.1)
         payload = json.dumps({"node": self.node_rank, **failure})
         try:
-            won = self.store.compare_set(self._key("failed"), "", payload)
+            won = self.store.compare_set(FAILED_KEY, "", payload)
             return json.loads(won.decode() if isinstance(won, bytes) else won)
         except (RuntimeError, ValueError, OSError):  # the store went away with node 0: our own view stands
             return {"node": self.node_rank, **failure}
@@ -113,9 +114,9 @@ class NodeGroup:
             return None
         self._checked = now
         try:
-            if not self.store.check([self._key("failed")]):
+            if not self.store.check([FAILED_KEY]):
                 return None
-            return json.loads(self.store.get(self._key("failed")))
+            return json.loads(self.store.get(FAILED_KEY))
         except (RuntimeError, ValueError, OSError):
             return None
 
@@ -256,25 +257,27 @@ def socket_ifname(addr: str) -> str | None:
     NCCL's sockets are bound to (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) when cluster.local_addr says which address
     this host is reached by (they would bind the address its name resolves to, which may be a loopback one)."""
     try:
-        import psutil
-
         ip = socket.gethostbyname(addr)
-        return next((name for name, addrs in psutil.net_if_addrs().items()
-                     if any(a.family == socket.AF_INET and a.address == ip for a in addrs)), None)
-    except Exception:  # noqa: BLE001 - psutil missing, a name that does not resolve: the libraries' own choice
+    except OSError:  # a name that does not resolve: the libraries' own choice
         return None
+    return next((name for name, address in _inet_addresses() if address == ip), None)
 
 
 def _own_addresses() -> str:
     """', e.g. cluster.local_addr=<a non-loopback address of this host>' where one is found."""
+    found = [address for _, address in _inet_addresses() if not address.startswith("127.")]
+    return f", e.g. cluster.local_addr={found[0]}" if found else ""
+
+
+def _inet_addresses() -> list[tuple[str, str]]:
+    """(interface, IPv4 address) of this host's interfaces; none when psutil is missing or cannot read them."""
     try:
         import psutil
 
-        found = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-                 if a.family == socket.AF_INET and not a.address.startswith("127.")]
-    except Exception:  # noqa: BLE001 - psutil missing or the interfaces unreadable: no example
-        found = []
-    return f", e.g. cluster.local_addr={found[0]}" if found else ""
+        return [(name, a.address) for name, addrs in psutil.net_if_addrs().items() for a in addrs
+                if a.family == socket.AF_INET]
+    except Exception:  # noqa: BLE001 - psutil missing or the interfaces unreadable
+        return []
 
 
 def _is_host(endpoint: str, local_addr: str) -> dict[str, str]:
@@ -366,7 +369,7 @@ def agree(info, hosts: list[dict[str, Any]], handler, plan: RunPlan, ranks_store
     group = NodeGroup(node_rank=node, nnodes=nnodes, master_addr=master_addr, master_port=int(master_port),
                       hosts=hosts, store=store, handler=handler, admit=admit,
                       endpoint=str(cluster.rdzv_endpoint) if cluster is not None else "",
-                      ranks={n: [r.rank for r in plan.ranks if r.node_rank == n] for n in range(nnodes)})
+                      ranks={n: [r.rank for r in on_node(plan.ranks, n)] for n in range(nnodes)})
     problems = []
     if len(set(hashes)) > 1:
         differ = [f"node {n} ({hosts[n]['hostname']}) {h}" for n, h in enumerate(hashes)]

@@ -49,10 +49,12 @@ class Feed:
         self.current = 0
         """The micro-batch a stage of this rank runs now (``Stage`` sets it before each forward)."""
 
-    def hold(self, micro_batches: list[tuple[Any, Any]]) -> torch.Tensor:
-        """Keep ``micro_batches`` ((inputs, labels) each) for the schedule; their numbers, which it splits."""
+    def hold(self, micro_batches: list[tuple[Any, Any]], sends: dict[int, tuple] | None = None) -> torch.Tensor:
+        """Keep ``micro_batches`` ((inputs, labels) each) for the schedule, whose stages send ``sends``; their
+        numbers, which it splits."""
         self.inputs = [mb[0] for mb in micro_batches]
         self.labels = [mb[1] for mb in micro_batches]
+        self.sends = sends or {}
         return torch.arange(len(micro_batches))
 
     def first_stage(self, forward: Any) -> Any:
@@ -93,6 +95,11 @@ class Feed:
         return run
 
 
+def _sends(examples: dict[int, tuple[tuple, tuple]]) -> dict[int, tuple]:
+    """stage -> what it sends, of stage -> (what it receives, what it sends)."""
+    return {k: v[1] for k, v in examples.items()}
+
+
 class Stage(PipelineStage):
     """torch's PipelineStage that tells the ``Feed`` which micro-batch its forward runs."""
 
@@ -130,8 +137,6 @@ class PipelineEngine(ChunkEngine):
         examples = ({c.stage: c.io for c in chunks} if all(c.io for c in chunks) else
                     stage_shapes(rt, plan, rt.example))
         stages = self._stages(examples)
-        self._sends = {self._rows: {k: v[1] for k, v in examples.items()}}
-        """Samples in a micro-batch -> what each stage sends (Feed.sends), as its stages were shaped."""
 
         def mean_part(output: Any, number: torch.Tensor) -> torch.Tensor:  # each micro-batch's share of the mean
             return loss_fn(output, feed.labels[int(number)]) / m
@@ -140,8 +145,8 @@ class PipelineEngine(ChunkEngine):
             self._train = _SINGLE[plan.schedule](stages[0], m, loss_fn=mean_part, scale_grads=False)
         else:
             self._train = ScheduleInterleaved1F1B(stages, m, loss_fn=mean_part, scale_grads=False)
-        self._evals = {self._rows: self._eval_schedule(stages)}
-        """Samples in a held-out batch -> the forward-only schedule over stages shaped for it."""
+        self._shaped = {self._rows: (self._eval_schedule(stages), _sends(examples))}
+        """Samples in a micro-batch -> (the forward-only schedule over stages shaped for it, what its stages send)."""
         self._sum_tied(plan, rt)
 
     def _stages(self, examples: dict[int, tuple[tuple, tuple]]) -> list[Stage]:
@@ -195,8 +200,7 @@ class PipelineEngine(ChunkEngine):
     def train_batch(self, micro_batches: list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]) -> torch.Tensor:
         """One optimizer step over ``micro_batches`` ((inputs, labels) each, on the device) by the schedule: the mean
         loss over them, on every stage."""
-        numbers = self._feed.hold(micro_batches)
-        self._feed.sends = self._sends[self._rows]
+        numbers = self._feed.hold(micro_batches, self._shaped[self._rows][1])
         losses: list[torch.Tensor] = []
         try:
             self._train.step(*((numbers,) if self._first else ()), return_outputs=False,  # only the losses are wanted
@@ -213,14 +217,13 @@ class PipelineEngine(ChunkEngine):
         """The model's output for one held-out micro-batch (on the rank of the last stage; None elsewhere), through
         stages shaped for its size."""
         rows = batch_rows(inputs)
-        if rows not in self._evals:
+        if rows not in self._shaped:
             examples = stage_shapes(self._rt, self._rt.plan.pipeline, inputs)
-            self._evals[rows] = self._eval_schedule(self._stages(examples))
-            self._sends[rows] = {k: v[1] for k, v in examples.items()}
-        numbers = self._feed.hold([(inputs, None)])
-        self._feed.sends = self._sends[rows]
+            self._shaped[rows] = (self._eval_schedule(self._stages(examples)), _sends(examples))
+        schedule, sends = self._shaped[rows]
+        numbers = self._feed.hold([(inputs, None)], sends)
         try:
-            out = self._evals[rows].eval(*((numbers,) if self._first else ()))
+            out = schedule.eval(*((numbers,) if self._first else ()))
         finally:
             self._feed.hold([])
         return out if self._last else None

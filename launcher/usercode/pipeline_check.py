@@ -243,11 +243,11 @@ def _trace_problems(model_spec: dict[str, Any], plan: Any, order: tuple[str, ...
 
 
 def _placeholders(graph: fx.Graph, inputs: Any) -> list[tuple[str, Any]]:
-    """(graph input name, the batch's value) of the forward's inputs the batch gives."""
-    nodes = [n for n in graph.nodes if n.op == "placeholder"]
-    if isinstance(inputs, Mapping):
-        return [(n.name, inputs[n.target]) for n in nodes if n.target in inputs]
-    return [(n.name, v) for n, v in zip(nodes, inputs)]
+    """(graph input name, the batch's value) of the forward's inputs the batch gives (``batch_inputs``)."""
+    from launcher.parallel.pipeline_graph import batch_inputs
+
+    given = input_tensors(inputs)
+    return [(name, given[i]) for name, i in batch_inputs(graph, inputs).items()]
 
 
 def _layer_made(cut: Any, node: fx.Node) -> str | None:
