@@ -40,6 +40,8 @@ class DataFacts:
     """The labels seen are all 0 or 1: eval.metrics=auto becomes binary (AUC, accuracy)."""
     eval_samples: int | None = None
     """Held-out samples; None = the data source decides (endless data: eval.batches), 0 = none (no evaluation)."""
+    val_samples: int = 0
+    """Validation samples, a split apart from the train and test ones (the data source's ``val_batches``); 0 = none."""
     resident_bytes: int = 0
     """Bytes of the data set each rank holds in memory for the whole run (its arrays' own bytes, e.g. a tabular
     file's encoded splits); 0 = none or unknown: a stream generated batch by batch, or a user's Dataset (not sized)."""
@@ -228,6 +230,9 @@ class DataSource(Protocol):
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
         """Held-out micro-batches (``count`` global ones for endless data; a finite test split may ignore it)."""
+
+    # Optional: val_batches(dp_rank, dp_size, micro_size, count), the validation split as eval_batches gives the test
+    # split, for a data source whose facts say val_samples > 0 (scored during training, trainer.early_stop).
 
 
 _HOOKS = ("data_facts", "model_spec", "tables", "dense_param_count", "problems", "layer_names", "layers")

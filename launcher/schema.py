@@ -118,6 +118,20 @@ class LoaderConfig:
 
 
 @dataclass
+class EarlyStopConfig:
+    patience: int = 0
+    """Stop every rank after this many validations in a row without improvement; 0 = never stop early. Needs a
+    validation split (data.val_fraction); the best checkpoint is kept (checkpoints/best) and the test split is scored
+    once, at the end, on it."""
+    metric: str = "loss"
+    """What is watched on the validation split: loss; auc, accuracy or logloss with eval.metrics=binary."""
+    mode: str = "auto"
+    """min or max: whether a lower or a higher metric is better; auto = max for auc and accuracy, min otherwise."""
+    min_delta: float = 0.0
+    """An improvement smaller than this (in the metric's unit) does not count as one."""
+
+
+@dataclass
 class TrainerConfig:
     steps: int = 100
     """Optimizer steps (each = grad_accum micro-batches on every data-parallel rank)."""
@@ -144,12 +158,15 @@ class TrainerConfig:
     """Clip the global L2 norm of the dense gradients to this before each optimizer step; 0 = off. ddp and fsdp:
     one norm over every parameter of every stage (DTensor shards included), as torch's clip_grad_norm_; deepspeed:
     its gradient_clipping. Tables trained outside the parts are not clipped (the plan says so)."""
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    """Early stopping on the validation split (as Keras' EarlyStopping and Lightning's callback)."""
 
 
 @dataclass
 class EvalConfig:
     every: int = 0
-    """Evaluate every N steps as well as at the end; 0 = only at the end."""
+    """Evaluate every N steps as well as at the end; 0 = only at the end. With a validation split (data.val_fraction)
+    it is the validation split that is scored every N steps (0 = once an epoch), the test split only at the end."""
     batches: int = 4
     """Held-out global micro-batches per evaluation for endless (synthetic) data; a data set with a test split
     evaluates all of it. 0 = no evaluation."""

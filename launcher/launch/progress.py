@@ -48,7 +48,8 @@ class ProgressView:
                     shown = ("loss", "auc", "bayes_auc", "logloss", "accuracy", "n")
                     fields = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
                                        for k, v in record.items() if k in shown)
-                    self._console.print(f"{record['event']} at step {record['step']}" + (f": {fields}" if fields else ""))
+                    self._console.print(f"{record['event']} at step {record['step']}" + (f": {fields}" if fields else "")
+                                        + _early_stop_words(record))
                 continue
             loss, rate = record.get("loss"), record.get("samples_per_s")  # a script's runtime.log may give neither
             self._progress.update(self._task, loss="-" if loss is None else f"{loss:.4f}",
@@ -77,3 +78,12 @@ class ProgressView:
             if not odd_record(record):  # the summary names what was skipped; the bar just goes on
                 records.append(record)
         return records
+
+
+def _early_stop_words(record: dict) -> str:
+    """What an ``early_stop`` record says, in words ('' for any other record)."""
+    if record.get("event") != "early_stop" or not isinstance(record.get("best"), (int, float)):
+        return ""
+    how = (f"{record.get('validations_without_improvement')} validations without improvement"
+           if record.get("stopped") else "the last step reached")
+    return f": {how}; the best, {record['best']:.4f} at step {record.get('best_step')}, is checkpoints/best"

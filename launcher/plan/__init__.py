@@ -32,6 +32,7 @@ from launcher.plan.rules import check_config
 from launcher.plan.script import check_script_ops
 from launcher.plan.sharding import ShardingPlan
 from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan, RunPlan, ScriptPlan, checkpoint_layout
+from launcher.plan.validation import plan_validation
 
 __all__ = [
     "BatchPlan", "Bytes", "HostFacts", "LaunchPlan", "MemoryEstimate", "OptimizerPlan", "ParallelDims",
@@ -132,6 +133,9 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
                        dims=dims, devices=devices)
     loggers, logger_problems = logger_specs(cfg.logger)
     d.problems += logger_problems
+    eval_metrics = _eval_metrics(cfg, facts.data, d.notes)
+    val = plan_validation(cfg, facts.data, _steps_per_epoch(facts.data, d.batch, dims.dp), eval_metrics, d.problems,
+                          d.notes)
     if d.problems:
         raise ConfigError(d.problems)
     hosts = (list(layout.hosts) if layout is not None else
@@ -145,9 +149,9 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     return LaunchPlan(
         recipe=cfg.recipe.name, dims=dims, parts=parts, world_size=d.world, nnodes=nnodes, nproc_per_node=d.nproc,
         zero_stage=zero, backend=d.backend, device_type=d.device_type, precision=cfg.precision, steps=d.steps,
-        log_every=cfg.trainer.log_every, checkpoint_every=cfg.trainer.checkpoint_every, eval_every=cfg.eval.every,
-        eval_batches=0 if facts.data.eval_samples == 0 else cfg.eval.batches,
-        eval_metrics=_eval_metrics(cfg, facts.data, d.notes), eval_max_batches=cfg.eval.max_batches,
+        log_every=cfg.trainer.log_every, checkpoint_every=cfg.trainer.checkpoint_every, eval_every=val.eval_every,
+        eval_batches=0 if facts.data.eval_samples == 0 else cfg.eval.batches, val_every=val.val_every,
+        early_stop=val.early_stop, eval_metrics=eval_metrics, eval_max_batches=cfg.eval.max_batches,
         smoke=cfg.smoke, recompute=d.recompute,
         activations=_activations(facts.activations, d.recompute, d.batch.micro_size), pipeline=pipeline,
         seed=cfg.trainer.seed, batch=d.batch, optimizer=_optimizer(cfg), placement=placement, memory=memory,
@@ -163,6 +167,13 @@ def _optimizer(cfg: DictConfig) -> OptimizerPlan:
     o = cfg.optimizer
     return OptimizerPlan(name=o.name, lr=o.lr, momentum=o.momentum, betas=(o.betas[0], o.betas[1]), eps=o.eps,
                          weight_decay=o.weight_decay, target=o.target.lower())
+
+
+def _steps_per_epoch(data_facts, batch, dp: int) -> int | None:
+    """Optimizer steps in one pass over the train split; None for a stream of unknown length."""
+    if data_facts.train_samples is None or batch is None:
+        return None
+    return data_facts.train_samples // (batch.micro_size * dp) // batch.grad_accum
 
 
 def _eval_metrics(cfg: DictConfig, data_facts, notes: list[str]) -> str:

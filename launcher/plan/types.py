@@ -82,6 +82,18 @@ class OptimizerPlan:
 
 
 @dataclass(frozen=True)
+class EarlyStopPlan:
+    """trainer.early_stop as the ranks apply it (launcher/worker/early_stop.py): the metric watched on the validation
+    split, whether lower or higher is better, and how many validations without improvement stop the run."""
+
+    metric: str
+    mode: str
+    """min or max (auto resolved)."""
+    patience: int
+    min_delta: float
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     """Everything the launcher and the ranks need to know, decided before any process exists. The worker reads only
     this (plan.json): the resolved model, data and loss specs are in it."""
@@ -155,6 +167,10 @@ class LaunchPlan:
     """placement=auto: each decision with its reason and the runner-up; () otherwise."""
     auto: dict[str, Any] = dataclasses.field(default_factory=dict)
     """placement=auto: the keys it chose (as overrides); {} otherwise."""
+    val_every: int = 0
+    """Score the validation split every this many steps (and at the last step); 0 = no validation split."""
+    early_stop: EarlyStopPlan | None = None
+    """trainer.early_stop; None = the run goes on to ``steps``."""
     kind: str = "recipe"
 
     @property

@@ -17,6 +17,7 @@ from rich.text import Text
 from launcher.errors import printable
 from launcher.plan.peak import MemoryPlan
 from launcher.plan.script_keys import not_applied_in
+from launcher.report.rank_records import hashing_summary, number, validation_lines, validation_summary
 from launcher.rundir import RankDir, RunDir, is_step
 
 TAIL_READ_BYTES = 64 * 1024
@@ -113,8 +114,8 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
                 "stalled": e.get("stalled", False),
                 "last_step": _rank_last_step(beat, steps),
                 "logged": bool(steps),
-                "rss_bytes": _number(beat.get("rss")),
-                "host_available_bytes": _number(beat.get("host_available")),
+                "rss_bytes": number(beat.get("rss")),
+                "host_available_bytes": number(beat.get("host_available")),
                 **_peak_vs_plan(rank_dir, plan),
                 "final_loss": steps[-1].get("loss") if steps else None,
                 "samples_per_s": steps[-1].get("samples_per_s") if steps else None,
@@ -149,7 +150,8 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
         "eval": {k: v for k, v in evals[-1].items() if k not in ("event", "time", "wall_s")} if evals else {},
         "reference": reference,
     }
-    hashing = _hashing(run_dir, rank_exits)
+    summary.update(validation_summary(run_dir.rank(min((e['rank'] for e in rank_exits), default=0)), plan))
+    hashing = hashing_summary(run_dir, rank_exits)
     if hashing:
         summary["hashing"] = hashing
     if plan.get("kind") == "script" and not any(r["logged"] for r in ranks):
@@ -160,29 +162,6 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
     if skipped:
         summary["skipped_metrics"] = skipped
     return summary
-
-
-def _hashing(run_dir: RunDir, rank_exits: list[dict]) -> dict:
-    """Per hashed table, its ranks' hashing.json counts summed (this node's ranks): ids looked up, distinct ids and
-    rows per batch, and how many of a batch's distinct ids shared a row with another (collided) and their share."""
-    total: dict[str, dict[str, int]] = {}
-    for e in rank_exits:
-        try:
-            record = json.loads(run_dir.rank(e["rank"]).hashing.read_text())
-        except (OSError, ValueError):
-            continue
-        for name, counts in (record.items() if isinstance(record, dict) else ()):
-            t = total.setdefault(name, {"ids": 0, "distinct_ids_per_batch": 0, "rows_per_batch": 0, "collided": 0})
-            for k in t:
-                t[k] += _number(counts.get(k)) or 0 if isinstance(counts, dict) else 0
-    for t in total.values():
-        t["collided_share"] = round(t["collided"] / t["distinct_ids_per_batch"], 6) if t["distinct_ids_per_batch"] else 0.0
-    return total
-
-
-def _number(v: object) -> int | float | None:
-    """v if it is a number (int or float), else None."""
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def odd_record(m: object) -> str:
@@ -227,7 +206,7 @@ def _peak_vs_plan(rank_dir: RankDir, plan: dict) -> dict:
         measured = json.loads(rank_dir.memory.read_text()).get("peak", {}).get(planned[0])
     except (OSError, ValueError, AttributeError):
         measured = None
-    return {"peak_bytes": _number(measured), "planned_peak_bytes": planned[1]}
+    return {"peak_bytes": number(measured), "planned_peak_bytes": planned[1]}
 
 
 def _rank_last_step(beat: dict, steps: list[dict]) -> int:
@@ -268,7 +247,7 @@ def summary_table(summary: dict) -> Table:
         )
     lines = [f"{what}: " + ", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
              for what, d in (("metrics", summary.get("final_metrics")), ("eval", summary.get("eval")),
-                             ("reference", summary.get("reference"))) if d]
+                             ("reference", summary.get("reference"))) if d] + validation_lines(summary)
     notes = (([summary["note"]] if summary.get("note") else []) + summary.get("skipped_metrics", [])
              + [f"not applied: {n}" for n in summary.get("not_applied", ())])
     t.caption = "\n".join(lines + [f"note: {escape(n)}" for n in notes]) or None  # escape: a note quotes records

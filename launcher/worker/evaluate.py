@@ -48,16 +48,18 @@ def _outputs(trainer, batch) -> tuple[torch.Tensor | None, torch.Tensor]:
 
 
 @torch.no_grad()
-def evaluate(trainer) -> dict:
-    """Mean loss over the held-out samples; with eval.metrics=binary also AUC, log loss, accuracy, n, and bayes_auc
-    if the data knows the true click probability of each example (``data.true_logits(*inputs)``). In a pipeline the
-    last stage scores the batches and sends the result to every stage."""
+def evaluate(trainer, split: str = "test") -> dict:
+    """Mean loss over the held-out samples of ``split`` (test: the data's eval_batches; val: its val_batches); with
+    eval.metrics=binary also AUC, log loss, accuracy, n, and bayes_auc if the data knows the true click probability
+    of each example (``data.true_logits(*inputs)``). In a pipeline the last stage scores the batches and sends the
+    result to every stage."""
     plan, dp, data = trainer.plan, trainer.dp, trainer.data
     trainer.engine.eval()
     sums = torch.zeros(2, device=trainer.device)  # (loss × samples, samples): batches may differ in size
     outputs, labels, truth = [], [], []
     knows_truth = hasattr(data, "true_logits")
-    batches = data.eval_batches(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches)
+    held_out = data.val_batches if split == "val" else data.eval_batches
+    batches = held_out(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches)
     for batch in itertools.islice(batches, plan.eval_max_batches or None):
         trainer.alive()
         out, y = _outputs(trainer, batch)

@@ -11,7 +11,6 @@ part of ``save``/``load`` is DeepSpeed's own sharded checkpoint (``Engine.save``
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -25,7 +24,6 @@ import torch.distributed as dist
 
 from launcher.manifest import file_record, list_files, share_of
 from launcher.parallel.engine import DTYPES, Engine
-from launcher.parallel.rank import local_tensor
 from launcher.plan import LaunchPlan, checkpoint_layout
 from launcher.metrics_writer import MetricsWriter
 from launcher.rundir import CheckpointDir, RankDir, RunDir
@@ -34,21 +32,11 @@ from launcher.tables.lookup import hash_report
 from launcher.usercode.items import call, move_to
 from launcher.worker.accounting import SavedActivations, StepTracker, measure_memory, measure_peak
 from launcher.worker.divergence import LossWatch
+from launcher.worker.early_stop import EarlyStop, finish as finish_early_stop, validate
 from launcher.worker.evaluate import evaluate, mean_over
 from launcher.worker.mesh import DataParallel
+from launcher.worker.verify import verify_checkpoint
 
-
-
-def _flat(node: Any, prefix: str):
-    """(dotted key, leaf) of nested dicts and lists (state dicts)."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _flat(v, f"{prefix}.{k}")
-    elif isinstance(node, (list, tuple)):
-        for i, v in enumerate(node):
-            yield from _flat(v, f"{prefix}.{i}")
-    else:
-        yield prefix, node
 
 
 class Trainer:
@@ -80,6 +68,10 @@ class Trainer:
         """Around a checkpoint's save: fit sets it to MetricsWriter.saving (the heartbeat says "saving" and a thread
         keeps it moving, so a save longer than launcher.watchdog_s is not taken for a hang)."""
         self._lookahead = self._build_lookahead()
+        self.early = EarlyStop(plan.early_stop) if plan.early_stop is not None else None
+        """trainer.early_stop's state (launcher/worker/early_stop.py); None without early stopping."""
+        self.saved_step = -1
+        """The step of the last checkpoint this trainer wrote (a step's checkpoint is written once)."""
 
     # -- one step ---------------------------------------------------------------------------------------------------
     def forward(self, batch):
@@ -175,8 +167,8 @@ class Trainer:
         self.step += 1
         return loss.detach().float()
 
-    def evaluate(self) -> dict[str, Any]:
-        return evaluate(self)
+    def evaluate(self, split: str = "test") -> dict[str, Any]:
+        return evaluate(self, split)
 
     def _lr(self) -> dict[str, float]:
         """{"lr": the dense optimizer's learning rate now (its first param group's)}; {} when it has none (a
@@ -203,7 +195,8 @@ class Trainer:
         tick, tick_step = time.perf_counter(), self.step
         first = self.step + 1  # 1, or the step after the checkpoint a resumed run loaded
         watch = LossWatch(self.device, self.rank, p.optimizer.lr)  # a diverged run stops (divergence.py)
-        while self.step < p.steps:
+        stopped = self.early is not None and self.early.stopped  # a resumed run whose checkpoint had stopped
+        while self.step < p.steps and not stopped:
             loss, tracked = self._first_step() if self.step + 1 == first else (self.train_step(), None)
             step = self.step
             watch.see(loss, step)
@@ -222,20 +215,32 @@ class Trainer:
                 watch.check()
                 metrics.write(event="eval", step=step, **self.evaluate())
                 tick = time.perf_counter()  # evaluation time is not training throughput
-            if p.checkpoint_every > 0 and step % p.checkpoint_every == 0 and step != p.steps:
+            if p.val_every > 0 and (step % p.val_every == 0 or step == p.steps):
+                watch.check()
+                stopped = validate(self, run_dir, metrics, step)
+                tick = time.perf_counter()
+            if p.checkpoint_every > 0 and step % p.checkpoint_every == 0 and step != p.steps and not stopped:
                 watch.check()
                 self.save(run_dir.checkpoint(step))
                 tick = time.perf_counter()
             if self.rank == fail_rank and step == fail_step:  # after the step is logged: its loss is on record
                 raise RuntimeError(f"debug.fail_rank={fail_rank} debug.fail_step={fail_step}: injected failure")
         watch.check()
+        self._finish(run_dir, rank_dir, metrics)
+
+    def _finish(self, run_dir: RunDir, rank_dir: RankDir, metrics: MetricsWriter) -> None:
+        """After the last step (trainer.steps, or where early stopping stopped): the last checkpoint, the test split
+        scored (on the best checkpoint's weights with early stopping), the tables' digests, the memory record."""
+        p, last = self.plan, self.step
         if p.checkpoint_every >= 0:  # before the evaluation: a failing evaluation loses no training
-            self.save(run_dir.checkpoint(p.steps))
+            if self.saved_step != last:  # a best checkpoint may be this step's already
+                self.save(run_dir.checkpoint(last))
             if p.smoke:
-                self.verify_checkpoint(run_dir.checkpoint(p.steps))
-                metrics.write(event="checkpoint_verified", step=p.steps)
+                self.verify_checkpoint(run_dir.checkpoint(last))
+                metrics.write(event="checkpoint_verified", step=last)
+        finish_early_stop(self, run_dir, metrics)
         if p.eval_batches > 0:
-            metrics.write(event="eval", step=p.steps, **self.evaluate())
+            metrics.write(event="eval", step=last, **self.evaluate())
         if self.tables is not None:
             rank_dir.tables.write_text(json.dumps(self.tables.digests(), indent=2))
             if self._lookahead is not None:
@@ -273,13 +278,16 @@ class Trainer:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        return {"step": self.step, "data_position": self.data_position, "rng": rng}
+        early = {"early_stop": self.early.state_dict()} if self.early is not None else {}
+        return {"step": self.step, "data_position": self.data_position, "rng": rng, **early}
 
     def _load_progress(self, state: dict[str, Any]) -> None:
         self.step, self.data_position = int(state["step"]), int(state["data_position"])
         self._batches = None  # restart the data source at data_position
         if self._lookahead is not None:
             self._lookahead.clear()  # what was drawn ahead is drawn again from there
+        if self.early is not None and state.get("early_stop") is not None:
+            self.early.load_state_dict(state["early_stop"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         if "cuda" in state["rng"]:
@@ -325,6 +333,7 @@ class Trainer:
                                           indent=2))
                 os.replace(tmp, ckpt.meta)
             dist.barrier()
+        self.saved_step = self.step
 
     def _manifest(self, ckpt: CheckpointDir) -> dict[str, dict[str, Any]]:
         """Every file of a written checkpoint with its bytes and CRC-32 (collective, once every rank's part is on
@@ -338,50 +347,10 @@ class Trainer:
         dist.gather_object(mine, parts, dst=0)
         return dict(sorted((rel, rec) for part in parts or () for rel, rec in part.items()))
 
-    def _fingerprint(self) -> dict[str, str]:
-        """sha256 of every tensor and number a checkpoint must bring back: progress, the engine's model and optimizer
-        state (a sharded DeepSpeed engine: its local parameter partitions and its ZeRO optimizer's state dict, fp32
-        master weights and moments included), the tables and their optimizers' states."""
-        try:
-            engine = self.engine.state_dict()
-        except RuntimeError:  # ZeRO-sharded or wrapped: no in-memory state dict of the whole
-            params = {n: getattr(p, "ds_tensor", None) if getattr(p, "ds_tensor", None) is not None else p
-                      for n, p in self.engine.module.named_parameters()}
-            engine = {"module": params, "optimizer": self.engine.optimizer.state_dict()}
-        state = {"step": self.step, "data_position": self.data_position, "engine": engine,
-                 "tables": self.tables.state_dict() if self.tables is not None else {}}
-        out = {}
-        for k, v in _flat(state, "state"):
-            if torch.is_tensor(v):
-                v = local_tensor(v)  # a DTensor: this rank's shard
-                out[k] = hashlib.sha256(v.detach().float().cpu().numpy().tobytes()).hexdigest()
-            elif isinstance(v, (int, float, bool)):
-                out[k] = repr(v)
-        return out
-
-    def _perturb(self) -> None:
-        """Move the live state away from the checkpoint's, so that a load that restores nothing is seen."""
-        with torch.no_grad():
-            for p in self.engine.module.parameters():
-                t = getattr(p, "ds_tensor", None)
-                t = t if t is not None else p
-                local_tensor(t).add_(1.0)
-            if self.tables is not None:
-                for _, weight, _ in self.tables.held().values():
-                    weight.add_(1.0)
-        self.step, self.data_position = self.step + 1000, self.data_position + 1000
-
     def verify_checkpoint(self, ckpt: CheckpointDir) -> None:
-        """Read a just-written checkpoint back and check that it restores exactly the state it saved (smoke runs):
-        the live state is moved away first, so a load that restores nothing fails too."""
-        before = self._fingerprint()
-        self._perturb()
-        self.load(ckpt)
-        after = self._fingerprint()
-        differ = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-        if differ:
-            raise RuntimeError(f"checkpoint {ckpt.path} read back differs from the state it saved: "
-                               f"{', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''}")
+        """Read a just-written checkpoint back and check that it restores exactly the state it saved (smoke runs;
+        launcher/worker/verify.py)."""
+        verify_checkpoint(self, ckpt)
 
     def load(self, ckpt: CheckpointDir) -> None:
         """Read a checkpoint, also one saved on another layout (DCP reshards; a rank that did not exist then takes

@@ -77,6 +77,10 @@ class TabularDataConfig:
     """Columns to ignore (ids, leaks)."""
     test_fraction: float = 0.2
     """Share of rows held out for evaluation (seeded split); streamed: share of the row groups."""
+    val_fraction: float = 0.0
+    """Share of the file's rows held out for validation, taken from the train split (0.1 with test_fraction 0.2:
+    70 % train, 10 % validation, 20 % test); scored during training (eval.every, trainer.early_stop). 0 = none. One
+    file only (streamed data: not built)."""
     max_vocab: int = 100_000
     """A categorical column with more distinct values is hashed into this many buckets (vocabularies only: with
     hash_buckets a value other than this default is refused, as it would do nothing)."""
@@ -109,6 +113,7 @@ class WideDeepRecipe:
         if not isinstance(data, TabularDataConfig):
             return DataFacts()
         from launcher.recipes.wide_deep._tabular_read import is_streamed
+        from launcher.recipes.wide_deep._tabular_val import val_problems, val_rows
         from launcher.recipes.wide_deep.tabular import TabularError, collision_lines, prepare
 
         if is_streamed(data.path):
@@ -124,14 +129,18 @@ class WideDeepRecipe:
                         [list(c) for c in data.crosses], data.seed, data.hash_buckets, tensors=False)  # the facts only
         except TabularError as e:
             raise ConfigError(e.problems) from None
-        rows = p.train_rows
+        problems = val_problems(data.path, p.train_rows, p.test_rows, data.val_fraction, data.test_fraction)
+        if problems:
+            raise ConfigError(problems)
+        val = val_rows(p.train_rows, p.test_rows, data.val_fraction)
+        rows = p.train_rows - val
         fields = (f"{p.categorical} hashed into {data.hash_buckets:,} rows each (row 0: a missing value)"
                   if data.hash_buckets and p.categorical else
                   f"{dict(zip(p.categorical, p.field_sizes)) or '-'} (rows incl. the out-of-vocabulary row)")
-        line = (f"data: {data.path}: {rows:,} train + {p.test_rows:,} test rows, {p.train_positive:.1%} "
+        line = (f"data: {data.path}: {rows:,} train + {f'{val:,} validation + ' if val else ''}{p.test_rows:,} test rows, {p.train_positive:.1%} "
                 f"positive; continuous {p.continuous or '-'}; categorical {fields}{'; ' + p.note if p.note else ''}")
         sizes = {"num_dense": len(p.continuous), "num_sparse": len(p.categorical), "field_sizes": p.field_sizes}
-        return DataFacts(train_samples=rows, model_sizes=sizes, lines=(line, *collision_lines(p)),
+        return DataFacts(train_samples=rows, val_samples=val, model_sizes=sizes, lines=(line, *collision_lines(p)),
                          resident_bytes=p.resident_bytes())
 
     def model_spec(self, model: ModelConfig, facts: DataFacts) -> dict:
@@ -219,6 +228,10 @@ def _streamed_facts(data: TabularDataConfig) -> DataFacts:
     from launcher.recipes.wide_deep._tabular_files import stream_facts
     from launcher.recipes.wide_deep.tabular import TabularError
 
+    if data.val_fraction:
+        raise ConfigError([f"data.val_fraction={data.val_fraction}: a validation split of streamed data (data.path="
+                           f"{data.path}, a directory or glob) is not built. Give one file, or set data.val_fraction=0 "
+                           f"(data.eval_path holds out a test directory)."])
     try:
         lay, lines, held = stream_facts(data)
     except TabularError as e:

@@ -1,7 +1,8 @@
 """A user's tabular CTR file (CSV, gzip'd CSV or Parquet) as Wide&Deep inputs.
 
 Columns with non-numeric values are categorical, numeric ones continuous (``categorical`` / ``continuous`` say
-otherwise; ``drop`` removes columns). A seeded split keeps ``test_fraction`` of the rows for evaluation. Continuous
+otherwise; ``drop`` removes columns). A seeded split keeps ``test_fraction`` of the rows for evaluation (and
+``val_fraction`` for validation: recipes/wide_deep/_tabular_val.py). Continuous
 columns are standardised with train statistics (missing -> the train mean); categorical vocabularies come from the
 train split, index 0 is the out-of-vocabulary bucket, and a column with more than ``max_vocab`` distinct values is
 hashed into ``max_vocab`` buckets. ``crosses`` add categorical fields made of value pairs (a|b).
@@ -24,7 +25,6 @@ it (it would do nothing).
 from __future__ import annotations
 
 import hashlib
-import math
 import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,6 +36,7 @@ import torch
 
 from launcher.recipes.wide_deep._tabular_columns import (TabularError, _check_labels, id_columns,  # noqa: F401
                                                         is_positive)
+from launcher.recipes.wide_deep._tabular_val import carve, held_out
 from launcher.recipes.wide_deep._tabular_read import INSTALL, Coded, ReadError, compact, header, is_streamed, read_table
 
 if TYPE_CHECKING:
@@ -355,8 +356,8 @@ class TabularCTR:
 
     def __init__(self, path: str, label: str, positive: str, negative: str, categorical, continuous, drop,
                  test_fraction: float, max_vocab: int, crosses, seed: int, hash_buckets: int = 0, eval_path: str = "",
-                 shuffle_rows: int = 0, prefetch: int = 1) -> None:
-        self.prepared = self.stream = None
+                 shuffle_rows: int = 0, prefetch: int = 1, val_fraction: float = 0.0) -> None:
+        self.prepared = self.stream = self.val = None
         if is_streamed(path):  # a directory or glob: each rank streams its own row groups (_tabular_stream.py)
             from launcher.recipes.wide_deep._tabular_stream import StreamedTabular
 
@@ -366,6 +367,7 @@ class TabularCTR:
             return
         self.prepared = prepare(path, label, str(positive), str(negative), list(categorical), list(continuous),
                                 list(drop), test_fraction, max_vocab, [list(c) for c in crosses], seed, hash_buckets)
+        self.prepared.train, self.val = carve(self.prepared.train, self.prepared.test_rows, val_fraction)
 
     def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[tuple]:
         if self.stream is not None:
@@ -386,9 +388,9 @@ class TabularCTR:
         time."""
         if self.stream is not None:
             return (yield from self.stream.eval_batches(dp_rank, dp_size, micro_size, count))
-        dense, ids, y = self.prepared.test
-        mine = torch.arange(dp_rank, len(y), dp_size)
-        # The same number of batches on every rank (ZeRO-3 gathers parameters collectively in each forward).
-        batches = max(1, math.ceil(math.ceil(len(y) / dp_size) / micro_size))
-        for idx in torch.tensor_split(mine, batches):
-            yield (dense[idx], ids[idx].long()), y[idx]
+        yield from held_out(self.prepared.test, dp_rank, dp_size, micro_size)
+
+    def val_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[tuple]:
+        """The whole validation split (data.val_fraction), as eval_batches gives the test split."""
+        yield from held_out(self.val, dp_rank, dp_size, micro_size)
+

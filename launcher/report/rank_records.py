@@ -1,0 +1,68 @@
+"""What the ranks' own records add to summary.json: the hashed tables' counts (rank.N/hashing.json), the
+validation split's last scores and how early stopping ended (metrics.jsonl's ``val`` and ``early_stop`` events)."""
+
+from __future__ import annotations
+
+import json
+
+from launcher.rundir import RankDir, RunDir
+
+
+def hashing_summary(run_dir: RunDir, rank_exits: list[dict]) -> dict:
+    """Per hashed table, its ranks' hashing.json counts summed (this node's ranks): ids looked up, distinct ids and
+    rows per batch, and how many of a batch's distinct ids shared a row with another (collided) and their share."""
+    total: dict[str, dict[str, int]] = {}
+    for e in rank_exits:
+        try:
+            record = json.loads(run_dir.rank(e["rank"]).hashing.read_text())
+        except (OSError, ValueError):
+            continue
+        for name, counts in (record.items() if isinstance(record, dict) else ()):
+            t = total.setdefault(name, {"ids": 0, "distinct_ids_per_batch": 0, "rows_per_batch": 0, "collided": 0})
+            for k in t:
+                t[k] += number(counts.get(k)) or 0 if isinstance(counts, dict) else 0
+    for t in total.values():
+        t["collided_share"] = round(t["collided"] / t["distinct_ids_per_batch"], 6) if t["distinct_ids_per_batch"] else 0.0
+    return total
+
+
+def number(v: object) -> int | float | None:
+    """v if it is a number (int or float), else None."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def validation_summary(rank_dir: RankDir, plan: dict) -> dict:
+    """{"validation": the last validation's scores, "early_stop": how it ended} of a run with a validation split
+    (read from the rank's metrics.jsonl; {} without one). ``early_stop`` says the metric and mode watched, the best
+    value and its step, whether the run stopped before trainer.steps, and at which step."""
+    if not plan.get("val_every"):
+        return {}
+    vals, ended = [], None
+    for m in rank_dir.read_metrics():
+        if isinstance(m, dict) and m.get("event") == "val":
+            vals.append(m)
+        elif isinstance(m, dict) and m.get("event") == "early_stop":
+            ended = m
+    out = {"validation": {k: v for k, v in vals[-1].items() if k not in ("event", "time", "wall_s")} if vals else {}}
+    early = plan.get("early_stop")
+    if early and ended is not None:
+        out["early_stop"] = {"metric": early["metric"], "mode": early["mode"], "best": number(ended.get("best")),
+                             "best_step": ended.get("best_step"), "stopped": bool(ended.get("stopped")),
+                             "stopped_at": ended.get("step") if ended.get("stopped") else None,
+                             "test_on": "the best checkpoint"}
+    return out
+
+
+def validation_lines(summary: dict) -> list[str]:
+    """The end-of-run lines of a run with a validation split: its last scores, and how early stopping ended."""
+    lines = []
+    val = summary.get("validation")
+    if val:
+        lines.append("validation: " + ", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}"
+                                                for k, v in val.items()))
+    e = summary.get("early_stop")
+    if e and e.get("best") is not None:
+        how = f"stopped at step {e['stopped_at']}" if e["stopped"] else "ran every step"
+        lines.append(f"early stop: {how}; best validation {e['metric']} {e['best']:.5g} at step {e['best_step']} "
+                     f"(checkpoints/best); eval above is the test split on it")
+    return lines
