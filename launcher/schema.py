@@ -204,6 +204,10 @@ class HeteroConfig:
     eval_data: Any = None
     """A recipe in your folder: a held-out Dataset like data, evaluated at the end (and every eval.every steps);
     null = no evaluation. Built-in recipes bring their own held-out data."""
+    val_data: Any = None
+    """A recipe in your folder: a validation Dataset (map-style, like data), scored every eval.every steps (0: once an
+    epoch) and at the last step, and watched by trainer.early_stop; eval_data is then scored only at the end. null =
+    none. data=tabular: data.val_fraction instead."""
     loss: Any = MISSING
     """The loss by _target_ with its constructor's arguments (``{_target_: launcher.losses.TokenCrossEntropy,
     shift: true}``), called as loss(output, label)."""

@@ -207,6 +207,9 @@ def _recipe_facts(cfg: DictConfig, config_dir: str | None, estimate: bool) -> Fa
         if cfg.eval_data is not None:
             raise ConfigError(f"eval_data is for recipes in your own folder; recipe {recipe.name} brings its own "
                               f"held-out data. Remove eval_data (see eval.batches).")
+        if cfg.val_data is not None:
+            raise ConfigError(f"val_data is for recipes in your own folder; recipe {recipe.name} brings its own data "
+                              f"(data=tabular: data.val_fraction holds out a validation split). Remove val_data.")
         _check_loss_arguments(cfg, recipe.name)
         data = recipe.data_facts(OmegaConf.to_object(cfg.data))
         _check_sync_batchnorm(cfg, lambda: recipe.model_spec(OmegaConf.to_object(cfg.model), data),

@@ -144,8 +144,9 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     if d.user:
         eval_data = OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data else None
         loader = OmegaConf.to_container(cfg.loader, resolve=True)
+        val_data = OmegaConf.to_container(cfg.val_data, resolve=True) if cfg.val_data else None
         data = UserRecipe.data_spec(data, eval_data, list(cfg.data_inputs), cfg.data_label, loader["collate_fn"],
-                                    d.loader.kwargs() if d.loader is not None else {})
+                                    d.loader.kwargs() if d.loader is not None else {}, val_data)
     return LaunchPlan(
         recipe=cfg.recipe.name, dims=dims, parts=parts, world_size=d.world, nnodes=nnodes, nproc_per_node=d.nproc,
         zero_stage=zero, backend=d.backend, device_type=d.device_type, precision=cfg.precision, steps=d.steps,

@@ -46,7 +46,7 @@ VERDICTS: dict[str, dict[str, str]] = {
     "script_args": _k(recipe=REFUSED, plain=APPLIED),
     "script_ops": _k(recipe=REFUSED, plain=APPLIED),
     # what a recipe is made of: a script brings its own
-    **{k: _RECIPE_ONLY for k in ("recipe", "model", "data", "eval_data", "loss", "model_output", "data_inputs",
+    **{k: _RECIPE_ONLY for k in ("recipe", "model", "data", "eval_data", "val_data", "loss", "model_output", "data_inputs",
                                  "data_label", "recompute", "eval", "optimizer.name", "optimizer.lr",
                                  "optimizer.momentum", "optimizer.betas", "optimizer.eps", "optimizer.weight_decay",
                                  "batch.global_size", "batch.micro_batches", "trainer", "smoke_profile",

@@ -106,7 +106,8 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
     packages added (Facts.imports)."""
     before = kernel_field("/proc/self/status", "VmRSS")
     specs = {key: OmegaConf.to_container(node, resolve=True) for key, node in
-             (("model", cfg.model), ("data", cfg.data), ("eval_data", cfg.eval_data), ("loss", cfg.loss))
+             (("model", cfg.model), ("data", cfg.data), ("eval_data", cfg.eval_data), ("val_data", cfg.val_data),
+              ("loss", cfg.loss))
              if node is not None}
     problems: list[str] = []
     checked = {}
@@ -119,7 +120,7 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
     imports = (max(0, kernel_field("/proc/self/status", "VmRSS") - before), _packages(specs, cfg))
     keys = (tuple(cfg.data_inputs), cfg.data_label)
     data, samples = {}, {}
-    for key in ("data", "eval_data"):
+    for key in ("data", "eval_data", "val_data"):
         if checked.get(key) and not collate_problems:  # the train data's first LABEL_SCAN items, read once
             data[key], samples[key], more = dataset_facts(key, specs[key], source, keys, collate,
                                                           LABEL_SCAN if key == "data" else 1)
@@ -144,8 +145,11 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
             facts = dataclasses.replace(facts, layers=order, split=split, uncuttable=barred, layer_params=params)
     if problems:
         raise ConfigError(problems)
+    problems += _val_problems(data.get("val_data"))
+    if problems:
+        raise ConfigError(problems)
     data_facts = _data_facts(specs["data"], data["data"], samples["data"], data.get("eval_data"), batch, labels,
-                             scores, output_line)
+                             scores, output_line, data.get("val_data"))
     activations = None
     if trace_activations:
         from launcher.inspect.activations import activation_facts
@@ -301,8 +305,18 @@ def _swap_blamed(problem: str, swap: Swap, source: str) -> str:
             f"keys that take tables out (placement.host_device_mix, placement.ps, placement.tables, tables.<name>).")
 
 
+def _val_problems(validation: Any) -> list[str]:
+    """val_data must be map-style: its size decides when early stopping has seen all of it."""
+    from launcher.usercode.data import is_stream
+
+    if validation is None or not is_stream(validation):
+        return []
+    return [f"val_data: {type(validation).__name__} is an IterableDataset; a validation split is a map-style Dataset "
+            f"(with __len__ and __getitem__) here. Give one, or leave val_data out."]
+
+
 def _data_facts(spec: dict[str, Any], train: Any, sample: Sample, evaluation: Any, batch: Any, labels: list,
-                scores: bool, output_line: str) -> DataFacts:
+                scores: bool, output_line: str, validation: Any = None) -> DataFacts:
     """The data's facts: sizes (None for a stream), inputs, whether the labels are binary (AUC, accuracy) — each label
     element a 0/1 float with one score from the model, a BCE-style model; integer class labels keep the loss only —
     and how long an item takes to read (loader.num_workers=auto)."""
@@ -321,6 +335,8 @@ def _data_facts(spec: dict[str, Any], train: Any, sample: Sample, evaluation: An
 
     line = (f"data: {spec['_target_']}: {size(n_train)} of {inputs} + label{', binary labels' if binary else ''}, "
             f"{seconds * 1e3:.2g} ms an item; eval_data: "
-            f"{size(n_eval) if evaluation is not None else 'none (no evaluation)'}")
+            f"{size(n_eval) if evaluation is not None else 'none (no evaluation)'}"
+            f"{f'; val_data: {len(validation):,} items' if validation is not None else ''}")
     return DataFacts(train_samples=n_train, lines=(line, output_line) if output_line else (line,),
-                     binary_labels=binary, eval_samples=n_eval, item_seconds=seconds, item_cpu_share=share)
+                     binary_labels=binary, eval_samples=n_eval, item_seconds=seconds, item_cpu_share=share,
+                     val_samples=len(validation) if validation is not None else 0)

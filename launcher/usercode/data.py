@@ -36,20 +36,29 @@ def is_stream(dataset: Any) -> bool:
 
 def UserData(train: dict[str, Any], eval: dict[str, Any] | None = None,  # noqa: A002 N802 (YAML key; a factory)
              data_inputs: list[str] | None = None, data_label: str = "", collate_fn: Any = None,
-             loader: dict[str, Any] | None = None) -> Any:
-    """What every rank builds from the plan's data spec: MapData, or StreamData for an iterable train Dataset."""
+             loader: dict[str, Any] | None = None, val: dict[str, Any] | None = None) -> Any:
+    """What every rank builds from the plan's data spec: MapData, or StreamData for an iterable train Dataset; with
+    ``val`` (val_data) it also gives the validation split (``val_batches``)."""
     built = instantiate(train, _convert_="all")
     held = instantiate(eval, _convert_="all") if eval else None
     keys = (tuple(data_inputs or ()), data_label)
-    if is_stream(built):
-        return StreamData(built, held, keys, build_collate(collate_fn), dict(loader or {}))
-    return MapData(built, held, keys, build_collate(collate_fn), dict(loader or {}))
+    source = (StreamData if is_stream(built) else MapData)(built, held, keys, build_collate(collate_fn),
+                                                           dict(loader or {}))
+    source.val = instantiate(val, _convert_="all") if val else None
+    return source
+
+
+def val_batches(source: Any, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
+    """The validation split (val_data, map-style) as eval_batches gives eval_data: every dp-th item, padded to a
+    multiple of dp, read by its own DataLoader."""
+    yield from MapData(None, source.val, source._keys, source._collate, source._settings).eval_batches(
+        dp_rank, dp_size, micro_size, count)
 
 
 class MapData:
     def __init__(self, train: Any, eval: Any = None, keys: tuple[tuple[str, ...], str] = ((), ""),  # noqa: A002
                  collate: Any = None, settings: dict[str, Any] | None = None) -> None:
-        self.train, self.eval = train, eval
+        self.train, self.eval, self.val = train, eval, None
         self._keys = keys
         """(data_inputs, data_label) for dict items."""
         self._collate = collate
@@ -83,6 +92,9 @@ class MapData:
             yield from self._batches("train", self.train, seed, keys, micro_size, True)
             epoch, skip = epoch + 1, 0
 
+    def val_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
+        return val_batches(self, dp_rank, dp_size, micro_size, count)
+
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
         """All of eval_data, every dp-th item from dp_rank on, as DistributedSampler(shuffle=False) deals it: padded
         with the first items to a multiple of dp, so every rank runs the same number of equal forwards (DDP and
@@ -105,12 +117,15 @@ class StreamData:
 
     def __init__(self, train: Any, eval: Any = None, keys: tuple[tuple[str, ...], str] = ((), ""),  # noqa: A002
                  collate: Any = None, settings: dict[str, Any] | None = None) -> None:
-        self.train, self.eval, self._keys, self._collate = train, eval, keys, collate
+        self.train, self.eval, self.val, self._keys, self._collate = train, eval, None, keys, collate
         self._settings = dict(settings or {})
 
     def train_batches(self, dp_rank: int, dp_size: int, micro_size: int, seed: int, start: int = 0) -> Iterator[Batch]:
         yield from read(Shares(self.train, self._collate, seed, (dp_rank, dp_size), micro_size, start, True),
                         self._keys, self._settings, seed)
+
+    def val_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
+        return val_batches(self, dp_rank, dp_size, micro_size, count)
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
         if self.eval is None:

@@ -33,12 +33,14 @@ class UserRecipe:
 
     @staticmethod
     def data_spec(data: Mapping[str, Any], eval_data: Mapping[str, Any] | None, data_inputs: list[str] | None = None,
-                  data_label: str = "", collate_fn: Any = None, loader: dict[str, Any] | None = None) -> dict[str, Any]:
+                  data_label: str = "", collate_fn: Any = None, loader: dict[str, Any] | None = None,
+                  val_data: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """What every rank instantiates: the user's Dataset(s) inside a UserData source (with the collate function
         that batches their items, the DataLoader's settings, and how a batch splits into inputs and a label)."""
         return {"_target_": DATA_TARGET, "_recursive_": False, "train": dict(data),
                 "eval": dict(eval_data) if eval_data else None, "data_inputs": list(data_inputs or []),
-                "data_label": data_label, "collate_fn": collate_fn, "loader": dict(loader or {})}
+                "data_label": data_label, "collate_fn": collate_fn, "loader": dict(loader or {}),
+                **({"val": dict(val_data)} if val_data else {})}
 
 
 def units(model: Any, top: bool = True) -> list[tuple[str, Any]]:

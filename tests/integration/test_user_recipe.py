@@ -34,7 +34,10 @@ def train(project: Path, name: str, overrides: list[str]) -> Path:
 
 @pytest.fixture(scope="module")
 def host_tables(project):
-    return train(project, "host", ["placement.host_device_mix=1"])
+    # with a validation split (val_data), scored every 5 steps: it changes no step of training
+    return train(project, "host", ["placement.host_device_mix=1", "eval.every=5",
+                                   "+val_data={_target_: my_ctr.data.Clicks, n: 600, users: 100000, items: 1000, "
+                                   "seed: 2}"])
 
 
 def test_host_tables_match_device_tables(project, host_tables):
@@ -46,6 +49,10 @@ def test_host_tables_match_device_tables(project, host_tables):
     assert_close(losses(device), losses(host_tables), rel=1e-6)
     summary = json.loads((host_tables / "summary.json").read_text())
     assert summary["final_loss"] < summary["first_loss"] and 0.5 < summary["eval"]["auc"] <= 1
+    records = [json.loads(line) for line in (host_tables / "rank.1" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in records if m.get("event") == "val"] == [5, 10, 15, 20]  # val_data, every 5 steps
+    assert [m["step"] for m in records if m.get("event") == "eval"] == [20]  # eval_data once, at the end
+    assert summary["validation"]["n"] == 600 and summary["eval"]["n"] == 5000
 
 
 def test_optimizer_on_cpu_matches_the_device_optimizer(project):

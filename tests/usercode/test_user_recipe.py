@@ -255,3 +255,26 @@ def test_the_activations_are_traced_where_the_plan_needs_them(project, overrides
     if traced:
         assert set(facts.activations) == set(facts.model.layers) and all(
             v["saved"] > 0 for v in facts.activations.values())
+
+
+VAL = "+val_data={_target_: my_ctr.data.Clicks, n: 600, users: 100000, items: 1000, seed: 2}"
+
+
+def test_val_data_is_a_validation_split_watched_by_early_stopping(project, cpu_host):
+    p = plan(project, VAL, "eval.every=5", "trainer.early_stop.patience=2", "trainer.early_stop.metric=auc",
+             host=cpu_host)
+    assert (p.val_every, p.eval_every, p.early_stop.mode) == (5, 0, "max")
+    assert p.data["val"]["n"] == 600 and any("validation: 600 samples scored every 5 steps" in n for n in p.notes)
+    assert "val" not in plan(project, host=cpu_host).data  # none given: the data spec is as it was
+
+
+def test_val_data_is_refused_where_it_cannot_work(project, cpu_host, tmp_path):
+    (project / "my_ctr" / "streamed.py").write_text(
+        "import torch\nfrom torch.utils.data import IterableDataset\n\n"
+        "class Stream(IterableDataset):\n    def __iter__(self):\n"
+        "        for i in range(8):\n            yield torch.tensor(i % 100), torch.tensor(i % 10), torch.zeros(4), "
+        "torch.tensor(1.0)\n")
+    with pytest.raises(ConfigError, match="val_data: Stream is an IterableDataset; a validation split is a map-style"):
+        plan(project, "+val_data={_target_: my_ctr.streamed.Stream}", host=cpu_host)
+    with pytest.raises(ConfigError, match="val_data is for recipes in your own folder; recipe wide_deep"):
+        plan_of(["recipe=wide_deep", "+val_data={_target_: my_ctr.data.Clicks}"], cpu_host)
