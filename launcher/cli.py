@@ -6,7 +6,6 @@ launcher.config so that bad keys and values give one clear message (exit code 2)
 
 from __future__ import annotations
 
-import json
 import sys
 
 from launcher.errors import ConfigError
@@ -147,23 +146,18 @@ def _run(rest: list[str], config_dir: str | None, argv: list[str]) -> int:
         return 130
     for line in lines:  # about the user's data and model: their names shown, never obeyed or read as markup
         console.print(escape(printable(line)), highlight=False)
-    _print_plan(console, plan, cfg.dry_run)
+    _print_plan(console, plan, cfg)
     if cfg.dry_run:
         return _dry_run(console, cfg, plan, rest, config_dir)
     return launch_run(cfg, plan, console)
 
 
-def _print_plan(console, plan, dry_run: bool) -> None:
-    from launcher.report.memory_view import terms_table
-    from launcher.report.plan_view import placement_table, plan_tree, script_plan_view
+def _print_plan(console, plan, cfg) -> None:
+    """The plan, compact or whole (output.full_plan); the run dir's plan.txt has it whole either way."""
+    from launcher.report.plan_view import plan_views
 
-    if plan.kind == "script":
-        console.print(script_plan_view(plan), highlight=False)
-        return
-    console.print(plan_tree(plan))
-    console.print(placement_table(plan))
-    if dry_run and plan.peak is not None:
-        console.print(terms_table(plan.peak))
+    for view in plan_views(plan, cfg.output.full_plan, cfg.dry_run, console.width):
+        console.print(view, highlight=plan.kind != "script")
 
 
 def _dry_run(console, cfg, plan, rest: list[str], config_dir: str | None) -> int:
@@ -171,12 +165,13 @@ def _dry_run(console, cfg, plan, rest: list[str], config_dir: str | None) -> int
     from pathlib import Path
 
     from launcher.launch import write_dry_run
+    from launcher.report.plan_view import engine_config_view
 
     config_args = ["--config-dir", str(Path(config_dir).resolve())] if config_dir else []
     run_dir = write_dry_run(cfg, plan, [*config_args, *rest])  # job.sbatch runs the same arguments
     if plan.engine_config() is not None:
         console.print("[bold]DeepSpeed config[/bold] (ds_config.json):")
-        console.print_json(json.dumps(plan.engine_config()))
+        console.print(engine_config_view(plan.engine_config(), cfg.output.full_plan), soft_wrap=True)
     console.print(f"dry run: nothing started; plan written to {run_dir.path}")
     if run_dir.sbatch.exists():
         console.print(f"submit it to Slurm: sbatch {run_dir.sbatch}")

@@ -3,7 +3,7 @@
 Launch, worker and report ask this module for paths, so the layout can change here alone::
 
     <log_dir>/<run>/                      RunDir
-        config.yaml plan.json ds_config.json rank_table.json rank_env.json versions.json
+        config.yaml plan.json plan.txt ds_config.json rank_table.json rank_env.json versions.json
         ops_build.log summary.json junit.xml loss.png throughput.png backend.log job.sbatch
         tensorboard/                      rank 0's TensorBoard event files (logger=tensorboard, the default)
         checkpoints/step<N>/              CheckpointDir: the parts' files (model/ through DCP, or DeepSpeed's),
@@ -197,6 +197,8 @@ class RunDir:
         self.name = self.path.name
         self.config = self.path / "config.yaml"
         self.plan = self.path / "plan.json"
+        self.plan_text = self.path / "plan.txt"
+        """The whole plan as the console would print it with output.full_plan=true (launcher/report/plan_view.py)."""
         self.ds_config = self.path / "ds_config.json"
         self.rank_table = self.path / "rank_table.json"
         self.rank_env = self.path / "rank_env.json"

@@ -90,6 +90,11 @@ class OutputConfig:
     stderr lines, all = every rank's, each line prefixed [rank N], none = nothing. Either way every rank's output is
     written in full to rank.N/{stdout,stderr}; a line over 4 KiB is cut on the terminal with a marker. A recipe's
     ranks report through the progress view and the failure report instead: their output stays in rank.N/."""
+    full_plan: bool = False
+    """The plan a dry run and the start of a run print: false = compact (world and mesh, the parts, batch, trainer,
+    optimizer, one line per table, memory per rank and per host against the budgets, every note on one line cut with
+    …: about 40 lines at 100 columns); true = the whole tree and every table. Either way the run dir's plan.txt has
+    the whole plan."""
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""The record a run starts with (resolved config, plan, engine config, rank table, each rank's env, versions), and the
-space kept from its start for the records it ends with."""
+"""The record a run starts with (resolved config, plan and its text, engine config, rank table, each rank's env,
+versions), and the space kept from its start for the records it ends with."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.plan import RunPlan
+from launcher.report.plan_view import plan_text
 from launcher.rundir import RunDir
 
 
@@ -22,6 +23,7 @@ def write_run_files(run_dir: RunDir, cfg: DictConfig, plan: RunPlan) -> None:
     """Everything but rank_env.json, which is written once the real master port is known (write_rank_env)."""
     run_dir.config.write_text(OmegaConf.to_yaml(cfg, resolve=True))
     run_dir.write_json(run_dir.plan, plan.to_dict())
+    run_dir.plan_text.write_text(plan_text(plan))
     engine_config = plan.engine_config()
     if engine_config is not None:
         run_dir.write_json(run_dir.ds_config, engine_config)

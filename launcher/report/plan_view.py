@@ -1,20 +1,58 @@
-"""The plan as a rich tree (a script= run's as a few lines), for dry runs and the start of every run."""
+"""The plan as a rich tree (a script= run's as a few lines), for dry runs and the start of every run: compact by
+default (launcher/report/plan_compact.py), whole with output.full_plan=true and always in the run dir's plan.txt."""
 
 from __future__ import annotations
 
+import json
+
+from rich.console import RenderableType
+from rich.json import JSON
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from launcher.report.memory_view import memory_tree
+from launcher.report.memory_view import memory_tree, terms_table
+from launcher.report.plan_compact import compact_plan_view
 from launcher.errors import printable
 from launcher.plan import Bytes, LaunchPlan, ScriptPlan
 from launcher.plan.placement import TablePlan, twin_words
 from launcher.plan.ps import rows_per_rank
 from launcher.plan.registry import table_state_bytes
 from launcher.plan.sharding import ShardingPlan, shapes_words, strategy_words
+from launcher.terminal import plain_text
 from launcher.units import gb
+
+PLAN_TEXT_WIDTH = 120
+"""Columns of the run dir's plan.txt (its tables as wide as their rows)."""
+
+
+def plan_views(plan: LaunchPlan | ScriptPlan, full: bool, dry_run: bool, width: int) -> list[RenderableType]:
+    """What the console shows of a plan at ``width`` columns: the compact view, or (``full``) the whole tree and its
+    tables, with every memory term in a dry run. A script= run's plan is a few lines either way."""
+    if plan.kind == "script":
+        return [script_plan_view(plan)]
+    if not full:
+        return compact_plan_view(plan, width)
+    terms = [terms_table(plan.peak)] if dry_run and plan.peak is not None else []
+    return [plan_tree(plan), placement_table(plan), *terms]
+
+
+def plan_text(plan: LaunchPlan | ScriptPlan) -> str:
+    """The whole plan as plain text, for the run dir's plan.txt: the tree, the placement and every memory term."""
+    if plan.kind == "script":
+        return plain_text([script_plan_view(plan)], PLAN_TEXT_WIDTH)
+    terms = [terms_table(plan.peak, every=True)] if plan.peak is not None else []
+    return plain_text([plan_tree(plan), placement_table(plan), *terms], PLAN_TEXT_WIDTH)
+
+
+def engine_config_view(config: dict, full: bool) -> RenderableType:
+    """The DeepSpeed config a dry run shows: indented JSON (``full``), or one line per top-level key."""
+    if full:
+        return JSON(json.dumps(config))
+    lines = [f'  "{k}": {json.dumps(v)}' + ("," if n < len(config) else "")
+             for n, (k, v) in enumerate(config.items(), 1)]
+    return Text("\n".join(["{", *lines, "}"]))
 
 
 def _shown(name: object) -> str:
@@ -171,7 +209,8 @@ def plan_tree(plan: LaunchPlan) -> Tree:
     if plan.placement.kernels_words:
         root.add(escape(f"table kernels: {plan.placement.kernels_words}"))
     per_rank = "; per rank: the largest stage's" if plan.pipeline is not None else ""
-    mem = root.add(memory_tree(plan)) if plan.peak is not None else root.add("memory")
+    mem = memory_tree(plan) if plan.peak is not None else Tree("memory")
+    root.children.append(mem)  # a node of the tree (root.add would make the tree a label, its lines apart)
     states = mem.add(f"states ({m.params:,} parameters, {m.dense_params:,} trained by the parts{per_rank})")
     states.add(_bytes_line("host", m.host, plan.nproc_per_node))
     states.add(_bytes_line("device", m.device, plan.nproc_per_node))
