@@ -83,6 +83,9 @@ class ModelFacts:
     own ``pipeline_split``."""
     uncuttable: tuple[tuple[str, str], ...] = ()
     """Layers no pipeline stage may begin at, with why: (layer, a value that is no tensor would cross there) each."""
+    modules: dict[str, int] | None = None
+    """Parameters of each module placement.modules may name, by module path (``dense1``, ``towers.0.mlp``; tables and
+    modules holding one left out); None = not known (a built-in recipe without a ``module_params`` hook)."""
 
 
 @dataclass(frozen=True)
@@ -198,8 +201,9 @@ class Facts:
 
 def model_facts(recipe: Recipe, model: Mapping[str, Any]) -> ModelFacts:
     """A built-in recipe's model facts, from its torch-free hooks."""
+    hook = getattr(recipe, "module_params", None)  # optional: the modules placement.modules may name
     return ModelFacts(tables=recipe.tables(model), dense_params=recipe.dense_param_count(model),
-                      layers=tuple(recipe.layer_names(model)))
+                      layers=tuple(recipe.layer_names(model)), modules=hook(model) if hook else None)
 
 
 def dp_share(batch: Batch, dp_rank: int, micro_size: int) -> Batch:

@@ -92,6 +92,11 @@ class PlacementConfig:
     tables: dict[str, str] = field(default_factory=dict)
     """Per-table override of host_device_mix and ps: <table name> -> host (a whole copy on each rank's host), device
     (a whole copy on each rank's device) or ps (rows split over the ranks' host memory, as placement.ps)."""
+    modules: dict[str, str] = field(default_factory=dict)
+    """Per module of the dense network, by its path in the model or a glob (dense1, towers.0.mlp, dense*): host = its
+    parameters, gradients and optimizer states live in host memory and its forward and backward run on the host CPU
+    (its inputs copied there, its outputs back), its gradients averaged over the data-parallel ranks on the host;
+    device (the default) = where the parallel parts put it. Tables have placement.tables."""
     pin_memory: str = "auto"
     """Page-locked host buffers for offload and transfers: auto (true with CUDA), true, false."""
     prefetch: Any = "auto"

@@ -15,8 +15,8 @@ contract in ``launcher/contract.py`` (checked here, when it is registered):
 """
 
 from launcher.contract import register
-from launcher.recipes import gpt, quickstart, resnet, wide_deep
+from launcher.recipes import gpt, mnist_mlp, quickstart, resnet, wide_deep
 
-RECIPES = register(gpt.RECIPE, quickstart.RECIPE, resnet.RECIPE, wide_deep.RECIPE)
+RECIPES = register(gpt.RECIPE, mnist_mlp.RECIPE, quickstart.RECIPE, resnet.RECIPE, wide_deep.RECIPE)
 
 __all__ = ["RECIPES"]

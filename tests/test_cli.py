@@ -55,7 +55,7 @@ def test_impossible_batch_split_exits_2_with_formula(tmp_path, cli):
 def test_help_lists_recipes(tmp_path):
     res = run_cli(["--help"], tmp_path)
     assert res.returncode == 0
-    assert "recipe: gpt, quickstart, resnet, wide_deep" in res.stdout
+    assert "recipe: gpt, mnist_mlp, quickstart, resnet, wide_deep" in res.stdout
     assert "hetero-launch recipe=<name>" in res.stdout
 
 

@@ -61,12 +61,12 @@ def test_every_problem_reported_at_once():
 
 
 def test_unknown_recipe_lists_available():
-    with pytest.raises(ConfigError, match=r"recipe=wide_dep: no such recipe\. Did you mean recipe=wide_deep\? Available: gpt, quickstart, resnet, wide_deep"):
+    with pytest.raises(ConfigError, match=r"recipe=wide_dep: no such recipe\. Did you mean recipe=wide_deep\? Available: gpt, mnist_mlp, quickstart, resnet, wide_deep"):
         compose_config(["recipe=wide_dep"])
 
 
 def test_missing_recipe_says_how_to_pick_one():
-    with pytest.raises(ConfigError, match=r"recipe is not set\. Pick one: recipe=gpt \| recipe=quickstart \| recipe=resnet \| recipe=wide_deep"):
+    with pytest.raises(ConfigError, match=r"recipe is not set\. Pick one: recipe=gpt \| recipe=mnist_mlp \| recipe=quickstart \| recipe=resnet \| recipe=wide_deep"):
         compose_config([])
 
 

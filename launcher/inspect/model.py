@@ -47,7 +47,20 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
         lines.append(f"model: embeddings that always train inside the engine: {'; '.join(kept_inside)}")
     return ModelFacts(tables=tables, dense_params=dense, layers=layers, layer_params=layer_params, tied=tied,
                       layer_paths={n: n for n in layers}, lines=tuple(lines), kept=tuple(kept),
-                      aliases=tuple(aliases.items()))
+                      aliases=tuple(aliases.items()), modules=module_params(model, set(tables)))
+
+
+def module_params(model: nn.Module, tables: set[str]) -> dict[str, int]:
+    """Parameters of every module with some, by path, but the tables and the modules that hold one (what
+    placement.modules may put on the host: a table has its own placement)."""
+    out = {}
+    for path, m in model.named_modules():
+        if not path or path in tables or any(t.startswith(path + ".") for t in tables):
+            continue
+        n = sum(p.numel() for p in m.parameters())
+        if n:
+            out[path] = n
+    return out
 
 
 TORCHREC_COLLECTIONS = {"embedding_bags": "embedding_bag_configs", "embeddings": "embedding_configs"}

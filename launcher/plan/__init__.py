@@ -18,6 +18,7 @@ from launcher.errors import ConfigError
 from launcher.loggers import logger_specs
 from launcher.plan.batch import BatchPlan
 from launcher.plan.budget import budget_of, check_fit
+from launcher.plan.host_modules import composition_problems
 from launcher.plan.draft import Draft, plan_dataloader, plan_draft_parts, plan_recompute, plan_shape, plan_where
 from launcher.plan.layout import ClusterLayout
 from launcher.plan.memory import Bytes, MemoryEstimate
@@ -114,6 +115,7 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     placement = dataclasses.replace(placement, kernels_words=kernels_words(placement, host.table_kernels,
                                                                                 d.device_type))
     d.problems += prefetch_problems
+    d.problems += composition_problems(placement.modules, cfg, zero, dims.dp_shard)
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
                        host.host_memory, host.device_memory, d.device_type, d.nproc)
     mm = parallel.ModelMemory.of(d.sizes, facts, d.nproc)

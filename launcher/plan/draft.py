@@ -16,7 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError
 from launcher.plan.batch import DEFAULT_MICRO_SIZE, BatchPlan, plan_batch
+from launcher.plan.host_modules import plan_host_modules
 from launcher.plan.loader import LoaderPlan, plan_loader
+from launcher.plan.memory import state_floats
 from launcher.plan.parallel import ParallelDims, plan_parallel
 from launcher.plan.pipeline import PipelinePlan, plan_pipeline
 from launcher.plan.placement import PlacementPlan, plan_placement, takes_tables_out
@@ -123,16 +125,30 @@ def _table_default(cfg: DictConfig, user: bool):
     return TableConfig()
 
 
+def _unused_pipeline_keys(par: DictConfig) -> list[str]:
+    """The pipeline's keys a run does not use: any of them without a pipeline; parallel.partition beside
+    parallel.stages, which places every layer itself."""
+    given = ["parallel.stages"] if par.stages else []
+    given += [f"parallel.{k}={par[k]}" for k, default in (("schedule", "1f1b"), ("partition", "parameters"))
+              if par[k] != default]
+    if par.pipeline_stages == 1:
+        return [f"{k} is not used: parallel.pipeline_stages=1 (no pipeline)" for k in given]
+    if par.stages and par.partition != "parameters":
+        return [f"parallel.partition={par.partition} is not used: parallel.stages places every layer (set "
+                f"parallel.stages={{}} to partition the layers)"]
+    return []
+
+
 def _pipeline(cfg: DictConfig, dims: ParallelDims | None, batch: BatchPlan | None, sizes: ModelFacts, recipe,
               problems: list[str], notes: list[str]) -> PipelinePlan | None:
     par = cfg.parallel
-    if par.stages and par.pipeline_stages == 1:
-        notes.append("parallel.stages is not used: parallel.pipeline_stages=1 (no pipeline)")
+    notes += _unused_pipeline_keys(par)
     if dims is None or dims.pp == 1 or batch is None:
         return None
     if sizes.layer_params is None:
         if not problems:
-            given = ", ".join(f"model.{k}={v}" for k, v in cfg.model.items() if isinstance(v, (int, float)))
+            given = ", ".join(f"model.{k}={v}" for k, v in cfg.model.items()
+                              if isinstance(v, (int, float)) or k == "_target_")
             problems.append(f"parallel.pipeline_stages={dims.pp}: the model could not be built on the meta device to "
                             f"count its layers' parameters. Check the model's settings ({given}), or set "
                             f"parallel.pipeline_stages=1.")
@@ -210,17 +226,31 @@ def plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: Draft) -> None
         d.sharding, sharding_problems = _plan_sharding(d.recipe, d.model, sharding_cfg, cfg.parallel.search_mode,
                                                        d.dims, d.batch.micro_size)
         d.problems += sharding_problems
-    if not d.user and cfg.loader.collate_fn is not None:
-        d.problems.append(f"loader.collate_fn: recipe {cfg.recipe.name} batches its own data (its data source makes "
-                          f"whole batches), so a collate function would not be called. Remove loader.collate_fn; it "
-                          f"is for a recipe in your folder whose data is a Dataset of items.")
-    if not d.user and cfg.model_output != "auto":  # a user's model is checked by a forward (usercode/forward_check)
-        d.problems.append(f"model_output={cfg.model_output}: recipe {cfg.recipe.name}'s model returns a tensor, which "
-                          f"its loss takes as it is; model_output picks a key or attribute of a dict, tuple or "
-                          f"ModelOutput a model in your folder returns. Remove model_output.")
+    if not d.user:
+        d.problems += _user_recipe_keys(cfg)
     if cfg.debug.fail_rank >= d.world:
         d.problems.append(f"debug.fail_rank={cfg.debug.fail_rank} is not a rank of this run (world size {d.world}). "
                           f"Set debug.fail_rank to 0 .. {d.world - 1}, or -1 (off).")
+
+
+def _user_recipe_keys(cfg: DictConfig) -> list[str]:
+    """The keys that shape a recipe in your folder's data and output, set on a built-in recipe: each would do
+    nothing (a built-in recipe's data source makes whole batches, its model returns a tensor)."""
+    name, p = cfg.recipe.name, []
+    if cfg.loader.collate_fn is not None:
+        p.append(f"loader.collate_fn: recipe {name} batches its own data (its data source makes whole batches), so a "
+                 f"collate function would not be called. Remove loader.collate_fn; it is for a recipe in your folder "
+                 f"whose data is a Dataset of items.")
+    if cfg.model_output != "auto":  # a user's model is checked by a forward (usercode/forward_check)
+        p.append(f"model_output={cfg.model_output}: recipe {name}'s model returns a tensor, which its loss takes as "
+                 f"it is; model_output picks a key or attribute of a dict, tuple or ModelOutput a model in your "
+                 f"folder returns. Remove model_output.")
+    given = [f"{k}={v}" for k, v in (("data_inputs", list(cfg.data_inputs)), ("data_label", cfg.data_label)) if v]
+    if given:
+        p.append(f"{' and '.join(given)}: recipe {name}'s data source makes whole batches of (inputs, label) itself; "
+                 f"data_inputs and data_label name the keys of a dict item of a Dataset in your folder. Remove "
+                 f"{' and '.join(g.split('=')[0] for g in given)}.")
+    return p
 
 
 def plan_dataloader(cfg: DictConfig, host: HostFacts, facts: Facts, d: Draft) -> None:
@@ -242,6 +272,15 @@ def plan_where(cfg: DictConfig, host: HostFacts, d: Draft) -> None:
         dict(d.sizes.kept), stage_ranks(d.dims), dict(d.sizes.aliases))
     d.problems += placement_problems
     d.notes += placement_notes
+    hosted, module_problems = plan_host_modules(dict(cfg.placement.modules), d.sizes.modules, cfg.recipe.name,
+                                                state_floats(cfg.optimizer.name))
+    d.problems += module_problems
+    if hosted and d.placement is not None:
+        d.placement = dataclasses.replace(d.placement, modules=hosted,
+                                          dense_params=d.placement.dense_params - sum(m.params for m in hosted))
+        d.notes.append(f"placement.modules: {', '.join(f'{m.name} ({m.params:,} parameters)' for m in hosted)} on the "
+                       f"host, {sum(m.bytes for m in hosted) / 1e6:,.1f} MB per rank with gradients and optimizer "
+                       f"states, run on the host CPU (inputs copied there, outputs back); the parts train the rest")
     outside = {t.name for t in d.placement.tables if t.location != "engine"}
     d.recompute, recompute_problems, recompute_notes = plan_recompute(list(cfg.recompute), d.sizes.layers, outside)
     d.problems += recompute_problems

@@ -48,6 +48,9 @@ def with_tables(placement: PlacementPlan, dense: tuple[Bytes, Bytes], table_name
         sums[t.location][1] += table_state_bytes(t.optimizer, rows_per_rank(t), t.dim)
     where = {loc: b.plus(tables=sums[loc][0], table_states=sums[loc][1]) for loc, b in (("host", dense[0]),
                                                                                        ("device", dense[1]))}
+    hosted = sum(m.params for m in placement.modules)  # placement.modules: fp32 on the host, with grads and states
+    where["host"] = where["host"].plus(params=4 * hosted, grads=4 * hosted,
+                                       optimizer=sum(4 * m.params * m.state_floats for m in placement.modules))
     n = placement.dense_params
-    params_total = n + (tables_total if placement.sparse_tables else 0)
+    params_total = n + hosted + (tables_total if placement.sparse_tables else 0)
     return MemoryEstimate(params=params_total, dense_params=n, host=where["host"], device=where["device"])

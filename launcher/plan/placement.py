@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.plain import to_plain
+from launcher.plan.host_modules import ModulePlan
 from launcher.plan.registry import CPU_OPTIMIZERS, DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, unknown
 from launcher.plan.table_keys import hash_problems, resolve_aliases
 from launcher.plan.ps import place_problems
@@ -108,12 +109,13 @@ class PlacementPlan:
     """With the optimizer on the host: torch or deepspeed (DeepSpeedCPUAdam)."""
     pin_memory: bool
     prefetch: int = 0
-    """Micro-batches whose host-table rows are gathered ahead (placement.prefetch; launcher/plan/prefetch.py);
-    0 = looked up when the forward asks."""
+    """Micro-batches whose host-table rows are gathered ahead (placement.prefetch); 0 = when the forward asks."""
     prefetch_words: str = ""
     """How the tables are looked up, for the plan: what prefetch covers, or why it does not apply."""
     kernels_words: str = ""
     """What the host tables' gathers, gradient coalesces and optimizer updates run on (HostFacts.table_kernels)."""
+    modules: tuple[ModulePlan, ...] = ()
+    """Dense modules on the host (placement.modules; launcher/plan/host_modules.py), outside dense_params."""
 
     @property
     def offload(self) -> bool:

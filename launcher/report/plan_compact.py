@@ -119,6 +119,10 @@ def compact_placement_table(plan: LaunchPlan, width: int) -> Group:
     optimizer = o.name + (f" ({pl.cpu_impl})" if pl.optimizer_location == "host" else "")
     if pl.optimizer_location != pl.param_location:
         optimizer += f", state on {pl.optimizer_location}"
+    for mp in pl.modules:  # placement.modules: on the host, with their own optimizer there
+        dense -= mp.bytes
+        rows.append([printable(mp.name), f"{mp.params:,}", "host (runs on the CPU)", gb(mp.bytes),
+                     gb(mp.bytes * per_host) if per_host else "", f"{o.name}, on host"])
     rows.append(["dense network", f"{pl.dense_params:,}", pl.param_location, gb(dense),
                  gb(dense * per_host) if per_host else "", optimizer])
     title = "placement (bytes: weights (+ optimizer states))"

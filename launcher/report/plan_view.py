@@ -127,6 +127,10 @@ def placement_table(plan: LaunchPlan) -> Table:
             t.add_row(name, size, tb.location + (" (ps)" if tb.shards > 1 else ""),
                       partition_words(tb, per_host), f"{tb.optimizer} rows{f' ({twin})' if twin else ''}",
                       tb.location)
+    for mp in pl.modules:  # placement.modules (launcher/plan/host_modules.py)
+        t.add_row(_shown(mp.name), f"{mp.params:,}", "host: its forward and backward run on the host CPU",
+                  f"a copy per rank: {mp.bytes / 1e6:,.1f} MB (weights, gradients, optimizer states)",
+                  f"{o.name} (torch, on the host)", "host")
     impl = f" ({pl.cpu_impl})" if pl.optimizer_location == "host" else ""
     t.add_row("dense network", f"{pl.dense_params:,}", f"{pl.param_location}, {plan.engine}, ZeRO-{plan.zero_stage}",
               "", f"{o.name}{impl}", pl.optimizer_location)

@@ -29,6 +29,7 @@ from launcher.tables.partition import RowPartition
 from launcher.usercode import recipe_for
 from launcher.usercode.items import OutputLoss, move_to
 from launcher.worker.accounting import resident_bytes
+from launcher.worker.host_modules import HostModules, place_on_host
 from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh, stage_mesh
 from launcher.worker.optimizers import build_optimizer
 from launcher.worker.precision import keep_batchnorm_fp32
@@ -105,6 +106,10 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
     applied in order; the engine that drives them. Needs the process group and the mesh."""
     stage = stage_mesh(mesh) if any(t.shards > 1 for t in plan.placement.tables) else None
     model, blocks = build_model(plan, rank, stage)
+    hosted = None
+    if plan.placement.modules:  # placement.modules: out of the parts' sight before they are applied
+        ranks = dist.get_process_group_ranks(dp.group) if dp.size > 1 else [rank]
+        hosted = HostModules(place_on_host(model, [m.name for m in plan.placement.modules]), plan, ranks)
     loss_fn = OutputLoss(instantiate(plan.loss), plan.model_output)
     data = instantiate(plan.data)
     layers_of = recipe_for(plan.recipe).layers
@@ -124,4 +129,4 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
         if tables is not None and not kernels.available():  # the plan's "table kernels" line said which
             print(f"rank {rank}: host tables run on torch's ops: {kernels.why_not()}", file=sys.stderr, flush=True)
     engine = apply_parts(chunks, rt, lambda params: build_optimizer(plan, params))
-    return Trainer(plan, engine, tables, loss_fn, data, dp, device, rank)
+    return Trainer(plan, engine, tables, loss_fn, data, dp, device, rank, hosted=hosted)

@@ -32,6 +32,7 @@ from launcher.tables.lookup import hash_report
 from launcher.usercode.items import call, move_to
 from launcher.worker.accounting import SavedActivations, StepTracker, measure_memory, measure_peak
 from launcher.worker.divergence import LossWatch
+from launcher.worker.host_modules import HOST_MODULES, HostModules
 from launcher.worker.early_stop import EarlyStop, finish as finish_early_stop, validate
 from launcher.worker.evaluate import evaluate, mean_over
 from launcher.worker.mesh import DataParallel
@@ -41,8 +42,8 @@ from launcher.worker.verify import verify_checkpoint
 
 class Trainer:
     def __init__(self, plan: LaunchPlan, engine: Engine, tables: TableStore | None, loss_fn, data, dp: DataParallel,
-                 device: torch.device, rank: int) -> None:
-        self.plan, self.engine, self.tables = plan, engine, tables
+                 device: torch.device, rank: int, hosted: HostModules | None = None) -> None:
+        self.plan, self.engine, self.tables, self.hosted = plan, engine, tables, hosted
         self.loss_fn, self.data, self.dp, self.device, self.rank = loss_fn, data, dp, device, rank
         self.dtype = DTYPES[plan.precision]
         self.step = 0
@@ -113,6 +114,8 @@ class Trainer:
             self.engine.backward(loss)
             if self.tables is not None:
                 self.tables.collect(self.engine.loss_scale)  # read before step() may change the scale
+            if self.hosted is not None:
+                self.hosted.collect(self.engine.loss_scale)
             self.engine.step()
             loss = loss.detach().float()
             total = loss if total is None else total + loss
@@ -143,6 +146,9 @@ class Trainer:
         return batch
 
     def _step_tables(self) -> None:
+        """The tables and the host modules (placement.modules) step after the parts (or skip with them)."""
+        if self.hosted is not None:
+            self.hosted.discard() if self.engine.step_skipped else self.hosted.step()
         if self.tables is None:
             return
         if self.engine.step_skipped:  # fp16 overflow: the network skipped this step, so do the tables
@@ -270,6 +276,8 @@ class Trainer:
                                            "recompute": list(self.plan.recompute)}
             if tracked is not None:
                 self._memory["tracker"] = {"step": self.step, "peak": tracked}
+            if self.hosted is not None:  # placement.modules: on the host, beside what the parts hold
+                self._memory["host_modules"] = self.hosted.held_bytes()
         peak = measure_peak(self.memory_marks, self.device, self.step)
         run_dir.write_json(rank_dir.memory, {**self._memory, "peak": peak})
 
@@ -300,12 +308,15 @@ class Trainer:
             **self._progress(),
             "engine": self.engine.state_dict(),
             "tables": self.tables.state_dict() if self.tables is not None else None,
+            "host_modules": self.hosted.state_dict() if self.hosted is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.engine.load_state_dict(state["engine"])
         if self.tables is not None:
             self.tables.load_state_dict(state["tables"])
+        if self.hosted is not None:
+            self.hosted.load_state_dict(state["host_modules"])
         self._load_progress(state)
 
     def _tables_state(self) -> dict[str, Any]:
@@ -324,6 +335,8 @@ class Trainer:
             if self.plan.placement.sparse_tables:
                 dcp.save(self._tables_state(), checkpoint_id=str(ckpt.tables))
                 self.alive()
+            if self.hosted is not None:
+                dcp.save(self.hosted.state_dict(), checkpoint_id=str(ckpt.path / HOST_MODULES))
             torch.save(self._progress(), ckpt.trainer(self.rank))
             dist.barrier()
             files = self._manifest(ckpt)
@@ -363,6 +376,10 @@ class Trainer:
             dcp.load(state, checkpoint_id=str(ckpt.tables))
             if self.tables is not None:
                 self.tables.load_state_dict(state["tables"])
+        if self.hosted is not None:
+            state = self.hosted.state_dict()
+            dcp.load(state, checkpoint_id=str(ckpt.path / HOST_MODULES))
+            self.hosted.load_state_dict(state)
         mine = ckpt.trainer(self.rank)
         self._load_progress(torch.load(mine if mine.exists() else ckpt.trainer(0), map_location="cpu",
                                        weights_only=True))

@@ -35,7 +35,8 @@ def fingerprint(trainer) -> dict[str, str]:
                   for n, p in trainer.engine.module.named_parameters()}
         engine = {"module": params, "optimizer": trainer.engine.optimizer.state_dict()}
     state = {"step": trainer.step, "data_position": trainer.data_position, "engine": engine,
-             "tables": trainer.tables.state_dict() if trainer.tables is not None else {}}
+             "tables": trainer.tables.state_dict() if trainer.tables is not None else {},
+             "host_modules": trainer.hosted.state_dict() if trainer.hosted is not None else {}}
     out = {}
     for k, v in _flat(state, "state"):
         if torch.is_tensor(v):
@@ -55,6 +56,8 @@ def perturb(trainer) -> None:
         if trainer.tables is not None:
             for _, weight, _ in trainer.tables.held().values():
                 weight.add_(1.0)
+        for p in trainer.hosted.params if trainer.hosted is not None else ():
+            p.add_(1.0)
     trainer.step, trainer.data_position = trainer.step + 1000, trainer.data_position + 1000
 
 def verify_checkpoint(trainer, ckpt: CheckpointDir) -> None:

@@ -159,9 +159,13 @@ class WideDeepRecipe:
 
     def dense_param_count(self, model: dict) -> int:
         """The MLP and the wide part's dense linear."""
+        return sum(n for path, n in self.module_params(model).items() if "." not in path)
+
+    def module_params(self, model: dict) -> dict[str, int]:
+        """Parameters of the modules placement.modules may name: wide_dense, mlp and each of mlp's Linear layers."""
         widths = [model["num_dense"] + model["num_sparse"] * model["embed_dim"], *model["hidden"], 1]
-        mlp = sum(a * b + b for a, b in zip(widths, widths[1:]))
-        return mlp + model["num_dense"] + 1
+        linears = {f"mlp.{2 * k}": a * b + b for k, (a, b) in enumerate(zip(widths, widths[1:]))}
+        return {"wide_dense": model["num_dense"] + 1, "mlp": sum(linears.values()), **linears}
 
     def problems(self, model: dict, data, micro_group: int) -> list[str]:
         out = []

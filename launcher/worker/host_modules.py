@@ -1,0 +1,131 @@
+"""placement.modules inside a rank: dense modules whose parameters, gradients, optimizer states and compute live on
+the host (launcher/plan/host_modules.py plans them).
+
+``HostModule`` stands where such a module was. It holds the module without registering it, so the parallel parts
+(DDP, DeepSpeed, FSDP2) never see its parameters and ``.to(device)`` never moves them: its forward copies its tensor
+inputs to the host (fp32), runs the module on the host CPU, and copies its outputs back to the device and dtype the
+inputs came in (``Tensor.to`` is differentiable, so autograd flows through both copies and the module's backward runs
+on the host). ``HostModules`` trains them beside the parts, as a table store trains its tables: after each backward
+``collect`` takes the loss scale; ``step`` averages the gradients over the data-parallel ranks through a gloo group
+(one flat all-reduce), skips the step when one is not finite, and steps a torch optimizer of the run's own kind and
+settings on the host. Their weights and optimizer states go into every checkpoint (DCP, ``host_modules/``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hydra.utils import get_class
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from launcher.plan.registry import DENSE_OPTIMIZERS
+
+HOST = torch.device("cpu")
+HOST_MODULES = "host_modules"
+"""Their folder in a checkpoint dir (DCP)."""
+
+
+class HostModule(nn.Module):
+    def __init__(self, inner: nn.Module, name: str) -> None:
+        super().__init__()
+        object.__setattr__(self, "inner", inner.to(HOST, torch.float32))  # not a submodule: the parts never see it
+        self.path = name
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        tensors = [t for t in (*args, *kwargs.values()) if torch.is_tensor(t)]
+        device = tensors[0].device if tensors else HOST
+        dtype = next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
+        to_host = (lambda t: t.to(HOST, torch.float32 if t.is_floating_point() else t.dtype)
+                   if torch.is_tensor(t) else t)
+        out = self.inner(*tree_map(to_host, args), **tree_map(to_host, kwargs))
+        back = lambda t: t.to(device, dtype if t.is_floating_point() else t.dtype) if torch.is_tensor(t) else t  # noqa: E731
+        return tree_map(back, out)
+
+    def extra_repr(self) -> str:
+        return f"{self.path} on the host: {type(self.inner).__name__}"
+
+
+def place_on_host(model: nn.Module, names: list[str]) -> dict[str, nn.Module]:
+    """Swap each named module of ``model`` for a HostModule; {path: the module itself} of those swapped."""
+    moved = {}
+    for name in names:
+        parent_path, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_path) if parent_path else model
+        inner = getattr(parent, attr)
+        setattr(parent, attr, HostModule(inner, name))
+        moved[name] = inner
+    return moved
+
+
+class HostModules:
+    """The host modules of this rank: their optimizer, their gradients' average over the data-parallel group."""
+
+    def __init__(self, modules: dict[str, nn.Module], plan: Any, dp_ranks: list[int]) -> None:
+        self.modules = modules
+        self.container = nn.ModuleDict({k.replace(".", "/"): m for k, m in modules.items()})
+        """The same modules under one root: the names their state dict and optimizer state are saved by."""
+        self.params = [p for p in self.container.parameters() if p.requires_grad]
+        o = plan.optimizer
+        spec = DENSE_OPTIMIZERS[o.name]
+        kwargs = {k: getattr(o, k) for k in spec.kwargs}
+        if spec.fused:
+            kwargs["fused"] = True  # as the parts' optimizer (launcher/worker/optimizers.py): the same arithmetic
+        self.optimizer = get_class(spec.impl)(self.params, **kwargs)
+        self.dp_size = len(dp_ranks)
+        self.group = dist.new_group(dp_ranks, backend="gloo") if self.dp_size > 1 else None
+        self._scale = 1.0
+        self.grad_bytes = 0
+        """Bytes of the gradients the last step averaged (they are freed after it)."""
+
+    def collect(self, grad_scale: float = 1.0) -> None:
+        self._scale = grad_scale
+
+    def step(self) -> bool:
+        """Average the gradients over the data-parallel ranks and step (collective on the dp group). False when a
+        gradient was not finite: nothing is updated."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        if self.group is not None:
+            dist.all_reduce(flat, group=self.group)
+        flat /= self.dp_size * self._scale
+        self.grad_bytes = sum(g.numel() * g.element_size() for g in grads)
+        ok = bool(torch.isfinite(flat).all())
+        if ok:
+            for p, g in zip(self.params, flat.split([q.numel() for q in self.params])):
+                p.grad = g.view_as(p)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return ok
+
+    def discard(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Weights and optimizer states by name (torch's distributed state-dict API: states made for a fresh one)."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        return {"model": get_model_state_dict(self.container),
+                "optim": get_optimizer_state_dict(self.container, self.optimizer)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        set_model_state_dict(self.container, state["model"])
+        set_optimizer_state_dict(self.container, self.optimizer, state["optim"])
+
+    def digests(self) -> dict[str, str]:
+        return {name: hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in m.parameters())).hexdigest()
+                for name, m in self.modules.items()}
+
+    def held_bytes(self) -> dict[str, int]:
+        """Host bytes of the weights, gradients and optimizer states now (memory.json)."""
+        params = sum(p.numel() * p.element_size() for p in self.params)
+        states = sum(t.numel() * t.element_size() for s in self.optimizer.state.values() for t in s.values()
+                     if torch.is_tensor(t) and t.dim() > 0)
+        devices = sorted({p.device.type for p in self.params})
+        return {"params": params, "grads": self.grad_bytes, "optimizer": states, "devices": devices,
+                "modules": list(self.modules)}
