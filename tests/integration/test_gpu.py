@@ -62,3 +62,20 @@ def test_pipeline_and_tensor_parallel_over_nccl_match_one_gpu(tmp_path):
     pipe = run(tmp_path, "pipe", [*GPT, "cluster.nproc_per_node=2", "parallel.pipeline_stages=2"])
     tp = run(tmp_path, "tp", [*GPT, "cluster.nproc_per_node=2", "parallel.tp=2"])
     assert worst(losses(pipe), losses(one)) <= 1e-5 and worst(losses(tp), losses(one)) <= 1e-4
+
+
+def test_host_modules_cross_to_the_gpu_and_match_the_device_run(tmp_path):
+    """placement.modules on one GPU: mnist_mlp's Dense layers on the host CPU (inputs copied there, outputs back to
+    cuda) against every layer on the GPU; and a HostModule alone: its output on cuda, its gradients on the host."""
+    from launcher.worker.host_modules import HostModule
+
+    layer = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8, device="cuda", requires_grad=True)
+    out = HostModule(layer, "layer")(x)
+    out.sum().backward()
+    assert out.device.type == "cuda" and layer.weight.grad.device.type == "cpu" and x.grad.device.type == "cuda"
+    mnist = ["recipe=mnist_mlp", "trainer.steps=8", "data.samples=512", "data.eval_samples=64", *ON_GPU]
+    host = run(tmp_path, "host", [*mnist, "cluster.nproc_per_node=1"])
+    device = run(tmp_path, "device", [*mnist, "cluster.nproc_per_node=1",
+                                       "placement.modules={dense1: device, dense2: device, dense3: device}"])
+    assert worst(losses(host), losses(device)) <= 1e-5
