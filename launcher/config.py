@@ -21,7 +21,7 @@ from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config_files import check_recipe_file, quoted_path, user_recipes, yaml_problem
-from launcher.config_overrides import hydra_keys, quote_hint, steps_or_epochs
+from launcher.config_overrides import competing_keys, hydra_keys, launcher_set_keys, quote_hint
 from launcher.errors import ConfigError, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -85,11 +85,13 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
             except (HydraException, OmegaConfBaseException) as error:
                 problems = _diagnose(parsed, script_mode, users, search, bases) or [first_line(error)]
                 raise ConfigError([_as_given(p, said) for p in problems]) from None
-        added = _added_unknown_keys(cfg, parsed) + _numbers_as_bools(cfg, parsed) + steps_or_epochs(cfg, parsed)
+        added = (_added_unknown_keys(cfg, parsed) + _numbers_as_bools(cfg, parsed) + competing_keys(cfg, parsed)
+                 + launcher_set_keys(parsed, bool(cfg.smoke)))
         if added:
             raise ConfigError(added)
         if cfg.smoke:
             cfg = _compose_smoke(cfg, overrides, search, script_mode)
+            competing_keys(cfg, parsed)  # composed again: the user's key wins again (its problems were said above)
         if cfg.deepspeed.config is not None:  # the keys a DeepSpeed file may not change (parallel/deepspeed_file.py)
             cfg.deepspeed.given = sorted({o.key_or_group.lstrip("+~") for o in parsed})
     try:  # an interpolation that does not resolve (${nope}) fails in any of these

@@ -1,12 +1,12 @@
 """What the command line's overrides may not do, checked as the config is composed (launcher/config.py): set Hydra's
-own run settings (which hetero-launch does not use), leave a competing pair (steps and epochs) undecided, or hold a
-value Hydra's grammar cannot read unquoted."""
+own run settings (which hetero-launch does not use), leave a competing pair (steps and epochs) undecided, set a key
+the launcher fills in itself, or hold a value Hydra's grammar cannot read unquoted."""
 
 from __future__ import annotations
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 HYDRA_HINTS = {"hydra.run.dir": "a run's files go to output.log_dir/<run name>: set output.log_dir={v} (and "
                                  "output.run_name=<name> to name the run's own folder)",
@@ -49,16 +49,68 @@ def hydra_keys(parsed, quiet: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
-def steps_or_epochs(cfg: DictConfig, parsed) -> list[str]:
-    """trainer.steps and trainer.epochs compete (epochs > 0 trains that many passes instead of steps): the one the
-    user wrote wins over a recipe's or data option's default (data=tabular's epochs: 5); both written is refused."""
+COMPETING = (
+    # (a key, the key it competes with, that key's value when it stands aside, why they compete, whether they are
+    # two names of one number: then equal values agree)
+    ("trainer.steps", "trainer.epochs", 0, "epochs > 0 trains that many passes over the data instead of a number of "
+                                           "steps", False),
+    ("batch.grad_accum", "batch.micro_batches", -1, "batch.micro_batches (a pipeline's name for the micro-batches of "
+                                                    "a step) sets batch.grad_accum when it is not -1", True),
+    ("parallel.partition", "parallel.stages", {}, "parallel.stages places every layer itself; parallel.partition "
+                                                  "splits the layers only when it is empty", False),
+)
+"""Pairs of keys of which one decides. The one the user writes wins over a recipe's or data option's default for the
+other (data=tabular's trainer.epochs: 5, resnet's batch.micro_batches and parallel.stages); both written is refused,
+naming both."""
+
+
+def competing_keys(cfg: DictConfig, parsed) -> list[str]:
+    """Each COMPETING pair settled on ``cfg`` (the user's key wins: the other stands aside), or a problem naming
+    both."""
     given = {o.key_or_group.lstrip("+~") for o in parsed}
-    steps, epochs = "trainer.steps" in given, "trainer.epochs" in given
-    if not steps or cfg.trainer.epochs <= 0:
-        return []
-    if epochs:
-        return [f"trainer.steps={cfg.trainer.steps} and trainer.epochs={cfg.trainer.epochs:g} were both given: "
-                f"epochs > 0 trains that many passes over the data instead of a number of steps. Give one of them "
-                f"(trainer.epochs=0 to train trainer.steps steps)."]
-    cfg.trainer.epochs = 0  # the user's steps over a default's epochs
-    return []
+    problems = []
+    for key, other, aside, why, one_number in COMPETING:
+        # a value that does not resolve (${nope}) reads as None here; the config's resolve names it
+        mine, theirs = (OmegaConf.select(cfg, k, throw_on_resolution_failure=False) for k in (key, other))
+        if not _wrote(given, key) or _plain(theirs) == aside or (one_number and mine == theirs):
+            continue
+        if not _wrote(given, other):
+            OmegaConf.update(cfg, other, aside, merge=False)  # the user's key over a default's
+        else:
+            problems.append(f"{key}={_plain(mine)} and {other}={_plain(theirs)} were both given: {why}. Give one of "
+                            f"them ({other}={aside} to use {key}).")
+    return problems
+
+
+def _wrote(given: set[str], key: str) -> bool:
+    """The command line set ``key`` or an entry of it (+parallel.stages.head=0)."""
+    return any(g == key or g.startswith(f"{key}.") for g in given)
+
+
+def _plain(value):
+    """A config value as the user wrote it (a dict or list without OmegaConf's wrapper; 5.0 as 5)."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value)
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+LAUNCHER_SET = {"deepspeed.given": "the keys the command line gave with deepspeed.config",
+                "deepspeed.source": "the file deepspeed.config was read from",
+                "smoke_changes": "what smoke=true's profile changed"}
+"""Keys the launcher fills in itself (and records in the run dir's config.yaml): a value given would be replaced."""
+
+
+def launcher_set_keys(parsed, smoke: bool) -> list[str]:
+    """Overrides of the keys the launcher sets itself (LAUNCHER_SET), and of smoke_profile without smoke=true (read
+    by a smoke run only): each would do nothing."""
+    out = []
+    for o in parsed:
+        key = o.key_or_group.lstrip("+~")
+        top = next((k for k in LAUNCHER_SET if key == k or key.startswith(f"{k}.")), None)
+        if top is not None:
+            out.append(f"{key}={o.value()}: set by the launcher ({LAUNCHER_SET[top]}), so a value given here would be "
+                       f"replaced. Remove it.")
+        elif (key == "smoke_profile" or key.startswith("smoke_profile.")) and not smoke:
+            out.append(f"{key}={o.value()}: the smoke profile is read by smoke=true only, so without it this does "
+                       f"nothing. Add smoke=true, or remove it.")
+    return out

@@ -29,7 +29,8 @@ class ElasticBackend(Backend):
         port_ok = port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
         if not host or not HOST.fullmatch(host) or not port_ok:
             p.append(f"cluster.rdzv_endpoint={c.rdzv_endpoint or '(empty)'} must be <host>:<port> of one of the "
-                     f"nodes, the same on every host, e.g. cluster.rdzv_endpoint=node0.cluster:29400.")
+                     f"nodes, the same on every host (cluster.launch=elastic's hosts meet there), e.g. "
+                     f"cluster.rdzv_endpoint=node0.cluster:29400.")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", str(c.rdzv_id)):
             p.append(f"cluster.rdzv_id={c.rdzv_id} must be a name of letters, digits, '.', '_' and '-'.")
         if c.local_addr and not HOST.fullmatch(str(c.local_addr)):

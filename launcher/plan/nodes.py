@@ -75,9 +75,14 @@ def store_notes(cfg: DictConfig, backends: tuple[BackendRules, ...]) -> list[str
     got = node_range(cfg.cluster.nnodes)
     if chosen is None or not chosen.launcher_per_host or got is None or got[1] < 2:
         return []
-    return [f"cluster.rdzv_endpoint={cfg.cluster.rdzv_endpoint}: the rendezvous store lives in the launcher on that "
-            f"host (torch's c10d backend), so losing that host ends the job whatever cluster.nnodes allows; any other "
-            f"host may be lost (named after cluster.heartbeat_timeout_s={cfg.cluster.heartbeat_timeout_s:g} s)"]
+    c = cfg.cluster
+    return [f"cluster.rdzv_endpoint={c.rdzv_endpoint}: the rendezvous store lives in the launcher on that host "
+            f"(torch's c10d backend), so losing that host ends the job whatever cluster.nnodes allows; any other host "
+            f"may be lost (named after cluster.heartbeat_timeout_s={c.heartbeat_timeout_s:g} s)",
+            f"cluster.rdzv_id={c.rdzv_id}: the hosts of this job meet under that name, waiting "
+            f"cluster.rdzv_timeout_s={c.rdzv_timeout_s:g} s for all of them; this host is reached at "
+            f"cluster.local_addr={c.local_addr or '(its fully qualified name)'}; torch's c10d rendezvous with "
+            f"cluster.rdzv_conf={dict(c.rdzv_conf) or '(its defaults)'}"]
 
 
 def planned_nodes(cfg: DictConfig, backends: tuple[BackendRules, ...],

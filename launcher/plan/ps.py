@@ -101,7 +101,11 @@ def plan_build(mode: str, placement: PlacementPlan, remodel: Callable[[Placement
             f"placement.ps_init={mode} must be auto, whole or blocks (how each rank gets its block of a split table)."]
     whole = _built(placement, "whole")
     result = remodel(whole)
-    if not any(t.shards > 1 for t in placement.tables) or mode == "whole":
+    if not any(t.shards > 1 for t in placement.tables):
+        unused = [f"placement.ps_init={mode} is not used: no table is split over the ranks (placement.ps=true or "
+                  f"placement.tables.<name>=ps split one)"] if mode != "auto" else []
+        return whole, result, unused, []
+    if mode == "whole":
         return whole, result, [], []
     if mode == "auto" and (not host_usable or result[2].host_total <= host_usable):
         return whole, result, [], []
