@@ -86,6 +86,9 @@ class ModelFacts:
     modules: dict[str, int] | None = None
     """Parameters of each module placement.modules may name, by module path (``dense1``, ``towers.0.mlp``; tables and
     modules holding one left out); None = not known (a built-in recipe without a ``module_params`` hook)."""
+    module_io: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """(input, output) floats per sample of a module on the host (what crosses each way); a module not here: not
+    known. A built-in recipe's ``module_io`` hook, or a user's module's first and last nn.Linear."""
 
 
 @dataclass(frozen=True)
@@ -202,8 +205,10 @@ class Facts:
 def model_facts(recipe: Recipe, model: Mapping[str, Any]) -> ModelFacts:
     """A built-in recipe's model facts, from its torch-free hooks."""
     hook = getattr(recipe, "module_params", None)  # optional: the modules placement.modules may name
+    io = getattr(recipe, "module_io", None)  # optional: what crosses to and from each of them, per sample
     return ModelFacts(tables=recipe.tables(model), dense_params=recipe.dense_param_count(model),
-                      layers=tuple(recipe.layer_names(model)), modules=hook(model) if hook else None)
+                      layers=tuple(recipe.layer_names(model)), modules=hook(model) if hook else None,
+                      module_io=io(model) if io else {})
 
 
 def dp_share(batch: Batch, dp_rank: int, micro_size: int) -> Batch:

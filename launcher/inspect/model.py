@@ -47,7 +47,8 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
         lines.append(f"model: embeddings that always train inside the engine: {'; '.join(kept_inside)}")
     return ModelFacts(tables=tables, dense_params=dense, layers=layers, layer_params=layer_params, tied=tied,
                       layer_paths={n: n for n in layers}, lines=tuple(lines), kept=tuple(kept),
-                      aliases=tuple(aliases.items()), modules=module_params(model, set(tables)))
+                      aliases=tuple(aliases.items()), modules=module_params(model, set(tables)),
+                      module_io=linear_io(model))
 
 
 def module_params(model: nn.Module, tables: set[str]) -> dict[str, int]:
@@ -87,3 +88,14 @@ def torchrec_names(model: nn.Module, tables: dict[str, tuple[int, int]]) -> tupl
                          f"(placement.tables.<name> and tables.<name> take these names or the module paths)")
     aliases = {n: paths[0] for n, paths in found.items() if len(paths) == 1 and n not in tables}
     return aliases, lines
+
+
+def linear_io(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """(input, output) floats per sample of each module whose first and last nn.Linear say them (an MLP, a Linear):
+    what a host module's forward copies in and out; other modules are left out (not known without a forward)."""
+    out = {}
+    for path, m in model.named_modules():
+        linears = [x for x in m.modules() if isinstance(x, nn.Linear)]
+        if path and linears:
+            out[path] = (linears[0].in_features, linears[-1].out_features)
+    return out

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError
 from launcher.plan.batch import DEFAULT_MICRO_SIZE, BatchPlan, plan_batch
-from launcher.plan.host_modules import plan_host_modules
+from launcher.plan.host_modules import crossing_words, plan_host_modules
 from launcher.plan.loader import LoaderPlan, plan_loader
 from launcher.plan.memory import state_floats
 from launcher.plan.parallel import ParallelDims, plan_parallel
@@ -273,14 +273,15 @@ def plan_where(cfg: DictConfig, host: HostFacts, d: Draft) -> None:
     d.problems += placement_problems
     d.notes += placement_notes
     hosted, module_problems = plan_host_modules(dict(cfg.placement.modules), d.sizes.modules, cfg.recipe.name,
-                                                state_floats(cfg.optimizer.name))
+                                                state_floats(cfg.optimizer.name), d.sizes.module_io)
     d.problems += module_problems
     if hosted and d.placement is not None:
         d.placement = dataclasses.replace(d.placement, modules=hosted,
                                           dense_params=d.placement.dense_params - sum(m.params for m in hosted))
         d.notes.append(f"placement.modules: {', '.join(f'{m.name} ({m.params:,} parameters)' for m in hosted)} on the "
                        f"host, {sum(m.bytes for m in hosted) / 1e6:,.1f} MB per rank with gradients and optimizer "
-                       f"states, run on the host CPU (inputs copied there, outputs back); the parts train the rest")
+                       f"states, run on the host CPU (inputs copied there, outputs back); the parts train the rest; "
+                       + crossing_words(hosted, d.batch.micro_size * d.batch.grad_accum if d.batch else 0))
     outside = {t.name for t in d.placement.tables if t.location != "engine"}
     d.recompute, recompute_problems, recompute_notes = plan_recompute(list(cfg.recompute), d.sizes.layers, outside)
     d.problems += recompute_problems

@@ -25,6 +25,8 @@ class ModulePlan:
     """Its parameters (each kept in fp32 on the host, with its gradient and optimizer states)."""
     state_floats: int = 0
     """fp32 optimizer state values per parameter (the run's optimizer: SGD 0, Adam 2)."""
+    io_floats: int = 0
+    """Floats per sample its forward copies in and out (input + output widths); 0 = not known."""
     location: str = "host"
 
     @property
@@ -33,8 +35,8 @@ class ModulePlan:
         return self.params * 4 * (2 + self.state_floats)
 
 
-def plan_host_modules(wanted: dict[str, str], modules: dict[str, int] | None, recipe: str, state_floats: int
-                      ) -> tuple[tuple[ModulePlan, ...], list[str]]:
+def plan_host_modules(wanted: dict[str, str], modules: dict[str, int] | None, recipe: str, state_floats: int,
+                      io: dict[str, tuple[int, int]] | None = None) -> tuple[tuple[ModulePlan, ...], list[str]]:
     """(the modules on the host, problems) of placement.modules against the model's modules (path -> parameters;
     None: the recipe does not name them)."""
     if not wanted:
@@ -56,7 +58,19 @@ def plan_host_modules(wanted: dict[str, str], modules: dict[str, int] | None, re
     device = {m for k, v in wanted.items() if v == "device" for m in modules if m == k or fnmatch.fnmatchcase(m, k)}
     host = [m for m in dict.fromkeys(chosen) if m not in device]
     outer = [m for m in host if not any(m.startswith(o + ".") for o in host if o != m)]
-    return tuple(ModulePlan(m, modules[m], state_floats) for m in outer), problems
+    io = io or {}
+    return tuple(ModulePlan(m, modules[m], state_floats, sum(io.get(m, (0, 0)))) for m in outer), problems
+
+
+def crossing_words(hosted: tuple[ModulePlan, ...], samples: int) -> str:
+    """What crosses between the device and the host each step and rank, in words."""
+    known = [m for m in hosted if m.io_floats]
+    if not known:
+        return "the bytes their activations cross with are not known (no module_io hook, no Linear to read them from)"
+    each_way = sum(m.io_floats for m in known) * 4 * samples
+    rest = "" if len(known) == len(hosted) else f" ({', '.join(m.name for m in hosted if not m.io_floats)} not known)"
+    return (f"up to {each_way / 1e6:,.2f} MB each way per step and rank cross with them (inputs and outputs of "
+            f"{samples} samples, and their gradients back){rest}")
 
 
 def composition_problems(hosted: tuple[ModulePlan, ...], cfg, zero: int, dp_shard: int) -> list[str]:

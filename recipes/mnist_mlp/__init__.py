@@ -58,6 +58,11 @@ class MnistMlp:
         i, h, c = model["in_features"], model["hidden"], model["classes"]
         return {"dense1": i * h + h, "dense2": h * h + h, "dense3": h * c + c}
 
+    def module_io(self, model: dict) -> dict[str, tuple[int, int]]:
+        """(input, output) floats per sample of each Dense layer (optional hook: what a host layer copies)."""
+        i, h, c = model["in_features"], model["hidden"], model["classes"]
+        return {"dense1": (i, h), "dense2": (h, h), "dense3": (h, c)}
+
     def dense_param_count(self, model: dict) -> int:
         return sum(self.module_params(model).values())
 

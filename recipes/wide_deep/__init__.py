@@ -161,6 +161,12 @@ class WideDeepRecipe:
         """The MLP and the wide part's dense linear."""
         return sum(n for path, n in self.module_params(model).items() if "." not in path)
 
+    def module_io(self, model: dict) -> dict[str, tuple[int, int]]:
+        """(input, output) floats per sample of the modules module_params names."""
+        widths = [model["num_dense"] + model["num_sparse"] * model["embed_dim"], *model["hidden"], 1]
+        return {"wide_dense": (model["num_dense"], 1), "mlp": (widths[0], 1),
+                **{f"mlp.{2 * k}": (a, b) for k, (a, b) in enumerate(zip(widths, widths[1:]))}}
+
     def module_params(self, model: dict) -> dict[str, int]:
         """Parameters of the modules placement.modules may name: wide_dense, mlp and each of mlp's Linear layers."""
         widths = [model["num_dense"] + model["num_sparse"] * model["embed_dim"], *model["hidden"], 1]
