@@ -55,7 +55,7 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
     layout = launch.layout(cfg, dict(os.environ)) if launch is not None else read_cluster_files(cfg)
     lines = []
     if layout is not None:
-        cfg = with_layout(cfg, layout)
+        cfg = with_layout(cfg, layout, launch is None or "rdzv_endpoint" in launch.reads)
         lines.append(f"{layout.source}: {layout.nnodes} host(s) × {layout.nproc_per_node} rank(s) "
                      f"({', '.join(layout.hosts)}) -> cluster.nnodes={layout.nnodes}, "
                      f"cluster.nproc_per_node={layout.nproc_per_node}")
@@ -84,9 +84,10 @@ def _warnings(plan: RunPlan, host: HostFacts, workers_given: bool) -> list[str]:
     return [warning] if warning else []
 
 
-def with_layout(cfg: DictConfig, layout: ClusterLayout) -> DictConfig:
+def with_layout(cfg: DictConfig, layout: ClusterLayout, rendezvous: bool = True) -> DictConfig:
     """The cluster a rank table or hostfile describes, in cluster.nnodes and nproc_per_node (given values must
-    agree), and as the rendezvous' default endpoint (the first host, torchrun's port 29400)."""
+    agree), and, for a backend that reads cluster.rdzv_endpoint (``rendezvous``: elastic), as the rendezvous' default
+    endpoint (the first host, torchrun's port 29400); under mpirun or srun that key is another backend's."""
     c = cfg.cluster
     problems = []
     if c.nnodes not in (1, layout.nnodes):
@@ -100,7 +101,7 @@ def with_layout(cfg: DictConfig, layout: ClusterLayout) -> DictConfig:
     cfg = cfg.copy()
     cfg.cluster.nnodes = layout.nnodes
     cfg.cluster.nproc_per_node = str(layout.nproc_per_node)
-    if layout.nnodes > 1 and not cfg.cluster.rdzv_endpoint:
+    if rendezvous and layout.nnodes > 1 and not cfg.cluster.rdzv_endpoint:
         host = layout.hosts[0]
         cfg.cluster.rdzv_endpoint = f"[{host}]:29400" if ":" in host else f"{host}:29400"
     return cfg
