@@ -18,7 +18,8 @@ from launcher.errors import ConfigError
 from launcher.loggers import logger_specs
 from launcher.plan.batch import BatchPlan
 from launcher.plan.budget import budget_of, check_fit
-from launcher.plan.host_modules import composition_problems
+from launcher.plan.host_modules import composition_problems, plan_host_modules
+from launcher.plan.memory import state_floats
 from launcher.plan.draft import Draft, plan_dataloader, plan_draft_parts, plan_recompute, plan_shape, plan_where
 from launcher.plan.layout import ClusterLayout
 from launcher.plan.memory import Bytes, MemoryEstimate
@@ -82,6 +83,11 @@ def _auto(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout 
         tables=tuple(t if t.location == "engine" else placed(t, where.get(t.name, "device"), stage_ranks(d.dims))
                      for t in d.placement.tables))
     d.zero, d.recompute = c.zero, c.recompute
+    if c.host_modules:  # no layout fitted with these on the device: beside the ones you placed
+        hosted, _ = plan_host_modules(result.overrides["placement.modules"], d.sizes.modules, cfg.recipe.name,
+                                      state_floats(cfg.optimizer.name), d.sizes.module_io)
+        d.placement = dataclasses.replace(d.placement, modules=d.placement.modules + hosted,
+                                          dense_params=d.placement.dense_params - sum(m.params for m in hosted))
     intents, parts = plan_draft_parts(cfg, d)
     if d.problems or intents is None:
         raise ConfigError(list(dict.fromkeys(d.problems)))

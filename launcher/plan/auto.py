@@ -43,23 +43,28 @@ class Candidate:
     data_parallel: str
     ps_tables: tuple[str, ...] = ()
     """Tables whose rows are split over the ranks (a table moved to the host and then split is here only)."""
+    host_modules: tuple[str, ...] = ()
+    """Dense modules on the host (placement.modules): tried only when nothing fits without."""
 
     @property
     def changes(self) -> int:
         dense = (self.zero > 0) + self.offload_optimizer + self.offload_params + bool(self.recompute)
-        return dense + bool(self.ps_tables)
+        return dense + bool(self.ps_tables) + bool(self.host_modules)
 
     def words(self) -> str:
         where = "host" if self.offload_optimizer else "device"
         params = ", parameters on the host" if self.offload_params else ""
         rec = "recompute all" if self.recompute else "no recompute"
-        return f"zero.stage={self.zero} ({self.data_parallel}), optimizer on the {where}{params}, {rec}"
+        modules = f", {', '.join(self.host_modules)} on the host" if self.host_modules else ""
+        return f"zero.stage={self.zero} ({self.data_parallel}), optimizer on the {where}{params}, {rec}{modules}"
 
     def overrides(self, tables: tuple[str, ...]) -> dict[str, Any]:
         host, ps = set(self.host_tables), set(self.ps_tables)
+        modules = {"placement.modules": {m: "host" for m in self.host_modules}} if self.host_modules else {}
         return {"zero.stage": self.zero, "optimizer.target": "CPU" if self.offload_optimizer else "device",
                 "placement.offload_params": self.offload_params, "recompute": list(self.recompute),
-                "placement.tables": {t: "ps" if t in ps else "host" if t in host else "device" for t in tables}}
+                "placement.tables": {t: "ps" if t in ps else "host" if t in host else "device" for t in tables},
+                **modules}
 
 
 @dataclass(frozen=True)
@@ -204,29 +209,46 @@ def _owned(t: Term, table: str) -> bool:
 
 
 def choose(evaluate, layouts, movable, b: Budget, cost_input, owned: dict[str, list[Term]],
-           fixed: dict[str, str] | None = None, sharding: Sharding | None = None) -> AutoResult:
-    """The best fitting candidate. ``evaluate(zero, offload_opt, offload_params, recompute)`` -> (MemoryPlan with
-    every movable table on the device, data-parallel part name, seconds its engine adds to a step) or None when the
-    parts cannot run it; ``owned``: the terms that move with each table (the same objects in every evaluation);
+           fixed: dict[str, str] | None = None, sharding: Sharding | None = None,
+           modules: tuple[tuple[str, int, int], ...] = ()) -> AutoResult:
+    """The best fitting candidate. ``evaluate(zero, offload_opt, offload_params, recompute, hosted)`` -> (MemoryPlan
+    with every movable table on the device, data-parallel part name, seconds its engine adds to a step) or None when
+    the parts cannot run it; ``owned``: the terms that move with each table (the same objects in every evaluation);
     ``fixed``: tables the user placed (name -> host|device|ps), kept there; ``sharding``: the tables auto may split
-    over the ranks when a host cannot hold a copy per rank (None: none)."""
+    over the ranks when a host cannot hold a copy per rank (None: none); ``modules``: (name, parameters, input +
+    output floats per sample) of the dense modules auto may put on the host, largest first, the k largest tried
+    (k = 1, 2, ...) only when no layout fits without."""
     fixed = fixed or {}
     pinned = tuple(n for n, where in fixed.items() if where == "host")
     pinned_ps = tuple(n for n, where in fixed.items() if where == "ps")
-    cands = []
     movable = sorted(movable, key=lambda nr: (-nr[1], nr[0]))  # most rows first: fewest looked-up bytes per byte
-    for z, opt, par, rec in layouts:
-        got = evaluate(z, opt, par, rec)
-        if got is None:
-            continue
-        mem, dp_name, overhead = got
-        mem, host_tables = move_tables(mem, b, movable, owned)
-        mem, split = shard_tables(mem, b, sharding)
-        ps_tables = pinned_ps + split
-        host_tables = tuple(n for n in pinned + host_tables if n not in split)
-        seconds = step_time(cost_input, z, opt, par, bool(rec), host_tables + ps_tables, ps_tables) + overhead
-        cands.append(Candidate(z, opt, par, rec, host_tables, mem, seconds, dp_name, ps_tables))
+
+    def candidates(hosted: tuple[tuple[str, int, int], ...] = ()) -> list[Candidate]:
+        out = []
+        ci = dataclasses.replace(cost_input, dense_params=max(0, cost_input.dense_params - sum(m[1] for m in hosted)))
+        for z, opt, par, rec in layouts:
+            got = evaluate(z, opt, par, rec, hosted)
+            if got is None:
+                continue
+            mem, dp_name, overhead = got
+            mem, host_tables = move_tables(mem, b, movable, owned)
+            mem, split = shard_tables(mem, b, sharding)
+            ps_tables = pinned_ps + split
+            host_tables = tuple(n for n in pinned + host_tables if n not in split)
+            seconds = overhead + step_time(ci, z, opt, par, bool(rec), host_tables + ps_tables, ps_tables,
+                                           tuple((p, io) for _, p, io in hosted))
+            out.append(Candidate(z, opt, par, rec, host_tables, mem, seconds, dp_name, ps_tables,
+                                 tuple(m[0] for m in hosted)))
+        return out
+
+    cands = candidates()
     ok = sorted((c for c in cands if fits(c.memory, b)), key=lambda c: (c.seconds, c.changes))
+    for k in range(1, len(modules) + 1) if not ok else ():  # after offload, before giving up: dense modules
+        more = candidates(modules[:k])
+        cands += more
+        ok = sorted((c for c in more if fits(c.memory, b)), key=lambda c: (c.seconds, c.changes))
+        if ok:
+            break
     if not ok:
         return AutoResult(None, {}, (), tuple(infeasible(cands, b, cost_input.group)), len(cands))
     near = [c for c in ok if c.seconds <= ok[0].seconds * (1 + MARGIN)]  # within the model's error: change least
@@ -249,6 +271,13 @@ def explain(best: Candidate, others: list[Candidate], cands: list[Candidate], b:
     refused = sorted((c for c in cands if not fits(c.memory, b) and c.changes < best.changes), key=lambda c: c.seconds)
     if refused:
         out.append(f"not {refused[0].words()}: {shortfall(refused[0].memory, b)}")
+    if best.host_modules:
+        without = [c for c in cands if not c.host_modules]
+        closest = min(without, key=lambda c: c.memory.peak("device"), default=None)
+        out.append(f"{', '.join(best.host_modules)} -> host (placement.modules): no layout fits with every dense "
+                   f"module on the device" + (f" (the closest, {closest.words()}: {shortfall(closest.memory, b)})"
+                                              if closest else "") + f"; with the largest on the host the device "
+                   f"peaks at {gb(best.memory.peak('device'))}, the budget is {gb(b.device_usable)}")
     out += _table_reasons(best, b, fixed)
     split = [n for n in best.ps_tables if sharding is not None and n in sharding.whole]  # auto's, not yours
     out += _ps_reasons(best, b, split, sharding)

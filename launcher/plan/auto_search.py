@@ -4,12 +4,14 @@ rules, the step-time model's figures (the search itself is launcher/plan/auto.py
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 
 from omegaconf import DictConfig
 
 from launcher.plan.auto import AutoResult, Sharding, choose, dense_layouts, owned_terms
 from launcher.plan.budget import budget_of
 from launcher.plan.cost import CostInput
+from launcher.plan.host_modules import ModulePlan, composition_problems
 from launcher.plain import to_plain
 from launcher.plan.memory import state_floats
 from launcher.plan.peak import MemoryInput, table_terms
@@ -37,15 +39,23 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
                                            micro_size=intents.batch[1], grad_accum=intents.batch[2],
                                            tables=on_device.tables, lookups=mm.lookups)))
 
-    def evaluate(zero: int, opt: bool, par: bool, rec: tuple[str, ...]):
+    sf = state_floats(intents.optimizer)
+
+    def evaluate(zero: int, opt: bool, par: bool, rec: tuple[str, ...], hosted: tuple = ()):
         i = dataclasses.replace(intents, zero=zero, offload_optimizer=opt, offload_params=par, recompute=rec)
         parts, problems, _ = parallel.plan_parts(i)
         if problems or not parts:
             return None
         run = parallel.run_facts(i, parts)
+        if hosted and (run.zero >= 3 or run.dp_shard > 1):  # host modules beside sharded parameters: not built
+            return None
         where = dataclasses.replace(on_device, param_location=run.param_location,
                                     optimizer_location=run.optimizer_location)
-        key = (run.zero, opt, par, rec)
+        if hosted:  # beside the ones you placed
+            where = dataclasses.replace(where, modules=where.modules + tuple(ModulePlan(n, p, sf, io)
+                                                                             for n, p, io in hosted),
+                                        dense_params=max(0, where.dense_params - sum(p for _, p, _ in hosted)))
+        key = (run.zero, opt, par, rec, tuple(n for n, _, _ in hosted))
         if key in seen:  # ZeRO-0 with offload runs as ZeRO-2: the same layout twice
             return None
         seen.add(key)
@@ -72,7 +82,21 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
         grad_accum=intents.batch[2], lookups=mm.lookups))
     owned = {n: ts for n, ts in owned.items() if n not in fixed}
     movable = [(t.name, t.rows) for t in outside if t.name not in fixed]
-    return choose(evaluate, layouts, movable, budget, cost, owned, fixed, sharding)
+    return choose(evaluate, layouts, movable, budget, cost, owned, fixed, sharding, _modules(cfg, sizes))
+
+
+def _modules(cfg: DictConfig, sizes) -> tuple[tuple[str, int, int], ...]:
+    """The dense modules auto may put on the host, largest first: (name, parameters, input + output floats per
+    sample) of each module with parameters that holds no other such module (the model's layers of weights), but
+    those you placed with placement.modules (kept where you put them) and what is inside or around them; none when
+    the run's keys cannot run host modules (launcher/plan/host_modules.py composition_problems)."""
+    if not sizes.modules or composition_problems((ModulePlan("x", 1),), cfg, 0, 1):
+        return ()
+    yours = [m for k in cfg.placement.modules for m in sizes.modules if m == k or fnmatch.fnmatchcase(m, k)]
+    leaves = [m for m in sizes.modules if not any(o.startswith(m + ".") for o in sizes.modules)
+              and not any(m == y or m.startswith(y + ".") or y.startswith(m + ".") for y in yours)]
+    return tuple(sorted(((m, sizes.modules[m], sum(sizes.module_io.get(m, (0, 0)))) for m in leaves),
+                        key=lambda t: (-t[1], t[0])))
 
 
 def _sharding(cfg: DictConfig, outside: list, owned: dict, group: int, m: MemoryInput) -> Sharding | None:

@@ -34,9 +34,13 @@ class CostInput:
 
 
 def step_time(c: CostInput, zero: int, offload_optimizer: bool, offload_params: bool, recompute: bool,
-              host_tables: tuple[str, ...], ps_tables: tuple[str, ...] = ()) -> float:
+              host_tables: tuple[str, ...], ps_tables: tuple[str, ...] = (),
+              hosted: tuple[tuple[int, int], ...] = ()) -> float:
     """Estimated seconds of one step. ``host_tables``: the tables in host memory, ``ps_tables`` among them those
-    split over the ranks, whose rows and gradients cross the network to and from their owners ((n - 1) / n of them)."""
+    split over the ranks, whose rows and gradients cross the network to and from their owners ((n - 1) / n of them).
+    ``hosted``: (parameters, input + output floats per sample) of each dense module on the host (placement.modules;
+    ``c.dense_params`` is then what the device computes): its forward and backward on the host's cores, its optimizer
+    there, its activations and their gradients across PCIe, its gradients' all-reduce."""
     gpu = c.device_type == "cuda"
     flops = C.GPU_FLOPS.value if gpu else C.CPU_FLOPS.value
     device_bw = C.GPU_MEMORY_BW.value if gpu else C.CPU_MEMORY_BW.value
@@ -62,4 +66,9 @@ def step_time(c: CostInput, zero: int, offload_optimizer: bool, offload_params: 
             seconds += 2 * rows / pcie
         if name in ps and c.group > 1:
             seconds += 2 * rows * (c.group - 1) / c.group / net
+    for params, io in hosted:
+        seconds += 6 * params * c.samples / C.CPU_FLOPS.value + params * 4 * (2 + c.state_floats) / host_bw
+        seconds += 2 * c.samples * io * 4 / pcie
+        if c.dp > 1:
+            seconds += 2 * (c.dp - 1) / c.dp * params * 4 / net
     return seconds

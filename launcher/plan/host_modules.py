@@ -89,7 +89,6 @@ def composition_problems(hosted: tuple[ModulePlan, ...], cfg, zero: int, dp_shar
         (cfg.precision != "fp32", f"precision={cfg.precision}", "mixed precision"),
         (cfg.trainer.grad_clip > 0, f"trainer.grad_clip={cfg.trainer.grad_clip}",
          "gradient clipping (the norm would leave the host modules out)"),
-        (cfg.placement.mode == "auto", "placement=auto", "placement=auto (it does not move dense modules yet)"),
     ]
     return [f"{key} with {what}: {why} with host modules is not built yet. Remove placement.modules or change {what}."
             for bad, what, why in checks if bad]

@@ -27,6 +27,8 @@ _OWN_LOOP = ("refuse: a script builds its own model, data, optimizer and loop, a
 _PLAIN = ("report: the script neither calls runtime.prepare() nor uses accelerate, so nothing in it reads this "
           "intent")
 _LAUNCH = {k: APPLIED for k in JOB_KINDS}
+_NO_HOST_MODULES = ("refuse: runtime.prepare() and accelerate do not put a dense module on the host (placement.modules "
+                    "is built for recipes). Remove placement.modules, or run your model as a recipe")
 
 
 def _k(recipe: str = APPLIED, prepare: str = APPLIED, accelerate: str = APPLIED, plain: str = _PLAIN,
@@ -65,6 +67,7 @@ VERDICTS: dict[str, dict[str, str]] = {
     "parallel.tp": _k(prepare=REFUSED, accelerate=REFUSED, plain=REFUSED),
     "parallel.sharding": _k(prepare=REFUSED, accelerate=REFUSED, plain=REFUSED),
     "placement.prefetch": _k(prepare=REFUSED, accelerate=REFUSED, plain=REFUSED),
+    "placement.modules": _k(prepare=_NO_HOST_MODULES, accelerate=_NO_HOST_MODULES, plain=_NO_HOST_MODULES),
     # intents: runtime.prepare() applies them; accelerate gets them through accelerate launch's environment
     "precision": _k(), "zero": _k(), "optimizer.target": _k(), "optimizer.cpu_impl": _k(accelerate=REFUSED),
     "placement.offload_params": _k(), "placement.pin_memory": _k(), "placement.mode": _k(),

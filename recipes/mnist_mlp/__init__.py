@@ -1,7 +1,7 @@
 """mnist_mlp: the network of MindSpore's Host&Device sample (Flatten, three Dense layers with ReLUs, SGD lr 0.01,
-cross-entropy, batch 32) on generated MNIST-shaped digits, with every Dense layer on the host CPU
-(``placement.modules``) while the rest stays on the device: the second Host&Device example beside wide_deep's
-tables."""
+cross-entropy, batch 32) on generated MNIST-shaped digits; ``'+placement.modules={dense*: host}'`` puts every Dense
+layer on the host CPU while the rest stays on the device, as the sample does: the second Host&Device example beside
+wide_deep's tables."""
 
 from dataclasses import asdict, dataclass
 
@@ -74,6 +74,10 @@ class MnistMlp:
                        f"{model['in_features']}. Set model.in_features={data.side * data.side}.")
         if data.classes != model["classes"]:
             out.append(f"data.classes={data.classes} differs from model.classes={model['classes']}. Set both alike.")
+        if data.eval_samples < 1:
+            out.append(f"data.eval_samples={data.eval_samples} must be >= 1 (the held-out images scored at the end).")
+        if not data.noise >= 0:
+            out.append(f"data.noise={data.noise} must be a number >= 0 (the noise's standard deviation), e.g. 0.5.")
         if data.samples < micro_group:
             out.append(f"data.samples={data.samples} is smaller than one global micro-batch ({micro_group}). Set "
                        f"data.samples>={micro_group} or lower batch.global_size.")

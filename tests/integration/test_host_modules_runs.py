@@ -2,7 +2,8 @@
 equals the same run with every layer on the device per step, and one process; a host layer beside ZeRO-2 on the
 device part, and wide_deep's MLP on the host beside host tables, equal their all-device runs; the host run is killed
 after a checkpoint and resumes to the same losses (the host modules' weights and optimizer states are in it); a
-user's model from YAML with a submodule on the host trains, and each rank measures its bytes on the host."""
+user's model from YAML with a submodule on the host trains, and each rank measures its bytes on the host; placement=auto
+with a device too small for the whole network puts its largest layer on the host and trains within the budget."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tests.usercode.readme_project import write_project
 pytestmark = pytest.mark.integration
 
 MNIST = ["recipe=mnist_mlp", "trainer.steps=8", "trainer.log_every=1", "data.samples=512", "data.eval_samples=64"]
-ON_DEVICE = "placement.modules={dense1: device, dense2: device, dense3: device}"
+ON_HOST = "+placement.modules={dense*: host}"  # MindSpore's sample: every Dense layer on the host
 
 
 def _losses(run: Path, rank: int = 0) -> dict[int, float]:
@@ -40,12 +41,13 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         + "placement:\n  modules: {mlp.0: host}\n")
     wide = ["recipe=wide_deep", "trainer.steps=8", "trainer.log_every=1", "placement.host_device_mix=1"]
     jobs = {
-        "host": (tmp, [*MNIST, "trainer.checkpoint_every=4", "debug.fail_rank=1", "debug.fail_step=6",
+        "host": (tmp, [*MNIST, ON_HOST, "trainer.checkpoint_every=4", "debug.fail_rank=1", "debug.fail_step=6",
                        "launcher.max_restarts=1"]),
-        "device": (tmp, [*MNIST, ON_DEVICE]),
-        "one": (tmp, [*MNIST, "cluster.nproc_per_node=1"]),
-        "zero2_host": (tmp, [*MNIST, "zero.stage=2", "placement.modules={dense2: device, dense3: device}"]),
-        "zero2_device": (tmp, [*MNIST, "zero.stage=2", ON_DEVICE]),
+        "device": (tmp, MNIST),
+        "one": (tmp, [*MNIST, ON_HOST, "cluster.nproc_per_node=1"]),
+        "zero2_host": (tmp, [*MNIST, "zero.stage=2", "+placement.modules={dense1: host}"]),
+        "zero2_device": (tmp, [*MNIST, "zero.stage=2"]),
+        "auto": (tmp, [*MNIST, "placement=auto", "cluster.device_memory_gb=0.004"]),
         "tables_host": (tmp, [*wide, "+placement.modules={mlp: host}"]),
         "tables_device": (tmp, wide),
         "user": (project, ["--config-dir", "conf", "recipe=my_ctr_host", "trainer.steps=6", "cluster.nproc_per_node=2"]),
@@ -90,9 +92,23 @@ def test_a_host_layer_beside_zero2_and_an_mlp_beside_host_tables(runs):
 
 def test_a_submodule_of_a_users_model_from_yaml(runs):
     plan = json.loads((runs["user"] / "plan.json").read_text())
-    assert plan["placement"]["modules"] == [{"name": "mlp.0", "params": 2368, "state_floats": 2, "location": "host"}]
+    assert plan["placement"]["modules"] == [{"name": "mlp.0", "params": 2368, "state_floats": 2, "io_floats": 36 + 64,
+                                             "location": "host"}]  # Linear(2 * 16 + 4, 64)
     summary = json.loads((runs["user"] / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["final_loss"] < summary["first_loss"]
     for rank in (0, 1):
         held = json.loads((runs["user"] / f"rank.{rank}" / "memory.json").read_text())["host_modules"]
         assert (held["params"], held["optimizer"]) == (4 * 2368, 2 * 4 * 2368)  # Adam's two states, on the host
+
+
+def test_placement_auto_trains_with_the_largest_layer_on_the_host_within_the_device_budget(runs):
+    plan = json.loads((runs["auto"] / "plan.json").read_text())
+    assert [m["name"] for m in plan["placement"]["modules"]] == ["dense1"]
+    summary = json.loads((runs["auto"] / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["final_loss"] < summary["first_loss"]
+    usable = plan["budget"]["device"] * (1 - plan["budget"]["reserve"])
+    for rank in (0, 1):  # a CPU host's "device" is host memory: what is held is the tensors the ranks measured there
+        memory = json.loads((runs["auto"] / f"rank.{rank}" / "memory.json").read_text())
+        device = memory["device"]["params"] + memory["device"]["optimizer"]
+        assert 0 < 2 * device <= usable, (device, usable)  # weights and their gradients (SGD: no state)
+        assert memory["host_modules"]["params"] == 4 * (784 * 512 + 512)  # dense1 on the host

@@ -34,6 +34,8 @@ PLANS = {
     "trainer.seed": {ZERO},
     "trainer.checkpoint_every": {ZERO, HUGE},  # 0 = at the end
     "trainer.grad_clip": {ZERO, HUGE, FRACTION},  # 0 = off
+    "trainer.early_stop.patience": {ZERO},  # 0 = never stop early (others need a validation split: refused by name)
+    "trainer.early_stop.min_delta": {ZERO},  # the default (others alone do nothing: refused by name)
     "eval.every": {ZERO, HUGE},  # 0 = only at the end
     "eval.batches": {ZERO, HUGE},  # 0 = no evaluation
     "eval.max_batches": {ZERO, HUGE},  # 0 = no cap

@@ -37,6 +37,7 @@ VALUES = {  # a valid value other than the default, where the type alone does no
     "loader.collate_fn": "torch.utils.data.default_collate", "deepspeed.config": {"gradient_clipping": 1.0},
     "output.log_dir": "elsewhere", "dry_run": True, "recompute": ["all"],
     "smoke_profile": {"model": {"x": 1}}, "parallel.stages": {"blocks.1": 1}, "parallel.sharding": {"x": 1},
+    "trainer.early_stop": {"patience": 2}, "placement.modules": {"mlp": "host"}, "val_data": {"_target_": "x.Y"},
 }
 COMPOSED = ("smoke",)  # refused while the config is composed (launcher/config.py), before any plan
 
@@ -117,7 +118,9 @@ def test_each_key_on_a_script_is_applied_refused_or_reported_as_its_verdict_says
                 cfg = compose_config([f"script={base.script}", f"{key}={value}"], None)
             else:
                 cfg = copy.deepcopy(base)
-                OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+                node = OmegaConf.select(cfg, key)  # a section of its own (trainer.early_stop) takes its fields
+                section = OmegaConf.is_dict(node) and OmegaConf.get_type(node) not in (dict, None)
+                OmegaConf.update(cfg, key, value, merge=section, force_add=True)
             plan = plan_run(cfg, cpu_host_module)[0].to_dict()
         except ConfigError as e:
             said = str(e)
