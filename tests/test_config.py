@@ -123,3 +123,15 @@ def test_a_value_hydra_s_grammar_cannot_read_gets_a_hint_to_quote_it():
         compose_config(["recipe=wide_deep", "data=tabular", "data.positive=>50K"])
     assert ("A value with characters Hydra's grammar reserves is quoted: data.positive='>50K' (in a shell, "
             "\"data.positive='>50K'\").") in str(e.value.render())
+
+
+@pytest.mark.parametrize("target, says", [
+    ("launcher.recipes.wide_deep.model.Nope", "launcher.recipes.wide_deep.model defines no Nope"),
+    ("nope.Nope", "no module nope"),
+    ("Nope", "'Nope' is no dotted path"),
+])
+def test_a_built_in_recipes_target_that_names_nothing_exits_2_before_any_rank(cli, tmp_path, target, says):
+    res = cli(["recipe=wide_deep", "dry_run=true", f"model._target_={target}"], tmp_path)
+    assert res.returncode == 2 and f"model._target_={target}: {says}" in res.stdout + res.stderr
+    ok = cli(["recipe=wide_deep", "dry_run=true", "model._target_=launcher.recipes.wide_deep.model.WideDeep"], tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -211,6 +211,7 @@ def _recipe_facts(cfg: DictConfig, config_dir: str | None, estimate: bool) -> Fa
             raise ConfigError(f"val_data is for recipes in your own folder; recipe {recipe.name} brings its own data "
                               f"(data=tabular: data.val_fraction holds out a validation split). Remove val_data.")
         _check_loss_arguments(cfg, recipe.name)
+        _check_targets(cfg, recipe.name)
         data = recipe.data_facts(OmegaConf.to_object(cfg.data))
         _check_sync_batchnorm(cfg, lambda: recipe.model_spec(OmegaConf.to_object(cfg.model), data),
                               f"recipe {recipe.name}")
@@ -305,3 +306,17 @@ def _activations(recipe, cfg: DictConfig, data):
             return activation_facts(recipe, spec, batch)
     except Exception:  # noqa: BLE001 - bad sizes the recipe's checks name; the plan then shows no estimate
         return None
+
+
+def _check_targets(cfg: DictConfig, recipe: str) -> None:
+    """A built-in recipe's model._target_ and data._target_ name a class or function that exists (read from its
+    module's source, not imported: the launcher does not import torch for a built-in recipe), before any rank would
+    fail on it."""
+    from launcher.usercode.targets import defined
+
+    problems = [f"{key}._target_={node._target_}: {why}. Give an importable class (the recipe's own is "
+                f"launcher.recipes.{recipe}.<module>.<Class>), or leave {key}._target_ out."
+                for key, node in (("model", cfg.model), ("data", cfg.data))
+                if (why := defined(str(node.get("_target_", ""))))]
+    if problems:
+        raise ConfigError(problems)

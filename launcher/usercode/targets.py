@@ -82,3 +82,37 @@ def build_collate(spec: Any) -> Callable[[list], Any] | None:
     if not callable(fn):
         raise TypeError(f"{type(fn).__name__} object is not callable")
     return fn
+
+
+def defined(target: str) -> str:
+    """'' when the dotted ``target`` names a class or function its module defines (or imports) at top level, read
+    from the module's source without importing it; else why not. A module that is no .py file is taken on trust."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    module, _, name = target.rpartition(".")
+    if not module:
+        return f"{target!r} is no dotted path (package.module.Class)"
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return f"no module {module}"
+    if not (spec.origin or "").endswith(".py"):
+        return ""
+    try:
+        tree = ast.parse(Path(spec.origin).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return ""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return "" if name in names else f"{module} defines no {name}"

@@ -43,9 +43,10 @@ def _check_labels(label: str, positive: str, negative: str, values: list[str]) -
     if not positive:
         lower = {v.strip().lower() for v in values}
         if len(values) != 2 or not any(lower == pair for pair in BINARY_LABELS):
-            raise TabularError([f"data.positive is not set and column {label!r} is not a 0/1 or true/false label "
-                                f"(its values: {', '.join(values[:10])}). Set data.positive to the clicked/positive "
-                                f"value, e.g. data.positive={values[-1] if values else 1}."])
+            raise TabularError([f"data.label={label}: data.positive is not set and column {label!r} is not a 0/1 or "
+                                f"true/false label (its values: {', '.join(values[:10])}). Set data.positive to the "
+                                f"clicked/positive value, e.g. data.positive={values[-1] if values else 1}, or "
+                                f"data.label to the label column."])
         positive = next(v for v in values if is_positive(v, ""))
     if positive not in values:
         raise TabularError([f"data.positive={positive}: no row of column {label!r} has that value; its values: "

@@ -131,9 +131,10 @@ def test_cli_refuses_a_bad_file_before_starting(tmp_path, cli):
     for key in ("data.path", "data.label"):
         assert f"{key} is required and not set" in res.stderr
     res = cli(["recipe=wide_deep", "data=tabular", "data.path=f.csv", "data.label=clicked"], tmp_path)
-    assert res.returncode == 2 and ("data.positive is not set and column 'clicked' is not a 0/1 or true/false label "
-                                    "(its values: no, yes). Set data.positive to the clicked/positive value, e.g. "
-                                    "data.positive=yes.") in " ".join(res.stderr.split()), res.stderr
+    assert res.returncode == 2 and ("data.label=clicked: data.positive is not set and column 'clicked' is not a 0/1 "
+                                    "or true/false label (its values: no, yes). Set data.positive to the "
+                                    "clicked/positive value, e.g. data.positive=yes, or data.label to the label "
+                                    "column.") in " ".join(res.stderr.split()), res.stderr
 
 
 # The column-wise reader (issue 21, item 10) against the per-cell one it replaced (tests/recipes/_tabular_reference.py):
