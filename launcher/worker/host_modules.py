@@ -29,6 +29,24 @@ HOST_MODULES = "host_modules"
 """Their folder in a checkpoint dir (DCP)."""
 
 
+class ToDevice(torch.autograd.Function):
+    """A host module's output to the compute device, its gradient back: on CUDA through page-locked memory with a
+    non-blocking copy (torch's caching host allocator keeps the pinned block until the copy that reads it is done),
+    elsewhere a plain ``Tensor.to``. The gradient comes back with a blocking copy: the host's backward reads it next.
+    The CUDA path has run on no GPU yet (tests/integration/test_gpu.py waits for one)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        ctx.host_dtype = t.dtype
+        if device.type == "cuda":
+            return t.detach().to(dtype).pin_memory().to(device, non_blocking=True)
+        return t.detach().to(device, dtype, copy=True)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return grad.to(HOST, ctx.host_dtype), None, None
+
+
 class HostModule(nn.Module):
     def __init__(self, inner: nn.Module, name: str) -> None:
         super().__init__()
@@ -42,7 +60,8 @@ class HostModule(nn.Module):
         to_host = (lambda t: t.to(HOST, torch.float32 if t.is_floating_point() else t.dtype)
                    if torch.is_tensor(t) else t)
         out = self.inner(*tree_map(to_host, args), **tree_map(to_host, kwargs))
-        back = lambda t: t.to(device, dtype if t.is_floating_point() else t.dtype) if torch.is_tensor(t) else t  # noqa: E731
+        back = lambda t: ToDevice.apply(t, device, dtype if t.is_floating_point() else t.dtype) \
+            if torch.is_tensor(t) else t  # noqa: E731
         return tree_map(back, out)
 
     def extra_repr(self) -> str:
