@@ -39,7 +39,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         (project / "conf" / "recipe" / "my_ctr.yaml").read_text().replace("recipe: {name: my_ctr}",
                                                                            "recipe: {name: my_ctr_host}")
         + "placement:\n  modules: {mlp.0: host}\n")
-    wide = ["recipe=wide_deep", "trainer.steps=8", "trainer.log_every=1", "placement.host_device_mix=1"]
+    wide = ["recipe=wide_deep", "trainer.steps=8", "trainer.log_every=1", "placement.host_device_mix=1",
+            "model.rows_per_table=2000", "batch.global_size=256"]
     jobs = {
         "host": (tmp, [*MNIST, ON_HOST, "trainer.checkpoint_every=4", "debug.fail_rank=1", "debug.fail_step=6",
                        "launcher.max_restarts=1"]),
