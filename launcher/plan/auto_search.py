@@ -39,8 +39,6 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
                                            micro_size=intents.batch[1], grad_accum=intents.batch[2],
                                            tables=on_device.tables, lookups=mm.lookups)))
 
-    sf = state_floats(intents.optimizer)
-
     def evaluate(zero: int, opt: bool, par: bool, rec: tuple[str, ...], hosted: tuple = ()):
         i = dataclasses.replace(intents, zero=zero, offload_optimizer=opt, offload_params=par, recompute=rec)
         parts, problems, _ = parallel.plan_parts(i)
@@ -51,10 +49,7 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
             return None
         where = dataclasses.replace(on_device, param_location=run.param_location,
                                     optimizer_location=run.optimizer_location)
-        if hosted:  # beside the ones you placed
-            where = dataclasses.replace(where, modules=where.modules + tuple(ModulePlan(n, p, sf, io)
-                                                                             for n, p, io in hosted),
-                                        dense_params=max(0, where.dense_params - sum(p for _, p, _ in hosted)))
+        where = _hosted(where, hosted, state_floats(intents.optimizer))
         key = (run.zero, opt, par, rec, tuple(n for n, _, _ in hosted))
         if key in seen:  # ZeRO-0 with offload runs as ZeRO-2: the same layout twice
             return None
@@ -83,6 +78,16 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
     owned = {n: ts for n, ts in owned.items() if n not in fixed}
     movable = [(t.name, t.rows) for t in outside if t.name not in fixed]
     return choose(evaluate, layouts, movable, budget, cost, owned, fixed, sharding, _modules(cfg, sizes))
+
+
+def _hosted(where, hosted: tuple, state_floats: int):
+    """The placement with the dense modules ``hosted`` ((name, parameters, io floats) each) on the host, beside the
+    ones you placed: out of what the parts train."""
+    if not hosted:
+        return where
+    return dataclasses.replace(where, modules=where.modules + tuple(ModulePlan(n, p, state_floats, io)
+                                                                    for n, p, io in hosted),
+                               dense_params=max(0, where.dense_params - sum(p for _, p, _ in hosted)))
 
 
 def _modules(cfg: DictConfig, sizes) -> tuple[tuple[str, int, int], ...]:
