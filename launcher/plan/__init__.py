@@ -120,7 +120,7 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     placement, prefetch_problems = plan_prefetch(cfg.placement.prefetch, placement, dims, zero, d.device_type)
     placement = dataclasses.replace(placement, kernels_words=kernels_words(placement, host.table_kernels,
                                                                                 d.device_type))
-    d.problems += prefetch_problems + composition_problems(placement.modules, cfg, zero, dims.dp_shard)
+    d.problems += prefetch_problems + composition_problems(placement.modules, cfg)
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
                        host.host_memory, host.device_memory, d.device_type, d.nproc)
     mm = parallel.ModelMemory.of(d.sizes, facts, d.nproc)

@@ -45,8 +45,6 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
         if problems or not parts:
             return None
         run = parallel.run_facts(i, parts)
-        if hosted and (run.zero >= 3 or run.dp_shard > 1):  # host modules beside sharded parameters: not built
-            return None
         where = dataclasses.replace(on_device, param_location=run.param_location,
                                     optimizer_location=run.optimizer_location)
         where = _hosted(where, hosted, state_floats(intents.optimizer))
@@ -95,7 +93,7 @@ def _modules(cfg: DictConfig, sizes) -> tuple[tuple[str, int, int], ...]:
     sample) of each module with parameters that holds no other such module (the model's layers of weights), but
     those you placed with placement.modules (kept where you put them) and what is inside or around them; none when
     the run's keys cannot run host modules (launcher/plan/host_modules.py composition_problems)."""
-    if not sizes.modules or composition_problems((ModulePlan("x", 1),), cfg, 0, 1):
+    if not sizes.modules or composition_problems((ModulePlan("x", 1),), cfg):
         return ()
     yours = [m for k in cfg.placement.modules for m in sizes.modules if m == k or fnmatch.fnmatchcase(m, k)]
     leaves = [m for m in sizes.modules if not any(o.startswith(m + ".") for o in sizes.modules)

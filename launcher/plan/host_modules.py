@@ -73,7 +73,7 @@ def crossing_words(hosted: tuple[ModulePlan, ...], samples: int) -> str:
             f"{samples} samples, and their gradients back){rest}")
 
 
-def composition_problems(hosted: tuple[ModulePlan, ...], cfg, zero: int, dp_shard: int) -> list[str]:
+def composition_problems(hosted: tuple[ModulePlan, ...], cfg) -> list[str]:
     """What host modules cannot run with yet, each with the key to change."""
     if not hosted:
         return []
@@ -84,8 +84,6 @@ def composition_problems(hosted: tuple[ModulePlan, ...], cfg, zero: int, dp_shar
          "pipeline stages"),
         (cfg.parallel.tp > 1 or bool(cfg.parallel.sharding), "parallel.tp / parallel.sharding",
          "tensor parallel or op sharding"),
-        (zero >= 3 or dp_shard > 1, f"zero.stage={zero} (parameters sharded over the data-parallel ranks)",
-         "sharded parameters (ZeRO-3, FSDP)"),
         (cfg.precision != "fp32", f"precision={cfg.precision}", "mixed precision"),
         (cfg.trainer.grad_clip > 0, f"trainer.grad_clip={cfg.trainer.grad_clip}",
          "gradient clipping (the norm would leave the host modules out)"),

@@ -48,6 +48,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         "one": (tmp, [*MNIST, ON_HOST, "cluster.nproc_per_node=1"]),
         "zero2_host": (tmp, [*MNIST, "zero.stage=2", "recompute=[all]", "+placement.modules={dense1: host}"]),
         "zero2_device": (tmp, [*MNIST, "zero.stage=2", "recompute=[all]"]),
+        "fsdp_host": (tmp, [*MNIST, "zero.stage=3", "parallel.data_parallel=fsdp", "+placement.modules={dense1: host}"]),
+        "fsdp_device": (tmp, [*MNIST, "zero.stage=3", "parallel.data_parallel=fsdp"]),
         "auto": (tmp, [*MNIST, "placement=auto", "cluster.device_memory_gb=0.004"]),
         "tables_host": (tmp, [*wide, "+placement.modules={mlp: host}"]),
         "tables_device": (tmp, wide),
@@ -81,10 +83,12 @@ def test_every_dense_layer_on_the_host_equals_the_device_and_one_process(runs):
         assert held["devices"] == ["cpu"] and held["modules"] == ["dense1", "dense2", "dense3"]
 
 
-def test_a_host_layer_beside_zero2_and_recompute_and_an_mlp_beside_host_tables(runs):
+def test_a_host_layer_beside_zero2_and_recompute_beside_fsdp_and_an_mlp_beside_host_tables(runs):
     parts = [p["name"] for p in json.loads((runs["zero2_host"] / "plan.json").read_text())["parts"]]
     assert parts == ["recompute", "deepspeed"], parts
     _close(_losses(runs["zero2_host"]), _losses(runs["zero2_device"]), 1e-6)
+    assert [p["name"] for p in json.loads((runs["fsdp_host"] / "plan.json").read_text())["parts"]] == ["fsdp"]
+    _close(_losses(runs["fsdp_host"]), _losses(runs["fsdp_device"]), 1e-6)  # FSDP2 shards the rest
     plan = json.loads((runs["tables_host"] / "plan.json").read_text())
     assert {t["name"]: t["location"] for t in plan["placement"]["tables"]} == {"deep_embedding": "host",
                                                                                "wide_embedding": "host"}

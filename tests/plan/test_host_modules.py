@@ -54,7 +54,6 @@ def test_a_submodule_of_your_own_model_from_yaml(tmp_path, cpu_host):
                                      "built yet"),
     (["precision=bf16"], "with precision=bf16: mixed precision"),
     (["trainer.grad_clip=1.0"], "with trainer.grad_clip=1.0: gradient clipping"),
-    (["zero.stage=3"], "with zero.stage=3 (parameters sharded"),
 ])
 def test_what_cannot_work_is_refused_naming_the_key(cpu_host, more, says):
     with pytest.raises(ConfigError) as e:
