@@ -84,7 +84,6 @@ def composition_problems(hosted: tuple[ModulePlan, ...], cfg) -> list[str]:
          "pipeline stages"),
         (cfg.parallel.tp > 1 or bool(cfg.parallel.sharding), "parallel.tp / parallel.sharding",
          "tensor parallel or op sharding"),
-        (cfg.precision != "fp32", f"precision={cfg.precision}", "mixed precision"),
         (cfg.trainer.grad_clip > 0, f"trainer.grad_clip={cfg.trainer.grad_clip}",
          "gradient clipping (the norm would leave the host modules out)"),
     ]

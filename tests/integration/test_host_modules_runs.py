@@ -50,6 +50,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         "zero2_device": (tmp, [*MNIST, "zero.stage=2", "recompute=[all]"]),
         "fsdp_host": (tmp, [*MNIST, "zero.stage=3", "parallel.data_parallel=fsdp", "+placement.modules={dense1: host}"]),
         "fsdp_device": (tmp, [*MNIST, "zero.stage=3", "parallel.data_parallel=fsdp"]),
+        "bf16_host": (tmp, [*MNIST, "precision=bf16", "+placement.modules={dense1: host}"]),
+        "bf16_device": (tmp, [*MNIST, "precision=bf16"]),
         "auto": (tmp, [*MNIST, "placement=auto", "cluster.device_memory_gb=0.004"]),
         "tables_host": (tmp, [*wide, "+placement.modules={mlp: host}"]),
         "tables_device": (tmp, wide),
@@ -89,6 +91,8 @@ def test_a_host_layer_beside_zero2_and_recompute_beside_fsdp_and_an_mlp_beside_h
     _close(_losses(runs["zero2_host"]), _losses(runs["zero2_device"]), 1e-6)
     assert [p["name"] for p in json.loads((runs["fsdp_host"] / "plan.json").read_text())["parts"]] == ["fsdp"]
     _close(_losses(runs["fsdp_host"]), _losses(runs["fsdp_device"]), 1e-6)  # FSDP2 shards the rest
+    host, device = _losses(runs["bf16_host"]), _losses(runs["bf16_device"])  # the host layer computes in fp32
+    assert sorted(host) == sorted(device) and max(abs(host[k] - device[k]) / device[k] for k in host) <= 2e-2
     plan = json.loads((runs["tables_host"] / "plan.json").read_text())
     assert {t["name"]: t["location"] for t in plan["placement"]["tables"]} == {"deep_embedding": "host",
                                                                                "wide_embedding": "host"}
