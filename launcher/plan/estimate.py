@@ -39,8 +39,9 @@ def estimate_run(i: Any, dp_part: Any, placement: PlacementPlan, tp_saved: dict[
         held = set(s.layers)
         tables = {n for n in sparse if _owner(n, paths) in held or (_owner(n, paths) is None and s.index == 0)}
         saved = sum(v for op, v in tp_saved.items() if _owner(op, paths) in held)
-        dense = max(0, s.params - sum(sparse[n] for n in tables) - saved)
-        est = with_tables(placement, dp_part.memory(i, dense), tables)
+        hosted = {m.name: m.params for m in placement.modules if _owner(m.name, paths) in held}  # its host modules
+        dense = max(0, s.params - sum(sparse[n] for n in tables) - saved - sum(hosted.values()))
+        est = with_tables(placement, dp_part.memory(i, dense), tables, set(hosted))
         act = None
         if per_sample:
             act = s.in_flight * sum(round((per_sample[n]["inputs"] if n in recompute else per_sample[n]["saved"])

@@ -80,8 +80,6 @@ def composition_problems(hosted: tuple[ModulePlan, ...], cfg) -> list[str]:
     names = ", ".join(m.name for m in hosted)
     key = f"placement.modules ({names} on the host)"
     checks = [
-        (cfg.parallel.pipeline_stages > 1, f"parallel.pipeline_stages={cfg.parallel.pipeline_stages}",
-         "pipeline stages"),
         (cfg.parallel.tp > 1 or bool(cfg.parallel.sharding), "parallel.tp / parallel.sharding",
          "tensor parallel or op sharding"),
         (cfg.trainer.grad_clip > 0, f"trainer.grad_clip={cfg.trainer.grad_clip}",

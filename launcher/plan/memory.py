@@ -33,10 +33,10 @@ def state_floats(optimizer: str) -> int:
     return DENSE_OPTIMIZERS[optimizer].state_floats if optimizer in DENSE_OPTIMIZERS else 0
 
 
-def with_tables(placement: PlacementPlan, dense: tuple[Bytes, Bytes], table_names: set[str] | None = None
-                ) -> MemoryEstimate:
-    """The estimate: ``dense`` (host, device) bytes of the parts plus the tables outside them (only those named in
-    ``table_names`` when given: the tables of the pipeline stage this estimate is for)."""
+def with_tables(placement: PlacementPlan, dense: tuple[Bytes, Bytes], table_names: set[str] | None = None,
+                module_names: set[str] | None = None) -> MemoryEstimate:
+    """The estimate: ``dense`` (host, device) bytes of the parts plus the tables and the host modules outside them
+    (only those named in ``table_names`` / ``module_names`` when given: the pipeline stage this estimate is for's)."""
     sums = {"host": [0, 0], "device": [0, 0]}  # (tables, table_states) per location, summed before one Bytes each
     tables_total = 0
     for t in placement.tables:
@@ -48,9 +48,10 @@ def with_tables(placement: PlacementPlan, dense: tuple[Bytes, Bytes], table_name
         sums[t.location][1] += table_state_bytes(t.optimizer, rows_per_rank(t), t.dim)
     where = {loc: b.plus(tables=sums[loc][0], table_states=sums[loc][1]) for loc, b in (("host", dense[0]),
                                                                                        ("device", dense[1]))}
-    hosted = sum(m.params for m in placement.modules)  # placement.modules: fp32 on the host, with grads and states
+    mine = [m for m in placement.modules if module_names is None or m.name in module_names]
+    hosted = sum(m.params for m in mine)  # placement.modules: fp32 on the host, with grads and states
     where["host"] = where["host"].plus(params=4 * hosted, grads=4 * hosted,
-                                       optimizer=sum(4 * m.params * m.state_floats for m in placement.modules))
+                                       optimizer=sum(4 * m.params * m.state_floats for m in mine))
     n = placement.dense_params
-    params_total = n + hosted + (tables_total if placement.sparse_tables else 0)
+    params_total = n + sum(m.params for m in placement.modules) + (tables_total if placement.sparse_tables else 0)
     return MemoryEstimate(params=params_total, dense_params=n, host=where["host"], device=where["device"])

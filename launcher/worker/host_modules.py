@@ -80,10 +80,26 @@ def place_on_host(model: nn.Module, names: list[str]) -> dict[str, nn.Module]:
     return moved
 
 
+def host_group(plan: Any, rank: int, dp_group: Any) -> Any:
+    """A gloo group of this rank's data-parallel peers: the run's own dp group when it is gloo already, else one made
+    for every dp group of the mesh (``new_group`` is collective: every rank makes every group, in the same order)."""
+    if plan.backend == "gloo":
+        return dp_group
+    groups: dict[tuple[int, int], list[int]] = {}
+    for r in plan.ranks:
+        groups.setdefault((r.coords.get("pp", 0), r.coords.get("tp", 0)), []).append(r.rank)
+    mine = None
+    for ranks in sorted(sorted(g) for g in groups.values()):
+        made = dist.new_group(ranks, backend="gloo")
+        if rank in ranks:
+            mine = made
+    return mine
+
+
 class HostModules:
     """The host modules of this rank: their optimizer, their gradients' average over the data-parallel group."""
 
-    def __init__(self, modules: dict[str, nn.Module], plan: Any, dp_ranks: list[int]) -> None:
+    def __init__(self, modules: dict[str, nn.Module], plan: Any, dp_size: int, group: Any) -> None:
         self.modules = modules
         self.container = nn.ModuleDict({k.replace(".", "/"): m for k, m in modules.items()})
         """The same modules under one root: the names their state dict and optimizer state are saved by."""
@@ -94,11 +110,23 @@ class HostModules:
         if spec.fused:
             kwargs["fused"] = True  # as the parts' optimizer (launcher/worker/optimizers.py): the same arithmetic
         self.optimizer = get_class(spec.impl)(self.params, **kwargs)
-        self.dp_size = len(dp_ranks)
-        self.group = dist.new_group(dp_ranks, backend="gloo") if self.dp_size > 1 else None
+        self.dp_size, self._plan = dp_size, plan
+        self.group = group if dp_size > 1 else None
+        """A gloo group of this rank's data-parallel peers (host_group): the host gradients' all-reduce."""
         self._scale = 1.0
         self.grad_bytes = 0
         """Bytes of the gradients the last step averaged (they are freed after it)."""
+
+    def held_by(self, chunks: list[nn.Module]) -> HostModules | None:
+        """These modules but those no chunk of this rank holds (a pipeline's other stages'); None when none is left.
+        Called before any step: the optimizer is made again over what is kept."""
+        paths = {m.path for c in chunks for m in c.modules() if isinstance(m, HostModule)}
+        if paths == set(self.modules):
+            return self
+        if not paths:
+            return None
+        return HostModules({k: v for k, v in self.modules.items() if k in paths}, self._plan, self.dp_size,
+                           self.group)
 
     def collect(self, grad_scale: float = 1.0) -> None:
         self._scale = grad_scale

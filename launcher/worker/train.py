@@ -29,7 +29,7 @@ from launcher.tables.partition import RowPartition
 from launcher.usercode import recipe_for
 from launcher.usercode.items import OutputLoss, move_to
 from launcher.worker.accounting import resident_bytes
-from launcher.worker.host_modules import HostModules, place_on_host
+from launcher.worker.host_modules import HostModules, host_group, place_on_host
 from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh, stage_mesh
 from launcher.worker.optimizers import build_optimizer
 from launcher.worker.precision import keep_batchnorm_fp32
@@ -108,8 +108,8 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
     model, blocks = build_model(plan, rank, stage)
     hosted = None
     if plan.placement.modules:  # placement.modules: out of the parts' sight before they are applied
-        ranks = dist.get_process_group_ranks(dp.group) if dp.size > 1 else [rank]
-        hosted = HostModules(place_on_host(model, [m.name for m in plan.placement.modules]), plan, ranks)
+        hosted = HostModules(place_on_host(model, [m.name for m in plan.placement.modules]), plan, dp.size,
+                             host_group(plan, rank, dp.group))
     loss_fn = OutputLoss(instantiate(plan.loss), plan.model_output)
     data = instantiate(plan.data)
     layers_of = recipe_for(plan.recipe).layers
@@ -119,6 +119,8 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
                      layers_of=layers_of,
                      example=move_to(example, device, DTYPES[plan.precision]))
     chunks = split(model, layers_of(model), rt)
+    if hosted is not None:  # a pipeline stage trains the host modules it holds
+        hosted = hosted.held_by([c.module for c in chunks])
     if plan.precision != "fp32":
         for c in chunks:
             keep_batchnorm_fp32(c.module)

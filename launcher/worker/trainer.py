@@ -169,6 +169,8 @@ class Trainer:
             loss = self.engine.train_batch(batches)
         if self.tables is not None:
             self.tables.collect(self.engine.loss_scale)
+        if self.hosted is not None:
+            self.hosted.collect(self.engine.loss_scale)
         self._step_tables()
         self.step += 1
         return loss.detach().float()

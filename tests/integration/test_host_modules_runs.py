@@ -52,6 +52,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         "fsdp_device": (tmp, [*MNIST, "zero.stage=3", "parallel.data_parallel=fsdp"]),
         "bf16_host": (tmp, [*MNIST, "precision=bf16", "+placement.modules={dense1: host}"]),
         "bf16_device": (tmp, [*MNIST, "precision=bf16"]),
+        "pipeline_host": (tmp, [*MNIST, "parallel.pipeline_stages=2", "batch.micro_batches=2",
+                                "+placement.modules={dense1: host, dense3: host}"]),
         "auto": (tmp, [*MNIST, "placement=auto", "cluster.device_memory_gb=0.004"]),
         "tables_host": (tmp, [*wide, "+placement.modules={mlp: host}"]),
         "tables_device": (tmp, wide),
@@ -122,3 +124,15 @@ def test_placement_auto_trains_with_the_largest_layer_on_the_host_within_the_dev
         device = memory["device"]["params"] + memory["device"]["optimizer"]
         assert 0 < 2 * device <= usable, (device, usable)  # weights and their gradients (SGD: no state)
         assert memory["host_modules"]["params"] == 4 * (784 * 512 + 512)  # dense1 on the host
+
+
+def test_each_pipeline_stage_trains_the_host_modules_it_holds(runs):
+    """2 stages (flatten, dense1 | relu1 ... dense3), dense1 and dense3 on the host: each stage's rank holds and steps
+    its own, and the losses are the data-parallel device run's (the same 32 samples a step, split otherwise)."""
+    _close(_losses(runs["pipeline_host"]), _losses(runs["device"]), 1e-5)
+    plan = json.loads((runs["pipeline_host"] / "plan.json").read_text())
+    stages = {s["index"]: s["layers"] for s in plan["pipeline"]["stages"]}
+    for rank, module in ((0, "dense1"), (1, "dense3")):
+        assert module in stages[rank]
+        held = json.loads((runs["pipeline_host"] / f"rank.{rank}" / "memory.json").read_text())["host_modules"]
+        assert held["modules"] == [module]

@@ -50,8 +50,6 @@ def test_a_submodule_of_your_own_model_from_yaml(tmp_path, cpu_host):
 @pytest.mark.parametrize("more, says", [
     (["+placement.modules.dense9=host"], "placement.modules.dense9=host: no module of the model is at 'dense9'"),
     (["+placement.modules.dense1=cpu"], "placement.modules.dense1=cpu is not one of host, device"),
-    (["parallel.pipeline_stages=2"], "with parallel.pipeline_stages=2: pipeline stages with host modules is not "
-                                     "built yet"),
     (["trainer.grad_clip=1.0"], "with trainer.grad_clip=1.0: gradient clipping"),
 ])
 def test_what_cannot_work_is_refused_naming_the_key(cpu_host, more, says):
