@@ -55,6 +55,7 @@ if [ "${1:-}" = "test" ]; then
   # Two pytest-xdist workers, a whole test file each at a time (module fixtures are shared): a launched run leaves a
   # core idle a third of its time (the launcher alone starting, ranks waiting on each other, on a watchdog or on a
   # rendezvous), the other worker's tests fill it. HL_TEST_WORKERS=0 runs every test in this one process (-s, --pdb).
-  exec "$PY" -m pytest -n "${HL_TEST_WORKERS:-2}" --dist loadfile "$@"
+  # --durations=25: CI's log names the slowest tests. The order the workers take the files in: tests/conftest.py.
+  exec "$PY" -m pytest -n "${HL_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
 fi
 exec "$VENV/bin/hetero-launch" "$@"

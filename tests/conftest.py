@@ -19,6 +19,37 @@ from launcher.rundir import RunDir
 
 ALL_RECIPES = sorted(RECIPES)
 
+LONG_FIRST = (
+    "tests/integration/test_composability.py", "tests/integration/test_resume.py",
+    "tests/integration/test_user_recipe.py", "tests/integration/test_placement_runs.py",
+    "tests/integration/test_elastic_restart.py", "tests/integration/test_memory_prediction.py",
+    "tests/integration/test_sharding_runs.py", "tests/test_hostile_input.py", "tests/integration/test_ps_runs.py",
+    "tests/integration/test_grad_clip.py", "tests/integration/test_pipeline_inputs.py",
+    "tests/integration/test_accelerate_scripts.py", "tests/integration/test_hosts.py",
+)
+"""The longest test files, longest first (each 1-3 minutes of a worker under `./run.sh test`; measured Nov 2026).
+The two workers take whole files (--dist loadfile) in the order conftest leaves them: these first, then the other
+files that launch runs (marked integration), then the in-process ones, so that short files fill the end and the two
+workers finish together instead of one running a long file alone. A file missing here only runs later."""
+
+
+def pytest_configure(config):
+    # xdist's loadfile otherwise sorts the files by their number of tests, most first: the files that launch runs
+    # (a few tests, minutes each) then came last, and one worker ran the longest of them alone for minutes.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Whole files in the order LONG_FIRST says (see there); a stable sort, so a file's tests keep their order."""
+    weight: dict[str, int] = {}
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if path not in weight:
+            weight[path] = (LONG_FIRST.index(path) if path in LONG_FIRST
+                            else len(LONG_FIRST) + (0 if item.get_closest_marker("integration") else 1))
+    items.sort(key=lambda item: weight[item.nodeid.split("::", 1)[0]])
+
 
 @pytest.fixture
 def cpu_host() -> HostFacts:

@@ -3,7 +3,7 @@ address, hostname and /etc/hosts), each running its own hetero-launch as on sepa
 between distinct addresses, not loopback.
 
 - 2 hosts × 1 rank (cluster.launch=elastic) equal the 1-host 2-rank run, and every address the job advertises is
-  the namespaced host's own;
+  the namespaced host's own (read from the job whose link is then cut, below: one 2-host job for both);
 - hosts whose names resolve to 127.0.1.1 (Debian's /etc/hosts line): refused before launch naming
   cluster.local_addr, and with it the job runs;
 - a link shaped to 20 Mbit/s and 50 ms (tc netem, where the kernel has it): trains with no false lost host or hang;
@@ -61,21 +61,37 @@ def _run_until(procs: list[subprocess.Popen], run: Path, step: int) -> None:
         time.sleep(0.2)
 
 
-def test_two_hosts_equal_one_host_with_their_own_addresses(tmp_path):
+@pytest.fixture(scope="module")
+def cut_job(tmp_path_factory) -> dict:
+    """One static 2-host job (elastic, nnodes=2, 1 rank each) for the two tests below: it trains to step 20 or more,
+    then host h1's link is cut. What it logged before the cut is what the 2-host job trained (the equality test); how
+    the two launchers end is the cut's test. (Each used to launch a 2-host job of its own.)"""
+    tmp = tmp_path_factory.mktemp("cut")
     with Hosts(2) as hosts:
-        procs = _start(hosts, tmp_path, [*BASE, "trainer.steps=30", *_elastic(hosts, 29400)])
-        outs = [p.communicate(timeout=300) for p in procs]
-        for p, (out, err) in zip(procs, outs):
-            assert p.returncode == 0, out[-4000:] + err[-3000:]
-    one = tmp_path / "one"
-    one.mkdir()
-    res = run_cli([*BASE, "trainer.steps=30", "cluster.nproc_per_node=2"], one)
+        procs = _start(hosts, tmp, [*BASE, "trainer.steps=100000", *_elastic(hosts, 29401)])
+        _run_until(procs, tmp / "h0" / "log_output" / "latest", 20)
+        hosts.cut(1)
+        cut = time.monotonic()
+        outs = [p.communicate(timeout=HEARTBEAT_S + 60) for p in procs]
+        took = time.monotonic() - cut  # the later of the two
+        left = [hosts.pids(i) for i in range(2)]
+    runs = [(tmp / h / "log_output" / "latest").resolve() for h in hosts.names]
+    return {"procs": procs, "outs": outs, "took": took, "left": left, "runs": runs, "names": hosts.names,
+            "addrs": hosts.addrs}
+
+
+def test_two_hosts_equal_one_host_with_their_own_addresses(cut_job, tmp_path):
+    """Every step the 2-host job logged before its cut (a step's loss does not depend on how many follow) equals the
+    same step of the 1-host 2-rank run."""
+    runs = cut_job["runs"]
+    trained = losses(runs[0])  # rank 0 is on h0
+    assert len(trained) >= 20, trained
+    res = run_cli([*BASE, f"trainer.steps={len(trained)}", "cluster.nproc_per_node=2"], tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    reference = losses(one / "log_output" / "latest")
-    runs = [(tmp_path / h / "log_output" / "latest").resolve() for h in hosts.names]
-    assert len(reference) == 30
-    assert_close(reference, losses(runs[0]), rel=1e-6)  # rank 0 is on h0
-    for i, run in enumerate(runs):
+    reference = losses(tmp_path / "log_output" / "latest")
+    assert len(reference) == len(trained)
+    assert_close(reference, trained, rel=1e-6)
+    for run in runs:
         summary = json.loads((run / "summary.json").read_text())
         # each host advertises its fully qualified name, which its /etc/hosts and the others' resolve to its address
         assert [(n["hostname"], n["addr"], n["ranks"]) for n in summary["nodes"]] == [("h0", "h0", [0]),
@@ -86,27 +102,20 @@ def test_two_hosts_equal_one_host_with_their_own_addresses(tmp_path):
         assert {e["MASTER_ADDR"] for e in env.values()} == {"h0"}  # the ranks' store on h0
 
 
-def test_a_cut_off_host_is_named_lost_on_both_hosts_and_both_exit_in_time(tmp_path):
-    with Hosts(2) as hosts:
-        procs = _start(hosts, tmp_path, [*BASE, "trainer.steps=100000", *_elastic(hosts, 29401)])
-        _run_until(procs, tmp_path / "h0" / "log_output" / "latest", 20)
-        hosts.cut(1)
-        cut = time.monotonic()
-        outs = [p.communicate(timeout=HEARTBEAT_S + 60) for p in procs]
-        took = [time.monotonic() - cut]  # the later of the two
-        left = [hosts.pids(i) for i in range(2)]
-    assert took[0] <= HEARTBEAT_S + 15, took
+def test_a_cut_off_host_is_named_lost_on_both_hosts_and_both_exit_in_time(cut_job):
+    procs, outs, names = cut_job["procs"], cut_job["outs"], cut_job["names"]
+    assert cut_job["took"] <= HEARTBEAT_S + 15, cut_job["took"]
     assert all(p.returncode not in (0, None) for p in procs), [p.returncode for p in procs]
-    assert left == [[], []]  # no launcher or rank left in either namespace
+    assert cut_job["left"] == [[], []]  # no launcher or rank left in either namespace
     said = [" ".join((out + err).replace("│", " ").split()) for out, err in outs]  # (a panel's borders out)
     assert "host h1 (node 1, ranks 1) has not been heard from for" in said[0], said[0][-3000:]
-    assert (f"the rendezvous store at cluster.rdzv_endpoint={hosts.addrs[0]}:29401 has not answered this host for"
-            in said[1] and "is cut off from host h0 (node 0, ranks 0), or that host is lost" in said[1]
+    assert (f"the rendezvous store at cluster.rdzv_endpoint={cut_job['addrs'][0]}:29401 has not answered this host "
+            f"for" in said[1] and "is cut off from host h0 (node 0, ranks 0), or that host is lost" in said[1]
             ), said[1][-3000:]
-    for i, host in enumerate(hosts.names):
-        summary = json.loads(((tmp_path / host / "log_output" / "latest") / "summary.json").read_text())
+    for i, run in enumerate(cut_job["runs"]):
+        summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] == "failed"
-        assert [h["hostname"] for h in summary["lost_hosts"]] == [hosts.names[1 - i]], summary
+        assert [h["hostname"] for h in summary["lost_hosts"]] == [names[1 - i]], summary
 
 
 def test_hosts_whose_names_resolve_to_loopback_are_refused_before_launch_then_run_with_local_addr(tmp_path):

@@ -73,18 +73,33 @@ def host_tables_run(tmp_path_factory) -> Path:
     return run(tmp_path_factory.mktemp("host_tables"), "host", HOST_TABLES)
 
 
+CPU_OPTIMIZER = ["cluster.nproc_per_node=2", "placement.host_device_mix=1", "trainer.steps=20", "zero.stage=2",
+                 "optimizer.target=CPU"]
+"""The optimizer on the CPU: ZeRO-2's offload (what optimizer.target=CPU alone plans: "zero.stage 0 -> 2")."""
+
+
+@pytest.fixture(scope="module")
+def cpu_optimizer_run(tmp_path_factory) -> Path:
+    """Host tables and the optimizer on the CPU, 2 ranks, 20 steps: one launched run read by the placement check
+    below and by the two-ranks-vs-one-process comparison (the same plan each used to launch on its own)."""
+    return run(tmp_path_factory.mktemp("cpu_optimizer"), "cpu", CPU_OPTIMIZER)
+
+
+SHARED = {"host_tables": "host_tables_run", "optimizer_on_cpu": "cpu_optimizer_run"}
+
+
 @pytest.mark.parametrize(
-    "overrides",
+    "name, overrides",
     [
-        HOST_TABLES,
-        ["placement.host_device_mix=1", "optimizer.target=CPU", "trainer.steps=30"],
-        ["placement.host_device_mix=1", "zero.stage=3", "placement.offload_params=true", "precision=bf16",
-         "trainer.steps=30"],
+        ("host_tables", HOST_TABLES),
+        ("optimizer_on_cpu", CPU_OPTIMIZER),
+        ("zero3_offload_params_bf16", ["placement.host_device_mix=1", "zero.stage=3", "placement.offload_params=true",
+                                       "precision=bf16", "trainer.steps=30"]),
     ],
     ids=["host_tables", "optimizer_on_cpu", "zero3_offload_params_bf16"],
 )
-def test_placement_runs_train_and_match_the_plan(tmp_path, request, overrides):
-    run_dir = request.getfixturevalue("host_tables_run") if overrides == HOST_TABLES else run(tmp_path, "run", overrides)
+def test_placement_runs_train_and_match_the_plan(tmp_path, request, name, overrides):
+    run_dir = request.getfixturevalue(SHARED[name]) if name in SHARED else run(tmp_path, "run", overrides)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["world_size"] == 2
     assert summary["final_loss"] < summary["first_loss"]
@@ -112,12 +127,13 @@ def one_process_baseline(tmp_path_factory):
         # ZeRO-2's optimizer (DeepSpeedZeroOptimizer) without gradient partitioning; the suite's time goes to the runs
         # that differ. Each offload run matches the one-process run (the optimizer on the device).
         ["zero.stage=3"],
-        ["zero.stage=2", "optimizer.target=CPU"],
+        None,  # ZeRO-2 with the optimizer on the CPU: CPU_OPTIMIZER, the placement check's run
         ["zero.stage=3", "optimizer.target=CPU", "placement.offload_params=true"],
     ],
     ids=["z3", "z2_offload", "z3_offload_all"],
 )
-def test_two_ranks_match_one_process(tmp_path, one_process_baseline, overrides):
-    run_dir = run(tmp_path, "two", ["cluster.nproc_per_node=2", "placement.host_device_mix=1", "trainer.steps=20", *overrides])
+def test_two_ranks_match_one_process(tmp_path, request, one_process_baseline, overrides):
+    run_dir = request.getfixturevalue("cpu_optimizer_run") if overrides is None else run(
+        tmp_path, "two", [*CPU_OPTIMIZER[:3], *overrides])
     assert_where_the_plan_says(run_dir)
     assert_close(one_process_baseline, losses(run_dir), rel=1e-4)

@@ -1,13 +1,14 @@
 """Smoke runs of every shipped recipe on 2 real ranks, junit.xml as CI systems read it, and sweeps (-m) that run
-every job, failed ones included."""
+every job, failed ones included (quickstart's smoke run is the sweep's first job: one launch for both)."""
 
 import json
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ALL_RECIPES, read_summary, run_cli
+from tests.conftest import ALL_RECIPES, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -30,13 +31,29 @@ def parse_junit(path: Path) -> ET.Element:
     return suite
 
 
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """A sweep of two quickstart smoke jobs, rank 1 failing at step 2 in the second: (its result, its folder). Job 0
+    (debug.fail_rank=-1, the default: no rank fails; fail_step is then unused) is quickstart's smoke run, which the
+    smoke test reads instead of launching the same run again."""
+    cwd = tmp_path_factory.mktemp("sweep")
+    res = run_cli(["-m", "recipe=quickstart", "smoke=true", "debug.fail_rank=-1,1", "debug.fail_step=2"], cwd)
+    return res, (cwd / "log_output" / "latest").resolve()
+
+
 @pytest.mark.parametrize("recipe", ALL_RECIPES)
-def test_every_shipped_recipe_passes_its_smoke_run(tmp_path, recipe):
-    res = run_cli([f"recipe={recipe}", "smoke=true"], tmp_path)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    s = read_summary(tmp_path)
+def test_every_shipped_recipe_passes_its_smoke_run(tmp_path, recipe, request):
+    if recipe == "quickstart":  # the sweep's job 0
+        res, sweep_dir = request.getfixturevalue("sweep")
+        run = sweep_dir / "0"
+        assert json.loads((sweep_dir / "sweep.json").read_text())["jobs"][0]["status"] == "ok", res.stdout[-3000:]
+    else:
+        res = run_cli([f"recipe={recipe}", "smoke=true"], tmp_path)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        run = (tmp_path / "log_output" / "latest").resolve()
+    s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "ok" and s["completed_steps"] == 2 and s["world_size"] == 2 and s["eval"]
-    run = (tmp_path / "log_output" / "latest").resolve()
+    assert s["recipe"] == recipe
     assert (run / "checkpoints" / "step2" / "checkpoint.json").exists()
     for rank in (0, 1):  # and read back by every rank, against the state it saved
         events = [json.loads(line).get("event") for line in (run / f"rank.{rank}" / "metrics.jsonl").read_text().splitlines()]
@@ -45,10 +62,9 @@ def test_every_shipped_recipe_passes_its_smoke_run(tmp_path, recipe):
     assert suite.get("failures") == "0" and len(suite.findall("testcase")) == 3  # the run and 2 ranks
 
 
-def test_a_sweep_runs_every_job_and_a_failed_one_fails_it(tmp_path):
-    res = run_cli(["-m", "recipe=quickstart", "smoke=true", "debug.fail_rank=-1,1", "debug.fail_step=2"], tmp_path)
+def test_a_sweep_runs_every_job_and_a_failed_one_fails_it(sweep):
+    res, sweep = sweep
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
-    sweep = (tmp_path / "log_output" / "latest").resolve()
     record = json.loads((sweep / "sweep.json").read_text())
     assert [(j["job"], j["status"], j["exit_code"]) for j in record["jobs"]] == [(0, "ok", 0), (1, "failed", 1)]
     assert record["status"] == "failed" and "1/2 ok" in res.stdout
