@@ -13,16 +13,14 @@ settings on the host. Their weights and optimizer states go into every checkpoin
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from hydra.utils import get_class
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from launcher.plan.registry import DENSE_OPTIMIZERS
+from launcher.worker.optimizers import torch_optimizer
 
 HOST = torch.device("cpu")
 HOST_MODULES = "host_modules"
@@ -104,12 +102,7 @@ class HostModules:
         self.container = nn.ModuleDict({k.replace(".", "/"): m for k, m in modules.items()})
         """The same modules under one root: the names their state dict and optimizer state are saved by."""
         self.params = [p for p in self.container.parameters() if p.requires_grad]
-        o = plan.optimizer
-        spec = DENSE_OPTIMIZERS[o.name]
-        kwargs = {k: getattr(o, k) for k in spec.kwargs}
-        if spec.fused:
-            kwargs["fused"] = True  # as the parts' optimizer (launcher/worker/optimizers.py): the same arithmetic
-        self.optimizer = get_class(spec.impl)(self.params, **kwargs)
+        self.optimizer = torch_optimizer(plan, self.params)  # as the parts' torch optimizer: the same arithmetic
         self.dp_size, self._plan = dp_size, plan
         self.group = group if dp_size > 1 else None
         """A gloo group of this rank's data-parallel peers (host_group): the host gradients' all-reduce."""
@@ -163,10 +156,6 @@ class HostModules:
 
         set_model_state_dict(self.container, state["model"])
         set_optimizer_state_dict(self.container, self.optimizer, state["optim"])
-
-    def digests(self) -> dict[str, str]:
-        return {name: hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in m.parameters())).hexdigest()
-                for name, m in self.modules.items()}
 
     def held_bytes(self) -> dict[str, int]:
         """Host bytes of the weights, gradients and optimizer states now (memory.json)."""

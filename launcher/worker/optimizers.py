@@ -19,6 +19,13 @@ def build_optimizer(plan: Any, params: list[torch.nn.Parameter]) -> torch.optim.
     if plan.placement.optimizer_location == "host" and cpu.impl:  # DeepSpeedCPUAdam (Adam or AdamW: planned)
         return get_class(cpu.impl)(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
                                    adamw_mode=o.name == "adamw")
+    return torch_optimizer(plan, params)
+
+
+def torch_optimizer(plan: Any, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The plan's dense optimizer as torch's own class (fused where it has a fused kernel): also what steps the
+    dense modules placed on the host (launcher/worker/host_modules.py)."""
+    o = plan.optimizer
     spec = DENSE_OPTIMIZERS[o.name]
     kwargs = {k: getattr(o, k) for k in spec.kwargs}
     if any(hasattr(p, "device_mesh") for p in params):  # DTensors: torch's fused and foreach kernels refuse
