@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from launcher.rundir import RankDir, RunDir
+from launcher.rundir import RunDir
 
 
 def hashing_summary(run_dir: RunDir, rank_exits: list[dict]) -> dict:
@@ -31,18 +31,14 @@ def number(v: object) -> int | float | None:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def validation_summary(rank_dir: RankDir, plan: dict) -> dict:
+def validation_summary(events: dict[str, list[dict]], plan: dict) -> dict:
     """{"validation": the last validation's scores, "early_stop": how it ended} of a run with a validation split
-    (read from the rank's metrics.jsonl; {} without one). ``early_stop`` says the metric and mode watched, the best
-    value and its step, whether the run stopped before trainer.steps, and at which step."""
+    (from a rank's metrics.jsonl records by event, as the summary read them; {} without one). ``early_stop`` says the
+    metric and mode watched, the best value and its step, whether the run stopped before trainer.steps, and at which
+    step."""
     if not plan.get("val_every"):
         return {}
-    vals, ended = [], None
-    for m in rank_dir.read_metrics():
-        if isinstance(m, dict) and m.get("event") == "val":
-            vals.append(m)
-        elif isinstance(m, dict) and m.get("event") == "early_stop":
-            ended = m
+    vals, ended = events.get("val", []), (events.get("early_stop") or [None])[-1]
     out = {"validation": {k: v for k, v in vals[-1].items() if k not in ("event", "time", "wall_s")} if vals else {}}
     early = plan.get("early_stop")
     if early and ended is not None:

@@ -123,7 +123,8 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
         )
         if e.get("blame"):
             ranks[-1]["blame"] = e["blame"]
-    steps0, evals, _ = _records(run_dir.rank(min((e["rank"] for e in rank_exits), default=0)))  # this node's first
+    steps0, events, _ = _records(run_dir.rank(min((e["rank"] for e in rank_exits), default=0)))  # this node's first
+    evals = events.get("eval", [])
     final_loss = steps0[-1].get("loss") if steps0 else None
     reference = dict(plan.get("reference") or {})
     floor, uniform = reference.get("entropy_floor"), reference.get("uniform_loss")
@@ -150,7 +151,7 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
         "eval": {k: v for k, v in evals[-1].items() if k not in ("event", "time", "wall_s")} if evals else {},
         "reference": reference,
     }
-    summary.update(validation_summary(run_dir.rank(min((e['rank'] for e in rank_exits), default=0)), plan))
+    summary.update(validation_summary(events, plan))
     hashing = hashing_summary(run_dir, rank_exits)
     if hashing:
         summary["hashing"] = hashing
@@ -180,22 +181,22 @@ def odd_record(m: object) -> str:
     return ""
 
 
-def _records(rank_dir: RankDir) -> tuple[list[dict], list[dict], str]:
-    """(the step records, the eval records, a note of the records skipped) of a rank's metrics.jsonl: a record that
-    is not what runtime.log or a recipe's loop writes (odd_record) is skipped, and the note says how many and why the
-    first was ('' when none was)."""
-    steps, evals, odd = [], [], []
+def _records(rank_dir: RankDir) -> tuple[list[dict], dict[str, list[dict]], str]:
+    """(the step records, the event records by event name (eval, val, early_stop, ...), a note of the records
+    skipped) of a rank's metrics.jsonl: a record that is not what runtime.log or a recipe's loop writes (odd_record) is
+    skipped, and the note says how many and why the first was ('' when none was)."""
+    steps, events, odd = [], {}, []
     for i, m in enumerate(rank_dir.read_metrics()):
         why = odd_record(m)
         if why:
             odd.append((i, why))
         elif "event" not in m:
             steps.append(m)
-        elif m["event"] == "eval":
-            evals.append(m)
+        else:
+            events.setdefault(m["event"], []).append(m)
     note = (f"{len(odd)} record(s) of {rank_dir.metrics} skipped; the first, record {odd[0][0] + 1}, because "
             f"{odd[0][1]}" if odd else "")
-    return steps, evals, note
+    return steps, events, note
 
 
 def _peak_vs_plan(rank_dir: RankDir, plan: dict) -> dict:
