@@ -20,7 +20,8 @@ from launcher.plan.batch import BatchPlan
 from launcher.plan.budget import budget_of, check_fit
 from launcher.plan.host_modules import composition_problems, plan_host_modules
 from launcher.plan.memory import state_floats
-from launcher.plan.draft import Draft, plan_dataloader, plan_draft_parts, plan_recompute, plan_shape, plan_where
+from launcher.plan.draft import (Draft, epoch_steps, plan_dataloader, plan_draft_parts, plan_recompute, plan_shape,
+                                 plan_where)
 from launcher.plan.layout import ClusterLayout
 from launcher.plan.memory import Bytes, MemoryEstimate
 from launcher.plan.nodes import planned_nodes, store_notes
@@ -181,7 +182,7 @@ def _steps_per_epoch(data_facts, batch, dp: int) -> int | None:
     """Optimizer steps in one pass over the train split; None for a stream of unknown length."""
     if data_facts.train_samples is None or batch is None:
         return None
-    return data_facts.train_samples // (batch.micro_size * dp) // batch.grad_accum
+    return epoch_steps(data_facts.train_samples, batch, dp)
 
 
 def _eval_metrics(cfg: DictConfig, data_facts, notes: list[str]) -> str:

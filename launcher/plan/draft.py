@@ -87,6 +87,11 @@ def _topology(cfg: DictConfig, world: int, world_words: str, problems: list[str]
     return dims, sharding_cfg, degrees_ok
 
 
+def epoch_steps(samples: int, batch: BatchPlan, dp: int) -> int:
+    """Optimizer steps in one pass over ``samples`` training samples (the last partial global batch dropped)."""
+    return samples // (batch.micro_size * dp) // batch.grad_accum
+
+
 def _steps(cfg: DictConfig, batch: BatchPlan | None, dp: int, data_facts, problems: list[str],
            notes: list[str]) -> int:
     """trainer.steps, or the steps trainer.epochs makes of a data set of known size."""
@@ -98,7 +103,7 @@ def _steps(cfg: DictConfig, batch: BatchPlan | None, dp: int, data_facts, proble
                             f"stream (endless, or an IterableDataset read to its end each epoch). Set "
                             f"trainer.epochs=0 and use trainer.steps.")
             return steps
-        steps_per_epoch = per_epoch // (batch.micro_size * dp) // batch.grad_accum
+        steps_per_epoch = epoch_steps(per_epoch, batch, dp)
         if steps_per_epoch < 1:
             problems.append(f"trainer.epochs: one global batch ({batch.global_size}) is larger than the {per_epoch} "
                             f"training samples. Lower batch.global_size.")
