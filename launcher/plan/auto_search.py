@@ -4,14 +4,13 @@ rules, the step-time model's figures (the search itself is launcher/plan/auto.py
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 
 from omegaconf import DictConfig
 
 from launcher.plan.auto import AutoResult, Sharding, choose, dense_layouts, owned_terms
 from launcher.plan.budget import budget_of
 from launcher.plan.cost import CostInput
-from launcher.plan.host_modules import ModulePlan, composition_problems
+from launcher.plan.host_modules import ModulePlan, composition_problems, named
 from launcher.plain import to_plain
 from launcher.plan.memory import state_floats
 from launcher.plan.peak import MemoryInput, table_terms
@@ -95,7 +94,7 @@ def _modules(cfg: DictConfig, sizes) -> tuple[tuple[str, int, int], ...]:
     the run's keys cannot run host modules (launcher/plan/host_modules.py composition_problems)."""
     if not sizes.modules or composition_problems((ModulePlan("x", 1),), cfg):
         return ()
-    yours = [m for k in cfg.placement.modules for m in sizes.modules if m == k or fnmatch.fnmatchcase(m, k)]
+    yours = [m for k in cfg.placement.modules for m in named(k, sizes.modules)]
     leaves = [m for m in sizes.modules if not any(o.startswith(m + ".") for o in sizes.modules)
               and not any(m == y or m.startswith(y + ".") or y.startswith(m + ".") for y in yours)]
     return tuple(sorted(((m, sizes.modules[m], sum(sizes.module_io.get(m, (0, 0)))) for m in leaves),

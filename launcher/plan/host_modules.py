@@ -35,6 +35,11 @@ class ModulePlan:
         return self.params * 4 * (2 + self.state_floats)
 
 
+def named(key: str, modules) -> list[str]:
+    """The module paths a placement.modules key names: the path itself, or those its glob matches."""
+    return [m for m in modules if m == key or fnmatch.fnmatchcase(m, key)]
+
+
 def plan_host_modules(wanted: dict[str, str], modules: dict[str, int] | None, recipe: str, state_floats: int,
                       io: dict[str, tuple[int, int]] | None = None) -> tuple[tuple[ModulePlan, ...], list[str]]:
     """(the modules on the host, problems) of placement.modules against the model's modules (path -> parameters;
@@ -48,14 +53,14 @@ def plan_host_modules(wanted: dict[str, str], modules: dict[str, int] | None, re
                                f"so none can be placed. Remove placement.modules."]
     chosen: list[str] = []
     for key, where in wanted.items():
-        hits = [m for m in modules if m == key or fnmatch.fnmatchcase(m, key)]
+        hits = named(key, modules)
         if not hits:
             some = ", ".join(list(modules)[:12]) + (" ..." if len(modules) > 12 else "")
             problems.append(f"placement.modules.{key}={where}: no module of the model is at {key!r}. Its modules with "
                             f"parameters: {some or 'none'}. Name one of them (or a glob such as dense*).")
         elif where == "host":
             chosen += hits
-    device = {m for k, v in wanted.items() if v == "device" for m in modules if m == k or fnmatch.fnmatchcase(m, k)}
+    device = {m for k, v in wanted.items() if v == "device" for m in named(k, modules)}
     host = [m for m in dict.fromkeys(chosen) if m not in device]
     outer = [m for m in host if not any(m.startswith(o + ".") for o in host if o != m)]
     io = io or {}
