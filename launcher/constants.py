@@ -23,6 +23,10 @@ class Constant:
 # -- memory -----------------------------------------------------------------------------------------------------------
 RANK_RUNTIME = Constant(235 * MIB, "a CPU rank's RSS at start: python, torch, the gloo process group, hydra and the "
                                    "worker imported (rss_at_start, bench/memory_constants.py: 234.8 MiB, median of 5)")
+WARM_RANK_RUNTIME = Constant(197 * MIB, "a CPU rank forked from the warm-start forkserver (launcher.warm_start): "
+                                        "the fresh rank's RSS less what it inherits unfaulted (measured peaks of "
+                                        "wide_deep, gpt, my_ctr and resnet ranks 35-50 MiB below a fresh rank's: "
+                                        "tests/integration/test_memory_prediction.py)")
 KERNELS_RUNTIME = Constant(83 * MIB, "what a rank's first forward, backward and optimizer step add to its RSS: "
                                      "torch's CPU kernels (oneDNN, MKL) and autograd's engine loaded "
                                      "(bench/memory_constants.py: 218 -> 302 MiB)")

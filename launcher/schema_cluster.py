@@ -107,6 +107,11 @@ class LauncherConfig:
     max_restarts: int = 0
     """After a failed attempt, start the job again this many times at most, from the run's newest complete
     checkpoint (each attempt's rank logs are kept in attempt.<k>/). Not after an interrupt or bad input."""
+    warm_start: bool = True
+    """A recipe's ranks on CPU are forked from a forkserver that imported torch and the worker once for the run,
+    instead of each importing them anew (~4 s of CPU a rank on 2 cores); each rank still gets its own variables,
+    session, output files and death with the launcher. false = every rank a fresh ``python -m launcher.worker``
+    (as for scripts and CUDA plans, which always start so)."""
 
 
 @dataclass

@@ -3,16 +3,19 @@ with our log layout: the job of ``cluster.launch=local`` and of each host of ``c
 
 torchrun's own path: each rank starts in its own session with its variables (passed explicitly: the launcher's
 os.environ is never changed) and its log files (``RankLogsSpecs.reify``), tied to the launcher's life
-(``lifeline``); stopping is ``processes.stop_process_groups``, then torch's own close reaps them. Imports torch:
-the backends import it only when they start a job."""
+(``lifeline``); stopping is ``processes.stop_process_groups``, then torch's own close reaps them. A recipe's ranks on
+CPU start warm instead: forked from a forkserver that imported torch once (launcher/backends/warm_start.py). Imports
+torch: the backends import it only when they start a job."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs, PContext, Std, start_processes
+from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
 from launcher.backends import lifeline
 from launcher.backends.processes import stop_process_groups
@@ -51,29 +54,57 @@ def local_ranks(plan: RunPlan, envs: dict[int, dict[str, str]]) -> dict[int, int
     return {r.local_rank: r.rank for r in plan.ranks if r.rank in envs}
 
 
+class _Forked:
+    """A rank forked from the forkserver (a ``multiprocessing.Process``) as the ``subprocess.Popen`` that
+    ``stop_process_groups`` and ``LocalJob`` read: pid, poll(), wait(timeout)."""
+
+    def __init__(self, process) -> None:
+        self._process, self.pid = process, process.pid
+
+    def poll(self) -> int | None:
+        return self._process.exitcode  # negative: the signal that ended it, as Popen's returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._process.join(timeout)
+        return self._process.exitcode
+
+
+def _processes(pc: PContext) -> dict[int, Any]:
+    """local rank -> its process (Popen, or a forked one as _Forked) of either kind of torch elastic's PContext."""
+    if isinstance(pc, SubprocessContext):
+        return {local: h.proc for local, h in pc.subprocess_handlers.items()}
+    return {local: _Forked(p) for local, p in enumerate(pc._pc.processes)}  # MultiprocessContext: torch's mp context
+
+
 class LocalJob:
     """This host's ranks as torch elastic's processes (a ``job.RankJob``)."""
 
     def __init__(self, pc: PContext, by_local: dict[int, int]) -> None:
         self._pc, self._by_local = pc, by_local
+        self._procs = _processes(pc)
         self.ranks = tuple(sorted(by_local.values()))
 
     def poll(self) -> dict[int, int]:
-        return {self._by_local[local]: code for local, h in self._pc.subprocess_handlers.items()
-                if (code := h.proc.poll()) is not None}
+        return {self._by_local[local]: code for local, p in self._procs.items() if (code := p.poll()) is not None}
 
     def pids(self) -> dict[int, int]:
-        return {self._by_local[local]: h.proc.pid for local, h in self._pc.subprocess_handlers.items()}
+        return {self._by_local[local]: p.pid for local, p in self._procs.items()}
 
     def stop(self) -> None:
-        stop_process_groups([h.proc for h in self._pc.subprocess_handlers.values()])
+        stop_process_groups(list(self._procs.values()))
         self._pc.close(death_sig=signal.SIGKILL, timeout=1)  # reaps the ranks and closes their log files
 
 
 def spawn_ranks(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]]) -> LocalJob:
     """Start this host's ranks (those in envs) as ``python <plan.rank_args(run_dir)>``, each tied to this process's
-    life."""
+    life; warm (forked from the forkserver) where the plan says so."""
     by_local = local_ranks(plan, envs)
+    if getattr(plan, "warm_start", False):
+        from launcher.backends.warm_start import start_warm
+
+        local_envs = {local: dict(envs[rank]) for local, rank in by_local.items()}
+        pc = start_warm(run_dir.name, str(run_dir.path), local_envs, RankLogsSpecs(run_dir))
+        return LocalJob(pc, by_local)
     # each rank dies with this process (lifeline: the kernel's parent-death signal), then runs python <rank args>
     args = tuple(lifeline.command(os.getpid(), signal.SIGKILL, [sys.executable, *plan.rank_args(str(run_dir.path))]))
     pc = start_processes(

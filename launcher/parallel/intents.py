@@ -54,6 +54,9 @@ class Intents:
     """deepspeed.config's keys (after its intents were adopted), merged into the deepspeed part's config; None = none."""
     ds_source: str = ""
     """Where they came from (the file's path, or "inline"), for messages."""
+    warm_start: bool = False
+    """The ranks are forked from the warm-start forkserver (launcher.warm_start, a recipe on CPU): their runtime is
+    smaller (launcher/constants.py WARM_RANK_RUNTIME)."""
 
     @property
     def offload(self) -> bool:
@@ -94,7 +97,8 @@ def intents_of(cfg: Any, dims: ParallelDims, placement: Any, zero: int, device_t
                    optimizer=cfg.optimizer.name, cpu_impl=placement.cpu_impl, pin_memory=placement.pin_memory,
                    data_parallel=cfg.parallel.data_parallel, device_type=device_type, batch=batch,
                    log_every=cfg.trainer.log_every, sync_batchnorm=bool(cfg.parallel.sync_batchnorm),
-                   grad_clip=float(cfg.trainer.grad_clip), **_ds_file(cfg), **layout)
+                   grad_clip=float(cfg.trainer.grad_clip), warm_start=warm_start(cfg, device_type), **_ds_file(cfg),
+                   **layout)
 
 
 def _ds_file(cfg: Any) -> dict[str, Any]:
@@ -135,3 +139,9 @@ class PartPlan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PartPlan:
         return from_plain(cls, d)
+
+
+def warm_start(cfg: Any, device_type: str) -> bool:
+    """Whether the ranks start warm (launcher/backends/warm_start.py): launcher.warm_start, for a recipe's ranks on
+    CPU (a script's start as ``python script.py``; a CUDA plan's never fork)."""
+    return bool(cfg.launcher.warm_start) and device_type == "cpu" and not cfg.get("script")

@@ -67,7 +67,7 @@ def rank_memory(i: Intents, parts: tuple[PartPlan, ...], placement, m: ModelMemo
         prefetch=getattr(placement, "prefetch", 0),
         optimizer=i.optimizer, optimizer_location=placement.optimizer_location, buffers=buffers,
         data_bytes=m.data_bytes, families=m.families, imports=m.imports,
-        deepspeed=any(p.name == "deepspeed" for p in parts),
+        deepspeed=any(p.name == "deepspeed" for p in parts), warm=i.warm_start,
         per_table=pipeline is None,
         table_terms=tables))
     return est, pipeline, mem

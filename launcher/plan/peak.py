@@ -64,6 +64,8 @@ class MemoryInput:
     data_bytes: int = 0
     """The data set a rank holds in memory (DataFacts.resident_bytes)."""
     deepspeed: bool = False
+    warm: bool = False
+    """The rank is forked from the warm-start forkserver (a smaller runtime: WARM_RANK_RUNTIME)."""
     families: tuple[str, ...] = ()
     """Operator kinds the model runs whose CPU kernels cost memory of their own (conv)."""
     imports: tuple[int, str] = (0, "")
@@ -236,7 +238,8 @@ def _built_whole(m: MemoryInput) -> list[Term]:
 
 
 def _runtime(m: MemoryInput) -> list[Term]:
-    out = [Term("runtime", "host", int(C.RANK_RUNTIME.value), basis="constant", source=C.RANK_RUNTIME.source),
+    runtime = C.WARM_RANK_RUNTIME if m.warm else C.RANK_RUNTIME
+    out = [Term("runtime", "host", int(runtime.value), basis="constant", source=runtime.source),
            Term("kernels", "host", int(C.KERNELS_RUNTIME.value), basis="constant", source=C.KERNELS_RUNTIME.source)]
     if "conv" in m.families and m.device_type == "cpu":
         out.append(Term("conv kernels", "host", int(C.CONV_KERNELS.value), basis="constant",

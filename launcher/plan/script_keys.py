@@ -27,6 +27,8 @@ _OWN_LOOP = ("refuse: a script builds its own model, data, optimizer and loop, a
 _PLAIN = ("report: the script neither calls runtime.prepare() nor uses accelerate, so nothing in it reads this "
           "intent")
 _LAUNCH = {k: APPLIED for k in JOB_KINDS}
+_COLD = ("report: a script's ranks always start as `python <script>`, a fresh interpreter each (its own __main__); "
+         "launcher.warm_start is for a recipe's ranks on CPU")
 _NO_HOST_MODULES = ("refuse: runtime.prepare() and accelerate do not put a dense module on the host (placement.modules "
                     "is built for recipes). Remove placement.modules, or run your model as a recipe")
 
@@ -43,6 +45,7 @@ _TABLES = _k(accelerate=REFUSED)  # accelerator.prepare keeps every table in its
 VERDICTS: dict[str, dict[str, str]] = {
     # launching and records: the launcher itself applies them, whatever runs in the ranks
     "cluster": _LAUNCH, "output": _LAUNCH, "launcher": _LAUNCH, "logger": _LAUNCH, "dry_run": _LAUNCH,
+    "launcher.warm_start": _k(**{kind: _COLD for kind in SCRIPT_KINDS}),
     "output.console": _k(recipe=REFUSED, plain=APPLIED),  # check_script_ops: a recipe's ranks report otherwise
     "script": _k(recipe=APPLIED, plain=APPLIED),
     "script_args": _k(recipe=REFUSED, plain=APPLIED),

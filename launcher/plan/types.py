@@ -171,6 +171,9 @@ class LaunchPlan:
     """Score the validation split every this many steps (and at the last step); 0 = no validation split."""
     early_stop: EarlyStopPlan | None = None
     """trainer.early_stop; None = the run goes on to ``steps``."""
+    warm_start: bool = False
+    """The ranks are forked from a forkserver that imported torch and the worker once (launcher.warm_start on a CPU
+    plan: launcher/backends/warm_start.py); False = each rank is a fresh ``python -m launcher.worker``."""
     kind: str = "recipe"
 
     @property
