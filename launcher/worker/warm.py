@@ -15,6 +15,7 @@ and the same ends as ``python -m launcher.worker`` (launcher/worker/__main__.py)
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import sys
@@ -33,6 +34,9 @@ from launcher.worker.train import run_rank
 
 __all__ = ["start_rank"]
 
+PR_SET_NAME = 15
+"""prctl option: the calling thread's name (the process's, for its main thread)."""
+
 
 def start_rank(run_dir: str) -> None:
     """One rank, in a process forked from the forkserver; never returns."""
@@ -44,7 +48,11 @@ def start_rank(run_dir: str) -> None:
         os.close(alive)
         forkserver._forkserver._forkserver_alive_fd = None
     lifeline.die_with_parent(os.getppid(), signal.SIGKILL)
+    # multiprocessing made this process's default start method the forkserver's (its spawn preparation sets it):
+    # back to the platform's, which a fresh interpreter has (a DataLoader's workers are forked from the rank).
+    multiprocessing.set_start_method(None, force=True)
     os.setsid()  # its own session and process group, as torch elastic starts a program's ranks
+    _name(f"hl-rank-{os.environ.get('RANK', '')}")
     sys.argv = [os.path.join(os.path.dirname(__file__), "__main__.py"), run_dir]
     register_stack_dump()
     code = 1
@@ -68,4 +76,15 @@ def _print(text: str) -> None:
     try:
         print(text, file=sys.stderr)
     except (OSError, ValueError):
+        pass
+
+
+def _name(name: str) -> None:
+    """The process's name as ``ps -o comm`` and ``top`` show it (15 bytes at most): a forked rank's command line is
+    the forkserver's (``python -c from multiprocessing.forkserver import main ...``)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl here
         pass

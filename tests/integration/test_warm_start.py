@@ -18,10 +18,11 @@ pytestmark = pytest.mark.integration
 
 COMMON = ["recipe=quickstart", "trainer.steps=6", "trainer.log_every=1", "trainer.checkpoint_every=-1"]
 PROBE = """
-import json, os, torch
+import json, multiprocessing, os, torch
 from torch import nn
 
 print("probe", json.dumps({"sid": os.getsid(0) == os.getpid(), "threads": torch.get_num_threads(),
+      "start_method": multiprocessing.get_start_method(),
       "omp": os.environ.get("OMP_NUM_THREADS"), "run_dir": os.environ.get("HL_RUN_DIR"),
       "unbuffered": os.environ.get("PYTHONUNBUFFERED")}), flush=True)
 
@@ -95,6 +96,7 @@ def test_a_warm_rank_has_its_own_session_variables_and_threads(tmp_path):
         seen = json.loads(lines[-1][len("probe "):])
         assert seen["sid"] is True and seen["run_dir"] == str(run) and seen["unbuffered"] == "1", seen
         assert str(seen["threads"]) == seen["omp"], seen  # OMP_NUM_THREADS of the plan, read when torch loaded
+        assert seen["start_method"] == "fork", seen  # a DataLoader's workers fork from the rank, as from a fresh one
 
 
 def test_ranks_die_with_a_killed_launcher(tmp_path):
