@@ -27,6 +27,10 @@ WARM_RANK_RUNTIME = Constant(197 * MIB, "a CPU rank forked from the warm-start f
                                         "the fresh rank's RSS less what it inherits unfaulted (measured peaks of "
                                         "wide_deep, gpt, my_ctr and resnet ranks 35-50 MiB below a fresh rank's: "
                                         "tests/integration/test_memory_prediction.py)")
+FORKSERVER_RUNTIME = Constant(25 * MIB, "what the warm-start forkserver adds to its host beyond its ranks' RSS: its "
+                                        "private memory (smaps_rollup during a wide_deep run: Private 25 MB of its 299 "
+                                        "MB RSS; the rest is shared with the ranks forked from it, whose RSS counts "
+                                        "it; launcher/backends/warm_start.py)")
 KERNELS_RUNTIME = Constant(83 * MIB, "what a rank's first forward, backward and optimizer step add to its RSS: "
                                      "torch's CPU kernels (oneDNN, MKL) and autograd's engine loaded "
                                      "(bench/memory_constants.py: 218 -> 302 MiB)")

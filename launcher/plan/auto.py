@@ -164,7 +164,7 @@ def shard_tables(mem: MemoryPlan, b: Budget, sharding: Sharding | None) -> tuple
     sums = phase_sums(mem.terms)
 
     def host_total() -> int:
-        return host_total_of(sums, mem.device_type, mem.nproc_per_node, mem.launcher)
+        return host_total_of(sums, mem.device_type, mem.nproc_per_node, mem.launcher + mem.forkserver)
 
     split: list[str] = []
     for name in sharding.order:
@@ -340,10 +340,12 @@ def infeasible(cands: list[Candidate], b: Budget, group: int = 1) -> list[str]:
     if "host" in over:
         k = ranks_that_fit(close.memory, b)
         per = gb(close.memory.rank_peak)
-        one = (close.memory.rank_peak + close.memory.launcher) / (1 - b.reserve)
+        launcher = close.memory.launcher + close.memory.forkserver
+        one = (close.memory.rank_peak + launcher) / (1 - b.reserve)
         fixes.append(f"each rank needs {per} of host memory, so a host holds {k}: run cluster.nproc_per_node={k} on "
                      f"more hosts" if k else f"each rank needs {per} of host memory and the launcher "
-                     f"{gb(close.memory.launcher)}: a host of {gb(one)} (cluster.host_memory_gb) runs one rank")
+                     f"{'and its forkserver ' if close.memory.forkserver else ''}{gb(launcher)}: a host of {gb(one)} "
+                     f"(cluster.host_memory_gb) runs one rank")
         fixes += _ps_hosts(close, b, group)
     if "device" in over:
         fixes.append(f"a device of {gb(close.memory.peak('device') / (1 - b.reserve))} "

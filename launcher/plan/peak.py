@@ -85,6 +85,8 @@ class MemoryPlan:
     device_type: str
     nproc_per_node: int
     launcher: int = int(C.LAUNCHER_RUNTIME.value)
+    forkserver: int = 0
+    """The warm-start forkserver's RSS while the ranks run (FORKSERVER_RUNTIME); 0 = the ranks start cold."""
 
     def peak(self, where: str) -> int:
         """Bytes at the peak in ``where`` (host or device) for one rank: training's, or building the model's."""
@@ -122,8 +124,8 @@ class MemoryPlan:
 
     @property
     def host_total(self) -> int:
-        """One host: its ranks' peaks and the launcher (host_total_of)."""
-        return host_total_of(self._sums, self.device_type, self.nproc_per_node, self.launcher)
+        """One host: its ranks' peaks, the launcher and its forkserver (host_total_of)."""
+        return host_total_of(self._sums, self.device_type, self.nproc_per_node, self.launcher + self.forkserver)
 
     @property
     def measured_as(self) -> tuple[str, int]:
@@ -183,7 +185,7 @@ def memory_plan(m: MemoryInput) -> MemoryPlan:
     if m.data_bytes:
         terms.append(Term("data", "host", m.data_bytes, source="the data set each rank holds (its train split)"))
     return MemoryPlan(terms=tuple(t for t in terms if t.bytes > 0), device_type=m.device_type,
-                      nproc_per_node=m.nproc_per_node)
+                      nproc_per_node=m.nproc_per_node, forkserver=int(C.FORKSERVER_RUNTIME.value) if m.warm else 0)
 
 
 def table_terms(m: MemoryInput) -> list[Term]:

@@ -33,7 +33,8 @@ def memory_lines(mem: MemoryPlan, b: Budget | None) -> list[str]:
                                           else ""),
              f"per host: {mem.nproc_per_node} rank(s) × {gb(mem.training_peak)}"
              + (f" + {gb(mem.build_extra)} while one builds the model (its tables whole)" if mem.build_extra else "")
-             + f" + launcher {gb(mem.launcher)} = "
+             + f" + launcher {gb(mem.launcher)}" + (f" + forkserver {gb(mem.forkserver)}" if mem.forkserver else "")
+             + " = "
              f"{gb(mem.host_total)}{_share(mem.host_total, host_cap)}"]
     if b is not None:
         lines.append(f"budgets: device from {b.device_source}; host from {b.host_source}; "

@@ -69,6 +69,21 @@ def _steps(metrics: Path) -> dict[int, float]:
     return out
 
 
+def _hold(run: Path, timeout_s: float = 60) -> None:
+    """SIGSTOP to each rank of the node's current world (its rank.N/pid). A pid whose process is gone belongs to a
+    world that just ended (a loaded machine can see one more restart); the next world's ranks write theirs."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            for pid_file in run.glob("rank.*/pid"):
+                os.kill(int(pid_file.read_text().split()[1]), signal.SIGSTOP)
+            return
+        except ProcessLookupError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _node_steps(run: Path) -> dict[int, float]:
     """The losses the node's lowest rank logged (its node rank, and so its ranks, may change at each round)."""
     ranks = sorted(int(d.name.split(".")[1]) for d in run.glob("rank.*"))
@@ -103,8 +118,7 @@ def _scenario(tmp_path: Path, placement: list[str]) -> dict:
     b.communicate()
     _wait("node a's world of 2", lambda: (run_a / "attempt.0").exists()
           and len(_node_steps(run_a)) >= 5, [a])
-    for pid_file in run_a.glob("rank.*/pid"):  # held mid-run while node c starts (the launcher sends SIGCONT with
-        os.kill(int(pid_file.read_text().split()[1]), signal.SIGSTOP)  # its SIGTERM when it stops them to admit c)
+    _hold(run_a)  # held mid-run while node c starts (the launcher sends SIGCONT with its SIGTERM to admit c)
     c = node("c")
     outs = {n: p.communicate(timeout=300) for n, p in (("a", a), ("c", c))}
     for n, p in (("a", a), ("c", c)):

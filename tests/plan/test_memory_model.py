@@ -3,6 +3,8 @@ plan over its budget is refused and with which numbers, and what auto chooses wh
 
 import pytest
 
+from launcher import constants as C
+
 from launcher.errors import ConfigError
 from launcher.plan import LaunchPlan
 from launcher.plan.budget import GB, Budget, check_fit
@@ -32,9 +34,14 @@ def test_wide_deep_terms_count_each_table_and_its_states_exactly(cpu_host):
     assert (t["deep_embedding table"].bytes, t["deep_embedding table"].where) == (rows * 16 * 4, "host")
     assert t["deep_embedding states"].bytes == 2 * rows * 16 * 4  # lazy Adam's two moments
     assert t["wide_embedding states"].bytes == 2 * rows * 4  # FTRL's n and z
-    assert t["runtime"].basis == "constant" and "bench/memory_constants.py" in t["runtime"].source
+    # ranks on CPU start warm by default: a warm rank's runtime, and the forkserver counted on the host
+    assert t["runtime"].basis == "constant" and t["runtime"].bytes == C.WARM_RANK_RUNTIME.value < C.RANK_RUNTIME.value
     assert t["ddp buckets"].bytes == plan.memory.device.grads  # torch DDP: a flat copy of every gradient
-    assert plan.peak.host_total == 2 * plan.peak.rank_peak + plan.peak.launcher
+    assert plan.peak.forkserver == C.FORKSERVER_RUNTIME.value
+    assert plan.peak.host_total == 2 * plan.peak.rank_peak + plan.peak.launcher + plan.peak.forkserver
+    cold = plan_of(["recipe=wide_deep", "placement.host_device_mix=1", "launcher.warm_start=false"], cpu_host)
+    assert _terms(cold)["runtime"].source == C.RANK_RUNTIME.source and "bench/memory_constants.py" in C.RANK_RUNTIME.source
+    assert cold.peak.forkserver == 0 and cold.peak.host_total == 2 * cold.peak.rank_peak + cold.peak.launcher
     assert LaunchPlan.from_dict(plan.to_dict()).peak == plan.peak  # plan.json round trip
 
 
@@ -100,8 +107,8 @@ def test_auto_when_nothing_fits_exits_with_fixes_that_carry_numbers(cpu_host):
     assert "of host memory per host, has 800.0 MB (10% kept free: 720.0 MB)" in msg
     assert "so a host holds 1: run cluster.nproc_per_node=1 on more hosts" in msg
     assert "the largest terms are runtime" in msg
-    with pytest.raises(ConfigError, match=r"each rank needs .* MB of host memory and the launcher 245.4 MB: a host of "
-                                          r".* \(cluster.host_memory_gb\) runs one rank"):
+    with pytest.raises(ConfigError, match=r"each rank needs .* MB of host memory and the launcher and its forkserver "
+                                          r"271.6 MB: a host of .* \(cluster.host_memory_gb\) runs one rank"):
         plan_of(["recipe=wide_deep", "placement=auto", "cluster.host_memory_gb=0.5"], cpu_host)
 
 
