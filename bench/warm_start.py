@@ -5,9 +5,10 @@
 Each round runs every case twice, once with the default (launcher.warm_start=true: ranks forked from a forkserver
 that imported torch, torch._dynamo and the worker once) and once with launcher.warm_start=false (each rank a fresh
 ``python -m launcher.worker``), alternating which goes first. Per run: the wall time of the whole command, and the
-CPU time of the whole process tree (the launcher, the forkserver and every rank: getrusage(RUSAGE_CHILDREN) of this
-process, which counts every descendant reaped). Prints medians, spreads (min-max) and ratios, and writes
-bench/results/warm_start.json. Not a test: the figures depend on the machine.
+machine's CPU time over it (user + system of every core, /proc/stat: the launcher, the forkserver and every rank; a
+forkserver's ranks are no children this process could count with getrusage). Run it on a quiet machine. Prints
+medians, spreads (min-max) and ratios, and writes bench/results/warm_start.json. Not a test: the figures depend on
+the machine.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -32,17 +32,23 @@ CASES = {
 
 
 def one_run(overrides: list[str], warm: bool, steps: int, workdir: Path) -> dict:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = machine_cpu_s()
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "launcher.cli", *overrides, f"trainer.steps={steps}",
                           "trainer.checkpoint_every=-1", f"launcher.warm_start={str(warm).lower()}"],
                          cwd=workdir, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = machine_cpu_s() - before
     if res.returncode != 0:
         raise RuntimeError(f"{overrides} warm={warm} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"wall_s": wall, "cpu_s": cpu}
+
+
+def machine_cpu_s() -> float:
+    """Seconds of CPU every core has spent in user and system mode since boot (/proc/stat's first line)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system = (int(x) for x in fields[:3])
+    return (user + nice + system) / os.sysconf("SC_CLK_TCK")
 
 
 def summary(values: list[float]) -> dict:

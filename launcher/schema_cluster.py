@@ -109,7 +109,8 @@ class LauncherConfig:
     checkpoint (each attempt's rank logs are kept in attempt.<k>/). Not after an interrupt or bad input."""
     warm_start: bool = True
     """A recipe's ranks on CPU are forked from a forkserver that imported torch and the worker once for the run,
-    instead of each importing them anew (~4 s of CPU a rank on 2 cores); each rank still gets its own variables,
+    instead of each importing them anew (~4 s of CPU a rank on 2 cores: a 2-rank run takes 0.64-0.71× the CPU, 4
+    ranks 0.40×, bench/warm_start.py); each rank still gets its own variables,
     session, output files and death with the launcher. false = every rank a fresh ``python -m launcher.worker``
     (as for scripts and CUDA plans, which always start so)."""
 

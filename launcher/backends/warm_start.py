@@ -5,7 +5,8 @@ A fresh ``python -m launcher.worker`` spends most of a short run importing: on a
 smoke run. Here the imports happen once per run: ``multiprocessing``'s forkserver (a fresh interpreter, started by
 this launcher) imports ``launcher.worker.warm`` and forks every rank from that state; torch elastic's
 ``start_processes`` with a function entrypoint and ``start_method="forkserver"`` starts them, gives each its
-variables and its ``rank.N/`` files (``RankLogsSpecs``) as it does for a program. Measured in bench/warm_start.py.
+variables and its ``rank.N/`` files (``RankLogsSpecs``) as it does for a program. bench/warm_start.py: a 2-rank run's
+CPU 0.64-0.71× a fresh start's, 4 ranks 0.40× (docs/running.md#how-the-ranks-start).
 
 What a rank would have had from a fresh interpreter, it has here too:
 - the variables read when torch is imported (OMP_NUM_THREADS, PYTHONUNBUFFERED, ...): the forkserver starts with
