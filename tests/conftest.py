@@ -142,6 +142,17 @@ def processes_of_run(run_dir: Path) -> list[str]:
     return found
 
 
+def run_one_file_project(folder: Path, module: str, code: str, recipe: str, recipe_yaml: str, *overrides: str
+                         ) -> tuple[subprocess.CompletedProcess, Path]:
+    """A user's project of one module (``<module>.py``) and one recipe (``conf/recipe/<recipe>.yaml``) in folder,
+    launched there (run_cli); (the result, the run dir ``latest`` names)."""
+    (folder / f"{module}.py").write_text(code)
+    (folder / "conf" / "recipe").mkdir(parents=True, exist_ok=True)
+    (folder / "conf" / "recipe" / f"{recipe}.yaml").write_text(recipe_yaml)
+    res = run_cli(["--config-dir", "conf", f"recipe={recipe}", *overrides], folder)
+    return res, (folder / "log_output" / "latest").resolve()
+
+
 def read_summary(cwd: Path) -> dict:
     return json.loads((cwd / "log_output" / "latest" / "summary.json").read_text())
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import processes_of_run, run_cli
+from tests.conftest import processes_of_run, run_cli, run_one_file_project
 
 pytestmark = pytest.mark.integration
 
@@ -84,12 +84,8 @@ def test_warm_ranks_train_exactly_as_fresh_ones(runs):
 
 def test_a_warm_rank_has_its_own_session_variables_and_threads(tmp_path):
     """The probe runs in each rank when the user's module is imported there: what torch and the environment say."""
-    (tmp_path / "probe.py").write_text(PROBE)
-    (tmp_path / "conf" / "recipe").mkdir(parents=True)
-    (tmp_path / "conf" / "recipe" / "probe.yaml").write_text(RECIPE)
-    res = run_cli(["--config-dir", "conf", "recipe=probe", "cluster.nproc_per_node=2"], tmp_path)
+    res, run = run_one_file_project(tmp_path, "probe", PROBE, "probe", RECIPE, "cluster.nproc_per_node=2")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    run = (tmp_path / "log_output" / "latest").resolve()
     assert json.loads((run / "plan.json").read_text())["warm_start"] is True
     for rank in (0, 1):
         lines = [ln for ln in (run / f"rank.{rank}" / "stdout").read_text().splitlines() if ln.startswith("probe ")]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_one_file_project
 
 MODEL = '''
 import torch
@@ -56,12 +56,8 @@ def _strict(text: str):
 
 @pytest.mark.integration
 def test_a_nan_loss_fails_the_run_and_keeps_the_last_finite_checkpoint(tmp_path: Path):
-    (tmp_path / "nanmod.py").write_text(MODEL)
-    (tmp_path / "conf" / "recipe").mkdir(parents=True)
-    (tmp_path / "conf" / "recipe" / "nanrun.yaml").write_text(RECIPE)
-    res = run_cli(["--config-dir", "conf", "recipe=nanrun", "cluster.nproc_per_node=1"], tmp_path)
+    res, run = run_one_file_project(tmp_path, "nanmod", MODEL, "nanrun", RECIPE, "cluster.nproc_per_node=1")
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
-    run = (tmp_path / "log_output" / "latest").resolve()
     summary = _strict((run / "summary.json").read_text())
     assert summary["status"] == "failed"
     assert "training diverged: the loss is nan at step 5 on rank 0" in res.stdout.replace("\n", " ")
