@@ -99,19 +99,18 @@ def spawn_ranks(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]])
     """Start this host's ranks (those in envs) as ``python <plan.rank_args(run_dir)>``, each tied to this process's
     life; warm (forked from the forkserver) where the plan says so."""
     by_local = local_ranks(plan, envs)
+    local_envs = {local: dict(envs[rank]) for local, rank in by_local.items()}
     if getattr(plan, "warm_start", False):
         from launcher.backends.warm_start import start_warm
 
-        local_envs = {local: dict(envs[rank]) for local, rank in by_local.items()}
-        pc = start_warm(run_dir.name, str(run_dir.path), local_envs, RankLogsSpecs(run_dir))
-        return LocalJob(pc, by_local)
+        return LocalJob(start_warm(run_dir.name, str(run_dir.path), local_envs, RankLogsSpecs(run_dir)), by_local)
     # each rank dies with this process (lifeline: the kernel's parent-death signal), then runs python <rank args>
     args = tuple(lifeline.command(os.getpid(), signal.SIGKILL, [sys.executable, *plan.rank_args(str(run_dir.path))]))
     pc = start_processes(
         name=run_dir.name,
         entrypoint=args[0],
         args={local: args[1:] for local in by_local},
-        envs={local: dict(envs[rank]) for local, rank in by_local.items()},
+        envs=local_envs,
         logs_specs=RankLogsSpecs(run_dir),
     )
     return LocalJob(pc, by_local)

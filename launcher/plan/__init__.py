@@ -169,7 +169,7 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
         notes=tuple(d.notes), resume_from=cfg.trainer.resume_from, code_paths=facts.code_paths,
         debug_fail=(cfg.debug.fail_rank, cfg.debug.fail_step), sharding=d.sharding, model_output=cfg.model_output,
         loggers=loggers, peak=peak, budget=budget,
-        warm_start=_warm_start(cfg, d.device_type),
+        warm_start=intents.warm_start,
     )
 
 
@@ -203,9 +203,3 @@ def _activations(per_sample: dict | None, recompute: tuple[str, ...], micro: int
     kept = sum(per_layer.values())
     with_recompute = sum(round(v["inputs"] * micro) if n in recompute else per_layer[n] for n, v in per_sample.items())
     return {"per_layer": per_layer, "kept_bytes": kept, "kept_bytes_with_recompute": with_recompute}
-
-
-def _warm_start(cfg: DictConfig, device_type: str) -> bool:
-    from launcher.parallel.intents import warm_start
-
-    return warm_start(cfg, device_type)

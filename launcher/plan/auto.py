@@ -164,7 +164,7 @@ def shard_tables(mem: MemoryPlan, b: Budget, sharding: Sharding | None) -> tuple
     sums = phase_sums(mem.terms)
 
     def host_total() -> int:
-        return host_total_of(sums, mem.device_type, mem.nproc_per_node, mem.launcher + mem.forkserver)
+        return host_total_of(sums, mem.device_type, mem.nproc_per_node, mem.host_runtime)
 
     split: list[str] = []
     for name in sharding.order:
@@ -340,7 +340,7 @@ def infeasible(cands: list[Candidate], b: Budget, group: int = 1) -> list[str]:
     if "host" in over:
         k = ranks_that_fit(close.memory, b)
         per = gb(close.memory.rank_peak)
-        launcher = close.memory.launcher + close.memory.forkserver
+        launcher = close.memory.host_runtime
         one = (close.memory.rank_peak + launcher) / (1 - b.reserve)
         fixes.append(f"each rank needs {per} of host memory, so a host holds {k}: run cluster.nproc_per_node={k} on "
                      f"more hosts" if k else f"each rank needs {per} of host memory and the launcher "

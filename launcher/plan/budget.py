@@ -100,4 +100,4 @@ def check_fit(mem: MemoryPlan, b: Budget, traced: bool, host_fixes: tuple[str, .
 
 def ranks_that_fit(mem: MemoryPlan, b: Budget) -> int:
     """Ranks of this plan one host's usable memory holds beside the launcher."""
-    return max(0, (b.host_usable - mem.launcher - mem.forkserver) // max(1, mem.rank_peak))
+    return max(0, (b.host_usable - mem.host_runtime) // max(1, mem.rank_peak))

@@ -123,9 +123,14 @@ class MemoryPlan:
         return max(0, self._build["both" if self.device_type == "cpu" else "host"] - self.training_peak)
 
     @property
+    def host_runtime(self) -> int:
+        """What a host holds besides its ranks: the launcher and the warm-start forkserver."""
+        return self.launcher + self.forkserver
+
+    @property
     def host_total(self) -> int:
         """One host: its ranks' peaks, the launcher and its forkserver (host_total_of)."""
-        return host_total_of(self._sums, self.device_type, self.nproc_per_node, self.launcher + self.forkserver)
+        return host_total_of(self._sums, self.device_type, self.nproc_per_node, self.host_runtime)
 
     @property
     def measured_as(self) -> tuple[str, int]:
