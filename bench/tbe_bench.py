@@ -11,11 +11,19 @@ touched rows. The project's path is driven as the Trainer drives it: ``BagLookup
 
 - ``sgd``, ``adagrad``, ``rowwise_adagrad``, ``lazy_adam``, ``ftrl``: the project's replicated host store;
 - ``fbgemm_sgd``, ``fbgemm_adagrad``, ``fbgemm_rowwise_adagrad``: FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen``
-  on the host (EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD), when ``fbgemm_gpu`` imports;
-- ``torch_sgd``: one ``nn.EmbeddingBag(sparse=True)`` per table and ``torch.optim.SGD``.
+  on the host (EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD), when ``fbgemm_gpu`` imports; its states (made
+  by torch.zeros: pages the kernel maps at their first write, a fault per page in the timed steps) written once
+  when built, as a long run has them (before 2026-11-29 evening they were not: FBGEMM's Adagrads measured 2-4x slow);
+- ``torch_sgd``: one ``nn.EmbeddingBag(sparse=True)`` per table and ``torch.optim.SGD``;
+- a project variant with ``_4k`` (``sgd_4k``): its tables left on 4 KiB pages (as ``HL_TABLE_HUGEPAGES=0``); the
+  plain name runs as the ranks do, the tables moved onto transparent huge pages (launcher/tables/hugepages.py; the
+  bench waits for the move before timing);
+- an FBGEMM variant with ``_huge`` (``fbgemm_sgd_huge``): FBGEMM's host weights and states given the same huge pages
+  (FBGEMM itself does not ask for them): what FBGEMM would do with the same memory.
 
-Each round builds each variant afresh (tables of the same shape), runs --warmup steps, times --steps, frees it;
-rounds alternate the variants' order. Reported: per variant the median ms/step over rounds (each round's own median),
+Every variant is built once and kept while their tables fit in 70 % of the memory available (else each round builds
+each variant afresh and frees it); each round runs --warmup steps of each variant, then times --steps; rounds
+alternate the variants' order. Reported: per variant the median ms/step over rounds (each round's own median),
 the spread (min-max of the round medians), bytes moved per step (rows read and written, states included) and that
 rate against a measured copy bound, and each variant's ratio to its FBGEMM counterpart, round by round. Numbers
 depend on the machine: see docs/performance.md for where they were taken.
@@ -35,6 +43,8 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from launcher.procfs import kernel_field  # noqa: E402
 
 PROJECT = ("sgd", "adagrad", "rowwise_adagrad", "lazy_adam", "ftrl")
 FBGEMM = {"fbgemm_sgd": "EXACT_SGD", "fbgemm_adagrad": "EXACT_ADAGRAD",
@@ -60,9 +70,11 @@ def batches(tables: int, rows: int, batch: int, count: int, seed: int = 0) -> li
     return [torch.stack([zipf_ids(batch, rows, gen) for _ in range(tables)]) for _ in range(count)]
 
 
-def project(optimizer: str, tables: int, rows: int, dim: int):
-    """A replicated host store of ``tables`` tables and a BagLookup for each (as build_tables makes them)."""
+def project(optimizer: str, tables: int, rows: int, dim: int, huge: bool = True):
+    """A replicated host store of ``tables`` tables and a BagLookup for each (as build_tables makes them), its host
+    tables on huge pages (``huge``: as build_tables does it, waited for) or left on 4 KiB pages."""
     from launcher.plan.placement import TablePlan
+    from launcher.tables import hugepages
     from launcher.tables.lookup import lookup_for
     from launcher.tables.replicated import ReplicatedTables
 
@@ -70,6 +82,9 @@ def project(optimizer: str, tables: int, rows: int, dim: int):
                   for i in range(tables))
     weights = {p.name: torch.empty(rows, dim).uniform_(-0.01, 0.01) for p in plans}
     store = ReplicatedTables(weights, plans, torch.device("cpu"))
+    backing = hugepages.back(store.held()) if huge else None
+    if backing is not None:
+        backing.wait()
     like = nn.EmbeddingBag(1, dim, mode="sum", device="meta")
     like.num_embeddings = rows
     bags = [lookup_for(store, p.name, like) for p in plans]
@@ -82,7 +97,7 @@ def project(optimizer: str, tables: int, rows: int, dim: int):
     return step, store
 
 
-def fbgemm(optimizer: str, tables: int, rows: int, dim: int):
+def fbgemm(optimizer: str, tables: int, rows: int, dim: int, huge: bool = False):
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
@@ -91,6 +106,14 @@ def fbgemm(optimizer: str, tables: int, rows: int, dim: int):
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
         optimizer=getattr(EmbOptimType, optimizer), learning_rate=LR, eps=1e-8)
+    for t in (*tbe.buffers(), *tbe.parameters()):  # its states come from torch.zeros: pages the kernel maps at the
+        if t.is_floating_point() and t.numel() >= 1 << 20:  # first write, a fault per page in the timed steps
+            t.data.add_(0)  # (ours are written when made): written once here, as a long run has them
+    if huge:
+        from launcher.tables import hugepages
+        held = [t for t in (*tbe.buffers(), *tbe.parameters()) if t.numel() * t.element_size() >= 2 * hugepages.HUGE]
+        backing = hugepages.Backing(hugepages.spans(held), held)
+        backing.wait()
 
     def step(ids: torch.Tensor, grad: torch.Tensor) -> None:
         batch = ids.shape[1]
@@ -113,10 +136,11 @@ def torch_sparse(tables: int, rows: int, dim: int):
 
 
 def build(variant: str, tables: int, rows: int, dim: int):
-    if variant in PROJECT:
-        return project(variant, tables, rows, dim)
-    if variant in FBGEMM:
-        return fbgemm(FBGEMM[variant], tables, rows, dim)
+    base = variant.removesuffix("_4k").removesuffix("_huge")
+    if base in PROJECT and not variant.endswith("_huge"):
+        return project(base, tables, rows, dim, huge=not variant.endswith("_4k"))
+    if base in FBGEMM and not variant.endswith("_4k"):
+        return fbgemm(FBGEMM[base], tables, rows, dim, huge=variant.endswith("_huge"))
     if variant == "torch_sgd":
         return torch_sparse(tables, rows, dim)
     raise SystemExit(f"unknown variant {variant}; known: {', '.join([*PROJECT, *FBGEMM, 'torch_sgd'])}")
@@ -138,25 +162,40 @@ def step_bytes(variant: str, ids: torch.Tensor, dim: int) -> int:
     """Bytes a step must move at least: each looked-up id's row read once (forward), each unique row and its state
     read and written once (update)."""
     unique = sum(len(torch.unique(ids[t])) for t in range(ids.shape[0]))
+    variant = variant.removesuffix("_4k").removesuffix("_huge")
     state = STATE_FLOATS[variant] * dim + (1 if "rowwise" in variant else 0)
     return 4 * (ids.numel() * dim + 2 * unique * (dim + state))
 
 
-def measure(variant: str, shape: tuple[int, int, int], batch: int, warmup: int, steps: int) -> float:
+def table_bytes(variant: str, shape: tuple[int, int, int]) -> int:
+    """Bytes a variant's tables and states hold."""
     tables, rows, dim = shape
-    step, keep = build(variant, tables, rows, dim)
-    data = batches(tables, rows, batch, warmup + steps, seed=1)
-    grad = torch.randn(batch, tables * dim, generator=torch.Generator().manual_seed(2))
-    for ids in data[:warmup]:
-        step(ids, grad)
+    base = variant.removesuffix("_4k").removesuffix("_huge")
+    return 4 * tables * rows * ((1 + STATE_FLOATS[base]) * dim + (1 if "rowwise" in base else 0))
+
+
+def timed(step, data: list[torch.Tensor], grad: torch.Tensor, warmup: int) -> float:
+    """Median ms of the steps after ``warmup``."""
     times = []
-    for ids in data[warmup:]:
+    for i, ids in enumerate(data):
         t0 = time.perf_counter()
         step(ids, grad)
-        times.append(time.perf_counter() - t0)
-    del step, keep
-    gc.collect()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+def measure(variant: str, shape: tuple[int, int, int], batch: int, warmup: int, steps: int, built=None) -> float:
+    """One round of ``variant``: ``built`` (its step, kept between rounds) or built afresh and freed after."""
+    tables, rows, dim = shape
+    step, keep = built or build(variant, tables, rows, dim)
+    data = batches(tables, rows, batch, warmup + steps, seed=1)
+    grad = torch.randn(batch, tables * dim, generator=torch.Generator().manual_seed(2))
+    ms = timed(step, data, grad, warmup)
+    if built is None:
+        del step, keep
+        gc.collect()
+    return ms
 
 
 def main() -> None:
@@ -178,22 +217,29 @@ def main() -> None:
         import fbgemm_gpu  # noqa: F401
     except ImportError as e:
         print(f"fbgemm_gpu does not import ({e}): its variants are left out")
-        variants = [v for v in variants if v not in FBGEMM]
+        variants = [v for v in variants if v.removesuffix("_huge") not in FBGEMM]
     bound = copy_bound()
     sample = batches(shape[0], shape[1], args.batch, 1, seed=1)[0]
     results: dict[str, list[float]] = {v: [] for v in variants}
+    # Every variant built once and kept, when they fit in 70 % of the memory available: a training process allocates
+    # its tables once, and rebuilding 1-8 GB per variant and round left each round on pages in another state.
+    resident = sum(table_bytes(v, shape) for v in variants) < 0.7 * kernel_field("/proc/meminfo", "MemAvailable")
+    built = {v: build(v, *shape) for v in variants} if resident else {}
+    for v in built:  # one untimed round: the first steps of a variant kept are not its steady state
+        measure(v, shape, args.batch, args.warmup, args.steps, built[v])
     for r in range(args.rounds):
         order = variants if r % 2 == 0 else variants[::-1]
         for v in order:
-            results[v].append(measure(v, shape, args.batch, args.warmup, args.steps))
+            results[v].append(measure(v, shape, args.batch, args.warmup, args.steps, built.get(v)))
         print(f"round {r + 1}: " + ", ".join(f"{v} {results[v][-1]:.1f}" for v in variants), flush=True)
     lines = [f"# tbe_bench {args.shape} batch {args.batch}, {args.threads} thread(s), {args.rounds} rounds x "
-             f"{args.steps} steps; copy bound {bound:.1f} GB/s; torch {torch.__version__}",
+             f"{args.steps} steps, variants {'kept' if resident else 'rebuilt each round'}; copy bound {bound:.1f} GB/s; "
+             f"torch {torch.__version__}",
              f"{'variant':<24}{'median ms':>10}{'spread':>16}{'GB/s':>7}{'of copy':>8}   ratio to FBGEMM (rounds)"]
     for v in variants:
         med = statistics.median(results[v])
         rate = step_bytes(v, sample, shape[2]) / (med / 1e3) / 1e9
-        ref = AGAINST.get(v)
+        ref = AGAINST.get(v.removesuffix("_4k"))
         ratio = ""
         if ref in results and v != ref:
             per = [a / b for a, b in zip(results[v], results[ref])]

@@ -1,5 +1,5 @@
 """One reader for the kernel's "Key:   value kB" files (/proc/meminfo, /proc/self/status): the host's total and
-available memory, a process's peak resident set. Torch-free: the launcher, the planner's probe and the ranks use it."""
+available memory, a process's peak resident set; and the host's transparent huge pages setting. Torch-free: the launcher, the planner's probe and the ranks use it."""
 
 from __future__ import annotations
 
@@ -19,3 +19,16 @@ def kernel_field(path: str | Path, key: str) -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def huge_pages_mode(setting: str | Path = THP_SETTING) -> str:
+    """The host's transparent huge pages setting: always, madvise or never ('' where the file is missing: the kernel
+    has none)."""
+    try:
+        words = Path(setting).read_text().split()
+    except OSError:
+        return ""
+    return next((w[1:-1] for w in words if w.startswith("[") and w.endswith("]")), "")

@@ -12,6 +12,7 @@ from torch import nn
 from launcher.parallel.rank import held_module, set_module
 
 from launcher.plan.placement import TablePlan
+from launcher.tables import hugepages
 from launcher.tables.hashing import HashStats, IdHash
 from launcher.tables.partition import RowPartition
 from launcher.tables.record import RECORDING
@@ -205,7 +206,8 @@ def build_tables(models: list[nn.Module], plans: tuple[TablePlan, ...], compute:
     out of them: its weight moves into a table store, where the plan puts it (a whole copy in a ReplicatedTables
     store; this rank's block of rows in a ShardedTables store over ``ps_group`` when the plan shards it), and a
     TableLookup takes the module's place. ``blocks``: the sharded tables' blocks take_blocks already took. The
-    models are changed in place; None when they hold none of the tables."""
+    models are changed in place; None when they hold none of the tables. The host tables' pages become huge ones on
+    a background thread (launcher/tables/hugepages.py: ``store.huge_pages``)."""
     found = [(m, p, mod) for m in models for p in plans if (mod := held_module(m, p.name)) is not None]
     if not found:
         return None
@@ -224,6 +226,7 @@ def build_tables(models: list[nn.Module], plans: tuple[TablePlan, ...], compute:
     if sharded:
         stores.append(ShardedTables(weights, sharded, compute, dtype, ps_group, ps_mesh, padding, blocks))
     store = stores[0] if len(stores) == 1 else Stores(stores)
+    store.huge_pages = hugepages.back(store.held())  # in the background: training starts now
     for model, p, module in found:
         set_module(model, p.name, lookup_for(store, p.name, module, hashing_of(p, module)))
     return store

@@ -104,6 +104,10 @@ class Table:
 
 
 class ReplicatedTables:
+    huge_pages = None
+    """The background collapse of the host tables' pages (launcher/tables/hugepages.Backing), once build_tables
+    started it."""
+
     def __init__(self, weights: dict[str, torch.Tensor], plans: tuple[TablePlan, ...], compute: torch.device,
                  dtype: torch.dtype = torch.float32, dp_group=None, padding: dict[str, int | None] | None = None) -> None:
         self.compute, self.dtype, self.dp_group = compute, dtype, dp_group

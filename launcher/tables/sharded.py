@@ -66,6 +66,10 @@ class Lookup:
 
 
 class ShardedTables:
+    huge_pages = None
+    """The background collapse of the host tables' pages (launcher/tables/hugepages.Backing), once build_tables
+    started it."""
+
     def __init__(self, weights: dict[str, torch.Tensor], plans: tuple[TablePlan, ...], compute: torch.device,
                  dtype: torch.dtype = torch.float32, group=None, mesh=None,
                  padding: dict[str, int | None] | None = None, blocks: dict[str, torch.Tensor] | None = None) -> None:

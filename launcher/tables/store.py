@@ -54,6 +54,10 @@ class Stores:
     """Several stores as one (replicated tables beside sharded ones): lookups go to the store that holds the table;
     collect, step and discard go to every store, in one fixed order (their exchanges are collectives)."""
 
+    huge_pages = None
+    """The background collapse of the host tables' pages (launcher/tables/hugepages.Backing), once build_tables
+    started it."""
+
     def __init__(self, stores: list[Any]) -> None:
         self.stores = stores
         self.tables = {name: t for s in stores for name, t in s.tables.items()}

@@ -1,0 +1,102 @@
+"""Host tables on transparent huge pages: a step's random rows of a table of gigabytes each cost a TLB miss and a page
+walk with 4 KiB pages (two nested walks in a virtual machine); 2 MiB pages cover 512 times more rows per TLB entry.
+
+``back(held)`` asks the kernel for huge pages under every host table and its optimizer states: ``madvise`` with
+MADV_HUGEPAGE (pages faulted in later come huge), then MADV_COLLAPSE (Linux >= 6.1), which turns the pages already
+there into huge ones in place, without a second copy of the table. The collapse copies the table once (~0.5 GB/s
+on the 2-core VM of docs/performance.md), so it runs on a background thread, a chunk at a time, while training
+goes on: nothing waits for it but ``Backing.wait`` (the benchmark's). Values never change, only the pages under
+them. Where the kernel says no (transparent huge pages ``never``, an old kernel, pinned or fragmented memory) the
+pages stay as they were; ``Backing.huge_bytes`` says what was collapsed.
+
+The host's setting (``/sys/kernel/mm/transparent_hugepage/enabled``) is read by launcher.procfs.huge_pages_mode,
+for the plan's words too; ``HL_TABLE_HUGEPAGES=0`` leaves the tables on the pages they have (a benchmark's
+baseline, a debugging run). bench/tbe_bench.py measures what it changes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from launcher.native import PAGES_ENV
+from launcher.procfs import huge_pages_mode
+
+if TYPE_CHECKING:
+    import torch
+
+HUGE = 1 << 21
+"""A transparent huge page on x86-64 and on arm64 with 4 KiB base pages."""
+CHUNK = 64 << 20
+"""Bytes collapsed per madvise call: the thread lets go of the kernel's locks between chunks."""
+MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
+
+
+def wanted() -> bool:
+    """Whether tables get huge pages here: not turned off (HL_TABLE_HUGEPAGES=0) and the OS has them."""
+    return os.environ.get(PAGES_ENV, "1") != "0" and huge_pages_mode() in ("always", "madvise")
+
+
+def _libc():
+    lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    lib.madvise.restype = ctypes.c_int
+    return lib
+
+
+def spans(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """(start, length) of the whole huge pages inside each CPU tensor's bytes (tensors under two huge pages: none)."""
+    out = []
+    for t in tensors:
+        if t.device.type != "cpu" or not t.is_contiguous() or t.numel() * t.element_size() < 2 * HUGE:
+            continue
+        start = t.data_ptr()
+        first, end = -(-start // HUGE) * HUGE, (start + t.numel() * t.element_size()) // HUGE * HUGE
+        if end > first:
+            out.append((first, end - first))
+    return out
+
+
+class Backing:
+    """The background collapse of a store's host tables (``back``)."""
+
+    def __init__(self, regions: list[tuple[int, int]], keep: list[torch.Tensor]) -> None:
+        self.regions, self.huge_bytes, self.error = regions, 0, ""
+        self._keep = keep  # the tensors stay alive while their pages are advised
+        self._thread = threading.Thread(target=self._run, name="hl-hugepages", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        libc = _libc()
+        for start, length in self.regions:
+            libc.madvise(start, length, MADV_HUGEPAGE)
+            for at in range(start, start + length, CHUNK):
+                size = min(CHUNK, start + length - at)
+                if libc.madvise(at, size, MADV_COLLAPSE) == 0:
+                    self.huge_bytes += size
+                elif not self.error:
+                    self.error = os.strerror(ctypes.get_errno())
+        self._keep = []
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the regions asked for."""
+        return sum(length for _, length in self.regions)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the collapse to end; the bytes now on huge pages."""
+        self._thread.join(timeout)
+        return self.huge_bytes
+
+
+def back(held: dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]) -> Backing | None:
+    """Start backing the CPU tables and states of a store's ``held()`` with huge pages; None when not ``wanted`` or
+    nothing is large enough."""
+    if not wanted():
+        return None
+    tensors = [x for _, weight, states in held.values() for x in (weight, *states)]
+    regions = spans(tensors)
+    return Backing(regions, tensors) if regions else None

@@ -1,0 +1,86 @@
+"""Host tables moved onto transparent huge pages (launcher/tables/hugepages.py): the pages under a table change, its
+values and its training do not; the plan says what the host allows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from launcher import native
+from launcher.launch.host import table_pages
+from launcher.plan import TablePlan
+from launcher.procfs import huge_pages_mode
+from launcher.tables import build_tables, hugepages
+
+MODE = huge_pages_mode()
+ROWS, DIM = 1 << 16, 64  # 16 MiB of fp32: whole huge pages inside it wherever it lands
+
+
+def _huge_kib(start: int, end: int) -> int:
+    """AnonHugePages (KiB) of this process's mappings that overlap [start, end)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo < end and hi > start
+            elif inside and head == "AnonHugePages:":
+                total += int(line.split()[1])
+    return total
+
+
+def test_the_setting_is_read_from_the_kernel_file(tmp_path):
+    setting = tmp_path / "enabled"
+    setting.write_text("always [madvise] never\n")
+    assert huge_pages_mode(setting) == "madvise"
+    setting.write_text("[never] madvise always\n")
+    assert huge_pages_mode(setting) == "never"
+    assert huge_pages_mode(tmp_path / "missing") == ""
+
+
+def test_spans_are_the_whole_huge_pages_inside_each_table():
+    table = torch.empty(ROWS, DIM)
+    (start, length), = hugepages.spans([table])
+    begin, end = table.data_ptr(), table.data_ptr() + table.numel() * 4
+    assert start % hugepages.HUGE == 0 and length % hugepages.HUGE == 0
+    assert begin <= start and start + length <= end and length >= end - begin - 2 * hugepages.HUGE
+    assert hugepages.spans([torch.empty(100, DIM), torch.empty(ROWS, DIM, device="meta")]) == []
+
+
+def test_turned_off_it_leaves_the_tables_alone(monkeypatch):
+    monkeypatch.setenv(native.PAGES_ENV, "0")
+    assert hugepages.back({"t": ("host", torch.empty(ROWS, DIM), [])}) is None
+    assert table_pages() == f"tables on 4 KiB pages ({native.PAGES_ENV}=0)"
+
+
+@pytest.mark.skipif(MODE not in ("always", "madvise"),
+                    reason=f"this kernel's transparent huge pages are {MODE or 'missing'}: nothing to move onto")
+def test_a_store_s_tables_move_onto_huge_pages_and_train_as_before(monkeypatch):
+    monkeypatch.setenv(native.PAGES_ENV, "1")
+    assert "transparent huge pages in the background" in table_pages()
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.EmbeddingBag(ROWS, DIM, mode="sum")) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    plan = (TablePlan("0", ROWS, DIM, "host", "rowwise_adagrad", 0.1, (0.9, 0.999), 1e-8, 0.0, 0.0, -0.5, 0.1),)
+    monkeypatch.setenv(native.PAGES_ENV, "0")
+    plain = build_tables([models[0]], plan, torch.device("cpu"), torch.float32)
+    monkeypatch.setenv(native.PAGES_ENV, "1")
+    huge = build_tables([models[1]], plan, torch.device("cpu"), torch.float32)
+    assert plain.huge_pages is None and huge.huge_pages is not None
+    before = plain.tables["0"].weight.clone()
+    moved = huge.huge_pages.wait(timeout=60)
+    if moved == 0:
+        pytest.skip(f"the kernel collapsed no page ({huge.huge_pages.error}: MADV_COLLAPSE needs Linux 6.1)")
+    weight = huge.tables["0"].weight
+    assert torch.equal(weight, before)  # the pages changed, not the values
+    assert _huge_kib(weight.data_ptr(), weight.data_ptr() + weight.numel() * 4) * 1024 >= moved
+    assert moved == huge.huge_pages.bytes >= weight.numel() * 4 - 2 * hugepages.HUGE
+    ids = torch.randint(0, ROWS, (256, 3), generator=torch.Generator().manual_seed(1))
+    for step in range(3):
+        for model, store in ((models[0], plain), (models[1], huge)):
+            model(ids[:, step:step + 1]).square().sum().backward()
+            store.collect()
+            store.step()
+    assert torch.equal(plain.tables["0"].weight, huge.tables["0"].weight)
