@@ -2,8 +2,9 @@
  *
  * Plain C over fp32 tables with int64 row ids: no torch headers, so a build takes about a second. Each kernel does
  * in one pass what the torch path does in several calls (torch's per-call cost, not memory bandwidth, bounds a step
- * of many small tables): hl_coalesce sums a lookup's gradients per row (an open-addressing hash, rows kept in order
- * of first appearance, each row's values added in index order: the sums of torch's index_add_ bit for bit), and
+ * of many small tables): hl_coalesce sums a lookup's gradients per row (an open-addressing hash, then a radix sort
+ * of the distinct rows, each row's values added in index order: torch.unique's rows and index_add_'s sums bit for
+ * bit), and
  * hl_<optimizer> updates the unique rows of one table and its states, rows spread over OpenMP threads (each row is
  * written by one thread) and the next rows prefetched, as FBGEMM's CPU kernels do.
  *
@@ -35,37 +36,71 @@ static inline void prefetch_row(const float *base, int64_t row, int64_t width) {
     for (int64_t b = 0; b < width * 4; b += 64) __builtin_prefetch(p + b, 1, 1);
 }
 
+/* Sort the k rows of ``rows`` (each < 2^bits) ascending: ``order`` gets their indices in row order (an LSD radix
+ * sort, 8 bits a pass; ``keys``/``idx`` and ``keys2``/``idx2``: k values each of scratch). */
+static void sort_rows(const int64_t *rows, int64_t k, int bits, int64_t *keys, int32_t *idx, int64_t *keys2,
+                      int32_t *idx2, int32_t *order) {
+    for (int64_t j = 0; j < k; ++j) {
+        keys[j] = rows[j];
+        idx[j] = (int32_t)j;
+    }
+    for (int shift = 0; shift < bits; shift += 8) {
+        int64_t count[257] = {0};
+        for (int64_t j = 0; j < k; ++j) ++count[((keys[j] >> shift) & 255) + 1];
+        for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+        for (int64_t j = 0; j < k; ++j) {
+            int64_t at = count[(keys[j] >> shift) & 255]++;
+            keys2[at] = keys[j];
+            idx2[at] = idx[j];
+        }
+        int64_t *tk = keys; keys = keys2; keys2 = tk;
+        int32_t *ti = idx; idx = idx2; idx2 = ti;
+    }
+    memcpy(order, idx, (size_t)k * sizeof(int32_t));
+}
+
 /* Sum ``values`` (n x d, rows ``stride`` values apart: a column slice is read in place) per row of ``ids`` (n).
- * ``keys`` (cap int64) and ``slots`` (cap int32) are scratch, cap a power of two >= 2n. Writes the distinct rows in
- * order of first appearance to ``unique`` and their sums to ``sums``; returns how many, or -(i + 1) when ids[i] is
- * not in [0, rows). */
+ * ``scratch`` holds cap + 3n int64 and cap + 5n int32 (cap a power of two >= 2n). Writes the distinct
+ * rows in ascending order to ``unique`` (an update then walks the table in address order: about half the time of
+ * the order the ids came in, measured) and their sums to ``sums``, each row's values added in index order (the
+ * sums of torch's index_add_ bit for bit); returns how many, or -(i + 1) when ids[i] is not in [0, rows). */
 static int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t stride, int64_t rows,
-                    int64_t *keys, int32_t *slots, int64_t cap, int64_t *unique, float *sums) {
+                           void *scratch, int64_t cap, int64_t *unique, float *sums) {
+    int64_t *keys = scratch, *first = keys + cap, *sk = first + n, *sk2 = sk + n;
+    int32_t *slots = (int32_t *)(sk2 + n), *at = slots + cap, *si = at + n, *si2 = si + n, *order = si2 + n;
+    int32_t *rank = order + n;
     int shift = 64;
     for (int64_t c = cap; c > 1; c >>= 1) --shift;
     for (int64_t i = 0; i < cap; ++i) keys[i] = -1;
-    int64_t k = 0;
-    for (int64_t i = 0; i < n; ++i) {
+    int64_t k = 0, top = 0;
+    for (int64_t i = 0; i < n; ++i) { /* the distinct rows, in order of first appearance, and each id's one */
         int64_t r = ids[i];
         if (r < 0 || r >= rows) return -(i + 1);
         uint64_t h = ((uint64_t)r * 0x9E3779B97F4A7C15ull) >> shift;
         while (keys[h] != -1 && keys[h] != r) h = (h + 1) & (uint64_t)(cap - 1);
-        float *out;
-        const float *v = values + i * stride;
-        if (i + PREFETCH_AHEAD < n) /* a column slice: rows pages apart, which no hardware prefetcher follows */
-            for (int64_t b = 0; b < d * 4; b += 64)
-                __builtin_prefetch((const char *)(values + (i + PREFETCH_AHEAD) * stride) + b, 0, 1);
         if (keys[h] == -1) {
             keys[h] = r;
             slots[h] = (int32_t)k;
-            unique[k] = r;
-            out = sums + k * d;
-            for (int64_t j = 0; j < d; ++j) out[j] = 0.0f + v[j];
-            ++k;
-        } else {
-            out = sums + (int64_t)slots[h] * d;
-            for (int64_t j = 0; j < d; ++j) out[j] += v[j];
+            first[k++] = r;
+            top |= r;
         }
+        at[i] = slots[h];
+    }
+    int bits = 0;
+    while (bits < 64 && (top >> bits) != 0) bits += 8;
+    sort_rows(first, k, bits, sk, si, sk2, si2, order);
+    for (int64_t p = 0; p < k; ++p) { /* rank[j]: where the j-th row seen goes */
+        unique[p] = first[order[p]];
+        rank[order[p]] = (int32_t)p;
+    }
+    memset(sums, 0, (size_t)(k * d) * sizeof(float));
+    for (int64_t i = 0; i < n; ++i) {
+        if (i + PREFETCH_AHEAD < n) /* a column slice: rows pages apart, which no hardware prefetcher follows */
+            for (int64_t b = 0; b < d * 4; b += 64)
+                __builtin_prefetch((const char *)(values + (i + PREFETCH_AHEAD) * stride) + b, 0, 1);
+        const float *v = values + i * stride;
+        float *out = sums + (int64_t)rank[at[i]] * d;
+        for (int64_t j = 0; j < d; ++j) out[j] += v[j];
     }
     return k;
 }
@@ -80,16 +115,12 @@ int64_t hl_coalesce_many(int64_t count, const int64_t *const *ids, const int64_t
     for (int64_t t = 0; t < count; ++t) {
         int64_t cap = 16;
         while (cap < 2 * n[t]) cap <<= 1;
-        int64_t *keys = malloc((size_t)cap * sizeof(int64_t));
-        int32_t *slots = malloc((size_t)cap * sizeof(int32_t));
-        if (!keys || !slots) {
+        void *scratch = malloc((size_t)(cap + 3 * n[t]) * sizeof(int64_t) + (size_t)(cap + 5 * n[t]) * sizeof(int32_t));
+        if (!scratch)
             failed |= 1;
-        } else {
-            found[t] = hl_coalesce(ids[t], n[t], values[t], d[t], stride[t], rows, keys, slots, cap, unique[t],
-                                   sums[t]);
-        }
-        free(keys);
-        free(slots);
+        else
+            found[t] = hl_coalesce(ids[t], n[t], values[t], d[t], stride[t], rows, scratch, cap, unique[t], sums[t]);
+        free(scratch);
     }
     return failed ? -1 : 0;
 }

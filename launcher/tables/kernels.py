@@ -96,7 +96,7 @@ def coalescable(rows: torch.Tensor, values: torch.Tensor) -> bool:
 
 
 def coalesce(rows: torch.Tensor, values: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(distinct rows in order of first appearance, the sum of each one's values in index order)."""
+    """(distinct rows ascending, the sum of each one's values in index order): torch.unique and index_add_'s."""
     return coalesce_many([(rows, values)], limit)[0]
 
 

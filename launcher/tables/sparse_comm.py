@@ -22,8 +22,8 @@ def coalesce(rows: torch.Tensor, values: torch.Tensor, known: tuple[torch.Tensor
     """Unique sorted rows and the sum of the values of each, in a deterministic order. ``known``: (unique, inverse)
     of ``rows`` on the CPU, already computed (by the prefetch thread): the same sums, without the sort.
     ``any_order``: the caller takes the rows in any order; on the CPU the C kernel (launcher/tables/kernels.py)
-    then gives them in order of first appearance, each row's sum added in index order as index_add_ adds it (the
-    same sums, one pass instead of a sort, a fill and a scatter)."""
+    then gives the same rows and sums (a hash and a radix sort of the distinct rows instead of torch's sort, fill
+    and scatter)."""
     if rows.numel() == 0:
         return rows, values
     if any_order and known is None and kernels.coalescable(rows, values):

@@ -99,9 +99,10 @@ def test_coalesce_sums_each_row_in_index_order_and_refuses_an_id_out_of_range():
     unique, sums = kernels.coalesce(rows, values, 30)
     want_rows, inverse = torch.unique(rows, return_inverse=True)
     want = torch.zeros(len(want_rows), DIM).index_add_(0, inverse, values)
-    order = torch.argsort(unique)
-    assert torch.equal(unique[order], want_rows) and torch.equal(sums[order], want)
-    assert unique[0] == rows[0]  # first appearance first
+    assert torch.equal(unique, want_rows) and torch.equal(sums, want)  # sorted rows, index_add_'s sums
+    big = torch.tensor([(1 << 40) + 5, 7, (1 << 40) + 5, 1 << 33, 7])  # rows past 32 bits sort too
+    unique, sums = kernels.coalesce(big, torch.arange(5.0).unsqueeze(1).expand(5, DIM).contiguous(), 1 << 62)
+    assert unique.tolist() == [7, 1 << 33, (1 << 40) + 5] and sums[:, 0].tolist() == [5.0, 3.0, 2.0]
     with pytest.raises(IndexError, match="index 30 is out of bounds"):
         kernels.coalesce(torch.tensor([1, 30]), torch.ones(2, DIM), 30)
 
