@@ -233,7 +233,8 @@ def main() -> None:
             results[v].append(measure(v, shape, args.batch, args.warmup, args.steps, built.get(v)))
         print(f"round {r + 1}: " + ", ".join(f"{v} {results[v][-1]:.1f}" for v in variants), flush=True)
     lines = [f"# tbe_bench {args.shape} batch {args.batch}, {args.threads} thread(s), {args.rounds} rounds x "
-             f"{args.steps} steps, variants {'kept' if resident else 'rebuilt each round'}; copy bound {bound:.1f} GB/s; "
+             f"{args.steps} steps, variants {'kept' if resident else 'rebuilt each round'}; "
+             f"copy bound {bound:.1f} GB/s; "
              f"torch {torch.__version__}",
              f"{'variant':<24}{'median ms':>10}{'spread':>16}{'GB/s':>7}{'of copy':>8}   ratio to FBGEMM (rounds)"]
     for v in variants:

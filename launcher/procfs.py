@@ -1,5 +1,6 @@
 """One reader for the kernel's "Key:   value kB" files (/proc/meminfo, /proc/self/status): the host's total and
-available memory, a process's peak resident set; and the host's transparent huge pages setting. Torch-free: the launcher, the planner's probe and the ranks use it."""
+available memory, a process's peak resident set; and the host's transparent huge pages setting. Torch-free: the
+launcher, the planner's probe and the ranks use it."""
 
 from __future__ import annotations
 
