@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/placement_bench.py [--rows 4000000] [--batch 4096] [--steps 30]
 
-Prints a markdown table and writes bench/results/placement.json. Rows:
+Prints a markdown table and writes bench/results/placement.json (placement_only.json with --only, which runs the
+hand sparse loop and the runs named). Rows:
   hand sparse      the best hand-written loop: the same WideDeep, lazy Adam (torch SparseAdam) on both tables,
                    dense Adam(fused) on the rest, no launcher, one process with all cores
   hand dense       the same model with dense embeddings and dense Adam (foreach, torch's default; and fused)
@@ -134,6 +135,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3, help="each run this many times, interleaved; median reported")
+    ap.add_argument("--only", default="", help="words separated by |: only the runs whose name has one of them "
+                                              "(the hand sparse loop, the baseline, always runs)")
     a = ap.parse_args()
     rows_per = a.rows // FIELDS
     torch.set_num_threads(len(os.sched_getaffinity(0)))
@@ -155,6 +158,9 @@ def main() -> None:
         "hand dense (Adam fused)": lambda: hand_loop(rows_per, a.batch, a.steps, a.warmup, False, True),
         "launcher dense, 1 rank": lambda: launcher_run(rows_per, a.batch, a.steps, a.warmup, 1, dense),
     }
+    if a.only:
+        words = [w for w in a.only.split("|") if w]
+        runs = {k: v for k, v in runs.items() if k.startswith("hand sparse") or any(w in k for w in words)}
     samples: dict[str, list[dict]] = {k: [] for k in runs}
     for r in range(a.rounds):  # interleaved, so a slow minute of the machine hits every run alike
         for name, fn in runs.items():
@@ -181,7 +187,7 @@ def main() -> None:
           f"with the recipe's skewed ids (index_select of 16-float rows)")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    (out / "placement.json").write_text(json.dumps(
+    (out / ("placement.json" if not a.only else "placement_only.json")).write_text(json.dumps(
         {"args": vars(a), "runs": rows, "all_rounds": samples, "table_update_ms": upd, "gather_bound_uniform": bound_uniform, "gather_bound_skewed": bound_skewed},
         indent=2))
 
