@@ -7,7 +7,8 @@ there into huge ones in place, without a second copy of the table. The collapse 
 on the 2-core VM of docs/performance.md), so it runs on a background thread, a chunk at a time, while training
 goes on: nothing waits for it but ``Backing.wait`` (the benchmark's). Values never change, only the pages under
 them. Where the kernel says no (transparent huge pages ``never``, an old kernel, pinned or fragmented memory) the
-pages stay as they were; ``Backing.huge_bytes`` says what was collapsed.
+pages stay as they were; ``Backing.huge_bytes`` says what was collapsed, and each rank's stderr (rank.N/stderr)
+says it at the end of training.
 
 The host's setting (``/sys/kernel/mm/transparent_hugepage/enabled``) is read by launcher.procfs.huge_pages_mode,
 for the plan's words too; ``HL_TABLE_HUGEPAGES=0`` leaves the tables on the pages they have (a benchmark's
@@ -85,6 +86,13 @@ class Backing:
     def bytes(self) -> int:
         """Bytes of the regions asked for."""
         return sum(length for _, length in self.regions)
+
+    def words(self) -> str:
+        """What moved, for the rank's log: 'host tables on huge pages: 1,536 of 1,600 MiB (...)'."""
+        mib = f"{self.huge_bytes >> 20:,} of {self.bytes >> 20:,} MiB"
+        why = f" (the kernel refused the rest: {self.error})" if self.error else \
+            "" if self.huge_bytes == self.bytes else " (still moving)"
+        return f"host tables on huge pages: {mib}{why}"
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the collapse to end; the bytes now on huge pages."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -251,9 +252,8 @@ class Trainer:
             metrics.write(event="eval", step=last, **self.evaluate())
         if self.tables is not None:
             rank_dir.tables.write_text(json.dumps(self.tables.digests(), indent=2))
-            huge = self.tables.huge_pages
-            if huge is not None:  # what the background collapse got done (launcher/tables/hugepages.py)
-                metrics.write(event="huge_pages", step=last, bytes=huge.huge_bytes, of=huge.bytes, error=huge.error)
+            if self.tables.huge_pages is not None:  # rank.N/stderr: what the background collapse got done
+                print(f"rank {self.rank}: {self.tables.huge_pages.words()}", file=sys.stderr, flush=True)
             if self._lookahead is not None:
                 metrics.write(event="prefetch", step=p.steps, **self.tables.prefetch_stats())
             hashing = hash_report(self.engine.module)

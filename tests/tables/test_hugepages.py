@@ -77,6 +77,8 @@ def test_a_store_s_tables_move_onto_huge_pages_and_train_as_before(monkeypatch):
     assert torch.equal(weight, before)  # the pages changed, not the values
     assert _huge_kib(weight.data_ptr(), weight.data_ptr() + weight.numel() * 4) * 1024 >= moved
     assert moved == huge.huge_pages.bytes >= weight.numel() * 4 - 2 * hugepages.HUGE
+    mib = moved >> 20
+    assert huge.huge_pages.words() == f"host tables on huge pages: {mib:,} of {mib:,} MiB"
     ids = torch.randint(0, ROWS, (256, 3), generator=torch.Generator().manual_seed(1))
     for step in range(3):
         for model, store in ((models[0], plain), (models[1], huge)):
