@@ -11,6 +11,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from launcher.procfs import huge_pages_mode
+
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
          "-std=c99")
 """No -march=native (the cache may be shared by other machines) and no contraction into FMAs but the ones a source
@@ -51,6 +53,24 @@ def choice() -> str:
         return f"torch ops ({ENV}=torch)"
     cc = compiler()
     return f"C kernels ({os.path.basename(cc)})" if cc else "torch ops (no C compiler: cc, gcc or clang, on PATH)"
+
+
+def pages_wanted() -> bool:
+    """Whether host tables move onto transparent huge pages here (launcher/tables/hugepages.py): not turned off
+    (HL_TABLE_HUGEPAGES=0) and the host's setting is always or madvise."""
+    return os.environ.get(PAGES_ENV, "1") != "0" and huge_pages_mode() in ("always", "madvise")
+
+
+def pages_choice() -> str:
+    """What the host tables' memory will be backed with, in words (each rank decides by pages_wanted on its own
+    host)."""
+    mode = huge_pages_mode()
+    if pages_wanted():
+        return f"tables moved onto transparent huge pages in the background (the host's setting: {mode})"
+    if os.environ.get(PAGES_ENV, "1") == "0":
+        return f"tables on 4 KiB pages ({PAGES_ENV}=0)"
+    why = f"the host's setting is {mode}" if mode else "this kernel has none"
+    return f"tables on 4 KiB pages (transparent huge pages: {why})"
 
 
 def build(source: Path) -> Path:

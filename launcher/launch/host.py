@@ -16,7 +16,7 @@ from pathlib import Path
 
 from launcher import native
 from launcher.plan.types import HostFacts
-from launcher.procfs import huge_pages_mode, kernel_field
+from launcher.procfs import kernel_field
 
 
 def probe_host() -> HostFacts:
@@ -31,20 +31,8 @@ def probe_host() -> HostFacts:
         notes=(note,) if note else (),
         host_memory=host_memory(),
         device_memory=device_memory,
-        table_kernels=f"{native.choice()}; {table_pages()}",
+        table_kernels=f"{native.choice()}; {native.pages_choice()}",
     )
-
-
-def table_pages() -> str:
-    """What the host tables' memory will be backed with, in words (launcher/tables/hugepages.py decides the same in
-    each rank, on its own host)."""
-    mode = huge_pages_mode()
-    if os.environ.get(native.PAGES_ENV, "1") == "0":
-        return f"tables on 4 KiB pages ({native.PAGES_ENV}=0)"
-    if mode in ("always", "madvise"):
-        return f"tables moved onto transparent huge pages in the background (the host's setting: {mode})"
-    why = f"the host's setting is {mode}" if mode else "this kernel has none"
-    return f"tables on 4 KiB pages (transparent huge pages: {why})"
 
 
 PROBE_TIMEOUT_S = 120

@@ -39,8 +39,8 @@ class HostFacts:
     device_memory: int = 0
     """Bytes of memory of one accelerator (the smallest visible one); 0 = none or unknown."""
     table_kernels: str = ""
-    """What host tables' gathers, coalesces and updates run on here, in words (launcher.native.choice): the C
-    kernels, or torch's ops and why."""
+    """What host tables' gathers, coalesces and updates run on here, and the pages under them, in words
+    (launcher.native.choice and pages_choice): the C kernels, or torch's ops and why; huge pages or not, and why."""
 
 
 class RunPlan(Protocol):

@@ -10,9 +10,10 @@ them. Where the kernel says no (transparent huge pages ``never``, an old kernel,
 pages stay as they were; ``Backing.huge_bytes`` says what was collapsed, and each rank's stderr (rank.N/stderr)
 says it at the end of training.
 
-The host's setting (``/sys/kernel/mm/transparent_hugepage/enabled``) is read by launcher.procfs.huge_pages_mode,
-for the plan's words too; ``HL_TABLE_HUGEPAGES=0`` leaves the tables on the pages they have (a benchmark's
-baseline, a debugging run). bench/tbe_bench.py measures what it changes.
+launcher.native.pages_wanted decides whether (the host's setting, ``/sys/kernel/mm/transparent_hugepage/enabled``,
+and ``HL_TABLE_HUGEPAGES``), and the plan's words come from the same place; ``HL_TABLE_HUGEPAGES=0`` leaves the
+tables on the pages they have (a benchmark's baseline, a debugging run). bench/tbe_bench.py measures what it
+changes.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from launcher.native import PAGES_ENV
-from launcher.procfs import huge_pages_mode
+from launcher.native import pages_wanted
 
 if TYPE_CHECKING:
     import torch
@@ -34,11 +34,6 @@ HUGE = 1 << 21
 CHUNK = 64 << 20
 """Bytes collapsed per madvise call: the thread lets go of the kernel's locks between chunks."""
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
-
-
-def wanted() -> bool:
-    """Whether tables get huge pages here: not turned off (HL_TABLE_HUGEPAGES=0) and the OS has them."""
-    return os.environ.get(PAGES_ENV, "1") != "0" and huge_pages_mode() in ("always", "madvise")
 
 
 def _libc():
@@ -101,9 +96,10 @@ class Backing:
 
 
 def back(held: dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]) -> Backing | None:
-    """Start backing the CPU tables and states of a store's ``held()`` with huge pages; None when not ``wanted`` or
+    """Start backing the CPU tables and states of a store's ``held()`` with huge pages; None when not wanted here
+    (launcher.native.pages_wanted) or
     nothing is large enough."""
-    if not wanted():
+    if not pages_wanted():
         return None
     tensors = [x for _, weight, states in held.values() for x in (weight, *states)]
     regions = spans(tensors)

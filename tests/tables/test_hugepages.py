@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from launcher import native
-from launcher.launch.host import table_pages
 from launcher.plan import TablePlan
 from launcher.procfs import huge_pages_mode
 from launcher.tables import build_tables, hugepages
@@ -52,14 +51,14 @@ def test_spans_are_the_whole_huge_pages_inside_each_table():
 def test_turned_off_it_leaves_the_tables_alone(monkeypatch):
     monkeypatch.setenv(native.PAGES_ENV, "0")
     assert hugepages.back({"t": ("host", torch.empty(ROWS, DIM), [])}) is None
-    assert table_pages() == f"tables on 4 KiB pages ({native.PAGES_ENV}=0)"
+    assert native.pages_choice() == f"tables on 4 KiB pages ({native.PAGES_ENV}=0)"
 
 
 @pytest.mark.skipif(MODE not in ("always", "madvise"),
                     reason=f"this kernel's transparent huge pages are {MODE or 'missing'}: nothing to move onto")
 def test_a_store_s_tables_move_onto_huge_pages_and_train_as_before(monkeypatch):
     monkeypatch.setenv(native.PAGES_ENV, "1")
-    assert "transparent huge pages in the background" in table_pages()
+    assert "transparent huge pages in the background" in native.pages_choice()
     torch.manual_seed(0)
     models = [nn.Sequential(nn.EmbeddingBag(ROWS, DIM, mode="sum")) for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
