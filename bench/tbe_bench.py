@@ -70,6 +70,17 @@ def batches(tables: int, rows: int, batch: int, count: int, seed: int = 0) -> li
     return [torch.stack([zipf_ids(batch, rows, gen) for _ in range(tables)]) for _ in range(count)]
 
 
+def base_of(variant: str) -> str:
+    """The variant a ``_4k`` or ``_huge`` variant is a form of (``sgd_4k`` -> ``sgd``)."""
+    return variant.removesuffix("_4k").removesuffix("_huge")
+
+
+def state_floats(variant: str, dim: int) -> int:
+    """Optimizer state floats a row of ``variant``'s tables holds."""
+    base = base_of(variant)
+    return STATE_FLOATS[base] * dim + (1 if "rowwise" in base else 0)
+
+
 def project(optimizer: str, tables: int, rows: int, dim: int, huge: bool = True):
     """A replicated host store of ``tables`` tables and a BagLookup for each (as build_tables makes them), its host
     tables on huge pages (``huge``: as build_tables does it, waited for) or left on 4 KiB pages."""
@@ -106,14 +117,12 @@ def fbgemm(optimizer: str, tables: int, rows: int, dim: int, huge: bool = False)
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
         optimizer=getattr(EmbOptimType, optimizer), learning_rate=LR, eps=1e-8)
-    for t in (*tbe.buffers(), *tbe.parameters()):  # its states come from torch.zeros: pages the kernel maps at the
-        if t.is_floating_point() and t.numel() >= 1 << 20:  # first write, a fault per page in the timed steps
-            t.data.add_(0)  # (ours are written when made): written once here, as a long run has them
+    held = [t for t in (*tbe.buffers(), *tbe.parameters()) if t.is_floating_point() and t.numel() >= 1 << 20]
+    for t in held:  # its states come from torch.zeros: pages the kernel maps at the first write, a fault per page in
+        t.data.add_(0)  # the timed steps (ours are written when made): written once here, as a long run has them
     if huge:
         from launcher.tables import hugepages
-        held = [t for t in (*tbe.buffers(), *tbe.parameters()) if t.numel() * t.element_size() >= 2 * hugepages.HUGE]
-        backing = hugepages.Backing(hugepages.spans(held), held)
-        backing.wait()
+        hugepages.Backing(hugepages.spans(held), held).wait()
 
     def step(ids: torch.Tensor, grad: torch.Tensor) -> None:
         batch = ids.shape[1]
@@ -136,7 +145,7 @@ def torch_sparse(tables: int, rows: int, dim: int):
 
 
 def build(variant: str, tables: int, rows: int, dim: int):
-    base = variant.removesuffix("_4k").removesuffix("_huge")
+    base = base_of(variant)
     if base in PROJECT and not variant.endswith("_huge"):
         return project(base, tables, rows, dim, huge=not variant.endswith("_4k"))
     if base in FBGEMM and not variant.endswith("_4k"):
@@ -162,16 +171,13 @@ def step_bytes(variant: str, ids: torch.Tensor, dim: int) -> int:
     """Bytes a step must move at least: each looked-up id's row read once (forward), each unique row and its state
     read and written once (update)."""
     unique = sum(len(torch.unique(ids[t])) for t in range(ids.shape[0]))
-    variant = variant.removesuffix("_4k").removesuffix("_huge")
-    state = STATE_FLOATS[variant] * dim + (1 if "rowwise" in variant else 0)
-    return 4 * (ids.numel() * dim + 2 * unique * (dim + state))
+    return 4 * (ids.numel() * dim + 2 * unique * (dim + state_floats(variant, dim)))
 
 
 def table_bytes(variant: str, shape: tuple[int, int, int]) -> int:
     """Bytes a variant's tables and states hold."""
     tables, rows, dim = shape
-    base = variant.removesuffix("_4k").removesuffix("_huge")
-    return 4 * tables * rows * ((1 + STATE_FLOATS[base]) * dim + (1 if "rowwise" in base else 0))
+    return 4 * tables * rows * (dim + state_floats(variant, dim))
 
 
 def timed(step, data: list[torch.Tensor], grad: torch.Tensor, warmup: int) -> float:
@@ -217,7 +223,7 @@ def main() -> None:
         import fbgemm_gpu  # noqa: F401
     except ImportError as e:
         print(f"fbgemm_gpu does not import ({e}): its variants are left out")
-        variants = [v for v in variants if v.removesuffix("_huge") not in FBGEMM]
+        variants = [v for v in variants if base_of(v) not in FBGEMM]
     bound = copy_bound()
     sample = batches(shape[0], shape[1], args.batch, 1, seed=1)[0]
     results: dict[str, list[float]] = {v: [] for v in variants}
@@ -240,7 +246,7 @@ def main() -> None:
     for v in variants:
         med = statistics.median(results[v])
         rate = step_bytes(v, sample, shape[2]) / (med / 1e3) / 1e9
-        ref = AGAINST.get(v.removesuffix("_4k"))
+        ref = AGAINST.get(base_of(v))
         ratio = ""
         if ref in results and v != ref:
             per = [a / b for a, b in zip(results[v], results[ref])]
