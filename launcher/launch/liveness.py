@@ -3,8 +3,8 @@ and watches them, through the round's rendezvous store, on a thread of its own.
 
 Every ``beat_s`` (cluster.heartbeat_timeout_s / 6, 0.2 to 5 s) the thread adds 1 to ``hl/beat/<node>``, reads every
 other node's count (an ``add`` of 0: no call waits for a key), the round's published failure (``hl/failed``) and,
-when the round admits hosts, whether one waits to join. A node whose count has not moved for heartbeat_timeout_s is
-**lost** (its launcher is gone, or its link); when the thread's own calls have not come back for that long, the
+when the round admits hosts, whether one waits to join. A node whose count has not moved while the store answered
+for heartbeat_timeout_s is **lost** (its launcher is gone, or its link); when the thread's own calls have not come back for that long, the
 **store is lost** (this host is cut off from the store's host, or that host is gone): a TCPStore call on a link that
 drops packets does not return within its timeout (measured: still blocked after 27 s with a 20 s timeout), so no
 call of the supervising loop is made on the store while ranks run; the loop only reads what the thread found
@@ -98,7 +98,9 @@ class Liveness:
         if self.store_lost or now - self._answered > self.timeout_s:
             self.store_lost = True
             return Silence(nodes=tuple(sorted(self._heard)), store=True, silent_s=round(now - self._answered, 1))
-        silent = [n for n, (_, seen) in self._heard.items() if now - seen > self.timeout_s]
+        # A node is silent when the store answered for the timeout while its count stood still: while the store
+        # does not answer, no node can be heard, and the silence is the store's.
+        silent = [n for n, (_, seen) in self._heard.items() if self._answered - seen > self.timeout_s]
         if not silent:
             return None
         return Silence(nodes=tuple(sorted(silent)), store=False,
