@@ -9,7 +9,7 @@
 A backend says what it can run (``problems``, ``restarts``, ``scripts``), where the hosts come from (``layout``),
 and how the job's ranks start and stop (``start`` -> a ``RankJob``: ``poll``, ``pids``, ``stop``; ``job_config``
 reads what it needs of the config once). A new backend is one module and one ``register`` line. What every
-backend shares is written once, beside this seam: ranks die with their launcher (``lifeline``), stopping a job's
+backend shares is written once, beside this seam: ranks die with their launcher (``launcher.lifeline``), stopping a job's
 processes (``processes``), and the launcher does not return while a process of its job lives
 (``launch.supervise``).
 

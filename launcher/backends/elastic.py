@@ -1,7 +1,7 @@
 """cluster.launch=elastic: one launcher on every host; they meet at torch elastic's c10d rendezvous
 (``cluster.rdzv_endpoint``), which gives each its node rank (``launcher.launch.nodes``); each then starts its host's
 ranks as the local backend does. With launcher.max_restarts > 0 and cluster.nnodes=MIN:MAX they meet again after a
-failure, a lost host or a host waiting to join (``launcher.backends.elastic_agent``)."""
+failure, a lost host or a host waiting to join (``launcher.launch.elastic_agent``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class ElasticBackend(Backend):
     name = "elastic"
     help = "elastic (several hosts on torch elastic's rendezvous)"
     launcher_per_host = True
-    restarts = True  # the launchers meet again at the rendezvous (launcher.backends.elastic_agent)
+    restarts = True  # the launchers meet again at the rendezvous (launcher.launch.elastic_agent)
     scripts = False
     reads = ("rdzv_endpoint", "rdzv_id", "rdzv_conf", "rdzv_timeout_s", "heartbeat_timeout_s", "local_addr")
 

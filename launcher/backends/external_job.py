@@ -19,7 +19,7 @@ import socket
 import subprocess
 import time
 
-from launcher.backends import lifeline
+from launcher import lifeline
 from launcher.backends.processes import STOP_TIMEOUT_S, send_signals, wait_ended
 from launcher.plan import RunPlan
 from launcher.rundir import RunDir

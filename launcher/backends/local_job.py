@@ -17,7 +17,7 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs, PContext, Std, start_processes
 from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
-from launcher.backends import lifeline
+from launcher import lifeline
 from launcher.backends.processes import stop_process_groups
 from launcher.plan import RunPlan
 from launcher.rundir import RunDir

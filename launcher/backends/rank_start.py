@@ -22,7 +22,8 @@ import subprocess
 import sys
 import time
 
-from launcher.backends import BACKENDS, backend, lifeline
+from launcher import lifeline
+from launcher.backends import BACKENDS, backend
 from launcher.rundir import RunDir
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)

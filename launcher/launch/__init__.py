@@ -101,7 +101,7 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     b = backend(cfg.cluster.launch)
     try:
         if b.launcher_per_host:  # torch elastic's c10d rendezvous, restarts on it
-            from launcher.backends.elastic_agent import launch_elastic
+            from launcher.launch.elastic_agent import launch_elastic
 
             return launch_elastic(cfg, plan, console)
         return _launch(cfg, plan, console, b)

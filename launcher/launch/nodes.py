@@ -3,7 +3,7 @@
 Every host runs the same command. The launchers meet at ``cluster.rdzv_endpoint`` through torch's own rendezvous
 handler (``get_rendezvous_handler``, backend c10d): it assigns each host its node rank; node 0's launcher hosts the
 store the ranks bootstrap their process group on, a new one each round. Each round of the
-rendezvous (the first, and one after each failure, lost host or host waiting to join: ``launcher.backends.
+rendezvous (the first, and one after each failure, lost host or host waiting to join: ``launcher.launch.
 elastic_agent``) has its own store, which carries what the launchers tell each other, under ``hl/``:
 
 - ``host/<node>``: each node's address, facts (cores, devices, available memory) and launcher, for the checks and

@@ -1,6 +1,6 @@
 """The run dir's records at both ends of a run, whichever backend starts its ranks: the new run dir with the run's
 files (``start_run_dir``), and at the end summary.json, junit.xml and the printed reports (``report_run``). The local
-path (launcher/launch/__init__.py) and the elastic agent (launcher/backends/elastic_agent.py) both call them."""
+path (launcher/launch/__init__.py) and the elastic agent (launcher/launch/elastic_agent.py) both call them."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 any number of hosts in that range and restarts on a new one when a host is lost or joins.
 
 The plan is made for MAX hosts (what a dry run shows); an elastic launcher plans again for the hosts each rendezvous
-round brings (``launcher.backends.elastic_agent``). Pure: no I/O."""
+round brings (``launcher.launch.elastic_agent``). Pure: no I/O."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ import torch._dynamo  # noqa: F401  (imported by every torch optimizer's constru
 import torch.distributed  # noqa: F401
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from launcher.backends import lifeline
+from launcher import lifeline
 from launcher.fastexit import fast_exit
 from launcher.rundir import register_stack_dump
 from launcher.worker.train import run_rank

@@ -1,6 +1,6 @@
 """Ranks never outlive their launcher: the kernel's parent-death signal, set in a process's first moments.
 
-``python -m launcher.backends.lifeline <parent pid> <signal> -- <program> [args ...]`` asks the kernel
+``python -m launcher.lifeline <parent pid> <signal> -- <program> [args ...]`` asks the kernel
 (``prctl(PR_SET_PDEATHSIG)``) to send ``signal`` to this process when its parent dies, checks that the parent is
 still ``<parent pid>`` (had it died before the request, this process was already re-parented and no signal would
 ever come: it ends at once), then replaces itself with the program (``execv``: same process, and the request stays
@@ -36,12 +36,12 @@ def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
 
 def command(parent: int, sig: int, argv: list[str]) -> list[str]:
     """argv, started so that it gets sig when ``parent`` (the process that starts it) dies."""
-    return [sys.executable, "-m", "launcher.backends.lifeline", str(parent), str(int(sig)), "--", *argv]
+    return [sys.executable, "-m", "launcher.lifeline", str(parent), str(int(sig)), "--", *argv]
 
 
 def main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[2] != "--" or not argv[0].isdigit() or not argv[1].isdigit():
-        sys.exit("usage: python -m launcher.backends.lifeline <parent pid> <signal> -- <program> [args ...]")
+        sys.exit("usage: python -m launcher.lifeline <parent pid> <signal> -- <program> [args ...]")
     die_with_parent(int(argv[0]), int(argv[1]))
     program = argv[3]
     try:
