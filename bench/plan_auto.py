@@ -15,7 +15,9 @@ import types
 from omegaconf import open_dict
 
 from launcher.config import compose_config
+from launcher.backends import BACKENDS
 from launcher.contract import Facts
+from launcher.parallel import RULES
 from launcher.plan import HostFacts, plan_launch
 from launcher.recipes import RECIPES
 from launcher.schema import TableConfig
@@ -48,7 +50,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for n, cfg in cfgs.items():
             t0 = time.perf_counter()
-            plans[n] = plan_launch(cfg, host, Facts())
+            facts = Facts(backends=tuple(BACKENDS.values()), parts=RULES, recipe=RECIPES[f"bench_{n}"])
+            plans[n] = plan_launch(cfg, host, facts)
             times[n].append(time.perf_counter() - t0)
     for n, ts in times.items():
         on_host = sum(t.location == "host" for t in plans[n].placement.tables)

@@ -165,13 +165,14 @@ def _dry_run(console, cfg, plan, rest: list[str], config_dir: str | None) -> int
     from pathlib import Path
 
     from launcher.launch import write_dry_run
+    from launcher.parallel.choose import engine_config
     from launcher.report.plan_view import engine_config_view
 
     config_args = ["--config-dir", str(Path(config_dir).resolve())] if config_dir else []
     run_dir = write_dry_run(cfg, plan, [*config_args, *rest])  # job.sbatch runs the same arguments
-    if plan.engine_config() is not None:
+    if engine_config(plan) is not None:
         console.print("[bold]DeepSpeed config[/bold] (ds_config.json):")
-        console.print(engine_config_view(plan.engine_config(), cfg.output.full_plan), soft_wrap=True)
+        console.print(engine_config_view(engine_config(plan), cfg.output.full_plan), soft_wrap=True)
     console.print(f"dry run: nothing started; plan written to {run_dir.path}")
     if run_dir.sbatch.exists():
         console.print(f"submit it to Slurm: sbatch {run_dir.sbatch}")

@@ -176,11 +176,34 @@ def backend_named(backends: tuple[BackendRules, ...], name: str) -> BackendRules
 
 
 @dataclass(frozen=True)
+class PartRules:
+    """What the plan asks of the parallel parts (``launcher.parallel.RULES``), handed to it in Facts.parts as the
+    backends' rules are in Facts.backends, and as TorchRec's planner takes its sharders: the plan imports no part."""
+
+    plan_parts: Callable[..., Any]
+    """Intents -> (the parts in the order a rank applies them, problems, notes)."""
+    run_facts: Callable[..., Any]
+    """(Intents, parts) -> what the data-parallel part says of the run (ZeRO stage, dp_shard, ops, locations)."""
+    rank_memory: Callable[..., Any]
+    """(Intents, parts, placement, model memory, table terms=None) -> (memory, pipeline memory, peak)."""
+    model_memory: Callable[..., Any]
+    """(model facts, Facts, ranks per host) -> the model's bytes as the parts' memory rules read them."""
+    config_file: Callable[..., Any]
+    """parts -> the engine config file one of them writes (DeepSpeed's), or None."""
+    adopt_config: Callable[..., Any]
+    """cfg -> (cfg, notes, problems): a deepspeed.config file's intents where the config's own are not set."""
+
+
+@dataclass(frozen=True)
 class Facts:
     """Everything gathered before planning besides the host (launcher/launch/preflight.py): the plan's input."""
 
     backends: tuple[BackendRules, ...] = ()
     """The launch backends cluster.launch may name (launcher.backends.BACKENDS' values): what each can run."""
+    parts: PartRules | None = None
+    """The parallel parts' rules (launcher.parallel.RULES): how intents become parts and what those cost."""
+    recipe: Any = None
+    """The recipe cfg.recipe.name names (a built-in one, or a UserRecipe from your folder: a ``Recipe``)."""
 
     data: DataFacts = field(default_factory=DataFacts)
     model: ModelFacts | None = None

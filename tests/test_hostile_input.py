@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import launcher.launch
@@ -401,6 +401,9 @@ def test_run_name_outside_one_folder_is_refused(name, tmp_path):
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
 @given(name=st.text(min_size=1, max_size=260))
 def test_an_accepted_run_name_is_one_folder_inside_log_dir(name):
+    # OmegaConf reads "???" as a missing value and "${...}" as an interpolation: the composed config refuses those
+    # before check_output sees a name (test_bad_run_name_exits_2_before_the_run_dir_exists has both)
+    assume(name != "???" and "${" not in name)
     if check_output(OmegaConf.create({"run_name": name})):
         return
     log_dir = Path("/srv/logs")
@@ -409,7 +412,7 @@ def test_an_accepted_run_name_is_one_folder_inside_log_dir(name):
     assert Path(name).parts == (name,) and "/" not in name and "\x00" not in name and len(name.encode()) <= 255
 
 
-@pytest.mark.parametrize("name", ["../escape", "/tmp/escape", "a/b", "latest", "r" * 256, "a\nb"])
+@pytest.mark.parametrize("name", ["../escape", "/tmp/escape", "a/b", "latest", "r" * 256, "a\nb", "???", "${x}"])
 def test_bad_run_name_exits_2_before_the_run_dir_exists(name, guarded, capsys, tmp_path):
     log_dir = tmp_path / "logs"
     err = check_refused(["recipe=quickstart", f"output.log_dir={log_dir}", "dry_run=true",

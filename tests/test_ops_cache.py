@@ -18,6 +18,7 @@ from launcher.errors import ConfigError
 from launcher.launch.host import cache_key, extensions_dir, probe_toolchain, toolchain_path
 from launcher.launch.ops import RankBuildWatch, is_built, missing_ops, toolchain_env, write_stamp
 from launcher.backends import BACKENDS
+from launcher.parallel import RULES
 from launcher.plan.script import plan_script
 from launcher.worker.build_ops import BUILDERS, build_op
 from tests.conftest import plan_of
@@ -99,7 +100,7 @@ def test_bad_script_ops_are_named_with_the_fix(tmp_path, cpu_host, ops, message)
     script = tmp_path / "train.py"
     script.write_text("")
     with pytest.raises(ConfigError, match=message):
-        plan_script(compose_config([f"script={script}", f"script_ops={ops}"]), cpu_host, backends=tuple(BACKENDS.values()))
+        plan_script(compose_config([f"script={script}", f"script_ops={ops}"]), cpu_host, backends=tuple(BACKENDS.values()), parts=RULES)
 
 
 def test_script_ops_are_prebuilt_with_the_engines_and_refused_for_a_recipe(tmp_path, cpu_host):
@@ -107,7 +108,7 @@ def test_script_ops_are_prebuilt_with_the_engines_and_refused_for_a_recipe(tmp_p
     script.write_text("from launcher import runtime\n\nmodel, optimizer = runtime.prepare(model, optimizer)\n")
     # a runtime.prepare() script, whose optimizer.target=CPU runs on DeepSpeed (a plain script's intents do nothing)
     plan = plan_script(compose_config([f"script={script}", "script_ops=[fused_adam]",
-                                       "optimizer.target=CPU"]), cpu_host, backends=tuple(BACKENDS.values()))
+                                       "optimizer.target=CPU"]), cpu_host, backends=tuple(BACKENDS.values()), parts=RULES)
     assert plan.ds_ops == ("deepspeed_shm_comm", "fused_adam")
     with pytest.raises(ConfigError, match=r"script_ops=\[fused_adam\] without script=.*Remove script_ops"):
         plan_of(["recipe=quickstart", "script_ops=[fused_adam]"], cpu_host)

@@ -16,6 +16,8 @@ from launcher.integrations import scan_script
 from launcher.launch.deepspeed_check import check_with_deepspeed, read_deepspeed_file
 from launcher.launch.preflight import check_resume, check_script, gather_facts, resume_checkpoint
 from launcher.loggers import check_loggers
+from launcher.parallel import RULES
+from launcher.parallel.choose import engine_config
 from launcher.plan import HostFacts, RunPlan, plan_launch
 from launcher.plan.layout import ClusterLayout
 from launcher.plan.rules import oversubscribed
@@ -44,7 +46,7 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
                               f"checkpoints (runtime.load_state_dict). Leave {key} empty.")
         check_script(cfg)
         plan = plan_script(cfg, host, scan_script(Path(cfg.script).read_text(errors="replace"), cfg.script),
-                           backends=tuple(BACKENDS.values()))
+                           backends=tuple(BACKENDS.values()), parts=RULES)
         check_log_dir(Path(cfg.output.log_dir))
         return plan, [*host.notes, *_warnings(plan, host, False)]
     resume = resume_checkpoint(cfg)
@@ -67,8 +69,8 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
                      f"ranks of every host rendezvous on)")
     facts = gather_facts(cfg, config_dir, estimate)
     plan = plan_launch(cfg, host, facts, layout)
-    if cfg.deepspeed.config is not None and plan.engine_config() is not None:
-        check_with_deepspeed(plan.engine_config(), plan.dims.dp, cfg.deepspeed.source or "(the inline config)")
+    if cfg.deepspeed.config is not None and engine_config(plan) is not None:
+        check_with_deepspeed(engine_config(plan), plan.dims.dp, cfg.deepspeed.source or "(the inline config)")
     check_resume(plan, f"trainer.resume={cfg.trainer.resume}" if resume else "")
     check_log_dir(Path(cfg.output.log_dir))  # where the run dir and log_dir/latest will go, before either is made
     model_lines = facts.model.lines if facts.model else ()

@@ -22,7 +22,8 @@ from launcher.backends import BACKENDS
 from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError, first_line
 from launcher.manifest import manifest_problems
-from launcher.plan import LaunchPlan, checkpoint_layout
+from launcher.parallel.choose import checkpoint_layout
+from launcher.plan import LaunchPlan
 from launcher.report.runs import latest_trained
 from launcher.rundir import CheckpointDir, RunDir
 
@@ -191,9 +192,13 @@ def _check_loss_arguments(cfg: DictConfig, recipe: str) -> None:
 
 
 def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool = True) -> Facts:
-    """The facts the plan takes besides the host: the launch backends (what each can run, so that the plan imports
-    none) and the facts of cfg's recipe (_recipe_facts)."""
-    return dataclasses.replace(_recipe_facts(cfg, config_dir, estimate), backends=tuple(BACKENDS.values()))
+    """The facts the plan takes besides the host: the launch backends and the parts' rules (what each can run and
+    costs, so that the plan imports none), the recipe cfg.recipe.name names, and its facts (_recipe_facts)."""
+    from launcher.parallel import RULES
+    from launcher.usercode import recipe_for
+
+    return dataclasses.replace(_recipe_facts(cfg, config_dir, estimate), backends=tuple(BACKENDS.values()),
+                               parts=RULES, recipe=recipe_for(cfg.recipe.name))
 
 
 def _recipe_facts(cfg: DictConfig, config_dir: str | None, estimate: bool) -> Facts:

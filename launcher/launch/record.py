@@ -14,6 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.parallel.choose import engine_config as engine_config_of
 from launcher.plan import RunPlan
 from launcher.report.plan_view import plan_text
 from launcher.rundir import RunDir
@@ -24,7 +25,7 @@ def write_run_files(run_dir: RunDir, cfg: DictConfig, plan: RunPlan) -> None:
     run_dir.config.write_text(OmegaConf.to_yaml(cfg, resolve=True))
     run_dir.write_json(run_dir.plan, plan.to_dict())
     run_dir.plan_text.write_text(plan_text(plan))
-    engine_config = plan.engine_config()
+    engine_config = engine_config_of(plan)
     if engine_config is not None:
         run_dir.write_json(run_dir.ds_config, engine_config)
     run_dir.write_json(run_dir.rank_table, plan.rank_table)

@@ -25,7 +25,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from launcher.parallel.rank import held_module, local_tensor, set_module
+from launcher.module_paths import held_module, set_module
+from launcher.parallel.rank import local_tensor
 from launcher.plan.sharding import OpShard, ShardingPlan
 
 LAYOUTS = {"R": Replicate(), "S": Shard(-1)}

@@ -9,9 +9,11 @@ fsdp where DeepSpeed cannot go (with tensor parallel or pipeline stages). The pl
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
-from launcher.parallel.intents import Intents, PartPlan
+from launcher.plan.intents import Intents, PartPlan
 from launcher.parallel.part import DCP
 from launcher.parallel.registry import DATA_PARALLEL, PARTS
 from launcher.plan.estimate import estimate_run
@@ -145,3 +147,32 @@ def checkpoint_format(parts: tuple[PartPlan, ...]) -> str:
 def config_file(parts: tuple[PartPlan, ...]) -> dict | None:
     """The config of the part that writes one to the run dir (DeepSpeed's ds_config.json), or None."""
     return next((p.config for p in parts if getattr(PARTS[p.name], "config_file", False)), None)
+
+
+def engine_config(plan: Any) -> dict | None:
+    """The engine config file a planned run's parts write (DeepSpeed's ds_config.json), or None: a recipe's
+    LaunchPlan, a script's runtime plan, or a ScriptPlan (its runtime's parts, as plan.json holds them)."""
+    parts = getattr(plan, "parts", None)
+    if parts is None:
+        parts = tuple(PartPlan.from_dict(p) for p in (plan.runtime or {}).get("parts", ()))
+    return config_file(parts)
+
+
+def checkpoint_layout(plan: Any) -> dict[str, Any]:
+    """What a checkpoint depends on: a run resumes from it only with the same values. The data position counts
+    global micro-batches (micro × dp samples) of this seed; the optimizer's hyperparameters come back with its state.
+    A DCP checkpoint (torch-native parts) is saved by the model's names with global shapes, so the layout (world
+    size, dp, tp, pp, the data-parallel part) may change; DeepSpeed's own files resume on the layout they were
+    saved with."""
+    fmt = checkpoint_format(plan.parts)
+    out = {"format": fmt, "recipe": plan.recipe, "precision": plan.precision,
+           "tables": {t.name: "inside" if t.location == "engine" else "outside" for t in plan.placement.tables},
+           "global_batch": plan.batch.global_size, "global_micro_batch": plan.batch.micro_size * plan.dims.dp,
+           "grad_accum": plan.batch.grad_accum, "seed": plan.seed,
+           "optimizer": {**dataclasses.asdict(plan.optimizer), "betas": list(plan.optimizer.betas)},
+           "model": plan.model, "data": plan.data}
+    if fmt != "dcp":
+        out |= {"data_parallel": data_parallel_name(plan.parts), "zero_stage": plan.zero_stage,
+                "world_size": plan.world_size,
+                "dims": {n: getattr(plan.dims, n) for n in plan.dims.names}}
+    return out

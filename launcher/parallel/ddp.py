@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.parallel.intents import Intents, clip_config
+from launcher.plan.intents import Intents, clip_config
 from launcher.parallel.part import DCP
 from launcher.plan.memory import state_floats
 from launcher.units import Bytes, Term

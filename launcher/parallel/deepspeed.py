@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from launcher.parallel.deepspeed_file import merge, put
-from launcher.parallel.intents import Intents
+from launcher.plan.intents import Intents
 from launcher.parallel.part import DEEPSPEED
 from launcher.plan.memory import state_floats
 from launcher.constants import DEEPSPEED_STEP

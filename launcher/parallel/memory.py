@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from launcher.contract import Facts, ModelFacts
 
 from launcher.parallel.choose import _data_parallel, estimate
-from launcher.parallel.intents import Intents, PartPlan
+from launcher.plan.intents import Intents, PartPlan
 from launcher.parallel.registry import PARTS
 from launcher.plan.memory import MemoryEstimate
 from launcher.plan.peak import MemoryInput, MemoryPlan, memory_plan

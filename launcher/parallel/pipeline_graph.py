@@ -305,7 +305,7 @@ class ZeroTables:
 def swap_meta_tables(model: nn.Module, dtype: torch.dtype) -> None:
     """Every nn.Embedding / nn.EmbeddingBag of ``model`` whose weight is on meta (``tables_on_meta``) swapped for a
     lookup into ZeroTables, in place."""
-    from launcher.parallel.rank import set_module
+    from launcher.module_paths import set_module
     from launcher.tables.lookup import lookup_for
 
     found = {path: m for path, m in model.named_modules()

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from launcher.parallel.rank import Chunk, as_meta, layer_paths, set_module
+from launcher.module_paths import set_module
+from launcher.parallel.rank import Chunk, as_meta, layer_paths
 from launcher.plan.pipeline import PipelinePlan, StagePlan
 
 

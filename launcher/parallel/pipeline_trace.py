@@ -28,7 +28,8 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import SplitPoint, pipeline
 
-from launcher.parallel.rank import Chunk, as_meta, held_module, set_module
+from launcher.module_paths import held_module, set_module
+from launcher.parallel.rank import Chunk, as_meta
 from launcher.plan.pipeline import PipelinePlan
 from launcher.usercode.items import input_tensors, map_inputs, select_output
 from launcher.worker.precision import as_compute_dtype, computing_in

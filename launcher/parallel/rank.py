@@ -71,25 +71,10 @@ class RankContext:
         return dist.get_world_size(self.dp_group) if self.dp_group is not None else 1
 
 
-def held_module(model: Any, path: str) -> Any:
-    """The module at ``path`` in ``model``, or None when the model does not hold it (a pipeline stage whose other
-    stages' layers were removed)."""
-    node = model
-    for part in path.split("."):
-        node = node._modules.get(part) if node is not None else None
-    return node
-
-
 def layer_paths(model: Any, layers: list[tuple[str, Any]]) -> list[tuple[str, str]]:
     """(layer name, its module path in ``model``) of a recipe's layers() (gpt's block.0 is at blocks.0)."""
     where = {id(m): path for path, m in model.named_modules()}
     return [(name, where[id(m)]) for name, m in layers]
-
-
-def set_module(model: Any, path: str, module: Any) -> None:
-    """Put ``module`` (or None) at ``path`` in ``model``."""
-    parent, _, leaf = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, module)
 
 
 def local_tensor(t: Any) -> Any:

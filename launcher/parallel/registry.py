@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from launcher.parallel.intents import Intents
+from launcher.plan.intents import Intents
 from launcher.parallel.part import DCP, DEEPSPEED  # noqa: F401 - the formats, named beside the parts
 
 SLOTS = ("tensor_parallel", "recompute", "normalization", "data_parallel", "pipeline")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.parallel.intents import Intents
+from launcher.plan.intents import Intents
 from launcher.parallel.part import DCP
 
 SPLIT = ("colwise", "rowwise", "row", "col")

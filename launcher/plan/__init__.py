@@ -3,8 +3,9 @@
 No environment is read, no port bound, no file written, no deepspeed or torch imported: planning takes
 milliseconds and a dry run shows exactly what a real run would do. Every problem found is reported at once
 (ConfigError). The parallel parts of the run (tensor parallel, recompute, data parallel, pipeline) are chosen and
-planned by ``launcher.parallel`` from the intents gathered here (the steps that gather them fill a ``Draft``:
-launcher/plan/draft.py).
+planned by the parts' rules handed in with the facts (``Facts.parts``: launcher.parallel.RULES) from the intents
+gathered here (the steps that gather them fill a ``Draft``: launcher/plan/draft.py); the recipe comes in the facts
+too (``Facts.recipe``). The plan imports no part, recipe, store or backend.
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from launcher.plan.ranks import RankPlan, plan_ranks, rank_table, visible_device
 from launcher.plan.rules import check_config
 from launcher.plan.script import check_script_ops
 from launcher.plan.sharding import ShardingPlan
-from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan, RunPlan, ScriptPlan, checkpoint_layout
+from launcher.plan.types import HostFacts, LaunchPlan, OptimizerPlan, RunPlan, ScriptPlan
 from launcher.plan.validation import plan_validation
 
 __all__ = [
     "BatchPlan", "Bytes", "HostFacts", "LaunchPlan", "MemoryEstimate", "OptimizerPlan", "ParallelDims",
     "PipelinePlan", "PlacementPlan", "RankPlan", "RunPlan", "ScriptPlan", "ShardingPlan", "TablePlan",
-    "checkpoint_layout", "plan_launch", "plan_recompute",
+    "plan_launch", "plan_recompute",
 ]
 
 
@@ -48,16 +49,14 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
     """Plan a run of ``cfg`` on ``host`` with the ``facts`` gathered about its data and model, on the hosts and
     devices ``layout`` describes (a rank table, hostfile or Slurm allocation; None: cluster.* alone); raise
     ConfigError listing every problem."""
-    from launcher.parallel.deepspeed_file import adopt_config
-
     cfg, node_problems = planned_nodes(cfg, facts.backends)  # cluster.nnodes=MIN:MAX is planned at MAX
-    cfg, ds_notes, ds_problems = adopt_config(cfg)  # deepspeed.config's intents, where ours are not set
+    cfg, ds_notes, ds_problems = facts.parts.adopt_config(cfg)  # deepspeed.config's intents, where ours are not set
     d = Draft(problems=node_problems + check_config(cfg, host, facts.backends) + check_script_ops(cfg) + ds_problems,
               notes=_smoke_notes(cfg) + ds_notes + store_notes(cfg, facts.backends))
     plan_shape(cfg, host, facts, d)
     plan_where(cfg, host, d)
     plan_dataloader(cfg, host, facts, d)
-    intents, parts = plan_draft_parts(cfg, d)
+    intents, parts = plan_draft_parts(cfg, d, facts.parts)
     if d.problems or intents is None:
         raise ConfigError(list(dict.fromkeys(d.problems)))  # a rule checked twice says it once
     if cfg.placement.mode == "auto":
@@ -89,7 +88,7 @@ def _auto(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout 
                                       state_floats(cfg.optimizer.name), d.sizes.module_io)
         d.placement = dataclasses.replace(d.placement, modules=d.placement.modules + hosted,
                                           dense_params=d.placement.dense_params - sum(m.params for m in hosted))
-    intents, parts = plan_draft_parts(cfg, d)
+    intents, parts = plan_draft_parts(cfg, d, facts.parts)
     if d.problems or intents is None:
         raise ConfigError(list(dict.fromkeys(d.problems)))
     plan = _launch_plan(cfg, host, facts, layout, d, intents, parts)
@@ -111,10 +110,8 @@ def _smoke_notes(cfg: DictConfig) -> list[str]:
 def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout | None, d: Draft, intents,
                  parts) -> LaunchPlan:
     """The frozen plan: what the parts decided (ZeRO stage, sharded dp, where parameters live), memory, ranks."""
-    from launcher import parallel
-    from launcher.usercode import UserRecipe
-
-    run = parallel.run_facts(intents, parts)
+    rules = facts.parts
+    run = rules.run_facts(intents, parts)
     zero, dims = run.zero, dataclasses.replace(d.dims, dp_shard=run.dp_shard)
     placement = dataclasses.replace(d.placement, param_location=run.param_location,
                                     optimizer_location=run.optimizer_location)
@@ -124,9 +121,9 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     d.problems += prefetch_problems + composition_problems(placement.modules, cfg)
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
                        host.host_memory, host.device_memory, d.device_type, d.nproc)
-    mm = parallel.ModelMemory.of(d.sizes, facts, d.nproc)
+    mm = rules.model_memory(d.sizes, facts, d.nproc)
     placement, (memory, pipeline, peak), build_notes, build_problems = plan_build(
-        cfg.placement.ps_init, placement, lambda p: parallel.rank_memory(intents, parts, p, mm), budget.host_usable)
+        cfg.placement.ps_init, placement, lambda p: rules.rank_memory(intents, parts, p, mm), budget.host_usable)
     d.notes += build_notes
     d.problems += build_problems
     fit_problems, fit_notes = check_fit(peak, budget, facts.activations is not None,
@@ -153,7 +150,7 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
         eval_data = OmegaConf.to_container(cfg.eval_data, resolve=True) if cfg.eval_data else None
         loader = OmegaConf.to_container(cfg.loader, resolve=True)
         val_data = OmegaConf.to_container(cfg.val_data, resolve=True) if cfg.val_data else None
-        data = UserRecipe.data_spec(data, eval_data, list(cfg.data_inputs), cfg.data_label, loader["collate_fn"],
+        data = d.recipe.data_spec(data, eval_data, list(cfg.data_inputs), cfg.data_label, loader["collate_fn"],
                                     d.loader.kwargs() if d.loader is not None else {}, val_data)
     return LaunchPlan(
         recipe=cfg.recipe.name, dims=dims, parts=parts, world_size=d.world, nnodes=nnodes, nproc_per_node=d.nproc,

@@ -20,7 +20,6 @@ from launcher.plan.registry import TABLE_OPTIMIZERS
 
 def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) -> AutoResult:
     """The best layout for the drafted plan (its placement and intents as the user's keys made them)."""
-    from launcher import parallel
 
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
                        host.host_memory, host.device_memory, intents.device_type, nproc)
@@ -29,7 +28,8 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
     on_device = dataclasses.replace(placement, tables=tuple(  # the tables you placed stay where you placed them
         dataclasses.replace(t, location="device") if t.location != "engine" and t.name not in fixed else t
         for t in placement.tables))
-    mm = parallel.ModelMemory.of(sizes, facts, nproc)
+    rules = facts.parts
+    mm = rules.model_memory(sizes, facts, nproc)
     names = {t.name for t in outside}
     layers = tuple(n for n in sizes.layers if n not in names)
 
@@ -40,10 +40,10 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
 
     def evaluate(zero: int, opt: bool, par: bool, rec: tuple[str, ...], hosted: tuple = ()):
         i = dataclasses.replace(intents, zero=zero, offload_optimizer=opt, offload_params=par, recompute=rec)
-        parts, problems, _ = parallel.plan_parts(i)
+        parts, problems, _ = rules.plan_parts(i)
         if problems or not parts:
             return None
-        run = parallel.run_facts(i, parts)
+        run = rules.run_facts(i, parts)
         where = dataclasses.replace(on_device, param_location=run.param_location,
                                     optimizer_location=run.optimizer_location)
         where = _hosted(where, hosted, state_floats(intents.optimizer))
@@ -52,7 +52,7 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
             return None
         seen.add(key)
         terms = None if intents.dims.pp > 1 else tables
-        mem = parallel.rank_memory(i, parts, where, mm, terms)[2]
+        mem = rules.rank_memory(i, parts, where, mm, terms)[2]
         return mem, run.data_parallel, run.step_overhead_s
 
     dense = max(0, placement.dense_params) // max(1, intents.dims.pp * intents.dims.tp)

@@ -13,10 +13,11 @@ import difflib
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.contract import Facts, ModelFacts, model_facts
+from launcher.contract import Facts, ModelFacts, PartRules, model_facts
 from launcher.errors import ConfigError
 from launcher.plan.batch import DEFAULT_MICRO_SIZE, BatchPlan, plan_batch
 from launcher.plan.host_modules import crossing_words, plan_host_modules
+from launcher.plan.intents import intents_of
 from launcher.plan.loader import LoaderPlan, plan_loader
 from launcher.plan.memory import state_floats
 from launcher.plan.parallel import ParallelDims, plan_parallel
@@ -201,8 +202,6 @@ class Draft:
 
 def plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: Draft) -> None:
     """Ranks, mesh dims, batch split, steps, the recipe's model and its sizes, op-level sharding."""
-    from launcher.usercode import UserRecipe, recipe_for
-
     d.nproc, nproc_note = resolve_nproc(cfg.cluster.nproc_per_node, host)
     d.notes += [nproc_note] if nproc_note else []
     nnodes = max(1, cfg.cluster.nnodes)  # below 1: check_cluster names it; the rest plans on 1 (no 0 × anything)
@@ -218,8 +217,8 @@ def plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: Draft) -> None
     if d.batch is not None and cfg.batch.global_size == -1 and cfg.batch.micro_size == -1:
         d.notes.append(f"batch: no size set; {DEFAULT_MICRO_SIZE} samples per rank and micro-batch (HuggingFace "
                        f"Trainer's default), global {d.batch.global_size}. Set batch.global_size or batch.micro_size.")
-    d.recipe = recipe_for(cfg.recipe.name)
-    d.user = isinstance(d.recipe, UserRecipe)
+    d.recipe = facts.recipe
+    d.user = bool(getattr(d.recipe, "from_folder", False))
     d.steps = _steps(cfg, d.batch, dp, facts.data, d.problems, d.notes)
     d.model = d.recipe.model_spec(OmegaConf.to_object(cfg.model), facts.data)
     if d.batch is not None:
@@ -294,16 +293,14 @@ def plan_where(cfg: DictConfig, host: HostFacts, d: Draft) -> None:
     d.pipeline = _pipeline(cfg, d.dims, d.batch, d.sizes, d.recipe, d.problems, d.notes)
 
 
-def plan_draft_parts(cfg: DictConfig, d: Draft) -> tuple:
+def plan_draft_parts(cfg: DictConfig, d: Draft, rules: PartRules) -> tuple:
     """The intents gathered so far, and the parallel parts that compile them (None, () when the shape failed)."""
-    from launcher import parallel
-
     if d.dims is None or d.batch is None or (d.dims.pp > 1 and d.pipeline is None):
         return None, ()
-    intents = parallel.intents_of(cfg, d.dims, d.placement, d.zero, d.device_type,
-                                  (d.batch.global_size, d.batch.micro_size, d.batch.grad_accum), sharding=d.sharding,
-                                  recompute=d.recompute, pipeline=d.pipeline)
-    parts, part_problems, part_notes = parallel.plan_parts(intents)
+    intents = intents_of(cfg, d.dims, d.placement, d.zero, d.device_type,
+                         (d.batch.global_size, d.batch.micro_size, d.batch.grad_accum), sharding=d.sharding,
+                         recompute=d.recompute, pipeline=d.pipeline)
+    parts, part_problems, part_notes = rules.plan_parts(intents)
     d.problems += part_problems
     d.notes += part_notes
     outside = [t.name for t in d.placement.tables if t.location != "engine"]

@@ -15,11 +15,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.contract import BackendRules, backend_named
+from launcher.contract import BackendRules, PartRules, backend_named
 from launcher.errors import ConfigError
 from launcher.integrations.accelerate import ScriptUse, accelerate_handover
 from launcher.loggers import logger_specs
-from launcher.parallel.intents import PartPlan
+from launcher.plan.intents import PartPlan, intents_of
 from launcher.plan.ds_ops import BUILDERS
 from launcher.plan.loader import changed
 from launcher.plan.nodes import planned_nodes
@@ -59,25 +59,16 @@ class RuntimePlan:
     def engine(self) -> str:
         return "+".join(p.name for p in self.parts)
 
-    @property
-    def deepspeed(self) -> dict[str, Any] | None:
-        """The DeepSpeed config (train_batch_size = micro × accum × dp with batch.micro_size, 1 when unset)."""
-        from launcher.parallel import config_file
-
-        return config_file(self.parts)
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RuntimePlan:
         return cls(**{**d, "parts": tuple(PartPlan.from_dict(p) for p in d["parts"]),
                       "placement": PlacementPlan(**{**d["placement"], "tables": ()})})
 
 
-def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str,
+def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str, rules: PartRules,
                  backend: str = "gloo") -> tuple[RuntimePlan | None, tuple[str, ...], list[str], list[str]]:
     """(runtime plan, the DeepSpeed ops its ranks load, problems, notes) of a script run's intents: precision, zero,
     optimizer.target, placement."""
-    from launcher import parallel
-
     placement, zero, problems, notes = plan_placement(cfg, None, 0, device_type)  # tables: found by prepare()
     if placement.optimizer_location == "host" and CPU_OPTIMIZERS[placement.cpu_impl].impl:
         problems.append("optimizer.cpu_impl=deepspeed builds DeepSpeedCPUAdam for a recipe; a script brings its own "
@@ -94,12 +85,12 @@ def plan_runtime(cfg: DictConfig, dims: ParallelDims, device_type: str,
     micro, accum = (b.micro_size if b.micro_size > 0 else 1), (b.grad_accum if b.grad_accum > 0 else 1)
     if problems:
         return None, (), problems, notes
-    intents = parallel.intents_of(cfg, dims, placement, zero, device_type, (micro * accum * dims.dp, micro, accum),
-                                  client_optimizer=True)
-    parts, part_problems, part_notes = parallel.plan_parts(intents)
+    intents = intents_of(cfg, dims, placement, zero, device_type, (micro * accum * dims.dp, micro, accum),
+                         client_optimizer=True)
+    parts, part_problems, part_notes = rules.plan_parts(intents)
     if part_problems:
         return None, (), part_problems, notes
-    run = parallel.run_facts(intents, parts)
+    run = rules.run_facts(intents, parts)
     zero, ds_ops = run.zero, run.ops
     runtime = RuntimePlan(
         parts=parts, zero_stage=zero, precision=cfg.precision, grad_accum=accum, placement=placement,
@@ -175,9 +166,10 @@ def script_args_override(args: list[str]) -> str:
 
 
 def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, *,
-                backends: tuple[BackendRules, ...]) -> ScriptPlan:
+                backends: tuple[BackendRules, ...], parts: PartRules) -> ScriptPlan:
     """``use``: what the script trains with (launcher.integrations.scan_script of its text); None = not scanned,
-    planned as a runtime.prepare() script. ``backends``: the launch backends (launcher.backends.BACKENDS' values)."""
+    planned as a runtime.prepare() script. ``backends``: the launch backends (launcher.backends.BACKENDS' values);
+    ``parts``: the parallel parts' rules (launcher.parallel.RULES)."""
     use = use or ScriptUse("prepare", "not scanned")
     cfg, node_problems = planned_nodes(cfg, backends)
     c = cfg.cluster
@@ -203,7 +195,7 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
     nproc, note = resolve_nproc(c.nproc_per_node, host)
     device_type, backend = device_and_backend(c.backend, host, c.device)
     dims = ParallelDims(dp=nproc, pp=1, tp=1, world_size=nproc)
-    runtime, ds_ops, problems, notes = plan_runtime(cfg, dims, device_type, backend)
+    runtime, ds_ops, problems, notes = plan_runtime(cfg, dims, device_type, parts, backend)
     problems += check_script_ops(cfg, device_type)
     if problems:
         raise ConfigError(problems)
@@ -215,7 +207,7 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
     )
     handover: dict[str, str] = {}
     if use.kind == "accelerate":  # the plan reaches Accelerator() as accelerate launch hands it over
-        handover, problems, more = accelerate_handover(runtime, device_type, use, runtime.deepspeed,
+        handover, problems, more = accelerate_handover(runtime, device_type, use, parts.config_file(runtime.parts),
                                                        set(changed_keys(cfg)), tuple(cfg.script_args))
         if problems:
             raise ConfigError(problems)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from launcher.codec import from_plain
-from launcher.parallel.intents import PartPlan
+from launcher.plan.intents import PartPlan
 from launcher.plan.batch import BatchPlan
 from launcher.plan.budget import Budget
 from launcher.plan.memory import MemoryEstimate
@@ -61,9 +61,6 @@ class RunPlan(Protocol):
 
     def rank_args(self, run_dir: str) -> tuple[str, ...]:
         """Arguments of ``python`` for every rank."""
-
-    def engine_config(self) -> dict[str, Any] | None:
-        """The engine's own config file (ds_config.json), or None when the engine has none."""
 
     def to_dict(self) -> dict[str, Any]:
         """plan.json."""
@@ -185,18 +182,8 @@ class LaunchPlan:
         """The parts, in words (tensor_parallel+recompute+fsdp+pipeline): for reports, never compared."""
         return "+".join(p.name for p in self.parts)
 
-    @property
-    def deepspeed(self) -> dict[str, Any] | None:
-        """The DeepSpeed config when the deepspeed part runs; None otherwise."""
-        return self.engine_config()
-
     def rank_args(self, run_dir: str) -> tuple[str, ...]:
         return ("-m", "launcher.worker", run_dir)
-
-    def engine_config(self) -> dict[str, Any] | None:
-        from launcher.parallel import config_file
-
-        return config_file(self.parts)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -241,32 +228,5 @@ class ScriptPlan:
         ends with the script's own exit code (no gloo teardown abort)."""
         return ("-m", "launcher.worker.script", self.script, *self.args)
 
-    def engine_config(self) -> dict[str, Any] | None:
-        from launcher.parallel import config_file
-
-        return config_file(tuple(PartPlan.from_dict(p) for p in (self.runtime or {}).get("parts", ())))
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def checkpoint_layout(plan: LaunchPlan) -> dict[str, Any]:
-    """What a checkpoint depends on: a run resumes from it only with the same values. The data position counts
-    global micro-batches (micro × dp samples) of this seed; the optimizer's hyperparameters come back with its state.
-    A DCP checkpoint (torch-native parts) is saved by the model's names with global shapes, so the layout (world
-    size, dp, tp, pp, the data-parallel part) may change; DeepSpeed's own files resume on the layout they were
-    saved with."""
-    from launcher.parallel import checkpoint_format, data_parallel_name
-
-    fmt = checkpoint_format(plan.parts)
-    out = {"format": fmt, "recipe": plan.recipe, "precision": plan.precision,
-           "tables": {t.name: "inside" if t.location == "engine" else "outside" for t in plan.placement.tables},
-           "global_batch": plan.batch.global_size, "global_micro_batch": plan.batch.micro_size * plan.dims.dp,
-           "grad_accum": plan.batch.grad_accum, "seed": plan.seed,
-           "optimizer": {**dataclasses.asdict(plan.optimizer), "betas": list(plan.optimizer.betas)},
-           "model": plan.model, "data": plan.data}
-    if fmt != "dcp":
-        out |= {"data_parallel": data_parallel_name(plan.parts), "zero_stage": plan.zero_stage,
-                "world_size": plan.world_size,
-                "dims": {n: getattr(plan.dims, n) for n in plan.dims.names}}
-    return out

@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.parallel.rank import held_module, set_module
-
+from launcher.module_paths import held_module, set_module
 from launcher.plan.placement import TablePlan
 from launcher.tables import hugepages
 from launcher.tables.hashing import HashStats, IdHash

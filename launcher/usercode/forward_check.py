@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from launcher.parallel.rank import held_module, set_module
+from launcher.module_paths import held_module, set_module
 from launcher.tables.hashing import IdHash
 from launcher.tables.lookup import lookup_for
 from launcher.usercode.data_check import first_words

@@ -19,6 +19,9 @@ class UserRecipe:
     and the user's code, so ``launcher.usercode.check.inspect_user_recipe`` gathers them in preflight instead of the
     torch-free ``data_facts`` / ``tables`` / ``dense_param_count`` hooks of a built-in recipe."""
 
+    from_folder = True
+    """A recipe of the user's folder (the plan reads it: a built-in recipe has no such attribute)."""
+
     def __init__(self, name: str) -> None:
         self.name = name
 

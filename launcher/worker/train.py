@@ -18,7 +18,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from launcher.loggers.sink import open_metrics
 from launcher.parallel.compose import apply_parts, split
-from launcher.parallel.rank import RankContext, held_module
+from launcher.module_paths import held_module
+from launcher.parallel.rank import RankContext
 from launcher.plan import LaunchPlan
 from launcher.rundir import CheckpointDir, RunDir
 import launcher.tables.kernels as kernels

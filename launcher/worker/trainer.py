@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from launcher.manifest import file_record, list_files, share_of
 from launcher.parallel.engine import DTYPES, Engine
-from launcher.plan import LaunchPlan, checkpoint_layout
+from launcher.parallel.choose import checkpoint_layout
+from launcher.plan import LaunchPlan
 from launcher.metrics_writer import MetricsWriter
 from launcher.rundir import CheckpointDir, RankDir, RunDir
 from launcher.tables import TableStore

@@ -8,6 +8,7 @@ from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
 from deepspeed.runtime.constants import TRAIN_BATCH_SIZE  # noqa: E402
 
 from tests.conftest import ALL_RECIPES, init_one_process_group, plan_of  # noqa: E402
+from launcher.parallel import engine_config
 
 
 class _DataParallelTopology:
@@ -37,7 +38,7 @@ def one_process_group():
 def test_deepspeed_parses_our_config(recipe, stage, precision, cpu_host):
     plan = plan_of([f"recipe={recipe}", f"zero.stage={stage}", f"precision={precision}", "parallel.data_parallel=deepspeed",
                     "parallel.pipeline_stages=1"], cpu_host)
-    ds = DeepSpeedConfig(dict(plan.deepspeed), mpu=_DataParallelTopology(plan.dims.dp))
+    ds = DeepSpeedConfig(dict(engine_config(plan)), mpu=_DataParallelTopology(plan.dims.dp))
     assert ds.train_batch_size == plan.batch.global_size
     assert ds.train_micro_batch_size_per_gpu == plan.batch.micro_size
     assert ds.gradient_accumulation_steps == plan.batch.grad_accum
@@ -58,7 +59,7 @@ def test_deepspeed_parses_our_config(recipe, stage, precision, cpu_host):
 )
 def test_deepspeed_parses_our_offload_configs(overrides, cpu_host):
     plan = plan_of(["recipe=wide_deep", "placement.host_device_mix=1", *overrides], cpu_host)
-    ds = DeepSpeedConfig(dict(plan.deepspeed), mpu=_DataParallelTopology(plan.dims.dp))
+    ds = DeepSpeedConfig(dict(engine_config(plan)), mpu=_DataParallelTopology(plan.dims.dp))
     zc = ds.zero_config
     assert (zc.offload_optimizer is not None) == (plan.placement.optimizer_location == "host")
     assert (zc.offload_param is not None) == (plan.placement.param_location == "host")
@@ -71,7 +72,7 @@ def test_deepspeed_parses_our_offload_configs(overrides, cpu_host):
 def test_deepspeed_rejects_a_batch_that_does_not_divide(cpu_host):
     # Guards the test above: the parser really checks our numbers against dp.
     plan = plan_of(["recipe=wide_deep", "parallel.data_parallel=deepspeed"], cpu_host)
-    bad = {**plan.deepspeed, TRAIN_BATCH_SIZE: plan.batch.global_size + plan.dims.dp}
+    bad = {**engine_config(plan), TRAIN_BATCH_SIZE: plan.batch.global_size + plan.dims.dp}
     with pytest.raises(AssertionError, match="Check batch related parameters"):
         DeepSpeedConfig(bad, mpu=_DataParallelTopology(plan.dims.dp))
 
@@ -82,11 +83,11 @@ def test_only_keys_deepspeed_knows(cpu_host):
 
     known = {v for k, v in vars(constants).items() if k.isupper() and isinstance(v, str)} | {"zero_optimization"}
     plan = plan_of(["recipe=wide_deep", "zero.stage=2"], cpu_host)
-    assert set(plan.deepspeed) <= known, set(plan.deepspeed) - known
+    assert set(engine_config(plan)) <= known, set(engine_config(plan)) - known
     zero_fields = set(DeepSpeedZeroConfig.model_fields) | {
         f.alias for f in DeepSpeedZeroConfig.model_fields.values() if f.alias
     }
-    assert set(plan.deepspeed["zero_optimization"]) <= zero_fields
+    assert set(engine_config(plan)["zero_optimization"]) <= zero_fields
     for forbidden in ("sparse_gradients", "optimizer", "cpu_offload"):
-        assert forbidden not in plan.deepspeed
-    assert "auto" not in str(plan.deepspeed)
+        assert forbidden not in engine_config(plan)
+    assert "auto" not in str(engine_config(plan))

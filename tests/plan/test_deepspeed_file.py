@@ -10,6 +10,7 @@ from launcher.errors import ConfigError
 from launcher.launch.deepspeed_check import check_with_deepspeed, read_deepspeed_file
 from launcher.config import compose_config
 from tests.conftest import plan_of
+from launcher.parallel import engine_config
 
 GPT = ["recipe=gpt", "smoke=true"]
 EXAMPLE = {
@@ -30,7 +31,7 @@ def test_the_files_intents_become_the_plan(cpu_host):
     plan = plan_of([*GPT, inline(EXAMPLE)], cpu_host)
     assert [p.name for p in plan.parts] == ["deepspeed"]  # a DeepSpeed config makes auto choose deepspeed
     assert plan.zero_stage == 2 and plan.placement.optimizer_location == "host" and plan.placement.pin_memory
-    ds = plan.engine_config()
+    ds = engine_config(plan)
     assert ds["gradient_clipping"] == 1.0 and ds["steps_per_print"] == 2000
     assert ds["zero_optimization"]["overlap_comm"] is True and ds["zero_optimization"]["reduce_bucket_size"] == 2e7
     assert any(n.startswith("zero.stage=2 from deepspeed.config") for n in plan.notes)
@@ -60,7 +61,7 @@ def test_auto_is_resolved_from_the_plan_or_refused(cpu_host):
                                   "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto",
                                                                                "warmup_num_steps": "auto"}}})],
                    cpu_host)
-    ds = plan.engine_config()
+    ds = engine_config(plan)
     assert ds["train_batch_size"] == plan.batch.global_size and ds["gradient_accumulation_steps"] == 1
     assert ds["scheduler"]["params"] == {"warmup_max_lr": plan.optimizer.lr, "warmup_num_steps": 0}
     with pytest.raises(ConfigError, match="reduce_bucket_size=\"auto\" .*HF derives it from model.config.hidden_size"):
@@ -75,7 +76,7 @@ def test_zero3_keys_at_zero2_are_reported(cpu_host):
 
 def test_an_empty_section_keeps_what_we_compiled(cpu_host):
     plan = plan_of([*GPT, "optimizer.target=CPU", inline({"zero_optimization": {}, "tensorboard": {}})], cpu_host)
-    assert plan.engine_config()["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert engine_config(plan)["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
 
 
 def test_the_optimizer_section_becomes_ours_and_is_not_emitted(cpu_host):
@@ -83,7 +84,7 @@ def test_the_optimizer_section_becomes_ours_and_is_not_emitted(cpu_host):
     plan = plan_of([*GPT, inline({"optimizer": {"type": "AdamW", "params": {"lr": 0.005, "weight_decay": 0.01}}})],
                    cpu_host)
     assert (plan.optimizer.name, plan.optimizer.lr, plan.optimizer.weight_decay) == ("adamw", 0.005, 0.01)
-    assert "optimizer" not in plan.engine_config()
+    assert "optimizer" not in engine_config(plan)
 
 
 def test_keys_that_would_do_nothing_are_refused(cpu_host):
@@ -98,12 +99,12 @@ def test_keys_that_would_do_nothing_are_refused(cpu_host):
 
 def test_deepspeeds_parser_checks_the_merged_config(cpu_host):
     plan = plan_of([*GPT, inline(EXAMPLE)], cpu_host)
-    check_with_deepspeed(plan.engine_config(), plan.dims.dp, "ds.json")  # accepted as it is
+    check_with_deepspeed(engine_config(plan), plan.dims.dp, "ds.json")  # accepted as it is
     with pytest.raises(ConfigError, match=r"DeepSpeed never reads overlap_comm \(it belongs under zero_optimization\)"):
-        check_with_deepspeed({**plan.engine_config(), "overlap_comm": True}, plan.dims.dp, "ds.json")
+        check_with_deepspeed({**engine_config(plan), "overlap_comm": True}, plan.dims.dp, "ds.json")
     with pytest.raises(ConfigError, match=r"never reads gradient_clippin \(did you mean gradient_clipping\?\)"):
-        check_with_deepspeed({**plan.engine_config(), "gradient_clippin": 1.0}, plan.dims.dp, "ds.json")
-    bad = json.loads(json.dumps(plan.engine_config()))
+        check_with_deepspeed({**engine_config(plan), "gradient_clippin": 1.0}, plan.dims.dp, "ds.json")
+    bad = json.loads(json.dumps(engine_config(plan)))
     bad["zero_optimization"]["overlap_com"] = True
     with pytest.raises(ConfigError, match="DeepSpeed's parser refuses .*overlap_com"):
         check_with_deepspeed(bad, plan.dims.dp, "ds.json")

@@ -9,6 +9,7 @@ from launcher.errors import ConfigError
 from launcher.plan import HostFacts
 from launcher.plan.parallel import ParallelDims, plan_parallel
 from tests.conftest import plan_of
+from launcher.parallel import engine_config
 
 
 def test_coords_and_groups_follow_the_mesh_order():
@@ -63,7 +64,7 @@ def test_four_ranks_as_dp2_tp2(cpu_host):
 def test_auto_data_parallel_says_why(overrides, part, why, cpu_host):
     plan = plan_of(["recipe=quickstart", *overrides], cpu_host)
     assert [p.name for p in plan.parts][-2 if plan.dims.pp > 1 else -1] == part
-    assert (plan.deepspeed is not None) == (part == "deepspeed")
+    assert (engine_config(plan) is not None) == (part == "deepspeed")
     assert any(re.match(rf"parallel.data_parallel=auto -> {part} \(.*{why}", n) for n in plan.notes), plan.notes
 
 

@@ -4,6 +4,7 @@ import pytest
 
 from launcher.errors import ConfigError
 from tests.conftest import plan_of
+from launcher.parallel import engine_config
 
 
 def _tables(plan):
@@ -26,7 +27,7 @@ def test_host_device_mix_puts_every_table_and_its_state_on_the_host(cpu_host):
     assert plan.memory.host.tables == rows * (16 + 1) * 4
     assert plan.memory.host.table_states == 2 * plan.memory.host.tables  # lazy Adam 2 moments, FTRL n and z
     assert plan.memory.device.tables == 0 and plan.memory.device.params > 0  # dense network stays on the device
-    assert plan.placement.optimizer_location == "device" and plan.engine == "ddp" and plan.deepspeed is None
+    assert plan.placement.optimizer_location == "device" and plan.engine == "ddp" and engine_config(plan) is None
 
 
 def test_per_table_override(cpu_host):
@@ -43,23 +44,23 @@ def test_unknown_table_gets_did_you_mean(cpu_host):
 def test_optimizer_on_cpu_offloads_and_picks_zero2(cpu_host):
     plan = plan_of(["recipe=wide_deep", "optimizer.target=CPU"], cpu_host)
     assert plan.zero_stage == 2 and any("zero.stage 0 -> 2" in n for n in plan.notes)
-    z = plan.deepspeed["zero_optimization"]
+    z = engine_config(plan)["zero_optimization"]
     assert z == {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": False}}
-    assert plan.deepspeed["zero_force_ds_cpu_optimizer"] is False  # torch's fused Adam steps the host partition
+    assert engine_config(plan)["zero_force_ds_cpu_optimizer"] is False  # torch's fused Adam steps the host partition
     assert plan.memory.host.optimizer > 0 and plan.memory.device.optimizer == 0
     assert plan.ds_ops == ("deepspeed_shm_comm",)
 
 
 def test_deepspeed_cpu_adam_impl_needs_its_op(cpu_host):
     plan = plan_of(["recipe=wide_deep", "optimizer.target=CPU", "optimizer.cpu_impl=deepspeed", "zero.stage=1"], cpu_host)
-    assert plan.zero_stage == 1 and "zero_force_ds_cpu_optimizer" not in plan.deepspeed
+    assert plan.zero_stage == 1 and "zero_force_ds_cpu_optimizer" not in engine_config(plan)
     assert "cpu_adam" in plan.ds_ops
 
 
 def test_offload_params_with_zero3_bf16(cpu_host):
     plan = plan_of(["recipe=wide_deep", "zero.stage=3", "placement.offload_params=true", "precision=bf16"], cpu_host)
-    z = plan.deepspeed["zero_optimization"]
-    assert z["offload_param"] == {"device": "cpu", "pin_memory": False} and plan.deepspeed["bf16"] == {"enabled": True}
+    z = engine_config(plan)["zero_optimization"]
+    assert z["offload_param"] == {"device": "cpu", "pin_memory": False} and engine_config(plan)["bf16"] == {"enabled": True}
     assert plan.memory.host.params == -(-plan.memory.dense_params * 2 // 2)  # bf16 partition of dp=2
     assert plan.memory.device.params == 0
 
@@ -69,7 +70,7 @@ def test_pin_memory_auto_follows_cuda():
 
     gpu = HostFacts(hostname="g", cpu_count=8, accelerators=2, extensions_dir="/x")
     plan = plan_of(["recipe=wide_deep", "optimizer.target=CPU"], gpu)
-    assert plan.deepspeed["zero_optimization"]["offload_optimizer"]["pin_memory"] is True
+    assert engine_config(plan)["zero_optimization"]["offload_optimizer"]["pin_memory"] is True
 
 
 @pytest.mark.parametrize(

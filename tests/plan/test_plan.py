@@ -9,6 +9,7 @@ import pytest
 from launcher.errors import ConfigError
 from launcher.plan import HostFacts, LaunchPlan
 from tests.conftest import ALL_RECIPES, plan_of
+from launcher.parallel import engine_config
 
 
 @pytest.mark.parametrize("recipe", ALL_RECIPES)
@@ -24,7 +25,7 @@ def test_every_recipe_plans_on_cpu(recipe, cpu_host):
         assert names == ["recompute", "ddp", "pipeline"] and plan.pipeline.micro_batches == 4
     else:
         assert names == ["ddp"]  # plain data parallel: torch DDP
-    assert plan.deepspeed is None and plan.ds_ops == ()
+    assert engine_config(plan) is None and plan.ds_ops == ()
     assert plan.memory.params > 0
     # Round trip through JSON is exact: the worker rebuilds the same plan from plan.json.
     assert LaunchPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
@@ -124,9 +125,11 @@ def test_planning_imports_neither_torch_nor_deepspeed():
         "from launcher.config import compose_config\n"
         "from launcher.backends import BACKENDS\n"
         "from launcher.contract import Facts\n"
+        "from launcher.parallel import RULES\n"
         "from launcher.plan import plan_launch, HostFacts\n"
-        "facts = Facts(backends=tuple(BACKENDS.values()))\n"
+        "from launcher.recipes import RECIPES\n"
         "for r in ('gpt', 'quickstart', 'wide_deep'):\n"
+        "    facts = Facts(backends=tuple(BACKENDS.values()), parts=RULES, recipe=RECIPES[r])\n"
         "    plan_launch(compose_config([f'recipe={r}', 'zero.stage=2']), HostFacts('h', 2, 0, '/x'), facts)\n"
         "bad = [m for m in ('torch', 'deepspeed') if m in sys.modules]\n"
         "assert not bad, bad\n"

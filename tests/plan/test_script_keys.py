@@ -17,6 +17,7 @@ from launcher.integrations import scan_script
 from launcher.launch.planning import plan_run
 from launcher.plan.script_keys import APPLIED, INTERNAL, JOB_KINDS, REFUSED, leaves, verdict
 from launcher.schema import HeteroConfig, TableConfig
+from launcher.parallel import engine_config
 
 SCRIPTS = {
     "prepare": "from launcher import runtime\nmodel, opt = runtime.prepare(model, opt)\n",
@@ -164,7 +165,7 @@ def test_an_accelerate_script_gets_accelerate_launchs_environment(planned, cpu_h
     assert handed["train_batch_size"] == handed["train_micro_batch_size_per_gpu"] == "auto"
     assert handed["zero_force_ds_cpu_optimizer"] is False and handed["bf16"] == {"enabled": True}
     assert {k: v for k, v in handed.items() if "batch" not in k} == \
-        {k: v for k, v in plan.engine_config().items() if "batch" not in k and k != "steps_per_print"}
+        {k: v for k, v in engine_config(plan).items() if "batch" not in k and k != "steps_per_print"}
     assert handed["gradient_clipping"] == 0.0  # left out, accelerate's engine would clip at 1.0
 
 

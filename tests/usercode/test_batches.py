@@ -216,9 +216,10 @@ def test_loader_keys_refused_where_they_do_nothing(project, cpu_host, tmp_path):
         plan_of(["recipe=wide_deep", "loader.collate_fn=batches_code.code.bags"], cpu_host)
     from launcher.config import compose_config
     from launcher.backends import BACKENDS
+    from launcher.parallel import RULES
     from launcher.plan.script import plan_script
 
     script = tmp_path / "train.py"
     script.write_text("print(1)\n")
     with pytest.raises(ConfigError, match=r"loader.collate_fn with script=: your script builds its own DataLoader"):
-        plan_script(compose_config([f"script={script}", "loader.collate_fn=x.y"]), cpu_host, backends=tuple(BACKENDS.values()))
+        plan_script(compose_config([f"script={script}", "loader.collate_fn=x.y"]), cpu_host, backends=tuple(BACKENDS.values()), parts=RULES)

@@ -8,6 +8,7 @@ import pytest
 from launcher.errors import ConfigError
 from tests.conftest import plan_of, run_cli
 from tests.usercode.readme_project import write_project
+from launcher.parallel import RULES
 
 
 @pytest.fixture(scope="module")
@@ -189,11 +190,11 @@ def test_a_script_run_takes_table_placement_it_cannot_check_yet(cpu_host, tmp_pa
     script = tmp_path / "train.py"
     script.write_text("")
     plan = plan_script(compose_config([f"script={script}", "+placement.tables.towers.0.item_emb=host",
-                                       "optimizer.target=CPU"]), cpu_host, backends=tuple(BACKENDS.values()))
+                                       "optimizer.target=CPU"]), cpu_host, backends=tuple(BACKENDS.values()), parts=RULES)
     assert plan.runtime["table_locations"] == {"towers.0.item_emb": "host"} and [p["name"] for p in plan.runtime["parts"]] == ["deepspeed"]
     with pytest.raises(ConfigError, match="optimizer.cpu_impl=deepspeed builds DeepSpeedCPUAdam for a recipe"):
         plan_script(compose_config([f"script={script}", "optimizer.target=CPU", "optimizer.cpu_impl=deepspeed"]),
-                    cpu_host, backends=tuple(BACKENDS.values()))
+                    cpu_host, backends=tuple(BACKENDS.values()), parts=RULES)
 
 
 def test_class_labels_are_not_binary(project, cpu_host):
@@ -240,7 +241,7 @@ def test_a_script_is_not_pipelined(tmp_path, cpu_host):
     script.write_text("print('hi')\n")
     with pytest.raises(ConfigError, match=r"parallel.pipeline_stages=2 with script=: runtime.prepare\(\) trains your "
                                           r"loop data-parallel"):
-        plan_script(compose_config([f"script={script}", "parallel.pipeline_stages=2"]), cpu_host, backends=tuple(BACKENDS.values()))
+        plan_script(compose_config([f"script={script}", "parallel.pipeline_stages=2"]), cpu_host, backends=tuple(BACKENDS.values()), parts=RULES)
 
 
 @pytest.mark.parametrize("overrides, traced", [([], False), (["placement.mode=auto"], True), (["recompute=[mlp]"], True)])
