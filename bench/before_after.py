@@ -1,6 +1,6 @@
 """The same runs on the code before the parallel parts (issue 19) and after: step times, interleaved in one invocation.
 
-    .venv/bin/python bench/before_after.py [--old aa97f2f] [--new .] [--rounds 3] [--steps 60]
+    .venv/bin/python bench/before_after.py [--old aa97f2f] [--new .] [--rounds 3] [--steps 60] [--only dry]
 
 "old" is commit aa97f2f (four exclusive engines: torch DDP, DeepSpeed, DeepSpeed's PipelineModule, the DTensor tp
 engine); "new" is this checkout as it is ("."; or a revision). Each revision runs from its own source tree (a detached
@@ -13,7 +13,10 @@ the order of the trees):
   gpt pp 2, M=4     2 ranks, 2 pipeline stages, 4 micro-batches (old: DeepSpeed's pipeline engine)
   gpt tp 2          2 ranks, tp 2 (old: the DTensor tp engine), 4 micro-batches accumulated
   quickstart DDP    quickstart, 2 ranks, torch DDP
+  dry run <recipe>  the launcher's own path before any rank: compose, facts, plan, print (``dry_run=true``), as a
+                    process's wall time (imports included): wide_deep, gpt with 2 stages, a ds_config.json adopted
 
+``--only dry`` runs the dry runs alone (a move of modules changes no step, but may change imports and planning).
 Step time = the median over 10-step windows after the first 10 steps (metrics.jsonl's wall_s) per run; printed per
 variant: the median over rounds [min-max], new / old. Not a test: the figures belong to the machine.
 """
@@ -27,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,6 +45,11 @@ VARIANTS = {
     "gpt tp 2 (M=4 accumulated)": [*GPT, "cluster.nproc_per_node=2", "parallel.tp=2", "batch.grad_accum=4",
                                    "parallel.pipeline_stages=1"],
     "quickstart DDP, 2 ranks": ["recipe=quickstart", "cluster.nproc_per_node=2"],
+}
+DRY = {
+    "dry run wide_deep": ["recipe=wide_deep"],
+    "dry run gpt, 2 stages": [*GPT, "cluster.nproc_per_node=2", "parallel.pipeline_stages=2"],
+    "dry run quickstart, zero 2 offload": ["recipe=quickstart", "zero.stage=2", "optimizer.target=CPU"],
 }
 
 
@@ -95,29 +104,46 @@ def run(pythonpath: Path, cwd: Path, name: str, overrides: list[str], steps: int
     return step_time(cwd / "log_output" / name, 10)
 
 
+def dry_run(pythonpath: Path, cwd: Path, overrides: list[str]) -> float:
+    """Seconds a ``dry_run=true`` process takes, start to exit."""
+    cmd = [sys.executable, "-m", "launcher.cli", *overrides, "dry_run=true"]
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+    return took
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", default="aa97f2f")
     ap.add_argument("--new", default=".")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--only", choices=("dry", "steps"), default=None)
     args = ap.parse_args()
-    times = {(v, t): [] for v in VARIANTS for t in ("old", "new")}
+    variants = {**(VARIANTS if args.only != "dry" else {}), **(DRY if args.only != "steps" else {})}
+    times = {(v, t): [] for v in variants for t in ("old", "new")}
     with tempfile.TemporaryDirectory() as tmp:
         paths = {t: package_dir(source_tree(rev), Path(tmp) / t) for t, rev in (("old", args.old), ("new", args.new))}
         old_sha = tree_sha(args.old)
         for r in range(args.rounds):
             order = ("old", "new") if r % 2 == 0 else ("new", "old")
-            for i, (variant, overrides) in enumerate(VARIANTS.items()):
+            for i, (variant, overrides) in enumerate(variants.items()):
                 for t in order:
+                    if variant in DRY:
+                        times[(variant, t)].append(dry_run(paths[t], Path(tmp), overrides))
+                        continue
                     times[(variant, t)].append(run(paths[t], Path(tmp), f"r{r}v{i}{t}", overrides, args.steps,
                                                      parts=t == "new",
                                                      sha=old_sha if t == "old" else tree_sha(args.new)))
                     print(f"round {r + 1}: {variant} ({t}): {times[(variant, t)][-1] * 1e3:.1f} ms", file=sys.stderr)
     print(f"old = {args.old}, new = {args.new}; {args.steps} steps, median of {args.rounds} interleaved rounds\n")
-    print("| run | old ms/step [rounds] | new ms/step [rounds] | new / old |")
+    print("| run | old ms (a step; a dry run: the process) [rounds] | new ms [rounds] | new / old |")
     print("|---|---:|---:|---:|")
-    for variant in VARIANTS:
+    for variant in variants:
         old, new = times[(variant, "old")], times[(variant, "new")]
         cell = lambda t: f"{statistics.median(t) * 1e3:.1f} [{min(t) * 1e3:.1f}-{max(t) * 1e3:.1f}]"  # noqa: E731
         print(f"| {variant} | {cell(old)} | {cell(new)} | {statistics.median(new) / statistics.median(old):.2f}x |")

@@ -93,8 +93,8 @@ def plan_all(recipe: str, world: int, combos: list[tuple[str, ...]], intents: di
     combination starts from (BASE and the recipe's FAST learning rates by default)."""
     from launcher.config import compose_config
     from launcher.errors import ConfigError
-    from launcher.launch.host import probe_host
-    from launcher.launch.preflight import gather_facts
+    from launcher.facts.host import probe_host
+    from launcher.facts.preflight import gather_facts
     from launcher.plan import plan_launch
 
     host = probe_host()

@@ -86,11 +86,11 @@ def measure(a: argparse.Namespace) -> dict:
     import launcher.conf
     import launcher.recipes
     from launcher.config import compose_config
-    from launcher.launch.host import probe_host
+    from launcher.facts.host import probe_host
     try:
-        from launcher.launch.preflight import gather_data_facts as gather
+        from launcher.facts.preflight import gather_data_facts as gather
     except ImportError:  # later trees: one gather_facts for the data and the model
-        from launcher.launch.preflight import gather_facts as gather
+        from launcher.facts.preflight import gather_facts as gather
     from launcher.plan import plan_launch
     try:
         from launcher import tables as tables_mod  # later trees: the table store package

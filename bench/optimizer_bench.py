@@ -20,7 +20,7 @@ from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from launcher.launch.host import extensions_dir  # noqa: E402
+from launcher.facts.host import extensions_dir  # noqa: E402
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
 

@@ -42,9 +42,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from launcher.launch.preflight import gather_facts  # noqa: E402
+from launcher.facts.preflight import gather_facts  # noqa: E402
 from launcher.config import compose_config  # noqa: E402
-from launcher.launch.host import probe_host  # noqa: E402
+from launcher.facts.host import probe_host  # noqa: E402
 from launcher.metrics_writer import MetricsWriter  # noqa: E402
 from launcher.plan import plan_launch  # noqa: E402
 from launcher.recipes.quickstart.data import FixedRandom  # noqa: E402

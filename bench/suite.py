@@ -280,7 +280,7 @@ def _dry_run_times(runs: int) -> list[tuple]:
 
     from launcher.config import compose_config
     from launcher.launch import write_dry_run
-    from launcher.launch.host import probe_host
+    from launcher.facts.host import probe_host
     from launcher.launch.planning import plan_run
     from launcher.recipes import RECIPES
     from launcher.report.plan_view import placement_table, plan_tree

@@ -16,7 +16,7 @@ from torch import nn
 
 def tables_of(model: nn.Module) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
     """The model's tables (module path -> (rows, dim)) and their other names (a TorchRec table's) -> module path."""
-    from launcher.inspect.model import model_facts_on_meta
+    from launcher.facts.model import model_facts_on_meta
 
     facts = model_facts_on_meta(model)
     return facts.tables, dict(facts.aliases)

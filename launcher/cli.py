@@ -134,7 +134,7 @@ def _run(rest: list[str], config_dir: str | None, argv: list[str]) -> int:
     from launcher.config import compose_config
     from launcher.errors import printable
     from launcher.launch import launch_run
-    from launcher.launch.host import probe_host
+    from launcher.facts.host import probe_host
     from launcher.launch.planning import plan_run
 
     console = launcher_console()

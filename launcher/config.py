@@ -222,7 +222,7 @@ def _constructor_arguments(parsed, search: Sequence[str], bases: dict) -> dict[s
     """{override: its ``++`` form} for each plain override that gives an open ``_target_`` section a key its file
     does not list (``loss.reduction=mean``; ``loss={_target_: ..., reduction: mean}``): a constructor's argument,
     which Hydra alone refuses as not in the config. ``++`` adds or sets it; the user-code check
-    (launcher/usercode/check.py check_target) then names an argument the constructor does not take."""
+    (launcher/facts/user_code.py check_target) then names an argument the constructor does not take."""
     groups = set(GlobalHydra.instance().config_loader().list_groups(""))
     try:
         base = _compose_once([*search, *(o.input_line for o in parsed if o.key_or_group in groups)], bases)

@@ -65,7 +65,7 @@ class ModelFacts:
     """Names of the model's top-level children (what pipeline stages and recompute refer to)."""
     layer_params: dict[str, int] | None = None
     """Parameters of each layer (a shared weight counts in every layer using it); None when not gathered (only
-    runs with pipeline stages need them: ``launcher.inspect.layer_sizes``)."""
+    runs with pipeline stages need them: ``launcher.facts.layer_sizes``)."""
     tied: tuple[tuple[tuple[str, ...], int], ...] = ()
     """Weights layers share: (``<layer>.<attribute path>`` of each use, elements) for each."""
     layer_paths: dict[str, str] | None = None
@@ -196,7 +196,7 @@ class PartRules:
 
 @dataclass(frozen=True)
 class Facts:
-    """Everything gathered before planning besides the host (launcher/launch/preflight.py): the plan's input."""
+    """Everything gathered before planning besides the host (launcher/facts/preflight.py): the plan's input."""
 
     backends: tuple[BackendRules, ...] = ()
     """The launch backends cluster.launch may name (launcher.backends.BACKENDS' values): what each can run."""
@@ -212,10 +212,10 @@ class Facts:
     """Folders that hold the user's code (their recipe's _target_s): importable in the launcher and every rank."""
     activations: dict[str, dict[str, float]] | None = None
     """Per layer of layers(): bytes kept for the backward ("saved") and input bytes ("inputs"), per sample,
-    estimated on the meta device (launcher/inspect/activations.py); None when the plan needs none
-    (launcher.launch.preflight.wants_activations)."""
+    estimated on the meta device (launcher/facts/activations.py); None when the plan needs none
+    (launcher.facts.preflight.wants_activations)."""
     families: tuple[str, ...] = ()
-    """Operator kinds with a runtime cost of their own (launcher/inspect/activations.py Trace.families: conv)."""
+    """Operator kinds with a runtime cost of their own (launcher/facts/activations.py Trace.families: conv)."""
     lookups: dict[str, float] | None = None
     """Rows each sample looks up per embedding table (module path -> rows), from the same trace; None = not traced
     (the memory model takes 1 per table)."""

@@ -64,7 +64,7 @@ class ClusterConfig:
     """torch.distributed backend: auto (nccl with accelerators, else gloo), gloo or nccl."""
     device: str = "auto"
     """Where ranks compute: auto (cuda with visible CUDA devices, else cpu), cpu (also on a GPU host), or cuda."""
-    # A cluster described in a file (read in launcher/backends/cluster_files.py); give at most one.
+    # A cluster described in a file (read in launcher/facts/cluster_files.py); give at most one.
     rank_table_file: str = ""
     """A MindSpore/HCCL rank table (JSON, version 1.0, as hccl_tools.py writes it): servers, devices, rank ids.
     Empty = none."""

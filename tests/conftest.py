@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.config import compose_config
-from launcher.launch.host import extensions_dir, toolchain_path
+from launcher.facts.host import extensions_dir, toolchain_path
 from launcher.plan import HostFacts, plan_launch
 from launcher.recipes import RECIPES
 from launcher.rundir import RunDir
@@ -72,7 +72,7 @@ def needs_torchrec() -> None:
 
 def plan_of(overrides: list[str], host: HostFacts, config_dir: str | None = None):
     """Compose and plan as the CLI does (the recipe's facts gathered first)."""
-    from launcher.launch.preflight import gather_facts
+    from launcher.facts.preflight import gather_facts
 
     cfg = compose_config(overrides, config_dir)
     return plan_launch(cfg, host, gather_facts(cfg, config_dir))

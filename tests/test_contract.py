@@ -53,7 +53,7 @@ def test_layers_name_the_blocks_in_order():
 
 def test_data_facts_go_into_the_plan_and_leave_the_config_alone(tmp_path, cpu_host):
     from launcher.config import compose_config
-    from launcher.launch.preflight import gather_facts
+    from launcher.facts.preflight import gather_facts
     from launcher.plan import plan_launch
     from tests.data.make_ctr_csv import write_ctr_csv
 
@@ -99,7 +99,7 @@ def test_resident_bytes_of_the_built_in_data():
 def test_a_data_file_smaller_than_a_global_micro_batch_is_refused(tmp_path, cpu_host):
     from launcher.config import compose_config
     from launcher.errors import ConfigError
-    from launcher.launch.preflight import gather_facts
+    from launcher.facts.preflight import gather_facts
     from launcher.plan import plan_launch
     from tests.data.make_ctr_csv import write_ctr_csv
 
@@ -131,7 +131,7 @@ def test_a_built_in_recipe_is_traced_only_where_the_plan_needs_it():
     code = (
         "import sys\n"
         "from launcher.config import compose_config\n"
-        "from launcher.launch.preflight import gather_facts\n"
+        "from launcher.facts.preflight import gather_facts\n"
         "for r in ('gpt', 'quickstart', 'wide_deep'):  # resnet recomputes and has 2 stages by default\n"
         "    assert gather_facts(compose_config([f'recipe={r}'])).activations is None, r\n"
         "assert 'torch' not in sys.modules\n"

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import launcher.launch
-import launcher.launch.host
+import launcher.facts.host
 from launcher.cli import main
 from launcher.plan import HostFacts
 from launcher.plan.rules import check_output
@@ -336,7 +336,7 @@ def guarded(monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", refuse)
     fake = lambda: HostFacts(hostname="ci", cpu_count=2, accelerators=0,  # noqa: E731
                              extensions_dir="/nonexistent/extensions")
-    monkeypatch.setattr(launcher.launch.host, "probe_host", fake)  # every caller imports it from there at call time
+    monkeypatch.setattr(launcher.facts.host, "probe_host", fake)  # every caller imports it from there at call time
     monkeypatch.setenv("COLUMNS", "200")
 
 

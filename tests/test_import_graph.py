@@ -1,5 +1,6 @@
-"""The import graph of launcher/: no module imports itself back through others (no cycle), and the pure plan imports
-nothing above it (launch/, backends/, worker/, tables/). Like the part-name test (tests/parallel/test_registry.py),
+"""The import graph of launcher/: no module imports itself back through others (no cycle, counting the package
+__init__s Python runs on the way too), imports run down the layer order (LAYERS) but for the few listed with their
+reason, the pure plan imports nothing above it, and every fact the plan reads is made under launcher/facts/. Like the part-name test (tests/parallel/test_registry.py),
 read from the source with ``ast``, so a new import that breaks the layering fails here, with the path it makes.
 
 Every import counts, at module level and inside a function: a lazy import is still a dependency (it only moves the
@@ -16,7 +17,22 @@ from pathlib import Path
 
 LAUNCHER = Path(__file__).resolve().parents[1] / "launcher"
 PURE = "launcher.plan"
-ABOVE_THE_PLAN = ("launcher.launch", "launcher.backends", "launcher.worker", "launcher.tables")
+ABOVE_THE_PLAN = ("launcher.launch", "launcher.backends", "launcher.worker", "launcher.tables", "launcher.parallel",
+                  "launcher.usercode", "launcher.facts")
+LAYERS = ("loggers", "integrations", "plan", "report", "tables", "usercode", "parallel", "worker", "facts", "backends",
+          "launch")
+"""The packages of launcher/, bottom to top: a module imports from its own layer or below. Below them all, the root
+modules (leaves: codec, units, errors, schema, contract, config, rundir, ...); above them all, the entry points
+(ENTRY). The plan (pure) sits under everything that runs; the table stores, your code's adapters and the parallel
+parts are what a rank applies; the worker runs them; facts are gathered (with the backends' and parts' registries)
+before the plan; backends start ranks; launch runs facts -> plan -> backend -> supervise."""
+ENTRY = ("launcher.cli", "launcher.__main__", "launcher.runtime", "launcher._prepare")
+UPWARD = {
+    "launcher.facts.preflight -> launcher.backends":
+        "gather_facts hands the backends' registry to the plan (Facts.backends), and a backend's default layout reads "
+        "the cluster files in facts/cluster_files.py: one of the two runs up",
+}
+"""The imports that run up the layer order, each with why (the issue that asked for this held them at 4 or fewer)."""
 
 
 def module_names(root: Path = LAUNCHER) -> dict[str, Path]:
@@ -182,6 +198,8 @@ def test_the_check_finds_what_it_looks_for(tmp_path):
     assert graph["launcher.plan.d"] == {"launcher.backends.base"}
     assert cycles(graph) == [["launcher.plan.a", "launcher.plan.b", "launcher.plan.a"]]
     assert plan_imports_above(graph) == ["launcher.plan.d -> launcher.backends.base"]
+    assert upward_imports(graph) == ["launcher.plan.d -> launcher.backends.base",  # plan < backends
+                                     "launcher.report.r -> launcher.tables.u"]  # report < tables
     # report.r -> tables.u runs tables/__init__.py first, which imports tables.t, which imports report.r
     assert cycles(with_packages(graph)) == [["launcher.plan.a", "launcher.plan.b", "launcher.plan.a"],
                                             ["launcher.report.r", "launcher.tables", "launcher.tables.t",
@@ -198,3 +216,60 @@ def test_no_import_cycle_in_the_launcher():
 def test_the_plan_imports_nothing_above_it():
     above = plan_imports_above(import_graph())
     assert not above, f"the plan ({PURE}) imports from {', '.join(ABOVE_THE_PLAN)}:\n" + "\n".join(above)
+
+
+def layer_of(module: str) -> int:
+    """0 for a root module, 1.. for LAYERS' packages, above them the entry points."""
+    if module in ENTRY:
+        return len(LAYERS) + 1
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) + 1 if len(parts) > 1 and parts[1] in LAYERS else 0
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """'importer -> imported' for each import into a higher layer."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets if layer_of(t) > layer_of(m))
+
+
+def test_no_import_cycle_counting_the_packages_python_runs_on_the_way():
+    graph = with_packages(import_graph())
+    found = [f"{' -> '.join(_cycle_through(c, graph))}\n  (one path through a circle of {len(c)} modules)"
+             for c in circles(graph)]
+    assert not found, "import cycles, counting package __init__s:\n" + "\n".join(found)
+
+
+def test_imports_run_down_the_layers_but_the_listed_ones():
+    packages = {m.split(".")[1] for m in module_names() if m.count(".") >= 2}
+    assert packages <= set(LAYERS), f"packages with no place in LAYERS: {sorted(packages - set(LAYERS))}"
+    up = upward_imports(import_graph())
+    assert set(up) == set(UPWARD), (f"imports that run up the layers ({' < '.join(LAYERS)}): new "
+                                    f"{sorted(set(up) - set(UPWARD))}, gone {sorted(set(UPWARD) - set(up))}")
+    assert len(UPWARD) <= 4
+
+
+def test_backends_import_nothing_from_launch():
+    graph = import_graph()
+    found = [f"{m} -> {t}" for m in graph if m.startswith("launcher.backends") for t in graph[m]
+             if t.startswith("launcher.launch")]
+    assert not found, found
+
+
+GATHERERS = {"Facts", "HostFacts", "parse_hostfile", "parse_rank_table", "dataset_facts", "layer_facts",
+             "activation_facts", "model_facts_on_meta", "inspect_user_recipe", "check_pipeline"}
+"""What makes a fact the plan reads: the facts' values, the readers of the cluster files, of your Dataset, of a model
+on the meta device and the checks of your code."""
+RANK_SIDE = {("launcher._prepare", "model_facts_on_meta"): "runtime.prepare() reads your model's tables in a rank"}
+
+
+def test_every_fact_is_gathered_under_launcher_facts():
+    modules = module_names()
+    found = []
+    for name, path in modules.items():
+        if name.startswith("launcher.facts"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                called = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if called in GATHERERS and (name, called) not in RANK_SIDE:
+                    found.append(f"{name}: {called}(...)")
+    assert not found, "facts gathered outside launcher/facts/:\n" + "\n".join(found)

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from launcher.config import compose_config
 from launcher.errors import ConfigError
-from launcher.launch.host import cache_key, extensions_dir, probe_toolchain, toolchain_path
+from launcher.facts.host import cache_key, extensions_dir, probe_toolchain, toolchain_path
 from launcher.launch.ops import RankBuildWatch, is_built, missing_ops, toolchain_env, write_stamp
 from launcher.backends import BACKENDS
 from launcher.parallel import RULES
@@ -81,7 +81,7 @@ def test_a_second_venv_computes_its_own_cache_folder(tmp_path, cpu_host):
     site = next((tmp_path / "venv2" / "lib").glob("python3*/site-packages"))
     ours = [p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix)]
     (site / "ours.pth").write_text("\n".join([*ours, str(Path(__file__).parents[1])]) + "\n")
-    code = "from launcher.launch.host import extensions_dir; print(extensions_dir())"
+    code = "from launcher.facts.host import extensions_dir; print(extensions_dir())"
     env = {**os.environ, "PATH": "/usr/bin:/bin"}  # not activated: no venv bin on PATH
     other = subprocess.run([str(tmp_path / "venv2" / "bin" / "python"), "-c", code], env=env, capture_output=True,
                            text=True, check=True).stdout.strip()

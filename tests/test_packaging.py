@@ -22,7 +22,7 @@ def test_wheel_ships_conf_and_recipes_and_works_installed(tmp_path):
         "launcher/conf/hydra/help/hetero_launch.yaml",
         "launcher/recipes/wide_deep/model.py",
         "launcher/recipes/quickstart/data.py",
-        "launcher/inspect/activations.py",
+        "launcher/facts/activations.py",
     ):
         assert needed in names, needed
     site = tmp_path / "site"

@@ -8,7 +8,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
-from launcher.backends.cluster_files import read_cluster_files
+from launcher.facts.cluster_files import read_cluster_files
 from launcher.backends.job import JobConfig
 from launcher.errors import ConfigError
 

@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from launcher.backends import Backend, JobConfig, backend
 from launcher.errors import ConfigError, first_line
-from launcher.launch.preflight import newest_intact_checkpoint
+from launcher.facts.preflight import newest_intact_checkpoint
 from launcher.launch.record import write_rank_env
 from launcher.launch.run_records import report_run, start_run_dir, write_records
 from launcher.plan import RunPlan

@@ -84,7 +84,7 @@ class ElasticPlans:
 def _resume_choice(run_dir: RunDir, cfg: DictConfig, number: int, own: str, console: Console) -> dict:
     """Node 0's decision for the round: the newest intact checkpoint of the job (by step), or the plan's own
     resume_from on the first attempt (or when none was written yet)."""
-    from launcher.launch.preflight import newest_intact_checkpoint
+    from launcher.facts.preflight import newest_intact_checkpoint
 
     if number == 0:
         if cfg.trainer.checkpoint_dir and run_dir.complete_checkpoints():
@@ -145,7 +145,7 @@ def launch_elastic(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     """Run this host's part of an elastic job; returns the launcher's exit code (0 = the job finished). Bad input
     (a world of the range that cannot hold the job) is a ConfigError before this host meets any other; restarts with
     no shared checkpoints were refused by the plan (plan/nodes.py checkpoint_problems)."""
-    from launcher.launch.host import probe_host
+    from launcher.facts.host import probe_host
     from launcher.launch.nodes import address_problems, rendezvous_handler
 
     if problems := address_problems(cfg):

@@ -10,11 +10,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher.backends import BACKENDS, backend
-from launcher.backends.cluster_files import read_cluster_files
+from launcher.facts.cluster_files import read_cluster_files
 from launcher.errors import ConfigError
 from launcher.integrations import scan_script
 from launcher.launch.deepspeed_check import check_with_deepspeed, read_deepspeed_file
-from launcher.launch.preflight import check_resume, check_script, gather_facts, resume_checkpoint
+from launcher.facts.preflight import check_resume, check_script, gather_facts, resume_checkpoint
 from launcher.loggers import check_loggers
 from launcher.parallel import RULES
 from launcher.parallel.choose import engine_config

@@ -83,7 +83,7 @@ def plan_jobs(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | N
 def _plan_each(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | None = None,
                estimate: bool = True) -> tuple[list[Job], list[str]]:
     """(the jobs that plan, the problems of the others, each naming its job): one bad job never stops the rest."""
-    from launcher.launch.host import probe_host  # at call time, as cli.py does: one place to stand a host in for
+    from launcher.facts.host import probe_host  # at call time, as cli.py does: one place to stand a host in for
 
     host = probe_host()
     planned, problems = [], []

@@ -19,4 +19,4 @@ __all__ = ["DATA_PARALLEL", "Intents", "PARTS", "PartPlan", "RULES", "SLOTS", "c
 
 RULES = PartRules(plan_parts=plan_parts, run_facts=run_facts, rank_memory=rank_memory, model_memory=ModelMemory.of,
                   config_file=config_file, adopt_config=adopt_config)
-"""What the plan asks of the parts, handed to it in Facts.parts (launcher/launch/preflight.py gather_facts)."""
+"""What the plan asks of the parts, handed to it in Facts.parts (launcher/facts/preflight.py gather_facts)."""

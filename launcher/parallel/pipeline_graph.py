@@ -15,7 +15,7 @@ stage needs passes through the stages between (a skip connection). The batch's i
 them as the model does (any structure), and a later stage that uses one reads it from the micro-batch it runs
 (``Cut.fed``; the pipeline engine hands them over), so an input whose shape changes from one micro-batch to the next
 (a 1-D bag's ids, a KeyedJaggedTensor) is never sent. What crosses a boundary must be a tensor (``sent`` says which
-value is not; the pre-launch check finds the layers no stage may begin at first, launcher/usercode/pipeline_check.py).
+value is not; the pre-launch check finds the layers no stage may begin at first, launcher/facts/pipeline_cut.py).
 The last stage returns what ``model_output`` selects. A stage's module holds the model's own layer modules at their
 module paths, so its parameter names are the model's (a DCP checkpoint moves between layouts) and a table the plan
 trains outside the parts is found at its path and swapped for a lookup as in an uncut model.

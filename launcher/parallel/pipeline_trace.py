@@ -32,7 +32,7 @@ from launcher.module_paths import held_module, set_module
 from launcher.parallel.rank import Chunk, as_meta
 from launcher.plan.pipeline import PipelinePlan
 from launcher.usercode.items import input_tensors, map_inputs, select_output
-from launcher.worker.precision import as_compute_dtype, computing_in
+from launcher.parallel.precision import as_compute_dtype, computing_in
 
 
 def _positional_forward(model: nn.Module, keys: tuple[str, ...], output: str) -> None:

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from launcher.module_paths import held_module
+
 if TYPE_CHECKING:
     import torch
 

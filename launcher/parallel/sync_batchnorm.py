@@ -7,7 +7,7 @@ statistics kernels ``batch_norm_stats`` and ``batch_norm_gather_stats_with_count
 BatchNorm here becomes a ``GroupBatchNorm`` that gathers the same statistics itself, on any device and backend: per
 channel the sum and count of its inputs, then the sum of squared deviations from the global mean, each all-reduced
 over the dp group by ``torch.distributed.nn.functional.all_reduce``, whose backward all-reduces the gradients as
-SyncBatchNorm's does. It computes in fp32 whatever the parameters' dtype (as ``launcher/worker/precision.py`` does
+SyncBatchNorm's does. It computes in fp32 whatever the parameters' dtype (as ``launcher/parallel/precision.py`` does
 for a BatchNorm under bf16) and updates the running statistics as ``nn.BatchNorm`` does (the unbiased variance over
 the global micro-batch). In evaluation it normalises with the running statistics, with no exchange.
 

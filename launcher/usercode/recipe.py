@@ -16,7 +16,7 @@ class UserRecipe:
     """A recipe named by ``conf/recipe/<name>.yaml`` in the user's folder. Its model and data keys are the user's
     constructors' arguments (checked against their signatures in preflight, not by a schema). It has the contract's
     planning hooks (``model_spec``, ``problems``, ``layers``); its data and model facts (tables, sizes, layer names) need torch
-    and the user's code, so ``launcher.usercode.check.inspect_user_recipe`` gathers them in preflight instead of the
+    and the user's code, so ``launcher.facts.user_code.inspect_user_recipe`` gathers them in preflight instead of the
     torch-free ``data_facts`` / ``tables`` / ``dense_param_count`` hooks of a built-in recipe."""
 
     from_folder = True

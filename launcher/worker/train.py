@@ -33,7 +33,7 @@ from launcher.worker.accounting import resident_bytes
 from launcher.worker.host_modules import HostModules, host_group, place_on_host
 from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh, stage_mesh
 from launcher.worker.optimizers import build_optimizer
-from launcher.worker.precision import keep_batchnorm_fp32
+from launcher.parallel.precision import keep_batchnorm_fp32
 from launcher.worker.trainer import DTYPES, Trainer
 
 

@@ -290,7 +290,7 @@ def test_the_command_runs_as_the_page_says(cmd, folders, monkeypatch, capsys):
     if reason := _skip_reason(cmd):
         pytest.skip(reason)
     from launcher.cli import main
-    from launcher.launch import host
+    from launcher.facts import host
 
     probe = host.probe_host
     monkeypatch.setattr(host, "probe_host", lambda: dataclasses.replace(probe(), **HOST))

@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from launcher.config import compose_config
 from launcher.errors import ConfigError
-from launcher.backends.cluster_files import read_cluster_files
+from launcher.facts.cluster_files import read_cluster_files
 from launcher.plan.ranks import plan_ranks, rank_table
 from launcher.schema import ClusterConfig
 

@@ -5,7 +5,7 @@ the smallest device's, from the same child, and the host's, from /proc/meminfo o
 import subprocess
 import sys
 
-from launcher.launch.host import count_cuda_devices, cuda_devices, host_memory
+from launcher.facts.host import count_cuda_devices, cuda_devices, host_memory
 
 
 def test_no_driver_means_no_devices_and_no_torch_probe(tmp_path):

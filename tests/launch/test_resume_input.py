@@ -8,7 +8,7 @@ import pytest
 
 from launcher.cli import main
 from launcher.errors import ConfigError
-from launcher.launch.preflight import check_checkpoint_files
+from launcher.facts.preflight import check_checkpoint_files
 from launcher.manifest import file_record, list_files
 from launcher.rundir import CheckpointDir, RunDir
 

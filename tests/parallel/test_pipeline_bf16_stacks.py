@@ -18,13 +18,13 @@ import pytest
 import torch
 from torch import nn
 
-from launcher.inspect.model import model_facts_on_meta
+from launcher.facts.model import model_facts_on_meta
 from launcher.parallel.pipeline_trace import trace, trace_as_run
 from launcher.plan import plan_recompute
 from launcher.plan.pipeline import PipelinePlan, StagePlan, plan_pipeline
-from launcher.usercode.pipeline_check import check_pipeline, with_outside
+from launcher.facts.pipeline_cut import check_pipeline, with_outside
 from launcher.usercode.recipe import units
-from launcher.worker.precision import keep_batchnorm_fp32
+from launcher.parallel.precision import keep_batchnorm_fp32
 from tests.parallel.test_pipeline_trace import TinyResNet
 
 U = 2.0 ** -8

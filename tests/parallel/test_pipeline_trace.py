@@ -20,12 +20,12 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from launcher.inspect.model import model_facts_on_meta
+from launcher.facts.model import model_facts_on_meta
 from launcher.parallel.pipeline_graph import (cut_model, fed_positions, stage_io as graph_io, stage_module,
                                               trace_forward, unit_order)
 from launcher.parallel.pipeline_trace import stage_io, trace
 from launcher.plan.pipeline import PipelinePlan, StagePlan, plan_pipeline
-from launcher.usercode.pipeline_check import check_pipeline, forward_order
+from launcher.facts.pipeline_cut import check_pipeline, forward_order
 
 
 class Block(nn.Module):

@@ -96,7 +96,7 @@ def planned(tmp_path_factory, cpu_host_module):
 
 @pytest.fixture(scope="module")
 def cpu_host_module():
-    from launcher.launch.host import extensions_dir
+    from launcher.facts.host import extensions_dir
     from launcher.plan import HostFacts
 
     return HostFacts(hostname="ci", cpu_count=2, accelerators=0, extensions_dir=str(extensions_dir()))

@@ -111,7 +111,7 @@ class Scaled(nn.Embedding):
     (nn.Embedding(5, 2, max_norm=1.0), "max_norm"),
 ])
 def test_embeddings_the_lookup_cannot_reproduce_stay_in_the_engine(module, why):
-    from launcher.inspect.model import model_facts_on_meta
+    from launcher.facts.model import model_facts_on_meta
 
     model = nn.ModuleDict({"t": module, "ok": nn.Embedding(5, 2)})
     facts = model_facts_on_meta(model)

@@ -18,7 +18,7 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollec
 from torchrec.modules.embedding_configs import PoolingType  # noqa: E402
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
 
-from launcher.inspect.model import model_facts_on_meta  # noqa: E402
+from launcher.facts.model import model_facts_on_meta  # noqa: E402
 from launcher.plan import TablePlan  # noqa: E402
 from launcher.tables import TableLookup, build_tables  # noqa: E402
 

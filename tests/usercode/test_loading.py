@@ -144,7 +144,7 @@ def test_the_launcher_reads_a_stream_once_before_the_plan(tmp_path, monkeypatch)
     import sys
 
     from launcher.config import compose_config
-    from launcher.launch.preflight import gather_facts
+    from launcher.facts.preflight import gather_facts
     from tests.usercode.loader_project import write_project
 
     project = write_project(tmp_path / "my_loaders")

@@ -249,7 +249,7 @@ def test_the_activations_are_traced_where_the_plan_needs_them(project, overrides
     """placement.mode=auto chooses the recompute set and predicts memory from the per-layer trace, as recompute
     shows it; other runs leave it out."""
     from launcher.config import compose_config
-    from launcher.launch.preflight import gather_facts
+    from launcher.facts.preflight import gather_facts
 
     facts = gather_facts(compose_config(["recipe=my_ctr", *overrides], "conf"), "conf")
     assert (facts.activations is not None) == traced

@@ -1,5 +1,5 @@
 """A model's tables, dense parameters and layers, read off the model built on the ``meta`` device (no memory): the
-``ModelFacts`` of a recipe in the user's folder (``launcher/usercode/check.py``) and of a script's model
+``ModelFacts`` of a recipe in the user's folder (``launcher/facts/user_code.py``) and of a script's model
 (``launcher/runtime.py``). Which embeddings may move out of the parallel parts is ``launcher.tables.movable``'s call
 (the table lookup knows what it reproduces); a weight shared with another module keeps its embedding inside too."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import nn
 
 from launcher.contract import ModelFacts
-from launcher.inspect.layer_sizes import layer_sizes
+from launcher.facts.layer_sizes import layer_sizes
 from launcher.tables import movable
 from launcher.usercode.recipe import units
 

@@ -209,7 +209,7 @@ def _trace_problems(model_spec: dict[str, Any], plan: Any, order: tuple[str, ...
     from launcher.parallel.engine import DTYPES
     from launcher.parallel.pipeline_trace import trace
     from launcher.plan.pipeline import PipelinePlan, StagePlan
-    from launcher.worker.precision import as_compute_dtype
+    from launcher.parallel.precision import as_compute_dtype
 
     if plan is None:
         half = len(order) // 2

@@ -168,7 +168,7 @@ def _check_loss_arguments(cfg: DictConfig, recipe: str) -> None:
     is the loss's module imported (a plain ``_target_`` costs a dry run no torch import)."""
     spec = OmegaConf.to_container(cfg.loss, resolve=True)
     if isinstance(spec, dict) and set(spec) - {"_target_"}:
-        from launcher.usercode.check import check_target
+        from launcher.facts.user_code import check_target
 
         _, problems = check_target("loss", spec, f"recipe {recipe}")
         if problems:
@@ -204,7 +204,7 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
 def _recipe_facts(cfg: DictConfig, config_dir: str | None, estimate: bool) -> Facts:
     """The facts of cfg's recipe before planning. A built-in recipe: its data_facts hook (which may read the user's
     files and raise ConfigError). A recipe in the user's folder: its folder made importable, then every check of
-    ``launcher.usercode.check`` (imports, arguments, dataset items, the model on the meta device, the loss)."""
+    ``launcher.facts.user_code`` (imports, arguments, dataset items, the model on the meta device, the loss)."""
     from launcher.usercode import UserRecipe, recipe_for
 
     recipe = recipe_for(cfg.recipe.name)
@@ -226,7 +226,7 @@ def _recipe_facts(cfg: DictConfig, config_dir: str | None, estimate: bool) -> Fa
         trace = _activations(recipe, cfg, data)
         return Facts(data=data, model=model, activations=trace and trace.layers, lookups=trace and trace.lookups,
                      families=trace.families if trace else ())
-    from launcher.usercode.check import inspect_user_recipe
+    from launcher.facts.user_code import inspect_user_recipe
 
     paths = [str(Path.cwd())]
     if config_dir is not None:
@@ -281,7 +281,7 @@ def _lookups(recipe, cfg: DictConfig, data) -> dict[str, float] | None:
 def _layers(recipe, cfg: DictConfig, data) -> ModelFacts:
     """A built-in recipe's model facts with each layer's parameters and the weights layers share, counted on the
     meta device (a pipeline is planned from them; imports torch, also for ``check``)."""
-    from launcher.inspect.layer_sizes import layer_facts
+    from launcher.facts.layer_sizes import layer_facts
 
     spec = recipe.model_spec(OmegaConf.to_object(cfg.model), data)
     facts = model_facts(recipe, spec)
@@ -300,7 +300,7 @@ def _activations(recipe, cfg: DictConfig, data):
     import torch
     from hydra.utils import instantiate
 
-    from launcher.inspect.activations import activation_facts
+    from launcher.facts.activations import activation_facts
 
     spec = recipe.model_spec(OmegaConf.to_object(cfg.model), data)
     try:

@@ -18,14 +18,14 @@ from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
 from launcher.errors import ConfigError
-from launcher.inspect.model import model_facts_on_meta
+from launcher.facts.model import model_facts_on_meta
 from launcher.plain import to_plain
 from launcher.procfs import kernel_field
 from launcher.plan.placement import takes_tables_out
 from launcher.plan.table_keys import resolve_aliases
 from launcher.usercode.data_check import Sample, dataset_facts, first_words, item_labels, two_items
 from launcher.usercode.forward_check import CPU_CHECK_PARAMS, Swap, check_model_and_loss, cpu_model, swap_tables
-from launcher.usercode.pipeline_check import check_pipeline, with_outside
+from launcher.facts.pipeline_cut import check_pipeline, with_outside
 from launcher.usercode.targets import HYDRA_KEYS, build_collate, import_targets, locate
 
 LABEL_SCAN = 256
@@ -101,8 +101,8 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
                         trace_activations: bool = False) -> tuple[DataFacts, ModelFacts, Any, tuple[int, str]]:
     """Every check of a user recipe, then its facts; ConfigError listing all problems. ``trace_activations``: also
     the per-layer activation bytes of one meta forward and the rows each table looks up per sample
-    (launcher/inspect/activations.py Trace; None otherwise), which the caller asks for when the plan needs them
-    (launcher.launch.preflight.wants_activations). Last, (bytes, what): the resident memory importing the recipe's
+    (launcher/facts/activations.py Trace; None otherwise), which the caller asks for when the plan needs them
+    (launcher.facts.preflight.wants_activations). Last, (bytes, what): the resident memory importing the recipe's
     packages added (Facts.imports)."""
     before = kernel_field("/proc/self/status", "VmRSS")
     specs = {key: OmegaConf.to_container(node, resolve=True) for key, node in
@@ -152,7 +152,7 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
                              scores, output_line, data.get("val_data"))
     activations = None
     if trace_activations:
-        from launcher.inspect.activations import activation_facts
+        from launcher.facts.activations import activation_facts
         from launcher.usercode.recipe import UserRecipe
 
         activations = activation_facts(UserRecipe(cfg.recipe.name), specs["model"], batch)
