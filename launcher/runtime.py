@@ -175,7 +175,7 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     problems += follow_problems
     if problems:
         raise ValueError("runtime.prepare(): " + " ".join(problems))
-    sparse = [t for t in tables if t.location != "engine"]
+    sparse = [t for t in tables if t.outside]
     untwinned = [t for t in sparse if t.differs.startswith(("fallback", "stand-in"))]
     if untwinned and rank() == 0:  # your optimizer has no row-sparse twin: said on stderr, not only in prepared.json
         warnings.warn("runtime.prepare(): " + "; ".join(follow_notes(untwinned, yours)), stacklevel=2)
@@ -183,7 +183,7 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     if sparse:
         weights = [model.get_submodule(t.name).weight for t in sparse]  # before the swap takes the modules out
         followed = {t.name: group_of(optimizer, w) for t, w in zip(sparse, weights) if t.name not in table_cfgs}
-        mesh = world_mesh(_S.device.type) if any(t.shards > 1 for t in sparse) else None  # ps: over every rank
+        mesh = world_mesh(_S.device.type) if any(t.sharded for t in sparse) else None  # ps: over every rank
         group = mesh.get_group() if mesh is not None else None
         _S.tables = build_tables([model], tuple(sparse), _S.device, _S.dtype, dist.group.WORLD, group, mesh)
         drop_from_optimizer(optimizer, {id(w) for w in weights})
@@ -192,7 +192,7 @@ def prepare(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, An
     if run_dir:
         rank_dir = RunDir(run_dir).rank(rank())
         _S.metrics = open_metrics(rank_dir, planned.get("loggers", ()), rank())  # rank 0's feeds the loggers
-        _write_prepared(rank_dir, [*sparse, *(t for t in tables if t.location == "engine")], table_notes)
+        _write_prepared(rank_dir, [*sparse, *(t for t in tables if not t.outside)], table_notes)
     return _PreparedModel(_S.engine), _PreparedOptimizer(_S.engine.optimizer, step)
 
 

@@ -166,7 +166,7 @@ def checkpoint_layout(plan: Any) -> dict[str, Any]:
     saved with."""
     fmt = checkpoint_format(plan.parts)
     out = {"format": fmt, "recipe": plan.recipe, "precision": plan.precision,
-           "tables": {t.name: "inside" if t.location == "engine" else "outside" for t in plan.placement.tables},
+           "tables": {t.name: "outside" if t.outside else "inside" for t in plan.placement.tables},
            "global_batch": plan.batch.global_size, "global_micro_batch": plan.batch.micro_size * plan.dims.dp,
            "grad_accum": plan.batch.grad_accum, "seed": plan.seed,
            "optimizer": {**dataclasses.asdict(plan.optimizer), "betas": list(plan.optimizer.betas)},

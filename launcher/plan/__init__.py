@@ -80,7 +80,7 @@ def _auto(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout 
     d.placement = dataclasses.replace(
         d.placement, param_location="host" if c.offload_params else "device",
         optimizer_location="host" if c.offload_optimizer else "device",
-        tables=tuple(t if t.location == "engine" else placed(t, where.get(t.name, "device"), stage_ranks(d.dims))
+        tables=tuple(placed(t, where.get(t.name, "device"), stage_ranks(d.dims)) if t.outside else t
                      for t in d.placement.tables))
     d.zero, d.recompute = c.zero, c.recompute
     if c.host_modules:  # no layout fitted with these on the device: beside the ones you placed

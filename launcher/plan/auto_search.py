@@ -23,10 +23,10 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
 
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
                        host.host_memory, host.device_memory, intents.device_type, nproc)
-    outside = [t for t in placement.tables if t.location != "engine"]
+    outside = [t for t in placement.tables if t.outside]
     fixed = _fixed_tables(cfg, placement)
     on_device = dataclasses.replace(placement, tables=tuple(  # the tables you placed stay where you placed them
-        dataclasses.replace(t, location="device") if t.location != "engine" and t.name not in fixed else t
+        dataclasses.replace(t, location="device") if t.outside and t.name not in fixed else t
         for t in placement.tables))
     rules = facts.parts
     mm = rules.model_memory(sizes, facts, nproc)
@@ -132,5 +132,5 @@ def _fixed_tables(cfg: DictConfig, placement) -> dict[str, str]:
     placement.ps=true): name -> host, device or ps (its rows split over the ranks)."""
     named = to_plain(cfg.placement.tables, resolve=False)
     pl = cfg.placement
-    return {t.name: "ps" if t.shards > 1 else t.location for t in placement.tables
-            if t.location != "engine" and (t.name in named or pl.host_device_mix == 1 or pl.ps)}
+    return {t.name: "ps" if t.sharded else t.location for t in placement.tables
+            if t.outside and (t.name in named or pl.host_device_mix == 1 or pl.ps)}

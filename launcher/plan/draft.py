@@ -286,7 +286,7 @@ def plan_where(cfg: DictConfig, host: HostFacts, d: Draft) -> None:
                        f"host, {sum(m.bytes for m in hosted) / 1e6:,.1f} MB per rank with gradients and optimizer "
                        f"states, run on the host CPU (inputs copied there, outputs back); the parts train the rest; "
                        + crossing_words(hosted, d.batch.micro_size * d.batch.grad_accum if d.batch else 0))
-    outside = {t.name for t in d.placement.tables if t.location != "engine"}
+    outside = {t.name for t in d.placement.tables if t.outside}
     d.recompute, recompute_problems, recompute_notes = plan_recompute(list(cfg.recompute), d.sizes.layers, outside)
     d.problems += recompute_problems
     d.notes += recompute_notes
@@ -303,7 +303,7 @@ def plan_draft_parts(cfg: DictConfig, d: Draft, rules: PartRules) -> tuple:
     parts, part_problems, part_notes = rules.plan_parts(intents)
     d.problems += part_problems
     d.notes += part_notes
-    outside = [t.name for t in d.placement.tables if t.location != "engine"]
+    outside = [t.name for t in d.placement.tables if t.outside]
     if cfg.trainer.grad_clip > 0 and outside:
         d.notes.append(f"trainer.grad_clip={cfg.trainer.grad_clip} clips the parts' dense gradients; the tables "
                        f"trained outside the parts ({', '.join(outside[:3])}{' ...' if len(outside) > 3 else ''}) "

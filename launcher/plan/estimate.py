@@ -33,7 +33,7 @@ def estimate_run(i: Any, dp_part: Any, placement: PlacementPlan, tp_saved: dict[
     if pipeline is None:
         return with_tables(placement, dp_part.memory(i, placement.dense_params - sum(tp_saved.values()))), None
     paths = layer_paths or {}
-    sparse = {t.name: t.rows * t.dim for t in placement.tables if t.location != "engine"}
+    sparse = {t.name: t.rows * t.dim for t in placement.tables if t.outside}
     stages, per_rank = [], {}
     for s in pipeline.stages:
         held = set(s.layers)

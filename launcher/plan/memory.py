@@ -41,7 +41,7 @@ def with_tables(placement: PlacementPlan, dense: tuple[Bytes, Bytes], table_name
     tables_total = 0
     for t in placement.tables:
         tables_total += t.rows * t.dim
-        if t.location == "engine" or (table_names is not None and t.name not in table_names):
+        if not t.outside or (table_names is not None and t.name not in table_names):
             continue
         size = rows_per_rank(t) * t.dim * 4  # its block with ps, else the whole table
         sums[t.location][0] += size

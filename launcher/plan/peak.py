@@ -212,7 +212,7 @@ def _tables(m: MemoryInput) -> list[Term]:
         return []
     out = []
     for t in m.tables:
-        if t.location == "engine":
+        if not t.outside:
             continue
         rows = rows_per_rank(t)
         size = rows * t.dim * 4
@@ -220,8 +220,8 @@ def _tables(m: MemoryInput) -> list[Term]:
         per = (f"{spec.state_floats} per value" + (f" + {spec.row_floats} per row" if spec.row_floats else "")
                if spec is not None else "0 per value")
         whole = f"{t.rows:,} × {t.dim} fp32"
-        share = f"ps: 1/{t.shards} of {whole} ({rows:,} rows per rank)" if t.shards > 1 else whole
-        of = f" of its {rows:,} rows (ps)" if t.shards > 1 else ""
+        share = f"ps: 1/{t.shards} of {whole} ({rows:,} rows per rank)" if t.sharded else whole
+        of = f" of its {rows:,} rows (ps)" if t.sharded else ""
         out += [Term(f"{t.name} table", t.location, size, source=share),
                 Term(f"{t.name} states", t.location, table_state_bytes(t.optimizer, rows, t.dim),
                      source=f"{t.optimizer}: {per}{of}")]
@@ -233,7 +233,7 @@ def _built_whole(m: MemoryInput) -> list[Term]:
     frees the whole (launcher/worker/train.py build_model; a host's ranks take turns). Then the rank holds the whole
     tables and its blocks, but not yet its blocks' optimizer states nor the first step's kernels, which the
     ``always`` terms count: the build phase is what the whole tables add beyond those."""
-    ps = [t for t in m.tables if t.shards > 1 and t.built == "whole" and t.location != "engine"] if m.per_table else []
+    ps = [t for t in m.tables if t.sharded and t.built == "whole" and t.outside] if m.per_table else []
     if not ps:
         return []
     whole = sum(t.rows * t.dim * 4 for t in ps)
@@ -282,7 +282,7 @@ def _table_steps(m: MemoryInput) -> list[Term]:
     received beside the ones it sent, one more gradient-rows-sized buffer on the host (``exchange``)."""
     out = []
     for t in m.tables:
-        if t.location == "engine":
+        if not t.outside:
             continue
         rows = m.micro_size * m.grad_accum * m.lookups.get(t.name, 1.0)
         grad = int(rows * (t.dim * 4 + 8))  # fp32 values and an int64 row id each
@@ -290,7 +290,7 @@ def _table_steps(m: MemoryInput) -> list[Term]:
         for phase in ("backward", "step"):
             out.append(Term(f"{t.name} gradient rows", "device", grad, phase=phase, basis="estimate",
                             source=f"{kept}, kept from the backward to the step"))
-        if t.shards > 1:
+        if t.sharded:
             out.append(Term(f"{t.name} exchange", "host", grad, phase="step", basis="estimate",
                             source=f"the gradient rows the owner receives from the {t.shards} ranks of its group "
                                    f"(all-to-all; about {rows:,.0f} rows on average: range blocks balance rows, not "
@@ -300,9 +300,9 @@ def _table_steps(m: MemoryInput) -> list[Term]:
         out.append(Term(f"{t.name} step", t.location, step, phase="step", basis="estimate",
                         source=f"coalesce (2 × the gradient rows) and {temps} row-sized temporaries of its "
                                f"{t.optimizer} step ({kept})"))
-        if m.prefetch and t.location == "host" and t.shards == 1:
+        if m.prefetch and t.on_host and not t.sharded:
             out += _prefetch_terms(m, t, rows)
-        if (m.device_type == "cpu" or t.location == "host") and grad < MMAP_MAX:
+        if (m.device_type == "cpu" or t.on_host) and grad < MMAP_MAX:
             out.append(Term(f"{t.name} heap slack", "host", step, basis="estimate",
                             source=f"glibc keeps the freed step temporaries of {t.name} in its heap (each under "
                                    f"{MMAP_MAX >> 20} MiB, glibc's largest mmap threshold); wide_deep grew 19 MB over "

@@ -42,7 +42,7 @@ def prefetch_depth(value: Any) -> tuple[int | None, list[str]]:
 
 def why_not(placement: PlacementPlan, dims: ParallelDims, zero: int) -> str:
     """Why no table of this run can be prefetched ('' when some can)."""
-    if not placement.sparse_tables or not any(t.location == "host" and t.shards == 1 for t in placement.tables):
+    if not placement.sparse_tables or not any(t.on_host and not t.sharded for t in placement.tables):
         return ("no table of this run has a copy on each rank's host (prefetch gathers those: "
                 "placement.host_device_mix=1 or placement.tables.<name>=host; device tables are gathered on the "
                 "device and ps tables by all-to-alls, when the forward asks)")
@@ -80,8 +80,7 @@ def kernels_words(placement: PlacementPlan, kernels: str, device_type: str) -> s
     """Which tables the C kernels (launcher/tables/kernels.c) or torch's ops step, in words ('' without such
     tables): tables in host memory, or on a CPU device, take the host's choice; tables on a CUDA device torch's
     ops."""
-    on_cpu = ("host", "device") if device_type == "cpu" else ("host",)
-    host = [t.name for t in placement.tables if t.location in on_cpu]
+    host = [t.name for t in placement.tables if t.on_host or (t.outside and device_type == "cpu")]
     if not host or not kernels:
         return ""
     return f"{', '.join(host)}: gather, gradient coalesce and {_optimizers(placement, host)} update on {kernels}"
@@ -92,8 +91,8 @@ def _optimizers(placement: PlacementPlan, names: list[str]) -> str:
 
 
 def _words(placement: PlacementPlan, depth: int) -> str:
-    host = [t.name for t in placement.tables if t.location == "host" and t.shards == 1]
-    others = [t.name for t in placement.tables if t.location != "engine" and t.name not in host]
+    host = [t.name for t in placement.tables if t.on_host and not t.sharded]
+    others = [t.name for t in placement.tables if t.outside and t.name not in host]
     rest = f"; {', '.join(others)} when the forward asks" if others else ""
     if depth == 0:
         return f"when the forward asks (placement.prefetch=0){rest}"

@@ -71,7 +71,7 @@ def shardable(t: TablePlan) -> bool:
     """Whether ``t`` could be split over the ranks and is not: outside the parts, a whole copy per rank, with an
     optimizer whose state splits with the rows."""
     spec = TABLE_OPTIMIZERS.get(t.optimizer)
-    return t.location != "engine" and t.shards == 1 and spec is not None and spec.shardable
+    return t.outside and not t.sharded and spec is not None and spec.shardable
 
 
 def ps_fixes(placement: PlacementPlan, group: int) -> tuple[str, ...]:
@@ -87,7 +87,7 @@ INITS = ("auto", "whole", "blocks")
 
 
 def _built(placement: PlacementPlan, built: str) -> PlacementPlan:
-    return dataclasses.replace(placement, tables=tuple(dataclasses.replace(t, built=built) if t.shards > 1 else t
+    return dataclasses.replace(placement, tables=tuple(dataclasses.replace(t, built=built) if t.sharded else t
                                                        for t in placement.tables))
 
 
@@ -101,7 +101,7 @@ def plan_build(mode: str, placement: PlacementPlan, remodel: Callable[[Placement
             f"placement.ps_init={mode} must be auto, whole or blocks (how each rank gets its block of a split table)."]
     whole = _built(placement, "whole")
     result = remodel(whole)
-    if not any(t.shards > 1 for t in placement.tables):
+    if not any(t.sharded for t in placement.tables):
         unused = [f"placement.ps_init={mode} is not used: no table is split over the ranks (placement.ps=true or "
                   f"placement.tables.<name>=ps split one)"] if mode != "auto" else []
         return whole, result, unused, []

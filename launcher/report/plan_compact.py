@@ -136,11 +136,11 @@ def compact_placement_table(plan: LaunchPlan, width: int) -> Group:
 def _table_row(t: TablePlan, dense_optimizer: str, per_host: int) -> list[str]:
     name = f"{printable(t.alias)} ({printable(t.name)})" if t.alias else printable(t.name)
     size = f"{t.rows:,}×{t.dim}" + (", hashed" if t.hash_buckets else "")
-    if t.location == "engine":
+    if not t.outside:
         return [name, size, "device, in the parts", "as the parts split it", "", f"{dense_optimizer} dense"]
     rows = rows_per_rank(t)
     weights, states = rows * t.dim * 4, table_state_bytes(t.optimizer, rows, t.dim)
-    where = t.location + (f", ps over {t.shards}" if t.shards > 1 else "")
+    where = t.location + (f", ps over {t.shards}" if t.sharded else "")
     twin = twin_words(t)
     return [name, size, where, f"{gb(weights)} (+ {gb(states)})", gb(per_host * (weights + states)) if per_host else "",
             f"{t.optimizer} rows" + (f" ({twin})" if twin else "")]

@@ -102,7 +102,7 @@ def partition_words(t: TablePlan, ranks_per_host: int | None) -> str:
     states = table_state_bytes(t.optimizer, rows, t.dim)
     per_rank = f"{gb(weights)} (+ states {gb(states)}) per rank{'' if ranks_per_host else ' of its stage'}"
     host = f", {gb(ranks_per_host * (weights + states))} per host" if ranks_per_host else ""
-    if t.shards > 1:
+    if t.sharded:
         return f"ps: rows split over {t.shards} ranks, {rows:,} rows = {per_rank}{host}"
     return f"a copy per rank: {per_rank}{host}"
 
@@ -119,12 +119,12 @@ def placement_table(plan: LaunchPlan) -> Table:
         name = f"{_shown(tb.alias)} ({_shown(tb.name)})" if tb.alias else _shown(tb.name)
         size = f"{tb.rows:,}×{tb.dim}" + (f"; raw ids hashed into {tb.hash_buckets:,} rows ({tb.hash_fn})"
                                           if tb.hash_buckets else "")
-        if tb.location == "engine":
+        if not tb.outside:
             t.add_row(name, size, "device, with the model", "as the parts split it", f"{o.name} dense",
                       pl.optimizer_location)
         else:
             twin = twin_words(tb)  # how it relates to the dense optimizer whose settings it took
-            t.add_row(name, size, tb.location + (" (ps)" if tb.shards > 1 else ""),
+            t.add_row(name, size, tb.location + (" (ps)" if tb.sharded else ""),
                       partition_words(tb, per_host), f"{tb.optimizer} rows{f' ({twin})' if twin else ''}",
                       tb.location)
     for mp in pl.modules:  # placement.modules (launcher/plan/host_modules.py)

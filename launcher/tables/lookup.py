@@ -15,8 +15,7 @@ from launcher.tables import hugepages
 from launcher.tables.hashing import HashStats, IdHash
 from launcher.tables.partition import RowPartition
 from launcher.tables.record import RECORDING
-from launcher.tables.replicated import ReplicatedTables
-from launcher.tables.sharded import ShardedTables
+from launcher.tables.registry import STORES, StoreInputs, store_kind
 from launcher.tables.store import Stores, TableStore
 
 
@@ -190,7 +189,7 @@ def take_blocks(model: nn.Module, plans: tuple[TablePlan, ...], rank: int, size:
     takes the blocks)."""
     blocks = {}
     for p in plans:
-        module = held_module(model, p.name) if p.shards > 1 else None
+        module = held_module(model, p.name) if p.sharded else None
         if module is None or movable(module) or module.weight.is_meta:
             continue  # not this model's, or build_tables says why it cannot move
         blocks[p.name] = RowPartition(p.rows, size).block_of(module.weight, rank)
@@ -202,8 +201,9 @@ def build_tables(models: list[nn.Module], plans: tuple[TablePlan, ...], compute:
                  dp_group=None, ps_group=None, ps_mesh=None,
                  blocks: dict[str, torch.Tensor] | None = None) -> TableStore | None:
     """Take each planned table that ``models`` hold (by module path: a rank's pipeline stages, or the whole model)
-    out of them: its weight moves into a table store, where the plan puts it (a whole copy in a ReplicatedTables
-    store; this rank's block of rows in a ShardedTables store over ``ps_group`` when the plan shards it), and a
+    out of them: its weight moves into the table store the registry says holds it (launcher/tables/registry.py: a
+    whole copy in a ReplicatedTables store; this rank's block of rows in a ShardedTables store over ``ps_group``
+    when the plan shards it), and a
     TableLookup takes the module's place. ``blocks``: the sharded tables' blocks take_blocks already took. The
     models are changed in place; None when they hold none of the tables. The host tables' pages become huge ones on
     a background thread (launcher/tables/hugepages.py: ``store.huge_pages``)."""
@@ -215,15 +215,12 @@ def build_tables(models: list[nn.Module], plans: tuple[TablePlan, ...], compute:
         if why:
             raise TypeError(f"{p.name} cannot train outside the parallel parts: {why}. Set "
                             f"tables.{p.name}.optimizer=dense (it then trains with the rest of the model).")
-    weights = {p.name: mod.weight for _, p, mod in found}
-    padding = {p.name: mod.padding_idx for _, p, mod in found}
-    replicated = tuple(p for _, p, _ in found if p.shards == 1)
-    sharded = tuple(p for _, p, _ in found if p.shards > 1)
-    stores: list[TableStore] = []
-    if replicated:
-        stores.append(ReplicatedTables(weights, replicated, compute, dtype, dp_group, padding))
-    if sharded:
-        stores.append(ShardedTables(weights, sharded, compute, dtype, ps_group, ps_mesh, padding, blocks))
+    inputs = StoreInputs({p.name: mod.weight for _, p, mod in found}, compute, dtype, dp_group, ps_group, ps_mesh,
+                         {p.name: mod.padding_idx for _, p, mod in found}, blocks)
+    kinds: dict[str, list[TablePlan]] = {}  # in the registry's order on every rank: their exchanges are collectives
+    for _, p, _ in found:
+        kinds.setdefault(store_kind(p).name, []).append(p)
+    stores: list[TableStore] = [STORES[k].build(tuple(kinds[k]), inputs) for k in STORES if k in kinds]
     store = stores[0] if len(stores) == 1 else Stores(stores)
     store.huge_pages = hugepages.back(store.held())  # in the background: training starts now
     for model, p, module in found:

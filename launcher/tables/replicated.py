@@ -113,7 +113,7 @@ class ReplicatedTables:
         self.compute, self.dtype, self.dp_group = compute, dtype, dp_group
         self.tables: dict[str, Table] = {}
         for p in sorted(plans, key=lambda p: p.name):  # one order on every rank: the exchange's
-            where = HOST if p.location == "host" else compute
+            where = HOST if p.on_host else compute
             weight = weights[p.name].detach().to(where).float().contiguous()
             self.tables[p.name] = Table(p, weight, build_table_optimizer(p, weight), (padding or {}).get(p.name))
         # Tables looked up with the same ids tensor in one forward (Wide&Deep's two tables) coalesce together and
@@ -235,7 +235,7 @@ class ReplicatedTables:
     # -- prefetch (placement.prefetch: launcher/tables/prefetch.py) ---------------------------------------------------
     def start_prefetch(self) -> list[str]:
         """Gather the host tables' rows of queued micro-batches ahead (``prefetch``); the tables it covers."""
-        host = {name: t.weight for name, t in self.tables.items() if t.plan.location == "host"}
+        host = {name: t.weight for name, t in self.tables.items() if t.plan.on_host}
         if host and self._ahead is None:
             self._ahead = Ahead(host, self.compute, self.dtype)
         return sorted(host)

@@ -80,7 +80,7 @@ def build_model(plan: LaunchPlan, rank: int, stage: DeviceMesh | None) -> tuple[
     if stage is None:
         torch.manual_seed(plan.seed)
         return instantiate(plan.model), {}
-    sharded = [t for t in plan.placement.tables if t.shards > 1]
+    sharded = [t for t in plan.placement.tables if t.sharded]
     by_blocks = [t for t in sharded if t.built == "blocks"]
     me, size = stage.get_local_rank(), stage.size()
     model, blocks = None, {}
@@ -105,7 +105,7 @@ def build_trainer(plan: LaunchPlan, dp: DataParallel, device: torch.device, rank
     """The recipe's model, loss and data from the plan's specs; this rank's chunks of the model (its pipeline stages,
     or all of it); the tables the plan keeps outside the parts swapped for lookups into a table store; the parts
     applied in order; the engine that drives them. Needs the process group and the mesh."""
-    stage = stage_mesh(mesh) if any(t.shards > 1 for t in plan.placement.tables) else None
+    stage = stage_mesh(mesh) if any(t.sharded for t in plan.placement.tables) else None
     model, blocks = build_model(plan, rank, stage)
     hosted = None
     if plan.placement.modules:  # placement.modules: out of the parts' sight before they are applied
