@@ -4,6 +4,7 @@ summarise."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -92,8 +93,9 @@ def launch_run(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
 
     One path whichever backend starts the ranks: the backend says it can (``check_ready``) and reads what it needs
     (``job_config``), the launcher hosts the store, makes the run dir, and each attempt asks the backend to ``start``
-    the ranks and supervises the job it returns. A backend whose launchers meet at a rendezvous every round
-    (``launcher_per_host``: elastic) runs its own agent loop around the same attempts."""
+    the ranks and supervises the job it returns, in one attempt loop (launch/attempt.py ``run_attempts``) whose
+    world comes from the plan, or, for a backend whose launchers meet at a rendezvous every round
+    (``launcher_per_host``: elastic), from that round (launch/elastic_agent.py)."""
     # torch elastic logs each SIGTERM it sends and each failure; the failure report below says it once, better.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     for sig in LAUNCHER_SIGNALS:  # as torch elastic does once the ranks start: an exception, not death
@@ -136,6 +138,7 @@ def _launch(cfg: DictConfig, plan: RunPlan, console: Console, b: Backend) -> int
 
 def _launch_in(cfg: DictConfig, plan: RunPlan, console: Console, b: Backend, config: JobConfig, stores: list,
                run_dir: RunDir) -> int:
+    from launcher.launch.attempt import run_attempts
     from launcher.launch.ops import build_ops
     from launcher.launch.supervise import SignalException
     from launcher.report.summary import build_summary
@@ -161,43 +164,51 @@ def _launch_in(cfg: DictConfig, plan: RunPlan, console: Console, b: Backend, con
         return 128 + signum if interrupted else 1
     if config.hosts:  # the rank table of the hosts the backend starts the ranks on (mpirun's, srun's)
         run_dir.write_json(run_dir.rank_table, rank_table(plan.ranks, list(config.hosts)))
-    attempts = _attempts(cfg, plan, run_dir, stores, console, b, config)
+    world = _PlannedWorld(cfg, plan, run_dir, stores, console, b, config)
+    attempts = run_attempts(world, int(cfg.launcher.max_restarts), float(cfg.launcher.watchdog_s), console,
+                            cfg.output.console)
     return report_run(cfg, plan, run_dir, attempts, time.monotonic() - t0, console)
 
 
-def _attempts(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, stores: list, console: Console, b: Backend,
-              config: JobConfig) -> list:
-    """The first attempt, and after a failed or hung one up to launcher.max_restarts more, each from the run's
-    newest complete checkpoint (a script's from its start: it keeps its own checkpoints) with a fresh store; each
-    attempt's ranks started by the backend (``b.start``: this host's, or every rank for mpirun/srun)."""
-    import functools
+@dataclasses.dataclass
+class _PlannedWorld:
+    """The plan's own hosts (every backend but elastic): each attempt on the same ranks; a restart resumes from the
+    run's newest complete checkpoint (a script's from its start: it keeps its own checkpoints) with a fresh store;
+    each attempt's ranks started by the backend (``b.start``: this host's, or every rank for mpirun/srun)."""
 
-    from launcher.launch.attempt import run_attempt
-    from launcher.launch.store import rank_envs
-    from launcher.launch.supervise import SignalException
+    cfg: DictConfig
+    plan: RunPlan
+    run_dir: RunDir
+    stores: list
+    console: Console
+    b: Backend
+    config: JobConfig
+    meets = False
 
-    start_job = functools.partial(b.start, config)
-    max_restarts = int(cfg.launcher.max_restarts)
-    attempts = []
-    while True:
-        envs = rank_envs(plan, run_dir, stores[0].port, len(attempts), max_restarts,
-                         node=None if b.starts_every_rank else 0)
-        write_rank_env(run_dir, envs)
-        attempt = run_attempt(plan, run_dir, envs, len(attempts), float(cfg.launcher.watchdog_s), console,
-                              start_job=start_job, console_mode=cfg.output.console)
-        attempts.append(attempt)
-        if attempt.status in ("ok", "interrupted") or len(attempts) > max_restarts:
-            return attempts
-        stores[0] = None  # the old store goes before the next one listens (on the same port, when one was given)
-        try:
-            plan, stores[0] = _prepare_restart(plan, run_dir, attempt, len(attempts), max_restarts, console)
-        except (KeyboardInterrupt, SignalException) as e:  # between two attempts: no rank runs, nothing to stop
-            signum = int(e.sigval if isinstance(e, SignalException) else signal.SIGINT)
-            attempts[-1] = dataclasses.replace(attempt, status="interrupted", outcome=dataclasses.replace(
-                attempt.outcome, interrupted=True, signal=signum))
-            return attempts
-        if stores[0] is None:
-            return attempts
+    def next_round(self, number: int, last):
+        from launcher.launch.attempt import Round
+        from launcher.launch.store import rank_envs
+
+        max_restarts = int(self.cfg.launcher.max_restarts)
+        if number:
+            self.stores[0] = None  # the old store goes before the next one listens (on the same port, when given)
+            self.plan, self.stores[0] = _prepare_restart(self.plan, self.run_dir, last, number, max_restarts,
+                                                         self.console)
+            if self.stores[0] is None:
+                return None
+        envs = rank_envs(self.plan, self.run_dir, self.stores[0].port, number, max_restarts,
+                         node=None if self.b.starts_every_rank else 0)
+        write_rank_env(self.run_dir, envs)
+        return Round(self.plan, envs, functools.partial(self.b.start, self.config))
+
+    def ran(self, attempt) -> None:
+        pass
+
+    def again(self, attempt, restarts_left: int) -> bool:
+        return True
+
+    def interrupted(self, signum: int) -> None:
+        pass
 
 
 def _prepare_restart(plan: RunPlan, run_dir: RunDir, attempt, restart: int, max_restarts: int, console: Console):

@@ -1,14 +1,19 @@
-"""One attempt of a run: spawn this host's ranks, supervise them (progress, watchdog), and judge how it ended.
+"""The attempts of a run: one loop (``run_attempts``) for every launch, each attempt on the world its source gives
+(``World``: the plan's own hosts, launch/__init__.py; or an elastic rendezvous round, launch/elastic_agent.py); an
+attempt spawns its ranks, supervises them (progress, watchdog) and judges how it ended (``run_attempt``).
 
 A run with ``launcher.max_restarts`` > 0 may make several attempts in one run dir: before the next one starts, the
 last one's rank dirs move to ``attempt.<k>/`` (``archive_attempt``), so no log is overwritten."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from rich.console import Console
 
@@ -49,6 +54,73 @@ class Attempt:
         if self.outcome.stall is not None:
             rec["hung_ranks"] = list(self.outcome.stall.ranks)
         return rec
+
+
+@dataclass
+class Round:
+    """One attempt's world: its plan, each rank's environment, how its ranks start, and (elastic) the node group
+    whose failures stop this node's ranks too."""
+
+    plan: RunPlan
+    envs: dict[int, dict[str, str]]
+    start_job: StartJob
+    group: NodeGroup | None = None
+    number: int | None = None
+    """The attempt's number, when the round names it (elastic: the most any host made, so that a host that joined
+    late counts on from the others); None: this launcher's count."""
+
+
+class World(Protocol):
+    """Where a run's attempts run: the source of each attempt's round."""
+
+    run_dir: RunDir
+    meets: bool
+    """Its rounds are met at a rendezvous (an interrupt while meeting is the run's end, recorded); False: an
+    interrupt before the first attempt is the caller's."""
+
+    def next_round(self, number: int, last: Attempt | None) -> Round | None:
+        """Attempt ``number``'s round (after ``last``); None: no next attempt (the source said why)."""
+
+    def ran(self, attempt: Attempt) -> None:
+        """After each attempt (its records)."""
+
+    def again(self, attempt: Attempt, restarts_left: int) -> bool:
+        """After an attempt that did not end the run: whether another may follow (and the clean-up before it)."""
+
+    def interrupted(self, signum: int) -> None:
+        """A signal came between two attempts (no rank runs)."""
+
+
+def run_attempts(world: World, max_restarts: int, watchdog_s: float, console: Console, console_mode: str
+                 ) -> list[Attempt]:
+    """The run's attempts, until one ends ok or interrupted, or no restart is left (launcher.max_restarts; an
+    attempt stopped to admit a waiting host may go on with none: the elastic round counts it against the rest)."""
+    from launcher.launch.supervise import SignalException
+
+    attempts: list[Attempt] = []
+    while True:
+        try:
+            rnd = world.next_round(len(attempts), attempts[-1] if attempts else None)
+        except (KeyboardInterrupt, SignalException) as e:
+            if not attempts and not world.meets:
+                raise
+            signum = int(e.sigval if isinstance(e, SignalException) else signal.SIGINT)
+            world.interrupted(signum)
+            if attempts:
+                attempts[-1] = dataclasses.replace(attempts[-1], status="interrupted", outcome=dataclasses.replace(
+                    attempts[-1].outcome, interrupted=True, signal=signum))
+            return attempts
+        if rnd is None:
+            return attempts
+        left = max_restarts - len(attempts)  # restarts this launcher has left after this attempt
+        number = len(attempts) if rnd.number is None else rnd.number
+        attempt = run_attempt(rnd.plan, world.run_dir, rnd.envs, number, watchdog_s, console, rnd.group,
+                              start_job=rnd.start_job, console_mode=console_mode)
+        attempts.append(attempt)
+        world.ran(attempt)
+        if (attempt.status in ("ok", "interrupted") or (left <= 0 and attempt.status != "admit")
+                or not world.again(attempt, left - 1)):
+            return attempts
 
 
 def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]], number: int, watchdog_s: float,

@@ -197,45 +197,40 @@ class _Agent:
     error: str = ""
     """Why the job stopped between two rounds (a rendezvous that failed, a world that cannot hold the job)."""
 
+    meets = True
+    """Each round is met at the rendezvous: an interrupt while meeting ends the job, recorded."""
+    _prev: tuple = (None, None)
+    """The last round's hosts and when its attempt failed (for the next round's record)."""
+    _this: tuple = ()
+    """This round's (plan, group, hosts, resume choice, this node's ranks)."""
+
     def run(self) -> None:
-        from launcher.launch.supervise import SignalException
+        from launcher.launch.attempt import run_attempts
 
-        restarts_left = int(self.cfg.launcher.max_restarts)
-        identity = f"{self.host.hostname}:{os.getpid()}"
-        last_hosts, failed_at = None, None
-        while True:
-            try:
-                attempt, hosts = self._round(identity, restarts_left, last_hosts, failed_at)
-            except (RuntimeError, ConfigError) as e:
-                self.error = str(e)
-                self.console.print(f"[red]{escape(self.error)}[/red]", soft_wrap=True)
-                return
-            except (KeyboardInterrupt, SignalException) as e:  # between two rounds: no rank runs
-                signum = int(e.sigval if isinstance(e, SignalException) else signal.SIGINT)
-                self.error = f"interrupted by {signal.Signals(signum).name} while meeting the other nodes"
-                self.console.print(f"[yellow]{self.error}; no rank runs[/yellow]")
-                self.signum = signum
-                self._mark_interrupted(signum)
-                return
-            last_hosts, failed_at = hosts, _failed_at(attempt)
-            if attempt.status in ("ok", "interrupted") or (restarts_left <= 0 and attempt.status != "admit"):
-                return
-            if self.group is not None and self.group.store_lost:  # cut off from the rendezvous: no next round
-                self.error = attempt.remote_failure["error"] if attempt.remote_failure else "the store is lost"
-                return
-            restarts_left -= 1
-            self._between_rounds(attempt, restarts_left)
+        self.attempts = run_attempts(self, int(self.cfg.launcher.max_restarts), float(self.cfg.launcher.watchdog_s),
+                                     self.console, self.cfg.output.console)
 
-    def _round(self, identity: str, restarts_left: int, last_hosts, failed_at):
-        """Meet, plan this world, agree, run this host's ranks; (the attempt, the round's hosts)."""
-        from launcher.launch.attempt import run_attempt
+    def next_round(self, number: int, last):
+        """Meet, plan this world, agree; None when the round cannot be (a rendezvous that failed, a world that
+        cannot hold the job: said)."""
+        try:
+            return self._round(number)
+        except (RuntimeError, ConfigError) as e:
+            self.error = str(e)
+            self.console.print(f"[red]{escape(self.error)}[/red]", soft_wrap=True)
+            return None
+
+    def _round(self, number: int):
         from launcher.backends import JobConfig, backend
+        from launcher.launch.attempt import Round
         from launcher.launch.store import host_store, rank_envs
         from launcher.launch.nodes import agree, next_round
         from launcher.launch.record import write_rank_env
         from launcher.plan.ranks import on_node, rank_table
 
-        info, hosts, number = next_round(self.handler, self.cfg, self.host, len(self.attempts), identity)
+        identity = f"{self.host.hostname}:{os.getpid()}"
+        restarts_left = int(self.cfg.launcher.max_restarts) - number  # this host's own rounds count
+        info, hosts, number = next_round(self.handler, self.cfg, self.host, number, identity)
         if self.run_dir is None:
             self._start_run_dir()
         choice = _decided(info, "resume", lambda: _resume_choice(self.run_dir, self.cfg, number,
@@ -258,14 +253,30 @@ class _Agent:
         self.console.print(f"attempt {number}: node {group.node_rank} of {group.nnodes} (world {plan.world_size}), "
                            f"ranks {', '.join(map(str, mine))}; resuming from "
                            f"{plan.resume_from or 'the start'}")
+        self._this = (plan, group, hosts, choice, mine)
         start = backend(self.cfg.cluster.launch).start  # this host's ranks, as the local backend starts them
-        attempt = run_attempt(plan, self.run_dir, envs, number, float(self.cfg.launcher.watchdog_s), self.console,
-                              group, start_job=functools.partial(start, JobConfig()),
-                              console_mode=self.cfg.output.console)
-        self.attempts.append(attempt)
+        return Round(plan, envs, functools.partial(start, JobConfig()), group, number)
+
+    def ran(self, attempt) -> None:
+        plan, group, hosts, choice, mine = self._this
         self.last_hosts = hosts
-        self.records.append(self._record(attempt, plan, group, hosts, last_hosts, choice, failed_at, mine))
-        return attempt, hosts
+        self.records.append(self._record(attempt, plan, group, hosts, self._prev[0], choice, self._prev[1], mine))
+        self._prev = (hosts, _failed_at(attempt))
+
+    def again(self, attempt, restarts_left: int) -> bool:
+        if self.group is not None and self.group.store_lost:  # cut off from the rendezvous: no next round
+            self.error = attempt.remote_failure["error"] if attempt.remote_failure else "the store is lost"
+            return False
+        self._between_rounds(attempt, restarts_left)
+        return True
+
+    def interrupted(self, signum: int) -> None:
+        """A signal while meeting the other nodes: no rank runs."""
+        self.error = f"interrupted by {signal.Signals(signum).name} while meeting the other nodes"
+        self.console.print(f"[yellow]{self.error}; no rank runs[/yellow]")
+        self.signum = signum
+        if self.records:
+            self.records[-1]["status"] = "interrupted"
 
     def _start_run_dir(self) -> None:
         """The run dir (its checkpoints in trainer.checkpoint_dir, when given) and the ops the ranks need."""
@@ -306,13 +317,6 @@ class _Agent:
         self.group.ranks_store = None
         self.group.close()
         self.group = None
-
-    def _mark_interrupted(self, signum: int) -> None:
-        if self.attempts:
-            a = self.attempts[-1]
-            self.attempts[-1] = dataclasses.replace(a, status="interrupted", outcome=dataclasses.replace(
-                a.outcome, interrupted=True, signal=signum))
-            self.records[-1]["status"] = "interrupted"
 
     def report(self, wall_s: float) -> int:
         """summary.json (with every attempt) and the console's summary; the exit code."""
