@@ -17,6 +17,10 @@ the order of the trees):
                     process's wall time (imports included): wide_deep, gpt with 2 stages, a ds_config.json adopted
 
 ``--only dry`` runs the dry runs alone (a move of modules changes no step, but may change imports and planning).
+``--only plans`` compares the plans instead: plan.json of every shipped recipe under 14 compositions and of the
+composability matrix (bench/composability.py: gpt and wide_deep on 4 ranks, each intent and every pair), each tree
+planning in its own process; prints how many are byte-identical and names the others (a refusal counts by its
+problems).
 Step time = the median over 10-step windows after the first 10 steps (metrics.jsonl's wall_s) per run; printed per
 variant: the median over rounds [min-max], new / old. Not a test: the figures belong to the machine.
 """
@@ -104,6 +108,57 @@ def run(pythonpath: Path, cwd: Path, name: str, overrides: list[str], steps: int
     return step_time(cwd / "log_output" / name, 10)
 
 
+PLANS = r"""
+import itertools, json, sys
+from launcher.config import compose_config
+from launcher.errors import ConfigError
+from launcher.plan import HostFacts, plan_launch
+from launcher.recipes import RECIPES
+try:
+    from launcher.facts.preflight import gather_facts
+except ImportError:  # before launcher/facts/
+    from launcher.launch.preflight import gather_facts
+sys.path.insert(0, sys.argv[1])
+import composability as c
+host = HostFacts("h", 8, 0, "/x")
+combos = [[], ["zero.stage=2"], ["zero.stage=3"], ["optimizer.target=CPU"], ["parallel.pipeline_stages=2"],
+          ["placement.host_device_mix=1"], ["recompute=[all]"], ["parallel.tp=2"], ["placement=auto"],
+          ["cluster.nproc_per_node=4", "parallel.data_parallel=fsdp"], ["smoke=true"], ["placement.ps=true"],
+          ["precision=bf16", "zero.stage=1"], ["cluster.nnodes=2"]]
+out = {}
+for r in sorted(RECIPES):
+    for o in combos:
+        try:
+            cfg = compose_config([f"recipe={r}", *o])
+            out[f"{r} {o}"] = plan_launch(cfg, host, gather_facts(cfg)).to_dict()
+        except ConfigError as e:
+            out[f"{r} {o}"] = {"refused": e.problems}
+for r in ("gpt", "wide_deep"):
+    plans, refused = c.plan_all(r, c.WORLD, c.combinations())
+    out |= plans | {k: {"refused": v} for k, v in refused.items()}
+print(json.dumps(out, sort_keys=True, default=str))
+"""
+
+
+def plans_of(pythonpath: Path, tree: Path) -> dict:
+    """Every plan the PLANS program makes on ``tree`` (its own bench/composability.py)."""
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    res = subprocess.run([sys.executable, "-c", PLANS, str(tree / "bench")], env=env, capture_output=True, text=True,
+                         cwd=tree)
+    if res.returncode != 0:
+        raise RuntimeError(f"planning on {tree} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout)
+
+
+def compare_plans(paths: dict[str, Path], trees: dict[str, Path]) -> None:
+    old, new = (plans_of(paths[t], trees[t]) for t in ("old", "new"))
+    same = [k for k in old if k in new and json.dumps(old[k], sort_keys=True) == json.dumps(new[k], sort_keys=True)]
+    print(f"{len(same)} of {len(old)} plans byte-identical ({len(new)} on the new tree)")
+    for k in sorted(set(old) | set(new)):
+        if k not in same:
+            print(f"  differs: {k}")
+
+
 def dry_run(pythonpath: Path, cwd: Path, overrides: list[str]) -> float:
     """Seconds a ``dry_run=true`` process takes, start to exit."""
     cmd = [sys.executable, "-m", "launcher.cli", *overrides, "dry_run=true"]
@@ -122,8 +177,13 @@ def main() -> None:
     ap.add_argument("--new", default=".")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--only", choices=("dry", "steps"), default=None)
+    ap.add_argument("--only", choices=("dry", "steps", "plans"), default=None)
     args = ap.parse_args()
+    if args.only == "plans":
+        with tempfile.TemporaryDirectory() as tmp:
+            trees = {"old": source_tree(args.old), "new": source_tree(args.new)}
+            compare_plans({t: package_dir(trees[t], Path(tmp) / t) for t in trees}, trees)
+        return
     variants = {**(VARIANTS if args.only != "dry" else {}), **(DRY if args.only != "steps" else {})}
     times = {(v, t): [] for v in variants for t in ("old", "new")}
     with tempfile.TemporaryDirectory() as tmp:
