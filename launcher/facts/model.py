@@ -1,6 +1,6 @@
 """A model's tables, dense parameters and layers, read off the model built on the ``meta`` device (no memory): the
 ``ModelFacts`` of a recipe in the user's folder (``launcher/facts/user_code.py``) and of a script's model
-(``launcher/runtime.py``). Which embeddings may move out of the parallel parts is ``launcher.tables.movable``'s call
+(``launcher/runtime/__init__.py``). Which embeddings may move out of the parallel parts is ``launcher.tables.movable``'s call
 (the table lookup knows what it reproduces); a weight shared with another module keeps its embedding inside too."""
 
 from __future__ import annotations

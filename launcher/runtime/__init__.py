@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher._prepare import _PreparedModel, _PreparedOptimizer, drop_from_optimizer, group_of, schedule_of, tables_of
+from launcher.runtime.prepare import _PreparedModel, _PreparedOptimizer, drop_from_optimizer, group_of, schedule_of, tables_of
 from launcher.log_args import checked_log_args
 from launcher.loggers.sink import open_metrics
 from launcher.plan.placement import follow_notes, plan_table_optimizers, plan_tables, takes_tables_out
