@@ -170,9 +170,10 @@ def _dry_run(console, cfg, plan, rest: list[str], config_dir: str | None) -> int
 
     config_args = ["--config-dir", str(Path(config_dir).resolve())] if config_dir else []
     run_dir = write_dry_run(cfg, plan, [*config_args, *rest])  # job.sbatch runs the same arguments
-    if engine_config(plan) is not None:
+    ds = engine_config(plan)
+    if ds is not None:
         console.print("[bold]DeepSpeed config[/bold] (ds_config.json):")
-        console.print(engine_config_view(engine_config(plan), cfg.output.full_plan), soft_wrap=True)
+        console.print(engine_config_view(ds, cfg.output.full_plan), soft_wrap=True)
     console.print(f"dry run: nothing started; plan written to {run_dir.path}")
     if run_dir.sbatch.exists():
         console.print(f"submit it to Slurm: sbatch {run_dir.sbatch}")

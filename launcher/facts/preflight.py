@@ -197,18 +197,17 @@ def gather_facts(cfg: DictConfig, config_dir: str | None = None, estimate: bool 
     from launcher.parallel import RULES
     from launcher.usercode import recipe_for
 
-    return dataclasses.replace(_recipe_facts(cfg, config_dir, estimate), backends=tuple(BACKENDS.values()),
-                               parts=RULES, recipe=recipe_for(cfg.recipe.name))
-
-
-def _recipe_facts(cfg: DictConfig, config_dir: str | None, estimate: bool) -> Facts:
-    """The facts of cfg's recipe before planning. A built-in recipe: its data_facts hook (which may read the user's
-    files and raise ConfigError). A recipe in the user's folder: its folder made importable, then every check of
-    ``launcher.facts.user_code`` (imports, arguments, dataset items, the model on the meta device, the loss)."""
-    from launcher.usercode import UserRecipe, recipe_for
-
     recipe = recipe_for(cfg.recipe.name)
-    if not isinstance(recipe, UserRecipe):
+    return dataclasses.replace(_recipe_facts(cfg, recipe, config_dir, estimate), backends=tuple(BACKENDS.values()),
+                               parts=RULES, recipe=recipe)
+
+
+def _recipe_facts(cfg: DictConfig, recipe: Any, config_dir: str | None, estimate: bool) -> Facts:
+    """The facts of ``recipe`` (cfg.recipe.name's) before planning. A built-in recipe: its data_facts hook (which may
+    read the user's files and raise ConfigError). A recipe in the user's folder: its folder made importable, then
+    every check of ``launcher.facts.user_code`` (imports, arguments, dataset items, the model on the meta device, the
+    loss)."""
+    if not getattr(recipe, "from_folder", False):
         if cfg.eval_data is not None:
             raise ConfigError(f"eval_data is for recipes in your own folder; recipe {recipe.name} brings its own "
                               f"held-out data. Remove eval_data (see eval.batches).")

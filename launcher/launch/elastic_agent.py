@@ -191,7 +191,10 @@ class _Agent:
     signum: int | None = None
     group: object = None
     plan: RunPlan | None = None
-    last_hosts: list = dataclasses.field(default_factory=list)
+    last_hosts: list | None = None
+    """The hosts of the last round that ran (None before the first)."""
+    failed_at: float | None = None
+    """When the last round's attempt ended, as this launcher saw it (_failed_at): the next record's time lost."""
     attempts: list = dataclasses.field(default_factory=list)
     records: list = dataclasses.field(default_factory=list)
     error: str = ""
@@ -199,10 +202,8 @@ class _Agent:
 
     meets = True
     """Each round is met at the rendezvous: an interrupt while meeting ends the job, recorded."""
-    _prev: tuple = (None, None)
-    """The last round's hosts and when its attempt failed (for the next round's record)."""
     _this: tuple = ()
-    """This round's (plan, group, hosts, resume choice, this node's ranks)."""
+    """This round's (hosts, resume choice, this node's ranks); its plan and group are self.plan, self.group."""
 
     def run(self) -> None:
         from launcher.launch.attempt import run_attempts
@@ -253,15 +254,15 @@ class _Agent:
         self.console.print(f"attempt {number}: node {group.node_rank} of {group.nnodes} (world {plan.world_size}), "
                            f"ranks {', '.join(map(str, mine))}; resuming from "
                            f"{plan.resume_from or 'the start'}")
-        self._this = (plan, group, hosts, choice, mine)
+        self._this = (hosts, choice, mine)
         start = backend(self.cfg.cluster.launch).start  # this host's ranks, as the local backend starts them
         return Round(plan, envs, functools.partial(start, JobConfig()), group, number)
 
     def ran(self, attempt) -> None:
-        plan, group, hosts, choice, mine = self._this
-        self.last_hosts = hosts
-        self.records.append(self._record(attempt, plan, group, hosts, self._prev[0], choice, self._prev[1], mine))
-        self._prev = (hosts, _failed_at(attempt))
+        hosts, choice, mine = self._this
+        self.records.append(self._record(attempt, self.plan, self.group, hosts, self.last_hosts, choice,
+                                         self.failed_at, mine))
+        self.last_hosts, self.failed_at = hosts, _failed_at(attempt)
 
     def again(self, attempt, restarts_left: int) -> bool:
         if self.group is not None and self.group.store_lost:  # cut off from the rendezvous: no next round

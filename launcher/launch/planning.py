@@ -69,8 +69,9 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
                      f"ranks of every host rendezvous on)")
     facts = gather_facts(cfg, config_dir, estimate)
     plan = plan_launch(cfg, host, facts, layout)
-    if cfg.deepspeed.config is not None and engine_config(plan) is not None:
-        check_with_deepspeed(engine_config(plan), plan.dims.dp, cfg.deepspeed.source or "(the inline config)")
+    ds = engine_config(plan)
+    if cfg.deepspeed.config is not None and ds is not None:
+        check_with_deepspeed(ds, plan.dims.dp, cfg.deepspeed.source or "(the inline config)")
     check_resume(plan, f"trainer.resume={cfg.trainer.resume}" if resume else "")
     check_log_dir(Path(cfg.output.log_dir))  # where the run dir and log_dir/latest will go, before either is made
     model_lines = facts.model.lines if facts.model else ()

@@ -97,8 +97,7 @@ class Backing:
 
 def back(held: dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]) -> Backing | None:
     """Start backing the CPU tables and states of a store's ``held()`` with huge pages; None when not wanted here
-    (launcher.native.pages_wanted) or
-    nothing is large enough."""
+    (launcher.native.pages_wanted) or nothing is large enough."""
     if not pages_wanted():
         return None
     tensors = [x for _, weight, states in held.values() for x in (weight, *states)]

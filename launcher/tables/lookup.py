@@ -203,8 +203,7 @@ def build_tables(models: list[nn.Module], plans: tuple[TablePlan, ...], compute:
     """Take each planned table that ``models`` hold (by module path: a rank's pipeline stages, or the whole model)
     out of them: its weight moves into the table store the registry says holds it (launcher/tables/registry.py: a
     whole copy in a ReplicatedTables store; this rank's block of rows in a ShardedTables store over ``ps_group``
-    when the plan shards it), and a
-    TableLookup takes the module's place. ``blocks``: the sharded tables' blocks take_blocks already took. The
+    when the plan shards it), and a TableLookup takes the module's place. ``blocks``: the sharded tables' blocks take_blocks already took. The
     models are changed in place; None when they hold none of the tables. The host tables' pages become huge ones on
     a background thread (launcher/tables/hugepages.py: ``store.huge_pages``)."""
     found = [(m, p, mod) for m in models for p in plans if (mod := held_module(m, p.name)) is not None]

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.plan.placement import TablePlan
+from launcher.tables.replicated import ReplicatedTables
+from launcher.tables.sharded import ShardedTables
 
 
 @dataclass
@@ -68,14 +70,10 @@ def store_kind(plan: TablePlan) -> StoreKind:
 
 
 def _replicated(plans: tuple[TablePlan, ...], i: StoreInputs) -> Any:
-    from launcher.tables.replicated import ReplicatedTables
-
     return ReplicatedTables(i.weights, plans, i.compute, i.dtype, i.dp_group, i.padding)
 
 
 def _sharded(plans: tuple[TablePlan, ...], i: StoreInputs) -> Any:
-    from launcher.tables.sharded import ShardedTables
-
     return ShardedTables(i.weights, plans, i.compute, i.dtype, i.ps_group, i.ps_mesh, i.padding, i.blocks)
 
 
