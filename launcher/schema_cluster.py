@@ -27,13 +27,18 @@ class ClusterConfig:
     node_rank: int = 0
     """This host's index among nnodes (local: 0; elastic: assigned at the rendezvous, this key is not used)."""
     rdzv_endpoint: str = ""
-    """cluster.launch=elastic: host:port of the c10d rendezvous, the same on every host (a host that is one of the
-    nodes; the first node there to start hosts it)."""
+    """cluster.launch=elastic: host:port of the rendezvous: with c10d, the same on every host (a host that is one of
+    the nodes; the first node there to start hosts it); with etcd-v2, an etcd member's client address."""
+    rdzv_backend: str = "c10d"
+    """cluster.launch=elastic: torch's rendezvous backend, as torchrun's --rdzv-backend: c10d (the store lives in the
+    launcher of the endpoint's host: losing that host ends the job) or etcd-v2 (an etcd server with the v2 API,
+    etcd --enable-v2, and the python-etcd package: with an etcd member on each host and each host's endpoint its own
+    member, e.g. 127.0.0.1:2379, any one host of three may be lost)."""
     rdzv_id: str = "hetero-launch"
     """cluster.launch=elastic: the rendezvous' name, the same on every host of one job (two jobs on one endpoint
     need two ids)."""
     rdzv_conf: dict[str, int] = field(default_factory=dict)
-    """cluster.launch=elastic: torch's c10d rendezvous settings, as torchrun's --rdzv-conf: last_call_timeout (s a
+    """cluster.launch=elastic: torch's rendezvous settings, as torchrun's --rdzv-conf: last_call_timeout (s a
     round waits for more hosts once MIN are there; torch's default 30), keep_alive_interval (s between a launcher's
     heartbeats; 5), keep_alive_max_attempt (missed heartbeats before a host counts as lost; 3), close_timeout (30),
     read_timeout (s a store call may take; 60).

@@ -6,10 +6,11 @@ the address ``10.<a>.<b>.<10 + i>/24`` (a private range, drawn per instance) on 
 ``run(i, argv)`` starts a command on host i: in its namespace, under ``unshare --uts --mount`` with hostname
 ``h<i>`` and an ``/etc/hosts`` that names every host by its address (bind-mounted in that mount namespace only), so
 ``socket.getfqdn()`` and name lookups behave as on separate machines. ``cut(i)`` takes host i's link down (packets
-are dropped, no connection is reset: a cable pulled), ``shape(i, ...)`` puts netem on it. ``close()`` kills what is
-left in the namespaces and removes them, which removes their links.
+are dropped, no connection is reset: a cable pulled), ``shape(i, ...)`` puts netem on it. ``etcd()`` starts an etcd cluster of one member per host (the store of
+cluster.rdzv_backend=etcd-v2). ``close()`` kills what is left in the namespaces and removes them, which removes their
+links.
 
-Needs root and ``ip``, ``unshare``; ``missing()`` says why not, for a skip.
+Needs root and ``ip``, ``unshare``; ``missing()`` says why not, for a skip (``etcd_missing()`` for etcd).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -36,6 +39,18 @@ def missing() -> str:
     if made.returncode != 0:
         return f"cannot make a network namespace here: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return ""
+
+
+def etcd_missing() -> str:
+    """Why an etcd cluster cannot back a rendezvous here ('' when it can): the server (Debian's etcd-server) and
+    the client torch's etcd-v2 backend imports (python-etcd)."""
+    import importlib.util
+
+    if shutil.which("etcd") is None:
+        return "no etcd server here (Debian: apt-get install etcd-server)"
+    if importlib.util.find_spec("etcd") is None:
+        return "no python-etcd here (pip install python-etcd), which torch's etcd-v2 rendezvous imports"
     return ""
 
 
@@ -122,6 +137,32 @@ class Hosts:
         subprocess.run(["ip", "netns", "exec", self.switch, "tc", "qdisc", "del", "dev", "p0", "root"],
                        capture_output=True)
         return ""
+
+    def etcd(self, port: int = 2379, timeout_s: float = 60.0) -> None:
+        """An etcd cluster with one member on each host (its v2 API on, as torch's etcd-v2 backend speaks it): clients
+        reach a host's member at 127.0.0.1:``port`` on that host, or at its address; members talk on ``port`` + 1.
+        Returns once every member answers. A cluster of three keeps its quorum when one host is lost."""
+        peers = ",".join(f"e{i}=http://{a}:{port + 1}" for i, a in enumerate(self.addrs))
+        for i, addr in enumerate(self.addrs):
+            log = open(self._dir / f"etcd{i}.log", "w")
+            self._procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", self.spaces[i], "etcd", "--name", f"e{i}", "--enable-v2=true",
+                 "--data-dir", str(self._dir / f"etcd{i}"), "--initial-cluster", peers,
+                 "--initial-cluster-token", self.tag, "--initial-cluster-state", "new",
+                 "--listen-peer-urls", f"http://{addr}:{port + 1}",
+                 "--initial-advertise-peer-urls", f"http://{addr}:{port + 1}",
+                 "--listen-client-urls", f"http://127.0.0.1:{port},http://{addr}:{port}",
+                 "--advertise-client-urls", f"http://{addr}:{port}"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        probe = f"import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/v2/keys', timeout=2)"
+        deadline = time.monotonic() + timeout_s
+        for i in range(len(self.addrs)):
+            while subprocess.run(["ip", "netns", "exec", self.spaces[i], sys.executable, "-c", probe],
+                                 capture_output=True).returncode != 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"etcd on h{i} did not answer within {timeout_s:g} s: "
+                                       + (self._dir / f"etcd{i}.log").read_text()[-2000:])
+                time.sleep(0.5)
 
     def pids(self, i: int) -> list[int]:
         """The processes in host i's network namespace."""

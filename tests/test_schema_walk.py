@@ -73,7 +73,8 @@ VALUES: dict[str, Any] = {
     "placement.prefetch": 2, "placement.mode": "auto", "placement.modules": {"mlp": "host"},
     "precision": "bf16",
     "cluster.launch": "elastic", "cluster.launcher_args": ["--verbose"], "cluster.nnodes": 2,
-    "cluster.rdzv_endpoint": "127.0.0.1:29401", "cluster.rdzv_id": "walk", "cluster.rdzv_conf": {"read_timeout": 9},
+    "cluster.rdzv_endpoint": "127.0.0.1:29401", "cluster.rdzv_id": "walk",
+    "cluster.rdzv_backend": "etcd-v2", "cluster.rdzv_conf": {"read_timeout": 9},
     "cluster.local_addr": "127.0.0.1", "cluster.nproc_per_node": "1", "cluster.master_addr": "localhost",
     "cluster.backend": "nccl", "cluster.device": "cuda",  # gloo / cpu are what auto picks on this host
     "cluster.rank_table_file": "ranks.json", "cluster.hostfile": "hosts", "cluster.include": "h1",
@@ -101,7 +102,7 @@ CONTEXT: dict[str, tuple[str, ...]] = {
     # (alone there they must be refused or noted), or where they compete with a default
     "trainer.steps": TABULAR, "trainer.epochs": TABULAR,  # data=tabular trains 5 epochs by default
     "smoke_profile": ("smoke=true",),  # the profile is read by smoke=true only
-    **{f"cluster.{k}": ELASTIC for k in ("rdzv_endpoint", "rdzv_id", "rdzv_conf", "local_addr", "rdzv_timeout_s",
+    **{f"cluster.{k}": ELASTIC for k in ("rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf", "local_addr", "rdzv_timeout_s",
                                          "heartbeat_timeout_s")},  # read by cluster.launch=elastic only
 }
 

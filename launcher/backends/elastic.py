@@ -19,7 +19,7 @@ class ElasticBackend(Backend):
     launcher_per_host = True
     restarts = True  # the launchers meet again at the rendezvous (launcher.launch.elastic_agent)
     scripts = False
-    reads = ("rdzv_endpoint", "rdzv_id", "rdzv_conf", "rdzv_timeout_s", "heartbeat_timeout_s", "local_addr")
+    reads = ("rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf", "rdzv_timeout_s", "heartbeat_timeout_s", "local_addr")
 
     def problems(self, c) -> list[str]:
         from launcher.plan.values import number_problems
@@ -31,6 +31,10 @@ class ElasticBackend(Backend):
             p.append(f"cluster.rdzv_endpoint={c.rdzv_endpoint or '(empty)'} must be <host>:<port> of one of the "
                      f"nodes, the same on every host (cluster.launch=elastic's hosts meet there), e.g. "
                      f"cluster.rdzv_endpoint=node0.cluster:29400.")
+        if c.rdzv_backend not in RDZV_BACKENDS:
+            p.append(f"cluster.rdzv_backend={c.rdzv_backend} is not a rendezvous backend the launcher runs: use "
+                     f"{' or '.join(RDZV_BACKENDS)} (torch's dynamic rendezvous on a TCP store in a launcher, or on "
+                     f"an etcd server).")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", str(c.rdzv_id)):
             p.append(f"cluster.rdzv_id={c.rdzv_id} must be a name of letters, digits, '.', '_' and '-'.")
         if c.local_addr and not HOST.fullmatch(str(c.local_addr)):
@@ -41,9 +45,13 @@ class ElasticBackend(Backend):
                         "heartbeat_timeout_s": (c.heartbeat_timeout_s, "positive")})
 
 
+RDZV_BACKENDS = ("c10d", "etcd-v2")
+"""torch's backends of its dynamic rendezvous (torch.distributed.elastic.rendezvous.registry), the ones whose
+handler gives each round a store (the older "etcd" handler has no keep-alive and a store of another kind)."""
+
 RDZV_CONF = ("last_call_timeout", "keep_alive_interval", "keep_alive_max_attempt", "close_timeout", "read_timeout")
-"""The settings of torch's c10d rendezvous handler (DynamicRendezvousHandler.from_backend) we pass on, each a whole
-number of seconds (or attempts)."""
+"""The settings of torch's dynamic rendezvous handler (DynamicRendezvousHandler.from_backend; read_timeout also by
+the etcd-v2 backend's client) we pass on, each a whole number of seconds (or attempts)."""
 
 
 def rdzv_conf_problems(conf) -> list[str]:
@@ -51,7 +59,7 @@ def rdzv_conf_problems(conf) -> list[str]:
     p = []
     for key, value in dict(conf or {}).items():
         if key not in RDZV_CONF:
-            p.append(f"cluster.rdzv_conf.{key} is not a setting of torch's c10d rendezvous: use "
+            p.append(f"cluster.rdzv_conf.{key} is not a setting of torch's rendezvous: use "
                      f"{', '.join(RDZV_CONF)}.")
         elif isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 86400:
             p.append(f"cluster.rdzv_conf.{key}={value} must be a whole number from 1 to 86400, e.g. "

@@ -146,9 +146,10 @@ def launch_elastic(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     (a world of the range that cannot hold the job) is a ConfigError before this host meets any other; restarts with
     no shared checkpoints were refused by the plan (plan/nodes.py checkpoint_problems)."""
     from launcher.facts.host import probe_host
-    from launcher.launch.nodes import address_problems, rendezvous_handler
+    from launcher.launch.nodes import rendezvous_handler
+    from launcher.launch.reach import address_problems, rendezvous_problems
 
-    if problems := address_problems(cfg):
+    if problems := address_problems(cfg) + rendezvous_problems(cfg):
         raise ConfigError(problems)
     host = probe_host()
     plans = ElasticPlans(cfg, host, plan)
@@ -338,7 +339,7 @@ class _Agent:
 def _bind_sockets(envs: dict[int, dict[str, str]], local_addr: str) -> None:
     """With cluster.local_addr, the ranks' gloo and NCCL sockets on the interface that holds it (unless the user set
     GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME): a host whose name resolves to 127.0.1.1 would offer its peers that."""
-    from launcher.launch.nodes import socket_ifname
+    from launcher.launch.reach import socket_ifname
 
     iface = socket_ifname(local_addr) if local_addr else None
     if iface is None:

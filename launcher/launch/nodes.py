@@ -99,7 +99,7 @@ class NodeGroup:
                 time.sleep(0.1)
         payload = json.dumps({"node": self.node_rank, **failure})
         try:
-            won = self.store.compare_set(FAILED_KEY, "", payload)
+            won = first_write(self.store, FAILED_KEY, payload)
             return json.loads(won.decode() if isinstance(won, bytes) else won)
         except (RuntimeError, ValueError, OSError):  # the store went away with node 0: our own view stands
             return {"node": self.node_rank, **failure}
@@ -204,6 +204,21 @@ class NodeGroup:
             pass
 
 
+def first_write(store: Any, key: str, value: str) -> bytes | str:
+    """``value`` written at ``key`` unless another node wrote first; returns what the key holds (the first write).
+    A TCPStore compares and sets; torch's EtcdStore has no compare_set: there an ``add`` to ``<key>/claim`` says who
+    is first (etcd's own atomic compare-and-swap), and the others read what the first wrote (``get`` waits for it)."""
+    try:
+        return store.compare_set(key, "", value)
+    except RuntimeError as e:
+        if "Not implemented" not in str(e):
+            raise
+    if store.add(f"{key}/claim", 1) == 1:
+        store.set(key, value)
+        return value
+    return store.get(key)
+
+
 def _host_words(host: dict[str, Any]) -> str:
     ranks = ", ".join(map(str, host["ranks"])) or "none"
     addr = f"{host['addr']}; " if host["addr"] != host["hostname"] else ""
@@ -230,56 +245,6 @@ def memory_problems(plan: RunPlan, hosts: list[dict[str, Any]]) -> list[str]:
             f"zero.stage (shards the states), or hosts with more memory."]
 
 
-def address_problems(cfg: DictConfig) -> list[str]:
-    """A job of several hosts on a host that would advertise a loopback address (no cluster.local_addr, and its name
-    resolves to 127.0.1.1 as Debian's /etc/hosts and many containers have it): the others could not reach it."""
-    from launcher.plan.nodes import node_range
-
-    c = cfg.cluster
-    if c.local_addr or node_range(c.nnodes)[1] < 2:
-        return []
-    name = socket.getfqdn()
-    try:
-        resolved = socket.gethostbyname(name)
-    except OSError:
-        return [f"cluster.local_addr is empty and this host's name {name} does not resolve: the other hosts could "
-                f"not reach it. Set cluster.local_addr to this host's address as the others reach it"
-                f"{_own_addresses()}."]
-    if not resolved.startswith("127."):
-        return []
-    return [f"cluster.local_addr is empty and this host's name {name} resolves to {resolved}, a loopback address "
-            f"(/etc/hosts): the other hosts could not reach this one. Set cluster.local_addr to this host's address "
-            f"as the others reach it{_own_addresses()}, or make {name} resolve to it."]
-
-
-def socket_ifname(addr: str) -> str | None:
-    """The network interface of this host that holds ``addr`` (a name is resolved first), or None: what gloo's and
-    NCCL's sockets are bound to (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) when cluster.local_addr says which address
-    this host is reached by (they would bind the address its name resolves to, which may be a loopback one)."""
-    try:
-        ip = socket.gethostbyname(addr)
-    except OSError:  # a name that does not resolve: the libraries' own choice
-        return None
-    return next((name for name, address in _inet_addresses() if address == ip), None)
-
-
-def _own_addresses() -> str:
-    """', e.g. cluster.local_addr=<a non-loopback address of this host>' where one is found."""
-    found = [address for _, address in _inet_addresses() if not address.startswith("127.")]
-    return f", e.g. cluster.local_addr={found[0]}" if found else ""
-
-
-def _inet_addresses() -> list[tuple[str, str]]:
-    """(interface, IPv4 address) of this host's interfaces; none when psutil is missing or cannot read them."""
-    try:
-        import psutil
-
-        return [(name, a.address) for name, addrs in psutil.net_if_addrs().items() for a in addrs
-                if a.family == socket.AF_INET]
-    except Exception:  # noqa: BLE001 - psutil missing or the interfaces unreadable
-        return []
-
-
 def _is_host(endpoint: str, local_addr: str) -> dict[str, str]:
     """torch's ``is_host`` setting, where its own guess would be wrong: the endpoint is this host's cluster.local_addr
     but its name does not resolve to it (a name on 127.0.1.1), so no launcher would hold the store. Elsewhere torch
@@ -291,8 +256,9 @@ def _is_host(endpoint: str, local_addr: str) -> dict[str, str]:
 
 
 def rendezvous_handler(cfg: DictConfig):
-    """torch's c10d rendezvous handler of this job (``get_rendezvous_handler``, as torchrun builds it): rounds of MIN to
-    MAX hosts (cluster.nnodes), with cluster.rdzv_conf's settings (last call, keep-alive) passed on."""
+    """torch's rendezvous handler of this job (``get_rendezvous_handler``, as torchrun builds it, on
+    cluster.rdzv_backend: c10d or etcd-v2): rounds of MIN to MAX hosts (cluster.nnodes), with cluster.rdzv_conf's
+    settings (last call, keep-alive) passed on."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
@@ -300,23 +266,26 @@ def rendezvous_handler(cfg: DictConfig):
 
     c = cfg.cluster
     lo, hi = node_range(c.nnodes)
-    # torch's handler shares one TCPStore server across rounds and rebuilds its address only where its cache is
-    # empty: a host that joins a later round as node >= 1 then waits for an address node 0 never writes again
-    # (dynamic_rendezvous.py, next_rendezvous). Node 0's launcher hosts each round's store for the ranks itself
-    # (nodes.agree); the handler is told not to share its own (its documented opt-out, read from the environment).
-    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    c10d = c.rdzv_backend == "c10d"
+    if c10d:
+        # torch's handler shares one TCPStore server across rounds and rebuilds its address only where its cache is
+        # empty: a host that joins a later round as node >= 1 then waits for an address node 0 never writes again
+        # (dynamic_rendezvous.py, next_rendezvous). Node 0's launcher hosts each round's store for the ranks itself
+        # (nodes.agree); the handler is told not to share its own (its documented opt-out, read from the environment).
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     params = RendezvousParameters(
-        backend="c10d", endpoint=c.rdzv_endpoint, run_id=c.rdzv_id, min_nodes=lo, max_nodes=hi,
+        backend=str(c.rdzv_backend), endpoint=c.rdzv_endpoint, run_id=c.rdzv_id, min_nodes=lo, max_nodes=hi,
         local_addr=c.local_addr or None, join_timeout=str(int(c.rdzv_timeout_s)),
-        **_is_host(str(c.rdzv_endpoint), str(c.local_addr or "")),
+        **(_is_host(str(c.rdzv_endpoint), str(c.local_addr or "")) if c10d else {}),
         **{k: str(v) for k, v in dict(c.rdzv_conf or {}).items()},
     )
     try:
         return get_rendezvous_handler(params)
     except (RuntimeError, TimeoutError, OSError, ValueError) as e:
+        start = ("Start the node that hosts it (the endpoint's host) first, with the same command." if c10d else
+                 "Start etcd there with the v2 API (etcd --enable-v2) and check this host reaches it.")
         raise RuntimeError(f"the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} cannot be reached: "
-                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Start the node that "
-                           f"hosts it (the endpoint's host) first, with the same command.") from None
+                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. {start}") from None
 
 
 def next_round(handler, cfg: DictConfig, host: HostFacts, attempts: int, identity: str):
@@ -333,8 +302,10 @@ def next_round(handler, cfg: DictConfig, host: HostFacts, attempts: int, identit
     try:
         info = handler.next_rendezvous()
     except RendezvousClosedError:
+        kept = " (etcd keeps a job's rendezvous after it: give each job its own cluster.rdzv_id)" if \
+            c.rdzv_backend != "c10d" else ""
         raise RuntimeError(f"the job at cluster.rdzv_endpoint={c.rdzv_endpoint} (cluster.rdzv_id={c.rdzv_id}) has "
-                           f"ended (its rendezvous is closed): this host ({addr}) came too late to join.") from None
+                           f"ended (its rendezvous is closed): this host ({addr}) came too late to join{kept}.") from None
     except RendezvousTimeoutError:
         raise RuntimeError(f"not every node joined the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} "
                            f"(cluster.rdzv_id={c.rdzv_id}) within cluster.rdzv_timeout_s={c.rdzv_timeout_s:g} s: this "

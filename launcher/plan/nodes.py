@@ -76,13 +76,19 @@ def store_notes(cfg: DictConfig, backends: tuple[BackendRules, ...]) -> list[str
     if chosen is None or not chosen.launcher_per_host or got is None or got[1] < 2:
         return []
     c = cfg.cluster
-    return [f"cluster.rdzv_endpoint={c.rdzv_endpoint}: the rendezvous store lives in the launcher on that host "
-            f"(torch's c10d backend), so losing that host ends the job whatever cluster.nnodes allows; any other host "
-            f"may be lost (named after cluster.heartbeat_timeout_s={c.heartbeat_timeout_s:g} s)",
+    lost = f"(named after cluster.heartbeat_timeout_s={c.heartbeat_timeout_s:g} s)"
+    where = (f"cluster.rdzv_endpoint={c.rdzv_endpoint}: the rendezvous store is the etcd server there (torch's "
+             f"etcd-v2 backend): no launcher holds it, so with an etcd member on each host (a cluster that keeps its "
+             f"quorum) any host may be lost {lost}; a job's keys stay in etcd after it: give each job its own "
+             f"cluster.rdzv_id" if c.rdzv_backend == "etcd-v2" else
+             f"cluster.rdzv_endpoint={c.rdzv_endpoint}: the rendezvous store lives in the launcher on that host "
+             f"(torch's c10d backend), so losing that host ends the job whatever cluster.nnodes allows; any other "
+             f"host may be lost {lost}; cluster.rdzv_backend=etcd-v2 has no such host")
+    return [where,
             f"cluster.rdzv_id={c.rdzv_id}: the hosts of this job meet under that name, waiting "
             f"cluster.rdzv_timeout_s={c.rdzv_timeout_s:g} s for all of them; this host is reached at "
-            f"cluster.local_addr={c.local_addr or '(its fully qualified name)'}; torch's c10d rendezvous with "
-            f"cluster.rdzv_conf={dict(c.rdzv_conf) or '(its defaults)'}"]
+            f"cluster.local_addr={c.local_addr or '(its fully qualified name)'}; torch's {c.rdzv_backend} rendezvous "
+            f"with cluster.rdzv_conf={dict(c.rdzv_conf) or '(its defaults)'}"]
 
 
 def planned_nodes(cfg: DictConfig, backends: tuple[BackendRules, ...],

@@ -33,6 +33,9 @@ def test_two_nodes_of_two_ranks_are_one_world_of_four(cpu_host):
     ([*ELASTIC[1:3], "cluster.rdzv_endpoint=h:0"], "must be <host>:<port>"),
     ([*ELASTIC[1:], "cluster.local_addr='10.0.0.1 x'"], "cluster.local_addr=10.0.0.1 x must be a host name"),
     ([*ELASTIC[1:], "cluster.rdzv_id=a/b"], "cluster.rdzv_id=a/b must be a name"),
+    ([*ELASTIC[1:], "cluster.rdzv_backend=etcd"], "cluster.rdzv_backend=etcd is not a rendezvous backend the launcher "
+                                                  "runs: use c10d or etcd-v2"),
+    (["cluster.rdzv_backend=etcd-v2"], "cluster.rdzv_backend=etcd-v2 is read by cluster.launch=elastic only"),
     ([*ELASTIC[1:], "cluster.rdzv_timeout_s=0"], "cluster.rdzv_timeout_s=0"),
     ([ELASTIC[1], *ELASTIC[3:], "cluster.nnodes=2:1"], r"cluster.nnodes=2:1: MIN 2 is above MAX 1. Set cluster.nnodes=1:2"),
     ([ELASTIC[1], *ELASTIC[3:], "cluster.nnodes=0:2"], r"cluster.nnodes=0:2 must be 1 or more"),
