@@ -4,7 +4,7 @@ cluster.rdzv_endpoint=127.0.0.1:2379: each host asks its own member). cluster.nn
 killed with SIGKILL mid-run (in separate runs, each host in turn, the one that started first and holds the ranks'
 store, node 0, included): the two others' ranks lose their peers, the launchers meet again without it, resume from the newest checkpoint in the shared
 folder, finish with exit 0, and their losses after the restart equal a fresh 2-rank run resumed from that
-checkpoint. With c10d the store lives in one launcher, and losing that host ends the job
+checkpoint; the 3-host job's steps before the kill equal one host's 3 ranks. With c10d the store lives in one launcher, and losing that host ends the job
 (tests/integration/test_hosts.py shows the other direction).
 
 Skipped where namespaces cannot be made (not root, no ``ip``) or without etcd and python-etcd, saying why."""
@@ -111,3 +111,14 @@ def test_an_elastic_job_on_etcd_goes_on_without_any_one_host(tmp_path, victim):
     print(f"h{victim} killed: resumed from step {resumed}, {len(world2)} steps on 2 hosts vs a fresh 2-rank resume: "
           f"worst {worst:.2e}; time lost {second.get('time_lost_s')} s")
     assert worst <= 1e-6, {s: (world2[s], fresh[s]) for s in sorted(world2)[:5]}
+    if victim == 2:  # h0 lived: its first attempt's rank 0 is the 3-host job's, which equals 1 host of 3 ranks
+        three = _steps(job["runs"][0] / "attempt.0" / "rank.0" / "metrics.jsonl")
+        steps = [s for s in sorted(three) if s <= resumed]
+        ref = tmp_path / "three"
+        ref.mkdir()
+        res = run_cli([*BASE, f"trainer.steps={len(steps)}", "trainer.checkpoint_every=-1",
+                       "cluster.nproc_per_node=3"], ref)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        one_host = _steps(ref / "log_output" / "latest" / "rank.0" / "metrics.jsonl")
+        assert steps == list(range(1, len(steps) + 1)) and sorted(one_host) == steps
+        assert max(abs(three[s] - one_host[s]) for s in steps) <= 1e-6, [(three[s], one_host[s]) for s in steps[:5]]
