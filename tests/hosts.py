@@ -6,7 +6,8 @@ the address ``10.<a>.<b>.<10 + i>/24`` (a private range, drawn per instance) on 
 ``run(i, argv)`` starts a command on host i: in its namespace, under ``unshare --uts --mount`` with hostname
 ``h<i>`` and an ``/etc/hosts`` that names every host by its address (bind-mounted in that mount namespace only), so
 ``socket.getfqdn()`` and name lookups behave as on separate machines. ``cut(i)`` takes host i's link down (packets
-are dropped, no connection is reset: a cable pulled), ``shape(i, ...)`` puts netem on it. ``etcd()`` starts an etcd cluster of one member per host (the store of
+are dropped, no connection is reset: a cable pulled), ``shape(i, ...)`` puts netem on it, ``limit(i, rate)`` a
+token bucket (where the kernel has no netem). ``etcd()`` starts an etcd cluster of one member per host (the store of
 cluster.rdzv_backend=etcd-v2). ``close()`` kills what is left in the namespaces and removes them, which removes their
 links.
 
@@ -125,15 +126,23 @@ class Hosts:
 
     def shape(self, i: int, *netem: str) -> None:
         """netem on host i's link (e.g. 'rate', '20mbit', 'delay', '50ms')."""
-        subprocess.run(["ip", "netns", "exec", self.spaces[i], "tc", "qdisc", "add", "dev", "eth0", "root", "netem",
-                        *netem], check=True, capture_output=True)
+        self._qdisc(i, "netem", *netem)
 
-    def can_shape(self) -> str:
-        """Why links cannot be shaped here ('' when netem is there)."""
-        res = subprocess.run(["ip", "netns", "exec", self.switch, "tc", "qdisc", "add", "dev", "p0", "root", "netem",
-                              "delay", "1ms"], capture_output=True, text=True)
+    def limit(self, i: int, rate: str) -> None:
+        """Host i's link limited to ``rate`` (e.g. '20mbit') by a token bucket (tbf), where netem is missing."""
+        self._qdisc(i, "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms")
+
+    def _qdisc(self, i: int, *qdisc: str) -> None:
+        subprocess.run(["ip", "netns", "exec", self.spaces[i], "tc", "qdisc", "add", "dev", "eth0", "root", *qdisc],
+                       check=True, capture_output=True)
+
+    def can_shape(self, kind: str = "netem") -> str:
+        """Why links cannot be shaped here by ``kind`` (netem, tbf) ('' when they can)."""
+        args = ["delay", "1ms"] if kind == "netem" else ["rate", "1mbit", "burst", "32kbit", "latency", "400ms"]
+        res = subprocess.run(["ip", "netns", "exec", self.switch, "tc", "qdisc", "add", "dev", "p0", "root", kind,
+                              *args], capture_output=True, text=True)
         if res.returncode != 0:
-            return f"tc netem is not available here: {res.stderr.strip() or res.stdout.strip()}"
+            return f"tc {kind} is not available here: {res.stderr.strip() or res.stdout.strip()}"
         subprocess.run(["ip", "netns", "exec", self.switch, "tc", "qdisc", "del", "dev", "p0", "root"],
                        capture_output=True)
         return ""
