@@ -155,12 +155,12 @@ def launch_elastic(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     plans = ElasticPlans(cfg, host, plan)
     plans.check_range()
     lo, hi = node_range(cfg.cluster.nnodes)
+    t0 = time.monotonic()
     try:
         handler = rendezvous_handler(cfg)
     except RuntimeError as e:
         console.print(f"[red]{escape(str(e))}[/red]", soft_wrap=True)
-        return 1
-    t0 = time.monotonic()
+        return _never_met(cfg, plan, str(e), None, time.monotonic() - t0, console)
     console.print(f"waiting for {lo if lo == hi else f'{lo} to {hi}'} node(s) at cluster.rdzv_endpoint="
                   f"{cfg.cluster.rdzv_endpoint} ...")
     agent = _Agent(cfg, plans, host, handler, console)
@@ -188,7 +188,7 @@ class _Agent:
     handler: object
     console: Console
     run_dir: RunDir | None = None
-    """Made once the first round met (a rendezvous that never completes leaves nothing behind)."""
+    """Made once the first round met (a rendezvous that never completes: by ``_never_met``, with its summary)."""
     signum: int | None = None
     group: object = None
     plan: RunPlan | None = None
@@ -325,7 +325,7 @@ class _Agent:
         from launcher.launch.run_records import report_run
 
         if not self.attempts:
-            return 128 + self.signum if self.signum is not None else 1
+            return _never_met(self.cfg, self.plans.first, self.error, self.signum, wall_s, self.console, self.run_dir)
         last = self.attempts[-1]
         if last.status == "admit":  # the next round never came: the job stopped here
             self.attempts[-1] = dataclasses.replace(last, status="failed", remote_failure=None)
@@ -334,6 +334,22 @@ class _Agent:
         attempts = [_Recorded(a, r) for a, r in zip(self.attempts, self.records)]
         nodes = SimpleNamespace(node_rank=self.records[-1]["node_rank"], hosts=self.last_hosts)
         return report_run(self.cfg, self.plan, self.run_dir, attempts, wall_s, self.console, nodes)
+
+
+def _never_met(cfg: DictConfig, plan: RunPlan, error: str, signum: int | None, wall_s: float, console: Console,
+              run_dir: RunDir | None = None) -> int:
+    """The records of a job whose ranks never started (its rendezvous unreachable, not every host came, or an
+    interrupt while meeting): the run dir with its plan and a summary.json that says why; exit 1 (128 + a signal)."""
+    from launcher.launch.run_records import start_run_dir, write_records
+    from launcher.report.summary import build_summary
+
+    if run_dir is None:
+        run_dir = start_run_dir(cfg, plan)
+        console.print(f"run dir: {run_dir.path}")
+    summary = build_summary(run_dir, plan.to_dict(), [], "failed" if signum is None else "interrupted", wall_s)
+    summary["error"] = error
+    write_records(run_dir, summary, cfg.output.stderr_tail, console)
+    return 1 if signum is None else 128 + signum
 
 
 def _bind_sockets(envs: dict[int, dict[str, str]], local_addr: str) -> None:

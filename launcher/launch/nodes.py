@@ -30,7 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, first_line
 from launcher.launch.liveness import FAILED_KEY, Liveness, Silence
 from launcher.plan import HostFacts, RunPlan
 from launcher.plan.ranks import on_node
@@ -259,7 +259,7 @@ def rendezvous_handler(cfg: DictConfig):
     """torch's rendezvous handler of this job (``get_rendezvous_handler``, as torchrun builds it, on
     cluster.rdzv_backend: c10d or etcd-v2): rounds of MIN to MAX hosts (cluster.nnodes), with cluster.rdzv_conf's
     settings (last call, keep-alive) passed on."""
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
     from launcher.plan.nodes import node_range
@@ -281,11 +281,12 @@ def rendezvous_handler(cfg: DictConfig):
     )
     try:
         return get_rendezvous_handler(params)
-    except (RuntimeError, TimeoutError, OSError, ValueError) as e:
+    except (RendezvousError, RuntimeError, TimeoutError, OSError, ValueError) as e:
         start = ("Start the node that hosts it (the endpoint's host) first, with the same command." if c10d else
                  "Start etcd there with the v2 API (etcd --enable-v2) and check this host reaches it.")
+        cause = f" ({first_line(e.__cause__)})" if e.__cause__ is not None else ""
         raise RuntimeError(f"the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} cannot be reached: "
-                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. {start}") from None
+                           f"{type(e).__name__}: {first_line(e)}{cause}. {start}") from None
 
 
 def next_round(handler, cfg: DictConfig, host: HostFacts, attempts: int, identity: str):

@@ -182,3 +182,19 @@ def test_a_slow_link_trains_with_no_false_lost_host(tmp_path):
         outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, out[-4000:] + err[-3000:]
+
+
+def test_an_endpoint_nothing_answers_is_one_paragraph_and_a_summary(tmp_path):
+    """The rendezvous' address has no host behind it (a typo, a host not up): torch's handler fails; the launcher
+    says so in one paragraph, exits 1, and leaves a run dir whose summary says why (it was a raw traceback)."""
+    with Hosts(1) as hosts:
+        nobody = f"{hosts.net}.99:29406"
+        (proc,) = _start(hosts, tmp_path, [*BASE, "trainer.steps=5", "cluster.launch=elastic", "cluster.nnodes=2",
+                                           f"cluster.rdzv_endpoint={nobody}", f"cluster.local_addr={hosts.addrs[0]}",
+                                           "cluster.rdzv_timeout_s=10", "+cluster.rdzv_conf.read_timeout=3"])
+        out, err = proc.communicate(timeout=120)
+    said = " ".join(out.split())
+    assert proc.returncode == 1 and "Traceback" not in out + err, out[-3000:] + err[-3000:]
+    assert f"the rendezvous at cluster.rdzv_endpoint={nobody} cannot be reached: RendezvousConnectionError" in said
+    summary = json.loads(((tmp_path / "h0" / "log_output" / "latest") / "summary.json").read_text())
+    assert summary["status"] == "failed" and "cannot be reached" in summary["error"]

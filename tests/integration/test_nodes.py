@@ -117,4 +117,7 @@ def test_a_node_that_never_joins_is_named_after_the_timeout(tmp_path):
                    "cluster.rdzv_timeout_s=2"], tmp_path)
     assert res.returncode == 1 and "Traceback" not in res.stdout + res.stderr
     assert "not every node joined the rendezvous" in res.stdout and "cluster.nnodes=2 were expected" in res.stdout
-    assert not (tmp_path / "log_output").exists()  # nothing was started
+    run = (tmp_path / "log_output" / "latest").resolve()  # no rank was started; the run dir says why
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and "not every node joined the rendezvous" in summary["error"]
+    assert not list(run.glob("rank.*"))
