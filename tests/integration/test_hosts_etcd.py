@@ -103,6 +103,9 @@ def test_an_elastic_job_on_etcd_goes_on_without_any_one_host(tmp_path, victim):
     assert second["status"] == "ok" and second["world_size"] == 2 and second["left"][0].startswith(f"{name} ")
     resumed = second["resumed_step"]
     assert resumed in range(20, STEPS - EVERY, EVERY), second  # its ranks took a moment to follow it
+    before = max(max(_steps(m), default=0) for m in run.glob("attempt.0/rank.*/metrics.jsonl"))
+    # the newest checkpoint (one being written when the ranks failed is not intact: the one before it)
+    assert resumed in (before // EVERY * EVERY, before // EVERY * EVERY - EVERY), (resumed, before)
     world2 = _steps(run / "rank.0" / "metrics.jsonl")
     assert min(world2) == resumed + 1 and max(world2) == STEPS, sorted(world2)
     fresh = _fresh_two_rank(tmp_path, job, run, resumed, STEPS)
