@@ -8,7 +8,7 @@ the address ``10.<a>.<b>.<10 + i>/24`` (a private range, drawn per instance) on 
 ``socket.getfqdn()`` and name lookups behave as on separate machines. ``cut(i)`` takes host i's link down (packets
 are dropped, no connection is reset: a cable pulled), ``shape(i, ...)`` puts netem on it, ``limit(i, rate)`` a
 token bucket (where the kernel has no netem). ``etcd()`` starts an etcd cluster of one member per host (the store of
-cluster.rdzv_backend=etcd-v2). ``close()`` kills what is left in the namespaces and removes them, which removes their
+cluster.rdzv_backend=etcd-v2); ``rsh_agent()`` is mpirun's way onto the hosts, as ssh would be. ``close()`` kills what is left in the namespaces and removes them, which removes their
 links.
 
 Needs root and ``ip``, ``unshare``; ``missing()`` says why not, for a skip (``etcd_missing()`` for etcd).
@@ -113,6 +113,19 @@ class Hosts:
         """argv as host i runs it (its namespace, hostname and /etc/hosts)."""
         setup = f'hostname {self.names[i]} && mount --bind {self._dir / f"hosts{i}"} /etc/hosts && exec "$@"'
         return ["ip", "netns", "exec", self.spaces[i], "unshare", "--uts", "--mount", "sh", "-c", setup, "sh", *argv]
+
+    def rsh_agent(self) -> str:
+        """A remote shell for OpenMPI (``--mca plm_rsh_agent <it>``), as ssh is called: ``<agent> <host> <command>``
+        runs the command on that namespaced host (its namespace, hostname and /etc/hosts), so mpirun starts its
+        daemons on the hosts of its --host list as it would over ssh."""
+        cases = [f'  {name}) exec ip netns exec {ns} unshare --uts --mount sh -c \'hostname {name} && mount --bind '
+                 f'{self._dir / f"hosts{i}"} /etc/hosts && exec sh -c "$0"\' "$*" ;;'
+                 for i, (name, ns) in enumerate(zip(self.names, self.spaces))]
+        agent = self._dir / "rsh"
+        agent.write_text("\n".join(["#!/bin/sh", 'host="$1"; shift', 'case "$host" in', *cases,
+                                     '  *) echo "no host $host" >&2; exit 255 ;;', "esac", ""]))
+        agent.chmod(0o755)
+        return str(agent)
 
     def run(self, i: int, argv: list[str], **popen) -> subprocess.Popen:
         """Start argv on host i (its own process group: close() ends what it leaves)."""

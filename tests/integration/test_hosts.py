@@ -17,6 +17,7 @@ Skipped where namespaces cannot be made (not root, no ``ip``), saying why.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -198,3 +199,28 @@ def test_an_endpoint_nothing_answers_is_one_paragraph_and_a_summary(tmp_path):
     assert f"the rendezvous at cluster.rdzv_endpoint={nobody} cannot be reached: RendezvousConnectionError" in said
     summary = json.loads(((tmp_path / "h0" / "log_output" / "latest") / "summary.json").read_text())
     assert summary["status"] == "failed" and "cannot be reached" in summary["error"]
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun (Debian: apt-get install openmpi-bin)")
+def test_mpirun_across_two_hosts_equals_one_host(tmp_path):
+    """cluster.launch=mpi with a hostfile of two namespaced hosts: one launcher (on h0) runs mpirun, which starts its
+    daemon on h1 through a remote shell (tests/hosts.py rsh_agent, in ssh's place); rank 1 runs on h1, the ranks
+    meet at the launcher's store on h0's address, and the losses equal one host's 2 ranks."""
+    with Hosts(2) as hosts:
+        (tmp_path / "hostfile").write_text("h0 slots=1\nh1 slots=1\n")
+        proc = hosts.run(0, [sys.executable, "-m", "launcher.cli", *BASE, "trainer.steps=8", "cluster.launch=mpi",
+                             "cluster.nnodes=2", "cluster.nproc_per_node=1", f"cluster.hostfile={tmp_path / 'hostfile'}",
+                             "cluster.master_addr=h0", f"cluster.launcher_args=[--mca,plm_rsh_agent,{hosts.rsh_agent()}]"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "COLUMNS": "200"})
+        out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:] + err[-3000:]
+    run = (tmp_path / "log_output" / "latest").resolve()
+    assert [(run / f"rank.{r}" / "pid").read_text().split()[0] for r in (0, 1)] == ["h0", "h1"]
+    env = json.loads((run / "rank_env.json").read_text())
+    assert {e["MASTER_ADDR"] for e in env.values()} == {"h0"}
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    res = run_cli([*BASE, "trainer.steps=8", "cluster.nproc_per_node=2"], ref)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert_close(losses(ref / "log_output" / "latest"), losses(run), rel=1e-6)
