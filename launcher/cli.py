@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
         print(versions())
         return 0
     if argv[:1] == ["report"]:  # hetero-launch report RUN_DIR [RUN_DIR ...] [--into OUT]: no config, no overrides
-        return _report(argv[1:], None, argv)
+        from launcher.report.merge import report_command
+
+        return report_command(argv[1:], launcher_console())
     try:
         argv = _with_script_args(argv)
         config_dir, rest = _split_config_dir(argv)
@@ -71,12 +73,6 @@ def _with_script_args(argv: list[str]) -> list[str]:
 
     cut = argv.index("--")
     return [*argv[:cut], script_args_override(argv[cut + 1:])]
-
-
-def _report(args: list[str], config_dir: str | None, argv: list[str]) -> int:
-    from launcher.report.merge import report_command
-
-    return report_command(args, launcher_console())
 
 
 def _check_or_sweep(rest: list[str], config_dir: str | None, argv: list[str]) -> int:
@@ -181,7 +177,7 @@ def _dry_run(console, cfg, plan, rest: list[str], config_dir: str | None) -> int
 
 
 SUBCOMMANDS = {"check": _check_or_sweep, "sweep": _check_or_sweep, "config": _print_config, "hydra": _hydra_flags,
-               "run": _run, "report": _report}
+               "run": _run}
 """What ``hetero-launch`` does, by what the arguments ask for (_subcommand): each takes (the arguments less
 --config-dir, the config dir, all the arguments)."""
 

@@ -12,6 +12,7 @@ the data source follows ``DataSource``.
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -247,10 +248,8 @@ def endless_shares(global_micro_batch: Callable[[int, int], Batch], dp_rank: int
     """Rank ``dp_rank``'s shares of global micro-batches start, start+1, ... of an endless stream, where
     ``global_micro_batch(index, rows)`` draws global micro-batch ``index`` (seeded by it: the same samples however
     the batch is split over ranks)."""
-    index = start
-    while True:
+    for index in itertools.count(start):
         yield dp_share(global_micro_batch(index, micro_size * dp_size), dp_rank, micro_size)
-        index += 1
 
 
 class DataSource(Protocol):

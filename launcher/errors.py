@@ -8,13 +8,15 @@ import re
 class ConfigError(Exception):
     """Raised before anything is spawned. ``problems`` holds one sentence (or short paragraph) per problem."""
 
+    about = "in the config; nothing was started."
+
     def __init__(self, problems: list[str] | str) -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         super().__init__(self.render())
 
     def render(self) -> str:
         n = len(self.problems)
-        head = f"{n} problem{'s' if n != 1 else ''} in the config; nothing was started."
+        head = f"{n} problem{'s' if n != 1 else ''} {self.about}"
         return head + "".join(f"\n  - {p}" for p in self.problems)
 
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from contextlib import suppress
 from typing import NoReturn
 
 
 def fast_exit(code: int) -> NoReturn:
     atexit._run_exitfuncs()  # what a normal exit runs first: handlers registered by us, torch, DeepSpeed, the user
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with suppress(OSError, ValueError):  # closed, or a pipe whose reader left
             stream.flush()
-        except (OSError, ValueError):  # closed, or a pipe whose reader left
-            pass
     os._exit(code)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 import reprlib
+from contextlib import suppress
 from typing import Any
 
 import torch
@@ -42,9 +43,7 @@ def _number(name: str, value: Any) -> float | torch.Tensor:
                              f"must be one real number; log e.g. {name}=t.mean() or {name}=t[0]")
         return value
     if not isinstance(value, (str, bytes, complex)) and hasattr(value, "__float__"):
-        try:
+        with suppress(TypeError, ValueError):
             return float(value)
-        except (TypeError, ValueError):
-            pass
     raise TypeError(f"runtime.log({name}={reprlib.repr(value)}): {name} must be a number (int, float or a "
                     f"one-element tensor), not {type(value).__name__}")

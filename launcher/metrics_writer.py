@@ -9,7 +9,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from launcher.procfs import kernel_field
@@ -24,11 +24,9 @@ def host_available_memory() -> int:
 def _memory() -> tuple[int, int]:
     """(this process's resident set, the host's available memory) in bytes, from /proc (0 where there is none)."""
     rss = 0
-    try:
+    with suppress(OSError, ValueError, IndexError):
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        pass
     return rss, host_available_memory()
 
 

@@ -12,6 +12,7 @@ about every value but a plain one (a container of nodes, or a value that is neit
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any
 
 from omegaconf import Container, OmegaConf
@@ -27,13 +28,11 @@ def to_plain(node: Container, resolve: bool = True, throw_on_missing: bool = Fal
     """What ``OmegaConf.to_container(node, resolve=resolve, throw_on_missing=throw_on_missing)`` returns: dicts and
     lists, structured configs as dicts, enums as enums."""
     content = node.__dict__["_content"]  # a DictConfig's dict of nodes, a ListConfig's list (OmegaConf 2.3)
-    try:
+    with suppress(_NeedsOmegaConf):
         if isinstance(content, dict):
             return {key: _value(child, resolve, throw_on_missing) for key, child in content.items()}
         if isinstance(content, list):
             return [_value(child, resolve, throw_on_missing) for child in content]
-    except _NeedsOmegaConf:
-        pass
     return OmegaConf.to_container(node, resolve=resolve, throw_on_missing=throw_on_missing)
 
 

@@ -4,21 +4,20 @@ launcher, the planner's probe and the ranks use it."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
 
 
 def kernel_field(path: str | Path, key: str) -> int:
     """The value of line ``key`` of a /proc file in bytes (the kernel's "kB" is KiB; a value without a unit is taken
     as bytes); 0 when the file or the line cannot be read."""
-    try:
+    with suppress(OSError, ValueError):
         with open(path, encoding="ascii", errors="replace") as f:
             for line in f:
                 name, _, rest = line.partition(":")
                 if name == key:
                     value, *unit = rest.split()
                     return int(value) * (1024 if unit and unit[0].lower() == "kb" else 1)
-    except (OSError, ValueError):
-        pass
     return 0
 
 

@@ -31,13 +31,6 @@ class RecipeConfig:
 
 
 @dataclass
-class TargetConfig:
-    """A Hydra-instantiable object: ``_target_`` is a dotted import path."""
-
-    _target_: str = MISSING
-
-
-@dataclass
 class OptimizerConfig:
     name: str = "adam"
     """One of: sgd, momentum (MindSpore's Momentum = SGD with momentum), adam, adamw."""

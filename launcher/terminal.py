@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+from contextlib import suppress
 from typing import Sequence, TextIO
 
 from rich import box
@@ -52,12 +53,11 @@ class SafeStream:
 
     def _lose(self, error: OSError) -> None:
         self.lost = error
-        try:  # later writers of the same descriptor (a warning, the interpreter's last flush) write to nowhere
+        # later writers of the same descriptor (a warning, the interpreter's last flush) write to nowhere
+        with suppress(OSError, ValueError, AttributeError):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, self._stream.fileno())
             os.close(devnull)
-        except (OSError, ValueError, AttributeError):
-            pass
 
     def isatty(self) -> bool:
         try:

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import time
+from contextlib import suppress
 
 from launcher import lifeline
 from launcher.backends.processes import STOP_TIMEOUT_S, send_signals, wait_ended
@@ -71,15 +72,13 @@ class ExternalJob:
         send_signals([self._proc.pid], (signal.SIGTERM, signal.SIGCONT))
         send_signals(list(local.values()), (signal.SIGTERM, signal.SIGCONT), os.kill)
         deadline, recorded_at = time.monotonic() + STOP_TIMEOUT_S, None
-        try:
+        with suppress(KeyboardInterrupt, SignalException):  # a second signal: no more grace
             while self._proc.poll() is None and time.monotonic() < deadline:
                 if recorded_at is None and self._recorded():
                     recorded_at = time.monotonic()
                 if recorded_at is not None and time.monotonic() - recorded_at > LINGER_S:
                     break
                 time.sleep(0.05)
-        except (KeyboardInterrupt, SignalException):
-            pass  # a second signal: no more grace
         send_signals([self._proc.pid], (signal.SIGKILL,))
         send_signals([pid for rank, pid in local.items() if self._run_dir.rank(rank).read_exit() is None],
                      (signal.SIGKILL,), os.kill)

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import suppress
 
 STOP_TIMEOUT_S = 10  # between SIGTERM and SIGKILL
 
@@ -18,10 +19,8 @@ def send_signals(pids: list[int], signals: tuple[int, ...], send=os.killpg) -> N
     session and process group, as torch elastic starts them) or os.kill (one process)."""
     for pid in pids:
         for sig in signals:
-            try:
+            with suppress(ProcessLookupError, PermissionError):
                 send(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def stop_process_groups(procs: list[subprocess.Popen]) -> None:
@@ -32,15 +31,11 @@ def stop_process_groups(procs: list[subprocess.Popen]) -> None:
     pids = [p.pid for p in procs]
     send_signals(pids, (signal.SIGTERM,))
     send_signals(pids, (signal.SIGCONT,))
-    try:
+    with suppress(KeyboardInterrupt, SignalException):  # a second signal: no more grace
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for p in procs:
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-    except (KeyboardInterrupt, SignalException):
-        pass  # a second signal: no more grace
     send_signals(pids, (signal.SIGKILL,))
 
 

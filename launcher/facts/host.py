@@ -39,13 +39,6 @@ PROBE_TIMEOUT_S = 120
 """How long torch may take to count the CUDA devices (a first CUDA init on a busy host takes seconds)."""
 
 
-def count_cuda_devices(environ: Mapping[str, str] | None = None, dev: Path = Path("/dev"),
-                       probe=None) -> tuple[int, str]:
-    """(visible CUDA devices, a note when they could not be counted): ``cuda_devices`` without the memory."""
-    count, _, note = cuda_devices(environ, dev, probe)
-    return count, note
-
-
 def cuda_devices(environ: Mapping[str, str] | None = None, dev: Path = Path("/dev"),
                  probe=None) -> tuple[int, int, str]:
     """(visible CUDA devices, bytes of memory of the smallest of them, a note when they could not be counted).

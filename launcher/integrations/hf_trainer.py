@@ -20,6 +20,7 @@ import json
 import secrets
 import threading
 import time
+from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -95,10 +96,8 @@ class TrainerFeed:
         with self._lock:
             for m in status.get("metrics") or ():
                 if isinstance(m, dict) and m.get("name") == "total_steps":
-                    try:
+                    with suppress(TypeError, ValueError):
                         self._total = int(float(m["value"]))
-                    except (TypeError, ValueError):
-                        pass
             record = record_of(status, self._total)
             if record is None:
                 return

@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import time
+from contextlib import suppress
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -108,13 +109,11 @@ def _resume_path(run_dir: RunDir, cfg: DictConfig, choice: dict) -> str:
 
 def _first_step_time(run_dir: RunDir, ranks) -> float | None:
     """When the first step of this node's attempt was logged (the wall clock of its lowest rank's first record)."""
-    try:
+    with suppress(OSError, ValueError):
         for line in run_dir.rank(min(ranks)).metrics.read_text().splitlines():
             rec = json.loads(line)
             if "loss" in rec and "time" in rec:
                 return float(rec["time"])
-    except (OSError, ValueError):
-        pass
     return None
 
 
@@ -170,10 +169,8 @@ def launch_elastic(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
         if agent.group is not None:
             agent.group.finish()
         else:
-            try:
+            with suppress(Exception):  # a store already gone: nothing is left to close
                 handler.shutdown()
-            except Exception:  # noqa: BLE001 - a store already gone: nothing is left to close
-                pass
     return agent.report(time.monotonic() - t0)
 
 

@@ -24,6 +24,7 @@ import json
 import os
 import socket
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -191,17 +192,13 @@ class NodeGroup:
             self.close()
             return
         gone = set(silence.nodes) if silence is not None else set()
-        try:
+        with suppress(RuntimeError, OSError):
             self.store.set(self._key(f"finished/{self.node_rank}"), "1")
             keys = [self._key(f"finished/{n}") for n in range(self.nnodes) if n not in gone]
             self.store.wait(keys, timedelta(seconds=FINISH_WAIT_S))
-        except (RuntimeError, OSError):
-            pass
         self.close()
-        try:
+        with suppress(Exception):  # torch's handler may fail on a store already gone; nothing is left to do
             self.handler.shutdown()
-        except Exception:  # noqa: BLE001 - torch's handler may fail on a store already gone; nothing is left to do
-            pass
 
 
 def first_write(store: Any, key: str, value: str) -> bytes | str:

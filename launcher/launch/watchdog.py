@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,10 +155,8 @@ class Watchdog:
                 start[r] = self._dirs[r].stderr.stat().st_size
             except OSError:
                 start[r] = 0
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pids[r], STACKS_SIGNAL)
-            except ProcessLookupError:
-                pass
         out = {r: "" for r in ranks}
         deadline = time.monotonic() + STACKS_WAIT_S
         while asked and time.monotonic() < deadline:

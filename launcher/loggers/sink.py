@@ -12,6 +12,7 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
 from launcher.loggers import MetricsLogger
@@ -69,10 +70,8 @@ class Loggers:
     def _drop(self, name: str, logger: MetricsLogger, what: str, e: Exception) -> None:
         _warn(name, what, e)
         self._loggers = [(n, lg) for n, lg in self._loggers if lg is not logger]
-        try:
+        with suppress(Exception):
             logger.close()  # let it release what it holds; its own error was reported already
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def _warn(name: str, what: str, e: BaseException) -> None:

@@ -14,6 +14,7 @@ what the optimizer steps. Tables trained outside the parts are not clipped (the 
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any
 
 import torch
@@ -83,11 +84,9 @@ def _later_copies(chunks: list[Any], tied: tuple[Any, ...]) -> list[Any]:
             for name, path in c.paths:
                 for t in tie.paths:
                     if t.startswith(name + "."):
-                        try:
+                        with suppress(AttributeError):
                             out.append(c.module.get_parameter(f"{path}.{t[len(name) + 1:]}" if path else
                                                               t[len(name) + 1:]))
-                        except AttributeError:
-                            pass
     return out
 
 

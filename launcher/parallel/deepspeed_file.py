@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,10 +185,8 @@ def conflict(file_key: str, value: Any, source: str, ours: str, key: IntentKey |
     """The message of a file key that disagrees with an intent: both sides and the fix."""
     fix = f"remove {file_key} from {source}"
     if key is not None:
-        try:
+        with suppress(ValueError, TypeError):
             fix += f", or set {key.ours}={_show(key.to_ours(value))}"
-        except (ValueError, TypeError):
-            pass
     return (f"deepspeed.config: {file_key}={_show(value)} in {source} conflicts with {ours}. Make them agree: {fix} "
             f"(a key of ours left unset takes the file's value).")
 

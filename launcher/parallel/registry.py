@@ -99,7 +99,3 @@ PARTS: dict[str, Part] = _parts()
 
 DATA_PARALLEL: tuple[str, ...] = tuple(n for n, p in PARTS.items() if p.slot == "data_parallel")
 """The data-parallel parts, in the order auto prefers them when several can run the intents."""
-
-
-def slot_of(name: str) -> str:
-    return PARTS[name].slot

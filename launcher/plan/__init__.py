@@ -20,11 +20,10 @@ from launcher.loggers import logger_specs
 from launcher.plan.batch import BatchPlan
 from launcher.plan.budget import budget_of, check_fit
 from launcher.plan.host_modules import composition_problems, plan_host_modules
-from launcher.plan.memory import state_floats
 from launcher.plan.draft import (Draft, epoch_steps, plan_dataloader, plan_draft_parts, plan_recompute, plan_shape,
                                  plan_where)
 from launcher.plan.layout import ClusterLayout
-from launcher.plan.memory import Bytes, MemoryEstimate
+from launcher.plan.memory import Bytes, MemoryEstimate, state_floats
 from launcher.plan.nodes import planned_nodes, store_notes
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.pipeline import PipelinePlan

@@ -109,13 +109,8 @@ class AutoResult:
 def dense_layouts(dp: int, recomputes: list[tuple[str, ...]]) -> list[tuple[int, bool, bool, tuple[str, ...]]]:
     """(zero, offload optimizer, offload parameters, recompute) to try, in a fixed order."""
     zeros = (0, 1, 2, 3) if dp > 1 else (0, 3)
-    out = []
-    for rec in recomputes:
-        for z in zeros:
-            for opt in (False, True):
-                for par in ((False, True) if z == 3 and opt else (False,)):
-                    out.append((z, opt, par, rec))
-    return out
+    return [(z, opt, par, rec) for rec in recomputes for z in zeros for opt in (False, True)
+            for par in ((False, True) if z == 3 and opt else (False,))]
 
 
 def owned_terms(terms: tuple[Term, ...]) -> dict[str, list[Term]]:
@@ -202,10 +197,6 @@ def _owner(t: Term) -> str:
 def _owner_of(name: str) -> str:
     head, _, tail = name.rpartition(" ")
     return head if tail in OWNED else ""
-
-
-def _owned(t: Term, table: str) -> bool:
-    return _owner(t) == table
 
 
 def choose(evaluate, layouts, movable, b: Budget, cost_input, owned: dict[str, list[Term]],
@@ -298,7 +289,7 @@ def _table_reasons(best: Candidate, b: Budget, fixed: set[str], shown: int = 8) 
     left = b.device_usable - mem.peak("device")
     out = []
     for name in moved[:shown]:
-        size = sum(t.bytes for t in mem.terms if t.phase == "always" and _owned(t, name))
+        size = sum(t.bytes for t in mem.terms if t.phase == "always" and _owner(t) == name)
         out.append(f"{name} -> host: on the device it needs {gb(size)} (weights and states); the device budget "
                    f"{gb(b.device_usable)} keeps {gb(at_rest)} at rest and {gb(busiest)} in its busiest phase, so "
                    f"{gb(max(0, left))} is left")

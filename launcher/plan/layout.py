@@ -11,6 +11,7 @@ import dataclasses
 import ipaddress
 import json
 import re
+from contextlib import suppress
 from dataclasses import dataclass
 
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?")
@@ -64,11 +65,9 @@ def address_problem(value: str) -> str:
     odd = next((c for c in value if not (c.isascii() and (c.isalnum() or c in _ALLOWED))), "")
     if odd:
         return f"contains {json.dumps(odd)}, which no host name or IP address has"
-    try:
+    with suppress(ValueError):
         ipaddress.ip_address(value)
         return ""
-    except ValueError:
-        pass
     if len(value) > HOSTNAME_MAX:
         return f"is longer than {HOSTNAME_MAX} characters"
     labels = value.split(".")

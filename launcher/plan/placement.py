@@ -215,8 +215,7 @@ def follow_notes(tables: list[TablePlan], source: str) -> list[str]:
             groups.setdefault(f"{t.optimizer} ({settings_words(t)}) — {t.differs}", []).append(t.name)
     notes = []
     for how, names in groups.items():
-        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        notes.append(f"{'tables' if len(names) > 1 else 'table'} {shown} follow{'' if len(names) > 1 else 's'} "
+        notes.append(f"{'tables' if len(names) > 1 else 'table'} {_few(names)} follow{'' if len(names) > 1 else 's'} "
                      f"{source}: {how}")
     return notes
 

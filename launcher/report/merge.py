@@ -21,6 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from launcher.errors import ConfigError
 from launcher.report.junit import write_junit
 from launcher.report.summary import build_summary
 from launcher.rundir import RunDir, SweepDir
@@ -40,17 +41,10 @@ AGREED_KEYS = ("first_failed_rank", "first_failure")
 "disagreements" (and takes the first node's value that is not None)."""
 
 
-class MergeError(Exception):
+class MergeError(ConfigError):
     """The run dirs cannot be merged; ``problems`` holds one sentence per problem, each with its dir and a fix."""
 
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        n = len(self.problems)
-        head = f"{n} problem{'s' if n != 1 else ''} with the run dirs to merge; nothing was written."
-        return head + "".join(f"\n  - {p}" for p in self.problems)
+    about = "with the run dirs to merge; nothing was written."
 
 
 def plan_digest(plan: dict[str, Any]) -> str:

@@ -128,11 +128,6 @@ class StreamData:
         return val_batches(self, dp_rank, dp_size, micro_size, count)
 
     def eval_batches(self, dp_rank: int, dp_size: int, micro_size: int, count: int) -> Iterator[Batch]:
-        if self.eval is None:
-            return
-        if is_stream(self.eval):
-            yield from held_out(self.eval, self._collate, self._keys, self._settings, (dp_rank, dp_size), micro_size,
-                                count)
-        else:
-            yield from MapData(None, self.eval, self._keys, self._collate, self._settings).eval_batches(
-                dp_rank, dp_size, micro_size, count)
+        """As MapData's: its held-out data may be map-style or iterable."""
+        yield from MapData(None, self.eval, self._keys, self._collate, self._settings).eval_batches(
+            dp_rank, dp_size, micro_size, count)

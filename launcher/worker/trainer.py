@@ -129,9 +129,8 @@ class Trainer:
     def _build_lookahead(self) -> Any:
         """A Lookahead when the plan prefetches and the store has tables it can prefetch (replicated host tables)."""
         depth = getattr(self.plan.placement, "prefetch", 0)
-        if self.tables is None or depth <= 0 or not hasattr(self.tables, "start_prefetch"):
-            return None
-        if not self.tables.start_prefetch():
+        if (self.tables is None or depth <= 0 or not hasattr(self.tables, "start_prefetch")
+                or not self.tables.start_prefetch()):
             return None
         from launcher.tables.record import Lookahead
 

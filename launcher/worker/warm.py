@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import traceback
+from contextlib import suppress
 from multiprocessing import forkserver
 
 import torch
@@ -73,18 +74,14 @@ def start_rank(run_dir: str) -> None:
 
 def _print(text: str) -> None:
     """To the rank's stderr, unless it cannot be written (a full disk: rank.N/error.json may hold it)."""
-    try:
+    with suppress(OSError, ValueError):
         print(text, file=sys.stderr)
-    except (OSError, ValueError):
-        pass
 
 
 def _name(name: str) -> None:
     """The process's name as ``ps -o comm`` and ``top`` show it (15 bytes at most): a forked rank's command line is
     the forkserver's (``python -c from multiprocessing.forkserver import main ...``)."""
-    try:
+    with suppress(OSError, AttributeError):  # no prctl here
         import ctypes
 
         ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):  # no prctl here
-        pass

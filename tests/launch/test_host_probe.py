@@ -5,20 +5,20 @@ the smallest device's, from the same child, and the host's, from /proc/meminfo o
 import subprocess
 import sys
 
-from launcher.facts.host import count_cuda_devices, cuda_devices, host_memory
+from launcher.facts.host import cuda_devices, host_memory
 
 
 def test_no_driver_means_no_devices_and_no_torch_probe(tmp_path):
     def probe():
         raise AssertionError("torch must not be asked on a host without NVIDIA's driver")
 
-    assert count_cuda_devices({"PATH": str(tmp_path)}, dev=tmp_path, probe=probe) == (0, "")
+    assert cuda_devices({"PATH": str(tmp_path)}, dev=tmp_path, probe=probe) == (0, 0, "")
 
 
 def test_device_files_without_nvidia_smi_still_ask_torch(tmp_path):
     (tmp_path / "nvidia0").touch()
     (tmp_path / "nvidia1").touch()
-    assert count_cuda_devices({"PATH": str(tmp_path)}, dev=tmp_path, probe=lambda: 2) == (2, "")
+    assert cuda_devices({"PATH": str(tmp_path)}, dev=tmp_path, probe=lambda: 2) == (2, 0, "")
 
 
 def test_a_probe_that_fails_on_a_gpu_host_is_said(tmp_path):
@@ -28,19 +28,17 @@ def test_a_probe_that_fails_on_a_gpu_host_is_said(tmp_path):
         return subprocess.run([sys.executable, "-c", "raise SystemExit('CUDA driver version is insufficient')"],
                               capture_output=True, text=True, check=True)
 
-    count, note = count_cuda_devices({"PATH": str(tmp_path)}, dev=tmp_path, probe=probe)
+    count, _, note = cuda_devices({"PATH": str(tmp_path)}, dev=tmp_path, probe=probe)
     assert count == 0 and "nvidia0" in note and "insufficient" in note and "cluster.device=cuda" in note
 
 
 def test_cuda_visible_devices_empty_hides_them_all(tmp_path):
     (tmp_path / "nvidia0").touch()
-    assert count_cuda_devices({"CUDA_VISIBLE_DEVICES": "", "PATH": ""}, dev=tmp_path, probe=lambda: 8) == (0, "")
+    assert cuda_devices({"CUDA_VISIBLE_DEVICES": "", "PATH": ""}, dev=tmp_path, probe=lambda: 8) == (0, 0, "")
 
 
 def test_the_child_reports_each_devices_memory_and_the_smallest_is_taken(tmp_path):
     (tmp_path / "nvidia0").touch()
-    found = count_cuda_devices({"PATH": str(tmp_path)}, dev=tmp_path, probe=lambda: (2, (80 << 30, 40 << 30)))
-    assert found == (2, "")
     assert cuda_devices({"PATH": str(tmp_path)}, dev=tmp_path, probe=lambda: (2, (80 << 30, 40 << 30))) == (
         2, 40 << 30, "")
     assert cuda_devices({"PATH": str(tmp_path)}, dev=tmp_path, probe=lambda: 2) == (2, 0, "")  # a count alone
