@@ -35,14 +35,15 @@ def _steps(metrics: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in recs if "loss" in r and "event" not in r}
 
 
-def _job(tmp: Path, victim: int) -> dict:
-    """Three hosts train; once step 22 is logged, host ``victim``'s launcher is SIGKILLed. What each launcher said
-    and how it ended, the survivors' run dirs, what is left in the victim's namespace."""
+def _job(tmp: Path, victim: int, cut: bool = False, heartbeat_s: float = HEARTBEAT_S) -> dict:
+    """Three hosts train; once step 22 is logged, host ``victim``'s launcher is SIGKILLed (``cut``: its link is cut
+    instead, its etcd member with it). What each launcher said and how it ended, the survivors' run dirs, what is
+    left in the victim's namespace."""
     shared = tmp / "shared"
     args = [*BASE, f"trainer.steps={STEPS}", f"trainer.checkpoint_every={EVERY}", f"trainer.checkpoint_dir={shared}",
             "launcher.max_restarts=1", "cluster.launch=elastic", "cluster.nnodes=2:3", "cluster.nproc_per_node=1",
             "cluster.rdzv_backend=etcd-v2", "cluster.rdzv_endpoint=127.0.0.1:2379", f"cluster.rdzv_id=kill{victim}",
-            "cluster.rdzv_timeout_s=90", f"cluster.heartbeat_timeout_s={HEARTBEAT_S}",
+            "cluster.rdzv_timeout_s=90", f"cluster.heartbeat_timeout_s={heartbeat_s:g}",
             "+cluster.rdzv_conf.last_call_timeout=5", "+cluster.rdzv_conf.keep_alive_interval=1",
             "+cluster.rdzv_conf.keep_alive_max_attempt=3"]
     with Hosts(3) as hosts:
@@ -59,15 +60,22 @@ def _job(tmp: Path, victim: int) -> dict:
             assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
             assert time.monotonic() < deadline, "the job never reached step 22"
             time.sleep(0.2)
-        os.kill(procs[victim].pid, signal.SIGKILL)
-        outs = {i: procs[i].communicate(timeout=300) for i in range(3) if i != victim}
+        if cut:
+            hosts.cut(victim)
+        else:
+            os.kill(procs[victim].pid, signal.SIGKILL)
+        since, outs, victim_s = time.monotonic(), {}, None
+        if cut:  # it leaves on its own
+            outs[victim] = procs[victim].communicate(timeout=300)
+            victim_s = time.monotonic() - since
+        outs.update({i: procs[i].communicate(timeout=300) for i in range(3) if i != victim})
         time.sleep(1.0)  # the victim's ranks end when its launcher's forkserver does
         left = [Path(f"/proc/{pid}/comm").read_text().strip() for pid in hosts.pids(victim)
                 if Path(f"/proc/{pid}/comm").exists()]
         names = hosts.names
     survivors = [i for i in range(3) if i != victim]
     return {"procs": procs, "outs": outs, "left": left, "survivors": survivors, "names": names, "shared": shared,
-            "runs": {i: runs[i].resolve() for i in survivors}}
+            "runs": {i: runs[i].resolve() for i in survivors}, "victim_s": victim_s}
 
 
 def _fresh_two_rank(tmp: Path, job: dict, run: Path, step: int, until: int) -> dict[int, float]:
@@ -125,3 +133,22 @@ def test_an_elastic_job_on_etcd_goes_on_without_any_one_host(tmp_path, victim):
         one_host = _steps(ref / "log_output" / "latest" / "rank.0" / "metrics.jsonl")
         assert steps == list(range(1, len(steps) + 1)) and sorted(one_host) == steps
         assert max(abs(three[s] - one_host[s]) for s in steps) <= 1e-6, [(three[s], one_host[s]) for s in steps[:5]]
+
+
+def test_an_elastic_job_on_etcd_goes_on_when_the_first_hosts_link_is_cut(tmp_path):
+    """The link of h0 cut (no connection reset: the ranks wait in a collective, and h0's etcd member is cut off from
+    its quorum): the other two name h0 lost by the liveness check and finish without it; h0 says it lost the
+    store and exits 1 within the timeout + 15 s."""
+    heartbeat = 15  # above etcd's request timeout (~7 s) and election: a call to a member whose leader was cut waits
+    job = _job(tmp_path, 0, cut=True, heartbeat_s=heartbeat)
+    out, err = job["outs"][0]
+    said = " ".join(out.replace("│", " ").split())
+    assert job["procs"][0].returncode == 1 and job["victim_s"] <= heartbeat + 15, (job["victim_s"], said[-3000:])
+    assert "the rendezvous store at cluster.rdzv_endpoint=127.0.0.1:2379 has not answered this host" in said, said
+    for i in job["survivors"]:
+        out, err = job["outs"][i]
+        assert job["procs"][i].returncode == 0, f"h{i}: {job['procs'][i].returncode}\n{out[-5000:]}\n{err[-3000:]}"
+        assert "host h0 (node 0, ranks 0) has not been heard from for" in " ".join(out.replace("│", " ").split())
+        first, second = json.loads((job["runs"][i] / "summary.json").read_text())["attempts"]
+        assert [h["hostname"] for h in first["lost_hosts"]] == ["h0"] and "hung_ranks" not in first, first
+        assert second["status"] == "ok" and second["world_size"] == 2
