@@ -6,7 +6,6 @@ reported at once (ConfigError: exit 2), naming the YAML file and the key."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, did_you_mean
 from launcher.facts.model import model_facts_on_meta
 from launcher.plain import to_plain
 from launcher.procfs import kernel_field
@@ -60,8 +59,7 @@ def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple
     problems = []
     for k in given:
         if k not in params:
-            close = difflib.get_close_matches(k, [*params, *HYDRA_KEYS], n=1)
-            hint = f" Did you mean {key}.{close[0]}?" if close else ""
+            hint = did_you_mean(k, [*params, *HYDRA_KEYS], f"{key}.")
             problems.append(f"{key}.{k}={spec[k]!r} ({where}): {target}() has no argument {k}.{hint} "
                             f"Its arguments: {', '.join(params) or 'none'}.")
         elif _wrong_number(params[k], spec[k]):

@@ -12,10 +12,10 @@ bubble); interleaved 1F1B cuts each slot V ways: (P-1)/(V·M+P-1).
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 from launcher.codec import from_plain
+from launcher.errors import did_you_mean
 from launcher.plan.registry import unknown
 
 PARTITIONS = ("parameters", "uniform")
@@ -146,8 +146,7 @@ def _from_yaml(stages: dict[str, int], layers: tuple[str, ...], pp: int) -> tupl
     stages = {_first_inside(name, layers): s for name, s in stages.items()}
     for name, s in stages.items():
         if name not in layers:
-            close = difflib.get_close_matches(name, layers, n=1)
-            hint = f" Did you mean {close[0]}?" if close else ""
+            hint = did_you_mean(name, layers)
             shown = ", ".join(layers[:24]) + (f", … ({len(layers)} in all)" if len(layers) > 24 else "")
             problems.append(f"parallel.stages: the model has no layer {name}.{hint} Its layers, in forward order: "
                             f"{shown}.")

@@ -19,12 +19,12 @@ MindSpore does (torch's Linear stores it transposed).
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Any
 
 from launcher.codec import from_plain
 from launcher.contract import Operator
+from launcher.errors import did_you_mean
 
 SEARCH_MODES = ("sharding_propagation",)
 
@@ -189,8 +189,7 @@ def plan_sharding(sharding: dict[str, Any], search_mode: str, ops: list[Operator
     for key, s in sharding.items():
         name = aliases.get(key, key)
         if name not in by_name:
-            close = difflib.get_close_matches(key, [*by_name, *aliases], n=1, cutoff=0.5)
-            hint = f" Did you mean parallel.sharding.{close[0]}?" if close else ""
+            hint = did_you_mean(key, [*by_name, *aliases], "parallel.sharding.", cutoff=0.5)
             problems.append(f"parallel.sharding.{key}: recipe {recipe} has no operator {key}.{hint} Its operators: "
                             f"{listing}.")
         elif name in given:
