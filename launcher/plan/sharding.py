@@ -19,7 +19,7 @@ MindSpore does (torch's Linear stores it transposed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from launcher.codec import from_plain
@@ -269,15 +269,12 @@ def plan_sharding(sharding: dict[str, Any], search_mode: str, ops: list[Operator
                 partial=False, collectives=tuple(collectives)))
         what = f"{op.name}'s output"
         if i == len(ops) - 1 and layout == "S":  # the loss takes whole rows
-            rows[-1] = _with(rows[-1], _redistribute("S", "R", what, [micro, *lead, op.width_out], tp))
+            more = _redistribute("S", "R", what, [micro, *lead, op.width_out], tp)
+            rows[-1] = replace(rows[-1], collectives=(*rows[-1].collectives, *(f"{m} for the loss" for m in more)))
     if problems:
         return None, problems
     return ShardingPlan(source="parallel.sharding", search_mode=search_mode, dp=dp, tp=tp, ops=tuple(rows),
                         gradients=_gradients(dp)), []
-
-
-def _with(op: OpShard, more: list[str]) -> OpShard:
-    return OpShard(**{**op.__dict__, "collectives": (*op.collectives, *(f"{m} for the loss" for m in more))})
 
 
 def _gradients(dp: int) -> str:
