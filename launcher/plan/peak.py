@@ -17,7 +17,6 @@ import functools
 from dataclasses import asdict, dataclass, field, fields
 
 from launcher import constants as C
-from launcher.codec import from_plain
 from launcher.plan.memory import MemoryEstimate
 from launcher.plan.ps import rows_per_rank
 from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, table_state_bytes
@@ -145,10 +144,6 @@ class MemoryPlan:
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) if f.name != "terms" else [asdict(t) for t in self.terms]
                 for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> MemoryPlan:
-        return from_plain(cls, d)
 
 
 def phase_sums(terms) -> dict[str, dict[str, int]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.codec import from_plain
 from launcher.errors import did_you_mean
 from launcher.plan.registry import unknown
 
@@ -72,10 +71,6 @@ class PipelinePlan:
     """P: pipeline ranks (the mesh's pp dim); len(stages) = P × stages_per_rank."""
     split: str = "chain"
     """How a stage runs its layers (SPLITS)."""
-
-    @classmethod
-    def from_dict(cls, d: dict) -> PipelinePlan:
-        return from_plain(cls, d)
 
     @property
     def stages_per_rank(self) -> int:

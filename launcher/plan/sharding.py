@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from launcher.codec import from_plain
 from launcher.contract import Operator
 from launcher.errors import did_you_mean
 
@@ -67,10 +66,6 @@ class ShardingPlan:
     ops: tuple[OpShard, ...] = ()
     gradients: str = ""
     """How gradients are averaged over dp, in words."""
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ShardingPlan:
-        return from_plain(cls, d)
 
 
 def _shape(*dims: int) -> list[int]:
