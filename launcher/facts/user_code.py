@@ -240,8 +240,7 @@ def _swap(cfg: DictConfig, facts: ModelFacts) -> Swap | None:
         if buckets:  # a hash the plan refuses (too many rows, a bad function) still maps the ids into the table here
             ok = isinstance(buckets, int) and not isinstance(buckets, bool) and 2 <= buckets <= rows
             hashing[name] = (buckets if ok else rows, fn if fn in ("mix", "mod") else "mix")
-    names = {path: name for name, path in aliases.items()}
-    return Swap(shapes, hashing, names, planned) if shapes else None
+    return Swap(shapes, hashing, {path: name for name, path in aliases.items()}, planned) if shapes else None
 
 
 def forward_checks(spec: dict[str, Any], facts: ModelFacts, swap: Swap | None, loss_fn: Any, batch: Any, source: str,

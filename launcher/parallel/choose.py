@@ -141,8 +141,7 @@ def estimate(i: Intents, parts: tuple[PartPlan, ...], placement, layer_paths, pe
 
 def checkpoint_format(parts: tuple[PartPlan, ...]) -> str:
     """dcp when every part checkpoints through torch.distributed.checkpoint, else the other format (deepspeed)."""
-    formats = {PARTS[p.name].checkpoint for p in parts}
-    return next(iter(formats - {DCP}), DCP)
+    return next(iter({PARTS[p.name].checkpoint for p in parts} - {DCP}), DCP)
 
 
 def config_file(parts: tuple[PartPlan, ...]) -> dict | None:
