@@ -14,7 +14,7 @@ would hold), which is how placement is planned and tested on CPU.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 
 from launcher import constants as C
 from launcher.plan.memory import MemoryEstimate
@@ -140,10 +140,6 @@ class MemoryPlan:
             return "rss", self.rank_peak
         context = sum(t.bytes for t in self.terms if t.name == "cuda context")
         return "device_max_reserved", self.peak("device") - context
-
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) if f.name != "terms" else [asdict(t) for t in self.terms]
-                for f in fields(self)}
 
 
 def phase_sums(terms) -> dict[str, dict[str, int]]:
