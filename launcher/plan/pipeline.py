@@ -128,9 +128,7 @@ def _uniform(n: int, parts: int, allowed: set[int] | None = None) -> list[int]:
 
 def _first_inside(name: str, layers: tuple[str, ...]) -> str:
     """A stack's name (``blocks``, ``layer3``: its items are the layers ``blocks.0``, ...) for its first layer."""
-    if name in layers:
-        return name
-    return next((n for n in layers if n.startswith(name + ".")), name)
+    return name if name in layers else next((n for n in layers if n.startswith(name + ".")), name)
 
 
 def _from_yaml(stages: dict[str, int], layers: tuple[str, ...], pp: int) -> tuple[list[int], list[str]]:
