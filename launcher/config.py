@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config_files import check_recipe_file, quoted_path, user_recipes, yaml_problem
 from launcher.config_overrides import competing_keys, hydra_keys, launcher_set_keys, quote_hint
-from launcher.errors import ConfigError, first_line
+from launcher.errors import ConfigError, did_you_mean, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
 
@@ -318,8 +318,7 @@ def _table_entries(value) -> list[str]:
     for name, fields in (value.items() if isinstance(value, dict) else ()):
         if not isinstance(fields, dict) and "." in name:  # tables.<name>.<not a field>=v
             table, _, leaf = name.rpartition(".")
-            close = difflib.get_close_matches(leaf, known, n=1)
-            hint = f" Did you mean tables.{table}.{close[0]}?" if close else ""
+            hint = did_you_mean(leaf, known, f"tables.{table}.")
             problems.append(f"tables.{name}={fields}: a table has no field {leaf}.{hint} Fields of a table: "
                             f"{', '.join(known)}.")
         for field, v in (fields.items() if isinstance(fields, dict) else ()):
@@ -363,8 +362,7 @@ def _exists(cfg: DictConfig, key: str) -> bool:
 
 def _unknown(key: str, value: str, candidates: Sequence[str], what: str) -> str:
     if what == "option of":
-        close = difflib.get_close_matches(value, candidates, n=1, cutoff=0.6)
-        hint = f" Did you mean {key}={close[0]}?" if close else ""
+        hint = did_you_mean(value, candidates, f"{key}=")
         return f"{key}={value}: no such {key}.{hint} Available: {', '.join(candidates)}."
     parent, _, leaf = key.rpartition(".")
     same_depth = [c for c in candidates if c.count(".") == key.count(".")]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 
 
 class ConfigError(Exception):
@@ -18,6 +20,12 @@ class ConfigError(Exception):
         n = len(self.problems)
         head = f"{n} problem{'s' if n != 1 else ''} {self.about}"
         return head + "".join(f"\n  - {p}" for p in self.problems)
+
+
+def did_you_mean(word: str, candidates: Iterable[str], prefix: str = "", cutoff: float = 0.6) -> str:
+    """' Did you mean <prefix><the closest candidate>?', or '' when none is close enough."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=cutoff)
+    return f" Did you mean {prefix}{close[0]}?" if close else ""
 
 
 def first_line(e: BaseException) -> str:

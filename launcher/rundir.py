@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -107,23 +108,12 @@ class RankDir:
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """metrics.jsonl's records; a torn last line (the rank died mid-write) is skipped."""
-        if not self.metrics.exists():
-            return []
-        out = []
-        for line in self.metrics.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
+        return json_lines(self.metrics.read_text()) if self.metrics.exists() else []
 
     def read_heartbeat(self) -> dict[str, Any]:
         """{step, time, rss, host_available[, state]} (bytes; {} before the first finished step or while being
         rewritten)."""
-        try:
-            beat = json.loads(self.heartbeat.read_text())
-        except (OSError, ValueError):
-            return {}
+        beat = read_record(self.heartbeat)
         return beat if isinstance(beat, dict) else {}
 
     def recorded_step(self) -> int | None:
@@ -140,11 +130,8 @@ class RankDir:
 
     def read_exit(self) -> dict[str, Any] | None:
         """{exit_code, time (epoch s)} once the rank ended (mpi|slurm), else None."""
-        try:
-            rec = json.loads(self.exit.read_text())
-            return rec if isinstance(rec, dict) and isinstance(rec.get("exit_code"), int) else None
-        except (OSError, ValueError):
-            return None
+        rec = read_record(self.exit)
+        return rec if isinstance(rec, dict) and isinstance(rec.get("exit_code"), int) else None
 
     def write_pid(self, pid: int) -> None:
         import socket
@@ -364,6 +351,24 @@ class SweepDir:
 def create_sweep_dir(log_dir: Path) -> SweepDir:
     """A new ``sweep-<YYYYmmdd-HHMMSS>[-n]`` dir, never reused; an unwritable log_dir is a ConfigError."""
     return SweepDir(create_run_dir(log_dir, "", SWEEP_PREFIX.rstrip("-")).path)
+
+
+def read_record(path: Path) -> Any:
+    """A JSON record's value; None when it cannot be read (absent, being rewritten, not JSON)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def json_lines(text: str) -> list[Any]:
+    """The value of each line of a JSON-lines text; a line that is not JSON (torn: its writer died mid-write) is
+    skipped."""
+    out = []
+    for line in text.splitlines():
+        with suppress(ValueError):
+            out.append(json.loads(line))
+    return out
 
 
 def is_step(value: Any) -> bool:

@@ -20,8 +20,7 @@ def layer_sizes(layers: list[tuple[str, nn.Module]]) -> tuple[dict[str, int], tu
         for path, p in module.named_parameters():
             uses.setdefault(id(p), []).append(f"{name}.{path}")
             numel[id(p)] = p.numel()
-    tied = tuple((tuple(paths), numel[key]) for key, paths in uses.items() if len(paths) > 1)
-    return counts, tied
+    return counts, tuple((tuple(paths), numel[key]) for key, paths in uses.items() if len(paths) > 1)
 
 
 def layer_facts(recipe, model_spec: dict) -> tuple[dict[str, int], tuple[tuple[tuple[str, ...], int], ...],

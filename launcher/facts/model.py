@@ -86,8 +86,7 @@ def torchrec_names(model: nn.Module, tables: dict[str, tuple[int, int]]) -> tupl
             shown = ", ".join(names[:6]) + (f" ... ({len(names)} tables)" if len(names) > 6 else "")
             lines.append(f"model: TorchRec {type(m).__name__} at {path or '(the model)'}: tables {shown or 'none'} "
                          f"(placement.tables.<name> and tables.<name> take these names or the module paths)")
-    aliases = {n: paths[0] for n, paths in found.items() if len(paths) == 1 and n not in tables}
-    return aliases, lines
+    return {n: paths[0] for n, paths in found.items() if len(paths) == 1 and n not in tables}, lines
 
 
 def linear_io(model: nn.Module) -> dict[str, tuple[int, int]]:

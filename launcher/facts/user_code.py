@@ -6,7 +6,6 @@ reported at once (ConfigError: exit 2), naming the YAML file and the key."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, did_you_mean
 from launcher.facts.model import model_facts_on_meta
 from launcher.plain import to_plain
 from launcher.procfs import kernel_field
@@ -34,8 +33,6 @@ LABEL_SCAN = 256
 SHARDED_TORCHREC = "torchrec.distributed"
 """TorchRec's sharded modules (DistributedModelParallel, ShardedEmbeddingBagCollection) live under this package."""
 
-_first_line = first_words
-
 
 def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple[Any, list[str]]:
     """(the class, problems) for ``spec``'s ``_target_``: it imports, and its constructor takes the spec's keys."""
@@ -46,7 +43,7 @@ def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple
     target = spec["_target_"]
     failed = import_targets(spec, key)  # nested ones too: a package's import-time code never runs on meta
     if failed:
-        return None, [f"{k}._target_={t} ({where}) does not import: {_first_line(e)}. Check the dotted path "
+        return None, [f"{k}._target_={t} ({where}) does not import: {first_words(e)}. Check the dotted path "
                       f"and that its package is in the folder you run from (or next to --config-dir)."
                       for k, t, e in failed]
     cls = locate(target)
@@ -60,8 +57,7 @@ def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple
     problems = []
     for k in given:
         if k not in params:
-            close = difflib.get_close_matches(k, [*params, *HYDRA_KEYS], n=1)
-            hint = f" Did you mean {key}.{close[0]}?" if close else ""
+            hint = did_you_mean(k, [*params, *HYDRA_KEYS], f"{key}.")
             problems.append(f"{key}.{k}={spec[k]!r} ({where}): {target}() has no argument {k}.{hint} "
                             f"Its arguments: {', '.join(params) or 'none'}.")
         elif _wrong_number(params[k], spec[k]):
@@ -177,7 +173,7 @@ def _collate(cfg: DictConfig, source: str) -> tuple[Any, list[str]]:
         return build_collate(spec), []
     except Exception as e:  # noqa: BLE001 (the user's code may raise anything)
         shown = spec.get("_target_") if isinstance(spec, Mapping) else spec
-        return None, [f"loader.collate_fn={shown} ({source}): {_first_line(e.__cause__ or e)}. Give a function by its "
+        return None, [f"loader.collate_fn={shown} ({source}): {first_words(e.__cause__ or e)}. Give a function by its "
                       f"dotted path (loader.collate_fn=my_project.data.collate), or {{_target_: ..., ...}} with its "
                       f"arguments."]
 
@@ -195,7 +191,7 @@ def _meta_model(spec: dict[str, Any], source: str) -> tuple[nn.Module | None, li
             model = instantiate(spec, _convert_="all")
     except Exception as e:  # noqa: BLE001
         return None, [f"model ({source}): building {spec['_target_']} on the meta device failed: "
-                      f"{_first_line(e.__cause__ or e)}."]
+                      f"{first_words(e.__cause__ or e)}."]
     if not isinstance(model, nn.Module):
         return None, [f"model._target_={spec['_target_']} ({source}) built a {type(model).__name__}, not a "
                       f"torch.nn.Module."]
@@ -206,7 +202,7 @@ def _loss(spec: dict[str, Any], source: str) -> tuple[Any, list[str]]:
     try:
         return instantiate(spec, _convert_="all"), []
     except Exception as e:  # noqa: BLE001
-        return None, [f"loss ({source}): building {spec['_target_']} failed: {_first_line(e.__cause__ or e)}."]
+        return None, [f"loss ({source}): building {spec['_target_']} failed: {first_words(e.__cause__ or e)}."]
 
 
 def _first_batches(sample: Sample | None, keys: tuple[tuple[str, ...], str], collate: Any,
@@ -217,14 +213,14 @@ def _first_batches(sample: Sample | None, keys: tuple[tuple[str, ...], str], col
     try:
         batch = two_items(sample.items, keys, collate)
     except Exception as e:  # noqa: BLE001
-        return None, [], [f"data ({source}): items 0 and 1 do not batch together: {_first_line(e)}. Every item "
+        return None, [], [f"data ({source}): items 0 and 1 do not batch together: {first_words(e)}. Every item "
                           f"needs the same number of tensors, each of the same shape in every item (or a "
                           f"loader.collate_fn that batches them)."]
     try:
         return batch, item_labels(sample.items, keys, collate), []
     except Exception as e:  # noqa: BLE001
         return batch, [], [f"data ({source}): reading and batching its first {LABEL_SCAN} items failed: "
-                           f"{_first_line(e)}. Every item needs the same structure (the same keys or number of "
+                           f"{first_words(e)}. Every item needs the same structure (the same keys or number of "
                            f"elements)."]
 
 
@@ -244,8 +240,7 @@ def _swap(cfg: DictConfig, facts: ModelFacts) -> Swap | None:
         if buckets:  # a hash the plan refuses (too many rows, a bad function) still maps the ids into the table here
             ok = isinstance(buckets, int) and not isinstance(buckets, bool) and 2 <= buckets <= rows
             hashing[name] = (buckets if ok else rows, fn if fn in ("mix", "mod") else "mix")
-    names = {path: name for name, path in aliases.items()}
-    return Swap(shapes, hashing, names, planned) if shapes else None
+    return Swap(shapes, hashing, {path: name for name, path in aliases.items()}, planned) if shapes else None
 
 
 def forward_checks(spec: dict[str, Any], facts: ModelFacts, swap: Swap | None, loss_fn: Any, batch: Any, source: str,

@@ -46,9 +46,7 @@ def record_of(status: dict[str, Any], total: int) -> dict[str, Any] | None:
     if step is None and status.get("progressPercentage") == 100 and total:
         step = total
     record = {KEYS[k]: v for k, v in metrics.items() if k in KEYS}
-    if step is None or not record:
-        return None
-    return {"step": int(step), **record}
+    return None if step is None or not record else {"step": int(step), **record}
 
 
 class TrainerFeed:

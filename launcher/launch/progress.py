@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-
-import json
-
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from launcher.report.summary import odd_record
-from launcher.rundir import RankDir
+from launcher.rundir import RankDir, json_lines
 
 
 class ProgressView:
@@ -69,15 +66,8 @@ class ProgressView:
             return []
         complete = chunk[: chunk.rfind("\n") + 1]  # leave a half-written last line for the next tick
         self._offset += len(complete)
-        records = []
-        for line in complete.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if not odd_record(record):  # the summary names what was skipped; the bar just goes on
-                records.append(record)
-        return records
+        # the summary names what was skipped; the bar just goes on
+        return [record for record in json_lines(complete) if not odd_record(record)]
 
 
 def _early_stop_words(record: dict) -> str:

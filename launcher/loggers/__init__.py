@@ -44,7 +44,6 @@ This module is torch-free (the plan and the launcher's checks import it); the ra
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import inspect
@@ -54,6 +53,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from omegaconf import Container, OmegaConf
+
+from launcher.errors import did_you_mean
 
 __all__ = ["LOGGERS", "MetricsLogger", "check_loggers", "logger_specs"]
 
@@ -96,8 +97,7 @@ def _spec(key: str, item: Any) -> tuple[dict[str, Any] | None, str]:
         return {"_target_": LOGGERS[item]}, ""
     if isinstance(item, Mapping) and isinstance(item.get("_target_"), str) and item["_target_"].strip():
         return dict(item), ""
-    close = difflib.get_close_matches(str(item), [*LOGGERS, *OFF], n=1) if isinstance(item, str) else []
-    hint = f" Did you mean {close[0]}?" if close else ""
+    hint = did_you_mean(str(item), [*LOGGERS, *OFF]) if isinstance(item, str) else ""
     return None, (f"{key}={item!r} is not a logger.{hint} Give {' or '.join(LOGGERS)}, a class of yours by _target_ "
                   f"({key}={{_target_: my_project.logs.MyLogger}}), a list of those, or none (no logger).")
 
@@ -133,8 +133,7 @@ def _argument_problems(key: str, target: str, cls: Any, spec: Mapping[str, Any])
     problems = []
     for k in given:
         if k not in params:
-            close = difflib.get_close_matches(k, list(params), n=1)
-            hint = f" Did you mean {key}.{close[0]}?" if close else ""
+            hint = did_you_mean(k, list(params), f"{key}.")
             problems.append(f"{key}.{k}={spec[k]!r}: {target}() has no argument {k}.{hint} "
                             f"Its arguments: {', '.join(params) or 'none'}.")
     for name, p in params.items():

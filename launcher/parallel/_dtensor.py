@@ -55,9 +55,7 @@ class _Redistributing(nn.Module):
         return x.redistribute(self.mesh, [LAYOUTS[self.op.input_layout]])
 
     def _output(self, y: DTensor) -> Any:
-        if not self.last:
-            return y
-        return y.redistribute(self.mesh, [Replicate()]).to_local()
+        return y.redistribute(self.mesh, [Replicate()]).to_local() if self.last else y
 
 
 class ShardedLinear(_Redistributing):

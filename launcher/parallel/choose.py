@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.codec import from_plain
 from launcher.plan.intents import Intents, PartPlan
 from launcher.parallel.part import DCP
 from launcher.parallel.registry import DATA_PARALLEL, PARTS
@@ -140,8 +141,7 @@ def estimate(i: Intents, parts: tuple[PartPlan, ...], placement, layer_paths, pe
 
 def checkpoint_format(parts: tuple[PartPlan, ...]) -> str:
     """dcp when every part checkpoints through torch.distributed.checkpoint, else the other format (deepspeed)."""
-    formats = {PARTS[p.name].checkpoint for p in parts}
-    return next(iter(formats - {DCP}), DCP)
+    return next(iter({PARTS[p.name].checkpoint for p in parts} - {DCP}), DCP)
 
 
 def config_file(parts: tuple[PartPlan, ...]) -> dict | None:
@@ -154,7 +154,7 @@ def engine_config(plan: Any) -> dict | None:
     LaunchPlan, a script's runtime plan, or a ScriptPlan (its runtime's parts, as plan.json holds them)."""
     parts = getattr(plan, "parts", None)
     if parts is None:
-        parts = tuple(PartPlan.from_dict(p) for p in (plan.runtime or {}).get("parts", ()))
+        parts = tuple(from_plain(PartPlan, p) for p in (plan.runtime or {}).get("parts", ()))
     return config_file(parts)
 
 

@@ -24,11 +24,6 @@ def _parts(plan: Any) -> list[Any]:
     return [PARTS[p.name] for p in plan.parts]
 
 
-def data_parallel_part(plan: Any) -> Any:
-    """The plan's data-parallel part (every plan has one)."""
-    return next(p for p in _parts(plan) if p.slot == "data_parallel")
-
-
 def split(model: nn.Module, layers: list[tuple[str, nn.Module]], rt: RankContext) -> list[Chunk]:
     """This rank's chunks: its pipeline stages, or the whole model."""
     pipeline = next((p for p in _parts(rt.plan) if p.slot == "pipeline"), None)
@@ -50,7 +45,7 @@ def apply_parts(chunks: list[Chunk], rt: RankContext,
     optimizers = [optimizer_factory(list(c.module.parameters())) if c in trained else NoOptimizer() for c in chunks]
     optimizer = optimizers[0] if len(optimizers) == 1 else Optimizers(optimizers)  # one per chunk: DCP names its
     # states by that chunk's parameter names
-    dp = data_parallel_part(rt.plan)
+    dp = next(p for p in parts if p.slot == "data_parallel")  # every plan has one
     dp.attach(optimizer, trained, rt)
     driver = next((p for p in reversed(parts) if hasattr(p, "engine")), None)
     engine = driver.engine(chunks, optimizer, rt) if driver is not None else \

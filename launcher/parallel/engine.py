@@ -94,34 +94,6 @@ def broadcast_buffers(modules: list[nn.Module], group: Any) -> None:
             dist.broadcast(b, src=src, group=group)
 
 
-class NoOptimizer:
-    """The optimizer of a chunk that has no parameters of its own (a pipeline stage holding only tables that train
-    in a table store): nothing to step. Its pre-step hooks still run: a collective in one (trainer.grad_clip's norm
-    over the pp group) must run on every rank."""
-
-    param_groups: list[dict[str, Any]] = []
-    state: dict[Any, Any] = {}
-
-    def __init__(self) -> None:
-        self._hooks: list[Any] = []
-
-    def register_step_pre_hook(self, hook: Any) -> None:
-        self._hooks.append(hook)
-
-    def step(self) -> None:
-        for hook in self._hooks:
-            hook(self, (), {})
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-
 class Optimizers:
     """One torch optimizer per model chunk, stepped together (torchtitan's OptimizersContainer): DCP names each
     chunk's optimizer states by that chunk's parameter names. Pre-step hooks run once, before every optimizer."""
@@ -159,8 +131,18 @@ class Optimizers:
             o.load_state_dict(state[str(k)])
 
 
+class NoOptimizer(Optimizers):
+    """The optimizer of a chunk that has no parameters of its own (a pipeline stage holding only tables that train
+    in a table store): one over no optimizer, nothing to step. Its pre-step hooks still run: a collective in one
+    (trainer.grad_clip's norm over the pp group) must run on every rank."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+
+
 def per_chunk(optimizer: Any) -> list[torch.optim.Optimizer]:
-    return optimizer.optimizers if isinstance(optimizer, Optimizers) else [optimizer]
+    """Each chunk's optimizer (a chunk's own NoOptimizer is one)."""
+    return optimizer.optimizers if type(optimizer) is Optimizers else [optimizer]
 
 
 class ChunkEngine(Unscaled):

@@ -36,10 +36,6 @@ class _GroupSum(torch.autograd.Function):
         return out, None
 
 
-def _group_sum(t: torch.Tensor, group: Any) -> torch.Tensor:
-    return _GroupSum.apply(t, group)
-
-
 class GroupBatchNorm(_BatchNorm):
     """A BatchNorm1d/2d/3d whose training statistics are the group's (its parameters and buffers those of the
     BatchNorm it replaces, ``convert``)."""
@@ -68,11 +64,11 @@ class GroupBatchNorm(_BatchNorm):
         dims = [d for d in range(x.dim()) if d != 1]
         xf = x.float()
         count = torch.tensor([xf.numel() / xf.shape[1]], dtype=torch.float32, device=x.device)
-        first = _group_sum(torch.cat([xf.sum(dims), count]), self.group)
+        first = _GroupSum.apply(torch.cat([xf.sum(dims), count]), self.group)
         total = first[-1]
         mean = first[:-1] / total
         shape = [1, -1] + [1] * (x.dim() - 2)
-        var = _group_sum(((xf - mean.view(shape)) ** 2).sum(dims), self.group) / total
+        var = _GroupSum.apply(((xf - mean.view(shape)) ** 2).sum(dims), self.group) / total
         if self.training and self.track_running_stats:
             self._update_running(mean.detach(), var.detach(), float(total.detach()))
         return _normalise(x, mean, var, self)

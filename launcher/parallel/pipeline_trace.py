@@ -41,8 +41,7 @@ def _positional_forward(model: nn.Module, keys: tuple[str, ...], output: str) ->
     forward = model.forward
 
     def positional(self: nn.Module, *inputs: torch.Tensor) -> Any:
-        out = forward(**dict(zip(keys, inputs))) if keys else forward(*inputs)
-        return select_output(out, output)
+        return select_output(forward(**dict(zip(keys, inputs))) if keys else forward(*inputs), output)
 
     model.forward = types.MethodType(positional, model)
 

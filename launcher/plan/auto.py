@@ -341,7 +341,8 @@ def infeasible(cands: list[Candidate], b: Budget, group: int = 1) -> list[str]:
     if "device" in over:
         fixes.append(f"a device of {gb(close.memory.peak('device') / (1 - b.reserve))} "
                      f"(cluster.device_memory_gb), or fewer samples per micro-batch (batch.micro_size)")
-    fixes += _fix_words(close)
+    big = sorted(close.memory.terms, key=lambda t: -t.bytes)[:3]
+    fixes.append(f"the largest terms are {', '.join(f'{t.name} {gb(t.bytes)} ({t.where})' for t in big)}")
     split = f", split over the ranks: {len(close.ps_tables)}" if close.ps_tables else ""
     return [f"placement=auto: nothing fits. The closest layout ({close.words()}, tables on the host: "
             f"{len(close.host_tables)}{split}) {shortfall(close.memory, b)}. Fixes: {'; '.join(fixes)}."]
@@ -361,11 +362,6 @@ def _ps_hosts(c: Candidate, b: Budget, group: int) -> list[str]:
     hosts = -(-job // room)
     return [f"the tables split over the ranks (ps) hold {gb(job)} in all; a host has {gb(room)} for its share beside "
             f"the rest, so {hosts} hosts of {c.memory.nproc_per_node} ranks hold them (cluster.nnodes={hosts})"]
-
-
-def _fix_words(c: Candidate) -> list[str]:
-    big = sorted(c.memory.terms, key=lambda t: -t.bytes)[:3]
-    return [f"the largest terms are {', '.join(f'{t.name} {gb(t.bytes)} ({t.where})' for t in big)}"]
 
 
 def override_words(overrides: dict) -> list[str]:

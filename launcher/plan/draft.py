@@ -9,12 +9,11 @@ Pure, as the rest of the plan: no environment read, no file written, no torch im
 from __future__ import annotations
 
 import dataclasses
-import difflib
 
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.contract import Facts, ModelFacts, PartRules, model_facts
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, did_you_mean
 from launcher.plan.batch import DEFAULT_MICRO_SIZE, BatchPlan, plan_batch
 from launcher.plan.host_modules import crossing_words, plan_host_modules
 from launcher.plan.intents import intents_of
@@ -43,8 +42,7 @@ def plan_recompute(wanted: list[str], layers: tuple[str, ...],
     wanted = [n for name in wanted for n in (items.get(name) or [name])]  # a stack's name: its items (layer1.0, ...)
     for name in wanted if wanted != ["all"] else []:
         if name not in layers:
-            close = difflib.get_close_matches(name, layers, n=1)
-            hint = f" Did you mean {close[0]}?" if close else ""
+            hint = did_you_mean(name, layers)
             problems.append(f"recompute: the model has no layer {name}.{hint} Its layers: {', '.join(layers) or 'none'}"
                             f" (or recompute=[all]).")
     chosen = [n for n in layers if wanted == ["all"] or n in wanted]

@@ -126,15 +126,10 @@ def parse_rank_table(obj: dict, source: str) -> ClusterLayout:
     if p.problems:
         raise ConfigError(p.problems)
 
-    ordered = sorted(rows)
-    local: dict[int, int] = {}
-    slots = []
-    for rank, node, device_id, _ in ordered:
-        slots.append(RankSlot(rank=rank, node_rank=node, local_rank=local.get(node, 0), device_id=device_id,
-                              host=hosts[node]))
-        local[node] = local.get(node, 0) + 1
-    return ClusterLayout(hosts=tuple(hosts), nproc_per_node=world // len(servers), ranks=tuple(slots),
-                         source=source)
+    nproc = world // len(servers)  # server n holds ranks n*nproc.. (blocks): a rank's local rank is its offset there
+    slots = tuple(RankSlot(rank=rank, node_rank=node, local_rank=rank - node * nproc, device_id=device_id,
+                           host=hosts[node]) for rank, node, device_id, _ in sorted(rows))
+    return ClusterLayout(hosts=tuple(hosts), nproc_per_node=nproc, ranks=slots, source=source)
 
 
 class _Problems:

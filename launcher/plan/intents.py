@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from launcher.codec import from_plain
 
 if TYPE_CHECKING:  # annotations only: launcher.plan imports this module
     from launcher.plan.parallel import ParallelDims
@@ -135,10 +134,6 @@ class PartPlan:
     """What it emits and the rank applies: DeepSpeed's config, FSDP2's policies, the pipeline's schedule, ..."""
     why: str = ""
     """Why it is in the run (the intent it compiles), in words."""
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PartPlan:
-        return from_plain(cls, d)
 
 
 def warm_start(cfg: Any, device_type: str) -> bool:

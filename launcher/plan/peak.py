@@ -14,10 +14,9 @@ would hold), which is how placement is planned and tested on CPU.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 
 from launcher import constants as C
-from launcher.codec import from_plain
 from launcher.plan.memory import MemoryEstimate
 from launcher.plan.ps import rows_per_rank
 from launcher.plan.registry import DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, table_state_bytes
@@ -141,14 +140,6 @@ class MemoryPlan:
             return "rss", self.rank_peak
         context = sum(t.bytes for t in self.terms if t.name == "cuda context")
         return "device_max_reserved", self.peak("device") - context
-
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) if f.name != "terms" else [asdict(t) for t in self.terms]
-                for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> MemoryPlan:
-        return from_plain(cls, d)
 
 
 def phase_sums(terms) -> dict[str, dict[str, int]]:

@@ -12,10 +12,9 @@ bubble); interleaved 1F1B cuts each slot V ways: (P-1)/(V·M+P-1).
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
-from launcher.codec import from_plain
+from launcher.errors import did_you_mean
 from launcher.plan.registry import unknown
 
 PARTITIONS = ("parameters", "uniform")
@@ -73,10 +72,6 @@ class PipelinePlan:
     split: str = "chain"
     """How a stage runs its layers (SPLITS)."""
 
-    @classmethod
-    def from_dict(cls, d: dict) -> PipelinePlan:
-        return from_plain(cls, d)
-
     @property
     def stages_per_rank(self) -> int:
         return len(self.stages) // self.ranks
@@ -133,9 +128,7 @@ def _uniform(n: int, parts: int, allowed: set[int] | None = None) -> list[int]:
 
 def _first_inside(name: str, layers: tuple[str, ...]) -> str:
     """A stack's name (``blocks``, ``layer3``: its items are the layers ``blocks.0``, ...) for its first layer."""
-    if name in layers:
-        return name
-    return next((n for n in layers if n.startswith(name + ".")), name)
+    return name if name in layers else next((n for n in layers if n.startswith(name + ".")), name)
 
 
 def _from_yaml(stages: dict[str, int], layers: tuple[str, ...], pp: int) -> tuple[list[int], list[str]]:
@@ -146,8 +139,7 @@ def _from_yaml(stages: dict[str, int], layers: tuple[str, ...], pp: int) -> tupl
     stages = {_first_inside(name, layers): s for name, s in stages.items()}
     for name, s in stages.items():
         if name not in layers:
-            close = difflib.get_close_matches(name, layers, n=1)
-            hint = f" Did you mean {close[0]}?" if close else ""
+            hint = did_you_mean(name, layers)
             shown = ", ".join(layers[:24]) + (f", … ({len(layers)} in all)" if len(layers) > 24 else "")
             problems.append(f"parallel.stages: the model has no layer {name}.{hint} Its layers, in forward order: "
                             f"{shown}.")

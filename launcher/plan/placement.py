@@ -9,13 +9,13 @@ names for it (sgd, momentum, lazy_adam for adam/adamw) with its settings, and th
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.errors import did_you_mean
 from launcher.plain import to_plain
 from launcher.plan.placement_types import DenseSettings, PlacementPlan, TablePlan
 from launcher.plan.registry import CPU_OPTIMIZERS, DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, unknown
@@ -54,8 +54,7 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
                                 f"Untie or change it in the model (a HuggingFace config: tie_word_embeddings: false) "
                                 f"to place it, or remove {section}.{name}.")
             elif known and name not in shapes:
-                close = difflib.get_close_matches(name, [*names.values(), *shapes, *kept], n=1)
-                hint = f" Did you mean {section}.{close[0]}?" if close else ""
+                hint = did_you_mean(name, [*names.values(), *shapes, *kept], f"{section}.")
                 listing = ", ".join(names.get(p, p) for p in shapes) or "none"
                 problems.append(f"{section}.{name}: {owner} has no table {name}.{hint} Its tables: {listing}.")
     if host_device_mix not in (0, 1):

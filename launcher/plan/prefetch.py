@@ -83,11 +83,8 @@ def kernels_words(placement: PlacementPlan, kernels: str, device_type: str) -> s
     host = [t.name for t in placement.tables if t.on_host or (t.outside and device_type == "cpu")]
     if not host or not kernels:
         return ""
-    return f"{', '.join(host)}: gather, gradient coalesce and {_optimizers(placement, host)} update on {kernels}"
-
-
-def _optimizers(placement: PlacementPlan, names: list[str]) -> str:
-    return "/".join(sorted({t.optimizer for t in placement.tables if t.name in names}))
+    optimizers = "/".join(sorted({t.optimizer for t in placement.tables if t.name in host}))
+    return f"{', '.join(host)}: gather, gradient coalesce and {optimizers} update on {kernels}"
 
 
 def _words(placement: PlacementPlan, depth: int) -> str:

@@ -10,10 +10,10 @@ gets are said here; the memory model (peak.py, memory.py), placement=auto (auto.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from launcher.errors import did_you_mean
 from launcher.plan.registry import TABLE_OPTIMIZERS
 from launcher.units import gb
 
@@ -42,8 +42,7 @@ def place_problems(name: str, want: str, opt: str, named: bool) -> list[str]:
     """What is wrong with placing table ``name`` (optimizer ``opt``) at ``want``; ``named``: placement.tables.<name>
     said it (else host_device_mix or placement.ps did)."""
     if want not in PLACES:
-        close = difflib.get_close_matches(str(want), PLACES, n=1)
-        hint = f" Did you mean placement.tables.{name}={close[0]}?" if close else ""
+        hint = did_you_mean(str(want), PLACES, f"placement.tables.{name}=")
         return [f"placement.tables.{name}={want} must be host, device or ps (rows split over the ranks' host "
                 f"memory).{hint}"]
     if opt == "dense" and named and want in ("host", "ps"):

@@ -7,9 +7,10 @@ An unknown name is a plan-time error with a did-you-mean (``unknown``), never a 
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from launcher.errors import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,5 @@ remainder alone."""
 def unknown(key: str, value: str, known: Mapping[str, object] | tuple[str, ...]) -> str:
     """'key=value is not one of ...' with a did-you-mean, for any registry."""
     names = list(known)
-    close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
-    hint = f" Did you mean {key}={close[0]}?" if close else ""
+    hint = did_you_mean(str(value), names, f"{key}=")
     return f"{key}={value} is not one of {', '.join(names)}.{hint}"

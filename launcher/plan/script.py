@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.codec import from_plain
 from launcher.contract import BackendRules, PartRules, backend_named
 from launcher.errors import ConfigError
 from launcher.integrations.accelerate import ScriptUse, accelerate_handover
@@ -61,7 +62,7 @@ class RuntimePlan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RuntimePlan:
-        return cls(**{**d, "parts": tuple(PartPlan.from_dict(p) for p in d["parts"]),
+        return cls(**{**d, "parts": tuple(from_plain(PartPlan, p) for p in d["parts"]),
                       "placement": PlacementPlan(**{**d["placement"], "tables": ()})})
 
 

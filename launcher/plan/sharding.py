@@ -19,12 +19,11 @@ MindSpore does (torch's Linear stores it transposed).
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from launcher.codec import from_plain
 from launcher.contract import Operator
+from launcher.errors import did_you_mean
 
 SEARCH_MODES = ("sharding_propagation",)
 
@@ -67,10 +66,6 @@ class ShardingPlan:
     ops: tuple[OpShard, ...] = ()
     gradients: str = ""
     """How gradients are averaged over dp, in words."""
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ShardingPlan:
-        return from_plain(cls, d)
 
 
 def _shape(*dims: int) -> list[int]:
@@ -189,8 +184,7 @@ def plan_sharding(sharding: dict[str, Any], search_mode: str, ops: list[Operator
     for key, s in sharding.items():
         name = aliases.get(key, key)
         if name not in by_name:
-            close = difflib.get_close_matches(key, [*by_name, *aliases], n=1, cutoff=0.5)
-            hint = f" Did you mean parallel.sharding.{close[0]}?" if close else ""
+            hint = did_you_mean(key, [*by_name, *aliases], "parallel.sharding.", cutoff=0.5)
             problems.append(f"parallel.sharding.{key}: recipe {recipe} has no operator {key}.{hint} Its operators: "
                             f"{listing}.")
         elif name in given:
@@ -270,15 +264,12 @@ def plan_sharding(sharding: dict[str, Any], search_mode: str, ops: list[Operator
                 partial=False, collectives=tuple(collectives)))
         what = f"{op.name}'s output"
         if i == len(ops) - 1 and layout == "S":  # the loss takes whole rows
-            rows[-1] = _with(rows[-1], _redistribute("S", "R", what, [micro, *lead, op.width_out], tp))
+            more = _redistribute("S", "R", what, [micro, *lead, op.width_out], tp)
+            rows[-1] = replace(rows[-1], collectives=(*rows[-1].collectives, *(f"{m} for the loss" for m in more)))
     if problems:
         return None, problems
     return ShardingPlan(source="parallel.sharding", search_mode=search_mode, dp=dp, tp=tp, ops=tuple(rows),
                         gradients=_gradients(dp)), []
-
-
-def _with(op: OpShard, more: list[str]) -> OpShard:
-    return OpShard(**{**op.__dict__, "collectives": (*op.collectives, *(f"{m} for the loss" for m in more))})
 
 
 def _gradients(dp: int) -> str:

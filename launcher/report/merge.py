@@ -180,10 +180,6 @@ def read_node_dirs(paths: list[Path], out: Path | None = None) -> list[NodeDir]:
     return sorted(nodes, key=lambda n: (n.node_rank is None, n.node_rank or 0))  # by node_rank, then as given
 
 
-def _rank(status: str) -> int:
-    return STATUS_ORDER.index(status) if status in STATUS_ORDER else STATUS_ORDER.index("unknown")
-
-
 def merged_summary(nodes: list[NodeDir], run_id: str) -> dict[str, Any]:
     """One summary.json for the whole run, from the nodes' (node_rank 0's first): every rank, the worst status, the
     longest wall time, the agreed first failure (disagreements named), and where it came from."""
@@ -193,7 +189,8 @@ def merged_summary(nodes: list[NodeDir], run_id: str) -> dict[str, Any]:
                    key=lambda r: r["rank"])
     merged.update(
         run_id=run_id,
-        status=max((n.summary["status"] for n in nodes), key=_rank),
+        status=max((n.summary["status"] for n in nodes),
+                   key=lambda s: STATUS_ORDER.index(s if s in STATUS_ORDER else "unknown")),
         ranks=ranks,
         completed_steps=min((r["last_step"] for r in ranks if type(r.get("last_step")) is int), default=0),
         wall_s=max((n.summary["wall_s"] for n in nodes if isinstance(n.summary.get("wall_s"), (int, float))),

@@ -76,8 +76,9 @@ def script_plan_view(plan: ScriptPlan) -> Text:
         what = Text(f"{who}: {printable(uses['why'])}; Accelerator() gets {builds} through accelerate launch's "
                     f"environment ({', '.join(uses.get('handover', ()))})")
     else:
+        ps = f"placement.ps=true (every table's rows split over the {plan.world_size} ranks), " if rt.get("ps") else ""
         what = Text(f"if the script calls runtime.prepare(), it builds: {builds}; tables: host_device_mix="
-                    f"{rt['host_device_mix']}, {_ps_words(rt.get('ps', False), plan.world_size)}placement.tables "
+                    f"{rt['host_device_mix']}, {ps}placement.tables "
                     f"{rt['table_locations'] or '-'}")
     return Text("\n").join([
         Text.from_markup(f"[bold]plan[/bold]: script {_shown(plan.script)} {_shown(' '.join(plan.args))} on "
@@ -86,10 +87,6 @@ def script_plan_view(plan: ScriptPlan) -> Text:
         *(Text(f"not applied: {printable(n['key'])}={printable(n['value'])}: {n['why']}") for n in plan.not_applied),
         *(Text(f"note: {printable(note)}") for note in plan.notes),
     ])
-
-
-def _ps_words(ps: bool, world: int) -> str:
-    return f"placement.ps=true (every table's rows split over the {world} ranks), " if ps else ""
 
 
 def partition_words(t: TablePlan, ranks_per_host: int | None) -> str:

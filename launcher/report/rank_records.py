@@ -3,9 +3,7 @@ validation split's last scores and how early stopping ended (metrics.jsonl's ``v
 
 from __future__ import annotations
 
-import json
-
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, read_record
 
 
 def hashing_summary(run_dir: RunDir, rank_exits: list[dict]) -> dict:
@@ -13,10 +11,7 @@ def hashing_summary(run_dir: RunDir, rank_exits: list[dict]) -> dict:
     rows per batch, and how many of a batch's distinct ids shared a row with another (collided) and their share."""
     total: dict[str, dict[str, int]] = {}
     for e in rank_exits:
-        try:
-            record = json.loads(run_dir.rank(e["rank"]).hashing.read_text())
-        except (OSError, ValueError):
-            continue
+        record = read_record(run_dir.rank(e["rank"]).hashing)
         for name, counts in (record.items() if isinstance(record, dict) else ()):
             t = total.setdefault(name, {"ids": 0, "distinct_ids_per_batch": 0, "rows_per_batch": 0, "collided": 0})
             for k in t:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.rundir import CheckpointDir, RunDir
+from launcher.rundir import CheckpointDir, RunDir, read_record
 
 
 def is_dry_run(run_dir: RunDir) -> bool:
     """Whether a dry run (dry_run=true) wrote this run dir: a plan, nothing started or trained."""
-    try:
-        return bool(json.loads(run_dir.launcher.read_text()).get("dry_run"))
-    except (OSError, ValueError, AttributeError):
-        return False
+    record = read_record(run_dir.launcher)
+    return isinstance(record, dict) and bool(record.get("dry_run"))
 
 
 def newest_trained(log_dir: Path) -> RunDir | None:

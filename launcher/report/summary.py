@@ -14,6 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from launcher.codec import from_plain
 from launcher.errors import printable
 from launcher.plan.peak import MemoryPlan
 from launcher.plan.script_keys import not_applied_in
@@ -202,7 +203,7 @@ def _records(rank_dir: RankDir) -> tuple[list[dict], dict[str, list[dict]], str]
 def _peak_vs_plan(rank_dir: RankDir, plan: dict) -> dict:
     """{"peak_bytes": what the rank measured (rank.N/memory.json), "planned_peak_bytes": the memory model's figure
     for it}: a CPU rank's resident peak, a GPU rank's max_memory_reserved; None each when not there."""
-    planned = MemoryPlan.from_dict(plan["peak"]).measured_as if plan.get("peak") else ("rss", None)
+    planned = from_plain(MemoryPlan, plan["peak"]).measured_as if plan.get("peak") else ("rss", None)
     try:
         measured = json.loads(rank_dir.memory.read_text()).get("peak", {}).get(planned[0])
     except (OSError, ValueError, AttributeError):

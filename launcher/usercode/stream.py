@@ -82,8 +82,7 @@ def global_batches(dataset: Any, seed: int, size: int, endless: bool) -> Iterato
 
 def dealt(items: list[Any], dp: int) -> list[Any]:
     """``items`` padded with its first ones to a multiple of ``dp`` (a held-out stream's last micro-batch)."""
-    total = -(-len(items) // dp) * dp
-    return [items[i % len(items)] for i in range(total)]
+    return [items[i % len(items)] for i in range(-(-len(items) // dp) * dp)]
 
 
 class Shares(IterableDataset):

@@ -31,8 +31,7 @@ def build_mesh(dims: ParallelDims, device_type: str) -> tuple[DeviceMesh, DataPa
     shape = (dims.pp, dims.dp // dims.dp_shard, dims.dp_shard, dims.tp)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
     flat = mesh["dp_replicate", "dp_shard"]._flatten("dp")  # kept here: slicing it from the root is deprecated
-    dp = DataParallel(rank=flat.get_local_rank(), size=dims.dp, group=flat.get_group())
-    return mesh, dp
+    return mesh, DataParallel(rank=flat.get_local_rank(), size=dims.dp, group=flat.get_group())
 
 
 def describe_mesh(mesh: DeviceMesh, dp: DataParallel) -> dict[str, Any]:
