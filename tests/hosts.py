@@ -8,11 +8,10 @@ the address ``10.<a>.<b>.<10 + i>/24`` (a private range, drawn per instance) on 
 ``socket.getfqdn()`` and name lookups behave as on separate machines. ``cut(i)`` takes host i's link down (packets
 are dropped, no connection is reset: a cable pulled), ``shape(i, ...)`` puts netem on it, ``limit(i, rate)`` a
 token bucket (where the kernel has no netem). ``etcd()`` starts an etcd cluster of one member per host (the store of
-cluster.rdzv_backend=etcd-v2); ``rsh_agent()`` is mpirun's way onto the hosts, as ssh would be. ``close()`` kills what is left in the namespaces and removes them, which removes their
-links.
+cluster.rdzv_backend=etcd-v2); ``rsh_agent()`` is mpirun's way onto the hosts, as ssh would be. ``close()`` kills what
+is left in the namespaces and removes them, which removes their links.
 
-Needs root and ``ip``, ``unshare``; ``missing()`` says why not, for a skip (``etcd_missing()`` for etcd).
-"""
+Needs root and ``ip``, ``unshare``; ``missing()`` says why not, for a skip (``etcd_missing()`` for etcd)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ class ElasticBackend(Backend):
     launcher_per_host = True
     restarts = True  # the launchers meet again at the rendezvous (launcher.launch.elastic_agent)
     scripts = False
-    reads = ("rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf", "rdzv_timeout_s", "heartbeat_timeout_s", "local_addr")
+    reads = ("rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf", "rdzv_timeout_s", "heartbeat_timeout_s",
+             "local_addr")
 
     def problems(self, c) -> list[str]:
         from launcher.plan.values import number_problems

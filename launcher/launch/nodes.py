@@ -44,6 +44,8 @@ LOST_PEER_WAIT_S = 3.0
 """A node whose ranks only lost their peers waits this long for the node with the cause to speak first."""
 ADMIT_POLL_S = 1.0
 """How often a launcher asks the rendezvous whether a host waits to join."""
+FIRST_WRITE_WAIT_S = 10.0
+"""How long a node that lost the claim to the round's first failure waits for the winner's record (etcd-v2)."""
 FINISH_WAIT_S = 30.0
 """How long a launcher waits at the end for the other nodes to be done with the stores."""
 
@@ -102,7 +104,7 @@ class NodeGroup:
         try:
             won = first_write(self.store, FAILED_KEY, payload)
             return json.loads(won.decode() if isinstance(won, bytes) else won)
-        except (RuntimeError, ValueError, OSError):  # the store went away with node 0: our own view stands
+        except (RuntimeError, ValueError, OSError, LookupError):  # the store is gone, or etcd timed out: ours stands
             return {"node": self.node_rank, **failure}
 
     def remote_failure(self, force: bool = False) -> dict[str, Any] | None:
@@ -204,7 +206,8 @@ class NodeGroup:
 def first_write(store: Any, key: str, value: str) -> bytes | str:
     """``value`` written at ``key`` unless another node wrote first; returns what the key holds (the first write).
     A TCPStore compares and sets; torch's EtcdStore has no compare_set: there an ``add`` to ``<key>/claim`` says who
-    is first (etcd's own atomic compare-and-swap), and the others read what the first wrote (``get`` waits for it)."""
+    is first (etcd's own atomic compare-and-swap), and the others read what the first wrote, waiting for it at most
+    FIRST_WRITE_WAIT_S."""
     try:
         return store.compare_set(key, "", value)
     except RuntimeError as e:
@@ -213,6 +216,7 @@ def first_write(store: Any, key: str, value: str) -> bytes | str:
     if store.add(f"{key}/claim", 1) == 1:
         store.set(key, value)
         return value
+    store.wait([key], timedelta(seconds=FIRST_WRITE_WAIT_S))  # a first writer lost before it wrote: LookupError
     return store.get(key)
 
 
@@ -303,7 +307,8 @@ def next_round(handler, cfg: DictConfig, host: HostFacts, attempts: int, identit
         kept = " (etcd keeps a job's rendezvous after it: give each job its own cluster.rdzv_id)" if \
             c.rdzv_backend != "c10d" else ""
         raise RuntimeError(f"the job at cluster.rdzv_endpoint={c.rdzv_endpoint} (cluster.rdzv_id={c.rdzv_id}) has "
-                           f"ended (its rendezvous is closed): this host ({addr}) came too late to join{kept}.") from None
+                           f"ended (its rendezvous is closed): this host ({addr}) came too late to join"
+                           f"{kept}.") from None
     except RendezvousTimeoutError:
         raise RuntimeError(f"not every node joined the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} "
                            f"(cluster.rdzv_id={c.rdzv_id}) within cluster.rdzv_timeout_s={c.rdzv_timeout_s:g} s: this "

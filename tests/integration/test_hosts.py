@@ -208,9 +208,10 @@ def test_mpirun_across_two_hosts_equals_one_host(tmp_path):
     meet at the launcher's store on h0's address, and the losses equal one host's 2 ranks."""
     with Hosts(2) as hosts:
         (tmp_path / "hostfile").write_text("h0 slots=1\nh1 slots=1\n")
-        proc = hosts.run(0, [sys.executable, "-m", "launcher.cli", *BASE, "trainer.steps=8", "cluster.launch=mpi",
-                             "cluster.nnodes=2", "cluster.nproc_per_node=1", f"cluster.hostfile={tmp_path / 'hostfile'}",
-                             "cluster.master_addr=h0", f"cluster.launcher_args=[--mca,plm_rsh_agent,{hosts.rsh_agent()}]"],
+        mpi = ["cluster.launch=mpi", "cluster.nnodes=2", "cluster.nproc_per_node=1", "cluster.master_addr=h0",
+               f"cluster.hostfile={tmp_path / 'hostfile'}",
+               f"cluster.launcher_args=[--mca,plm_rsh_agent,{hosts.rsh_agent()}]"]
+        proc = hosts.run(0, [sys.executable, "-m", "launcher.cli", *BASE, "trainer.steps=8", *mpi],
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "COLUMNS": "200"})
         out, err = proc.communicate(timeout=300)

@@ -2,10 +2,11 @@
 of one etcd cluster and its own hetero-launch, meet on torch's etcd-v2 rendezvous (cluster.rdzv_backend=etcd-v2,
 cluster.rdzv_endpoint=127.0.0.1:2379: each host asks its own member). cluster.nnodes=2:3; the launcher of one host is
 killed with SIGKILL mid-run (in separate runs, each host in turn, the one that started first and holds the ranks'
-store, node 0, included): the two others' ranks lose their peers, the launchers meet again without it, resume from the newest checkpoint in the shared
-folder, finish with exit 0, and their losses after the restart equal a fresh 2-rank run resumed from that
-checkpoint; the 3-host job's steps before the kill equal one host's 3 ranks. With c10d the store lives in one launcher, and losing that host ends the job
-(tests/integration/test_hosts.py shows the other direction).
+store, node 0, included): the two others' ranks lose their peers, the launchers meet again without it, resume from
+the newest checkpoint in the shared folder, finish with exit 0, and their losses after the restart equal a fresh
+2-rank run resumed from that checkpoint; the 3-host job's steps before the kill equal one host's 3 ranks. With c10d
+the store lives in one launcher, and losing that host ends the job (tests/integration/test_hosts.py shows the other
+direction).
 
 Skipped where namespaces cannot be made (not root, no ``ip``) or without etcd and python-etcd, saying why."""
 
@@ -84,7 +85,8 @@ def _fresh_two_rank(tmp: Path, job: dict, run: Path, step: int, until: int) -> d
     ref = tmp / "ref"
     ref.mkdir()
     res = run_cli([*BASE, f"trainer.steps={until}", "trainer.checkpoint_every=-1", "cluster.nproc_per_node=2",
-                   f"batch.global_size={plan['batch']['global_size']}", f"batch.micro_size={plan['batch']['micro_size']}",
+                   f"batch.global_size={plan['batch']['global_size']}",
+                   f"batch.micro_size={plan['batch']['micro_size']}",
                    f"batch.grad_accum={plan['batch']['grad_accum']}",
                    f"trainer.resume_from={job['shared'] / f'step{step}'}"], ref)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

@@ -106,3 +106,21 @@ def test_the_first_failure_is_written_once_on_etcd(etcd_server):
     first, second = _first_writes(store)
     assert first == '{"node": 1}' and second == b'{"node": 1}'  # the second writer reads the first's
     assert store.get("hl/failed") == b'{"node": 1}'
+
+
+def test_a_first_writer_lost_before_it_wrote_is_waited_for_a_bounded_time(etcd_server, monkeypatch):
+    import etcd
+    from torch.distributed import PrefixStore
+    from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
+
+    import launcher.launch.nodes as nodes
+
+    monkeypatch.setattr(nodes, "FIRST_WRITE_WAIT_S", 1.0)
+    base = EtcdStore(etcd.Client(host="127.0.0.1", port=etcd_server(v2=True)), "/torch/elastic/store",
+                     timedelta(seconds=30))
+    store = PrefixStore("round.2", base)
+    store.add("hl/failed/claim", 1)  # a node claimed the first failure, then was lost before writing it
+    started = time.monotonic()
+    with pytest.raises(LookupError):
+        first_write(store, "hl/failed", '{"node": 2}')
+    assert time.monotonic() - started < 10
