@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -117,9 +118,8 @@ class Hosts:
         """A remote shell for OpenMPI (``--mca plm_rsh_agent <it>``), as ssh is called: ``<agent> <host> <command>``
         runs the command on that namespaced host (its namespace, hostname and /etc/hosts), so mpirun starts its
         daemons on the hosts of its --host list as it would over ssh."""
-        cases = [f'  {name}) exec ip netns exec {ns} unshare --uts --mount sh -c \'hostname {name} && mount --bind '
-                 f'{self._dir / f"hosts{i}"} /etc/hosts && exec sh -c "$0"\' "$*" ;;'
-                 for i, (name, ns) in enumerate(zip(self.names, self.spaces))]
+        cases = [f'  {name}) exec {shlex.join(self.command(i, ["sh", "-c"]))} "$*" ;;'  # run's setup, then the command
+                 for i, name in enumerate(self.names)]
         agent = self._dir / "rsh"
         agent.write_text("\n".join(["#!/bin/sh", 'host="$1"; shift', 'case "$host" in', *cases,
                                      '  *) echo "no host $host" >&2; exit 255 ;;', "esac", ""]))
