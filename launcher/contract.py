@@ -162,6 +162,9 @@ class BackendRules(Protocol):
     """One launcher runs on every host and they meet at a rendezvous, which gives each its node rank."""
     restarts: bool
     """launcher.max_restarts > 0 restarts the job in place."""
+    rdzv_backends: Mapping[str, Any]
+    """The rendezvous backends its launchers may meet at (cluster.rdzv_backend), each name -> what it needs:
+    ``store_in_launcher`` (the endpoint's host holds the store) and ``etcd``; none without a rendezvous."""
     scripts: bool
     """script= runs can start on it."""
     reads: tuple[str, ...]
