@@ -14,7 +14,6 @@ It imports nothing heavy: it is in every rank's start-up time.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket

@@ -181,8 +181,7 @@ def _kinds(model_spec: dict[str, Any], inputs: Any, units: list[str],
     with torch.random.fork_rng(devices=[]):
         for device in ("meta", "cpu") if cpu else ("meta",):
             try:
-                return value_kinds(build_for_shapes(model_spec, device, torch.float32), move_to(inputs, device),
-                                   units)
+                return value_kinds(build_for_shapes(model_spec, device, torch.float32), move_to(inputs, device), units)
             except Exception:  # noqa: BLE001 - meta: an op without a kernel, a value read; the CPU: the rank says
                 continue
     return None, {}

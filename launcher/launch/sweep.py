@@ -62,7 +62,6 @@ SWEEP_FORMS = ("A sweep takes key=a,b, key=range(0,3) or key=choice(a,b) (interv
                "plugin, which a sweep here does not use).")
 
 
-
 def every_recipe(config_dir: str | None) -> list[str]:
     from launcher.config import user_recipes
     from launcher.recipes import RECIPES

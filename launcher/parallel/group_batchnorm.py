@@ -41,8 +41,7 @@ class GroupBatchNorm(_BatchNorm):
     BatchNorm it replaces, ``convert``)."""
 
     def __init__(self, bn: _BatchNorm, group: Any) -> None:
-        super().__init__(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
-                         device="meta")
+        super().__init__(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, device="meta")
         self.weight, self.bias = bn.weight, bn.bias
         for name in ("running_mean", "running_var", "num_batches_tracked"):
             self.register_buffer(name, getattr(bn, name))

@@ -22,7 +22,6 @@ SLOTS = ("tensor_parallel", "recompute", "normalization", "data_parallel", "pipe
 """The order parts apply in; a run has at most one part per slot and always one data-parallel part."""
 
 
-
 class Part(Protocol):
     """Every part. A part that drives the step also has ``engine(chunks, optimizer, rt)`` (deepspeed, pipeline); the
     pipeline has ``split(model, layers, rt)``, which cuts the model into this rank's stages before the others apply;

@@ -14,7 +14,6 @@ from launcher.plan.peak import MemoryPlan
 from launcher.units import GB, gb
 
 
-
 @dataclass(frozen=True)
 class Budget:
     device: int

@@ -25,7 +25,6 @@ from launcher.plan.values import number_problems
 from launcher.schema import TableConfig
 
 
-
 def takes_tables_out(host_device_mix: int, locations: Any, table_configs: Any, ps: bool = False) -> bool:
     """Whether a placement intent takes a model's tables out of the engine: host_device_mix=1, placement.ps=true, or
     any placement.tables or tables.<path> entry (a recipe in the user's folder and a script's runtime.prepare() train

@@ -118,8 +118,7 @@ class HostModules:
             return self
         if not paths:
             return None
-        return HostModules({k: v for k, v in self.modules.items() if k in paths}, self._plan, self.dp_size,
-                           self.group)
+        return HostModules({k: v for k, v in self.modules.items() if k in paths}, self._plan, self.dp_size, self.group)
 
     def collect(self, grad_scale: float = 1.0) -> None:
         self._scale = grad_scale

@@ -41,7 +41,6 @@ from launcher.worker.mesh import DataParallel
 from launcher.worker.verify import verify_checkpoint
 
 
-
 class Trainer:
     def __init__(self, plan: LaunchPlan, engine: Engine, tables: TableStore | None, loss_fn, data, dp: DataParallel,
                  device: torch.device, rank: int, hosted: HostModules | None = None) -> None:
