@@ -2,8 +2,7 @@
 
 Hydra alone stops at the first bad override with a message about dataclass internals. Here each override is
 checked against the composed defaults first, so a user gets every problem at once with a did-you-mean:
-``trainer.stepz=3: no such key. Did you mean trainer.steps? ...``.
-"""
+``trainer.stepz=3: no such key. Did you mean trainer.steps? ...``."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 A memory term the plan cannot count from the model (the runtime's own bytes, a CUDA context) is one of these; so are
 the bandwidths and throughputs the step-time model divides by. "measured" ones were measured on the CI machine
 (2 cores, no GPU: ``bench/memory_constants.py``, ``bench/cost_constants.py``) and are what a CPU run is checked
-against; the GPU ones are from vendors' data sheets and have never been measured by this project (docs/gpu.md).
-"""
+against; the GPU ones are from vendors' data sheets and have never been measured by this project (docs/gpu.md)."""
 
 from __future__ import annotations
 

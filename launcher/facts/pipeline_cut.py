@@ -11,8 +11,7 @@ partition cuts elsewhere, and ``parallel.stages`` naming it is refused with the 
 (launcher/plan/pipeline.py). A forward fx cannot record (HuggingFace's GPT-2 and Llama) is cut by torch's tracer
 (``trace``: launcher/parallel/pipeline_trace.py), traced once here on the meta device so that a model torch.export
 cannot capture, one whose inputs are not all tensors, or one whose input only a later stage takes is refused with the
-reason.
-"""
+reason."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ elastic_agent``) has its own store, which carries what the launchers tell each o
 - ``finished/<node>``: no launcher leaves (and takes a store with it) before every node is done;
 - ``beat/<node>``: each launcher's heartbeat (launcher/launch/liveness.py): a node silent for
   cluster.heartbeat_timeout_s is named lost on every other node, and a host the store does not answer for that long
-  leaves the job. While ranks run, only the liveness thread calls the store.
-"""
+  leaves the job. While ranks run, only the liveness thread calls the store."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ Per channel over the group's ranks r: N = Σ_r n_r, mean = Σ_r Σ x / N, var = 
 all-reduces, of C + 1 and C numbers; centred before squaring, so no cancellation), y = (x - mean) / sqrt(var + eps)
 · w + b. The all-reduces are autograd functions (``_GroupSum``, as torch.distributed.nn's all_reduce): the backward
 sums each statistic's gradient over the group, so every rank's inputs get the gradient of the whole group's loss
-through the shared statistics.
-"""
+through the shared statistics."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ sync_batchnorm (normalization: BatchNorm statistics over dp) -> data parallel (d
 pipeline (pp). The pipeline cuts the model into its stages before the others apply (each part then applies to a
 stage's module, as torchtitan does) and drives the schedule last.
 
-Names are compared here and in the parts' own modules only; everywhere else a part is asked for what it knows.
-"""
+Names are compared here and in the parts' own modules only; everywhere else a part is asked for what it knows."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ for a BatchNorm under bf16) and updates the running statistics as ``nn.BatchNorm
 the global micro-batch). In evaluation it normalises with the running statistics, with no exchange.
 
 It applies before the data-parallel part (it replaces modules the part then wraps), to the modules a rank runs:
-inside a pipeline stage cut by the graph split each stage's BatchNorms sync over that stage's dp group.
-"""
+inside a pipeline stage cut by the graph split each stage's BatchNorms sync over that stage's dp group."""
 
 from __future__ import annotations
 

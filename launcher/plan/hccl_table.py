@@ -13,8 +13,7 @@ Servers are nodes in the order listed; a device's rank_id is its global rank; it
 server's devices ordered by rank_id. Each server's ranks must be one consecutive block in server order (what
 merge_hccl.py writes, and how torchrun numbers ranks: node_rank * nproc_per_node + local_rank). Integers where HCCL
 writes strings are refused with the quoted form to write, like any other problem: all problems are collected and
-raised as one ConfigError, each naming the entry (``server_list[1].device[0].rank_id="3"``) and a fix.
-"""
+raised as one ConfigError, each naming the entry (``server_list[1].device[0].rank_id="3"``) and a fix."""
 
 from __future__ import annotations
 

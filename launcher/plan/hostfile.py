@@ -7,8 +7,7 @@ lines and ``#`` comments. The filters take DeepSpeed's syntax, ``NAME[:SLOT[,SLO
 and slots the order given (DeepSpeed makes that order the rank's CUDA_VISIBLE_DEVICES). Stricter than DeepSpeed:
 slots=0, a host name that is not a host name or address, anything on a line after slots=N other than a comment,
 a host or slot named twice in a filter, and a filter that leaves nothing are refused, not ignored. Every problem is
-collected into one ConfigError, each naming the line or the entry and a fix.
-"""
+collected into one ConfigError, each naming the line or the entry and a fix."""
 
 from __future__ import annotations
 

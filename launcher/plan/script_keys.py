@@ -7,8 +7,7 @@ runtime.prepare()), ``accelerate`` (it imports accelerate or transformers' Train
 A verdict is ``APPLIED``, ``REFUSED`` (a check elsewhere exits 2 naming the key), ``"refuse: why"`` (refused here)
 or ``"report: why"`` (the run goes on; the plan and the summary name the key as "not applied: why"). A plain
 script's intents are reported, not refused: the scan reads the script only, and a module it imports may call
-runtime.prepare() (the summary then drops them: prepare() wrote prepared.json).
-"""
+runtime.prepare() (the summary then drops them: prepare() wrote prepared.json)."""
 
 from __future__ import annotations
 
