@@ -33,9 +33,8 @@ FORKSERVER_RUNTIME = Constant(25 * MIB, "what the warm-start forkserver adds to 
 KERNELS_RUNTIME = Constant(83 * MIB, "what a rank's first forward, backward and optimizer step add to its RSS: "
                                      "torch's CPU kernels (oneDNN, MKL) and autograd's engine loaded "
                                      "(bench/memory_constants.py: 218 -> 302 MiB)")
-CONV_KERNELS = Constant(50 * MIB, "what a convolutional model's first step adds beyond an MLP's: oneDNN's "
-                                   "convolution primitives (resnet's first step +137 MB vs +87 MB, "
-                                   "bench/memory_constants.py)")
+CONV_KERNELS = Constant(50 * MIB, "what a convolutional model's first step adds beyond an MLP's: oneDNN's convolution "
+                                   "primitives (resnet's first step +137 MB vs +87 MB, bench/memory_constants.py)")
 DEEPSPEED_RUNTIME = Constant(70 * MIB, "what deepspeed's import and engine add to a rank's RSS (rss_after_build of "
                                        "wide_deep at zero.stage=1 less DDP's: 436.7 - 366.3 MiB, "
                                        "bench/memory_constants.py)")

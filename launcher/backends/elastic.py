@@ -76,8 +76,7 @@ def rdzv_conf_problems(conf) -> list[str]:
     p = []
     for key, value in dict(conf or {}).items():
         if key not in RDZV_CONF:
-            p.append(f"cluster.rdzv_conf.{key} is not a setting of torch's rendezvous: use "
-                     f"{', '.join(RDZV_CONF)}.")
+            p.append(f"cluster.rdzv_conf.{key} is not a setting of torch's rendezvous: use {', '.join(RDZV_CONF)}.")
         elif isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 86400:
             p.append(f"cluster.rdzv_conf.{key}={value} must be a whole number from 1 to 86400, e.g. "
                      f"cluster.rdzv_conf.{key}=5.")

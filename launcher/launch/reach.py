@@ -58,9 +58,8 @@ def address_problems(cfg: DictConfig) -> list[str]:
     try:
         resolved = socket.gethostbyname(name)
     except OSError:
-        return [f"cluster.local_addr is empty and this host's name {name} does not resolve: the other hosts could "
-                f"not reach it. Set cluster.local_addr to this host's address as the others reach it"
-                f"{_own_addresses()}."]
+        return [f"cluster.local_addr is empty and this host's name {name} does not resolve: the other hosts could not "
+                f"reach it. Set cluster.local_addr to this host's address as the others reach it{_own_addresses()}."]
     if not resolved.startswith("127."):
         return []
     return [f"cluster.local_addr is empty and this host's name {name} resolves to {resolved}, a loopback address "

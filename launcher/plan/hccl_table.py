@@ -218,7 +218,6 @@ class _Problems:
             held = sorted(rank for rank, n, _, _ in rows if n == node)
             want = list(range(node * nproc, (node + 1) * nproc))
             if held != want:
-                self.add(f"server_list[{node}] holds rank_ids {', '.join(map(str, held))}: each server's ranks "
-                         f"must be one consecutive block in server order, as torchrun numbers them "
-                         f"(node_rank * nproc_per_node + local_rank). Give server_list[{node}] rank_ids "
-                         f"{want[0]}..{want[-1]}.")
+                self.add(f"server_list[{node}] holds rank_ids {', '.join(map(str, held))}: each server's ranks must be "
+                         "one consecutive block in server order, as torchrun numbers them (node_rank * nproc_per_node "
+                         f"+ local_rank). Give server_list[{node}] rank_ids {want[0]}..{want[-1]}.")

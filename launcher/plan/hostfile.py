@@ -54,8 +54,7 @@ def parse_hostfile(text: str, source: str) -> list[tuple[str, int]]:
                             f"{host} slots=4.")
             continue
         if host in line_of:
-            problems.append(f"{at}: {host} is also on line {line_of[host]}. Give each host once, with all its "
-                            f"slots.")
+            problems.append(f"{at}: {host} is also on line {line_of[host]}. Give each host once, with all its slots.")
             continue
         line_of[host] = n
         hosts.append((host, int(value)))
@@ -124,8 +123,7 @@ def _spec(key: str, text: str, pool: dict[str, int], source: str, problems: list
             problems.append(f"{at}: {shown(name)} is not a host of {source}.{hint}")
             continue
         if name in chosen:
-            problems.append(f"{at}: {name} is named twice. Name each host once, with all its slots "
-                            f"(e.g. {name}:0,1).")
+            problems.append(f"{at}: {name} is named twice. Name each host once, with all its slots (e.g. {name}:0,1).")
             continue
         if not colon:
             chosen[name] = None

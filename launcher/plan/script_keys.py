@@ -23,8 +23,7 @@ INTERNAL = ("deepspeed.given", "deepspeed.source", "smoke_changes")
 
 _OWN_LOOP = ("refuse: a script builds its own model, data, optimizer and loop, and nothing in it reads this key. "
              "Remove it (pass the value to your script after --), or run your model as a recipe")
-_PLAIN = ("report: the script neither calls runtime.prepare() nor uses accelerate, so nothing in it reads this "
-          "intent")
+_PLAIN = "report: the script neither calls runtime.prepare() nor uses accelerate, so nothing in it reads this intent"
 _LAUNCH = {k: APPLIED for k in JOB_KINDS}
 _COLD = ("report: a script's ranks always start as `python <script>`, a fresh interpreter each (its own __main__); "
          "launcher.warm_start is for a recipe's ranks on CPU")
