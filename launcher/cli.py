@@ -1,8 +1,7 @@
 """``hetero-launch recipe=<name> [key=value ...]``: compose, plan, then launch (or print, for a dry run).
 
 Hydra's own flags (--help, --cfg job, --info, ...) are handed to a Hydra app; everything else composes through
-launcher.config so that bad keys and values give one clear message (exit code 2) before anything starts.
-"""
+launcher.config so that bad keys and values give one clear message (exit code 2) before anything starts."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Hydra alone stops at the first bad override with a message about dataclass internals. Here each override is
 checked against the composed defaults first, so a user gets every problem at once with a did-you-mean:
-``trainer.stepz=3: no such key. Did you mean trainer.steps? ...``.
-"""
+``trainer.stepz=3: no such key. Did you mean trainer.steps? ...``."""
 
 from __future__ import annotations
 
@@ -276,8 +275,7 @@ def _numbers_as_bools(cfg: DictConfig, parsed) -> list[str]:
         parent = OmegaConf.select(cfg, parent_key, default=None, throw_on_missing=False) if parent_key else cfg
         if isinstance(parent, DictConfig) and isinstance(parent._get_node(leaf, throw_on_missing_key=False),
                                                          BooleanNode):
-            problems.append(f"{o.input_line}: {key} is true or false, not a number. Write {key}=true or "
-                            f"{key}=false.")
+            problems.append(f"{o.input_line}: {key} is true or false, not a number. Write {key}=true or {key}=false.")
     return problems
 
 

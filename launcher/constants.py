@@ -3,8 +3,7 @@
 A memory term the plan cannot count from the model (the runtime's own bytes, a CUDA context) is one of these; so are
 the bandwidths and throughputs the step-time model divides by. "measured" ones were measured on the CI machine
 (2 cores, no GPU: ``bench/memory_constants.py``, ``bench/cost_constants.py``) and are what a CPU run is checked
-against; the GPU ones are from vendors' data sheets and have never been measured by this project (docs/gpu.md).
-"""
+against; the GPU ones are from vendors' data sheets and have never been measured by this project (docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -34,9 +33,8 @@ FORKSERVER_RUNTIME = Constant(25 * MIB, "what the warm-start forkserver adds to 
 KERNELS_RUNTIME = Constant(83 * MIB, "what a rank's first forward, backward and optimizer step add to its RSS: "
                                      "torch's CPU kernels (oneDNN, MKL) and autograd's engine loaded "
                                      "(bench/memory_constants.py: 218 -> 302 MiB)")
-CONV_KERNELS = Constant(50 * MIB, "what a convolutional model's first step adds beyond an MLP's: oneDNN's "
-                                   "convolution primitives (resnet's first step +137 MB vs +87 MB, "
-                                   "bench/memory_constants.py)")
+CONV_KERNELS = Constant(50 * MIB, "what a convolutional model's first step adds beyond an MLP's: oneDNN's convolution "
+                                   "primitives (resnet's first step +137 MB vs +87 MB, bench/memory_constants.py)")
 DEEPSPEED_RUNTIME = Constant(70 * MIB, "what deepspeed's import and engine add to a rank's RSS (rss_after_build of "
                                        "wide_deep at zero.stage=1 less DDP's: 436.7 - 366.3 MiB, "
                                        "bench/memory_constants.py)")

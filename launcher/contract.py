@@ -6,8 +6,7 @@ halfway through a run. Recipes implement the contract; they do not inherit from 
 
 The hooks the planner calls are torch-free and take the typed config objects of the recipe's own schemas
 (``model_config``, ``data_configs``). Torch-side, the model is a plain ``nn.Module`` and
-the data source follows ``DataSource``.
-"""
+the data source follows ``DataSource``."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ class DataFacts:
     """What the launcher learned about a recipe's data before planning, as HostFacts is for the host.
 
     Gathered by ``Recipe.data_facts`` (which may read the user's files) and handed to ``plan_launch``; the composed
-    config is never changed.
-    """
+    config is never changed."""
 
     train_samples: int | None = None
     """Training samples in one epoch; None for an endless stream (trainer.epochs is then refused)."""
@@ -162,6 +160,9 @@ class BackendRules(Protocol):
     """One launcher runs on every host and they meet at a rendezvous, which gives each its node rank."""
     restarts: bool
     """launcher.max_restarts > 0 restarts the job in place."""
+    rdzv_backends: Mapping[str, Any]
+    """The rendezvous backends its launchers may meet at (cluster.rdzv_backend), each name -> what it needs:
+    ``store_in_launcher`` (the endpoint's host holds the store) and ``etcd``; none without a rendezvous."""
     scripts: bool
     """script= runs can start on it."""
     reads: tuple[str, ...]

@@ -9,8 +9,7 @@ mpirun / srun too (SIGTERM: they stop their ranks on every host before they go);
 the rank it starts. So a launcher killed by any signal, SIGKILL and the OOM killer included, takes its job with it.
 
 On a system without prctl (not Linux) the request is skipped: the launcher's own signal handling is all there is.
-It imports nothing heavy: it is in every rank's start-up time.
-"""
+It imports nothing heavy: it is in every rank's start-up time."""
 
 from __future__ import annotations
 

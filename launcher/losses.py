@@ -5,8 +5,7 @@
 ``TokenCrossEntropy`` takes (B, S, V) logits and (B, S) integer labels, where torch's ``CrossEntropyLoss`` wants the
 classes in dimension 1 (B, V, S). ``shift=true`` is a causal LM's next-token loss as HuggingFace computes it when a
 model is given ``labels=input_ids``: position t's logits predict label t+1. Labels equal to ``ignore_index`` (-100,
-HuggingFace's padding label) count for nothing.
-"""
+HuggingFace's padding label) count for nothing."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ instead of surfacing as a torch error inside the ranks.
 The checksum is a full zlib CRC-32 streamed in 4 MiB chunks: about 25 ms per 100 MB from the page cache (a file just
 written), 40-80 ms from disk. Sizes are compared first; a file of the right size is then checksummed.
 
-Torch-free: the launcher checks a checkpoint before it imports the training stack.
-"""
+Torch-free: the launcher checks a checkpoint before it imports the training stack."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ Most values of a composed config need none of that: they are stored as they will
 them where OmegaConf stores them and hands every container that needs OmegaConf's care (an interpolation or, with
 ``throw_on_missing``, a missing value ``???`` in it; the container itself None, missing or an interpolation) to
 OmegaConf.to_container, so the result, and any error raised, is the same. ``missing_keys`` likewise asks OmegaConf
-about every value but a plain one (a container of nodes, or a value that is neither ``???`` nor an interpolation).
-"""
+about every value but a plain one (a container of nodes, or a value that is neither ``???`` nor an interpolation)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ Launch, worker and report ask this module for paths, so the layout can change he
     <log_dir>/latest -> <run> (or a sweep)
     <log_dir>/<sweep_id>/                 SweepDir: sweep.json, one run dir per job (0/, 1/, ...)
 
-Torch-free and Hydra-free: the report imports it without the training stack.
-"""
+Torch-free and Hydra-free: the report imports it without the training stack."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ Sentinels: ``-1`` means "infer it" wherever a field says so; ``"auto"`` means "d
 
 The sections of how the model is split and where its state lives (parallel, zero, deepspeed, placement) are in
 launcher/schema_parallel.py; those of where the ranks start and how they are watched (cluster, output, launcher,
-debug) in launcher/schema_cluster.py. Both are importable from here as well.
-"""
+debug) in launcher/schema_cluster.py. Both are importable from here as well."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The schema's sections for where and how the ranks are started, watched and recorded: ``cluster``, ``output``,
-``launcher`` and ``debug`` (part of the typed config in launcher/schema.py, which nests them in HeteroConfig).
-"""
+``launcher`` and ``debug`` (part of the typed config in launcher/schema.py, which nests them in HeteroConfig)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The schema's sections for how the model is split over the ranks and where its state lives: ``parallel``, ``zero``,
-``deepspeed`` and ``placement`` (part of the typed config in launcher/schema.py, which nests them in HeteroConfig).
-"""
+``deepspeed`` and ``placement`` (part of the typed config in launcher/schema.py, which nests them in HeteroConfig)."""
 
 from __future__ import annotations
 

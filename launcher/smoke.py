@@ -3,8 +3,7 @@
 A smoke run is composed as the real run is, with more overrides in front of the user's: SMOKE_BASE (2 steps, 2 gloo
 ranks on the CPU (with parallel.sharding: the ranks its strategies span, e.g. 8 for parallel=semi_auto), 2 held-out batches, a checkpoint at the end) and the recipe's own ``smoke_profile`` (tiny shapes),
 so placement, engine choice, ZeRO stage and offload stay the recipe's and any key the user gives still wins. The
-keys the profile changed are listed in ``smoke_changes`` and shown in the plan.
-"""
+keys the profile changed are listed in ``smoke_changes`` and shown in the plan."""
 
 from __future__ import annotations
 

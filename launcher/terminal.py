@@ -9,8 +9,7 @@ summary and its exit code. The run dir holds everything the console would have s
 
 Also the shapes that keep a view readable on a narrow terminal: a line cut with … instead of wrapped
 (``one_line``), a table whose rows stay one line each (``one_line_table``), and plain text for a file
-(``plain_text``).
-"""
+(``plain_text``)."""
 
 from __future__ import annotations
 

@@ -16,8 +16,7 @@ processes (``processes``), and the launcher does not return while a process of i
 Names are compared here and in the backends' own modules only; everywhere else a backend is asked what it knows.
 This package is torch-free where the plan's facts read it (a job's own module, ``local_job``, imports
 torch when a job starts). The plan imports none of it: it gets ``BACKENDS``' values in ``Facts.backends`` (the
-``launcher.contract.BackendRules`` each backend answers), gathered before planning.
-"""
+``launcher.contract.BackendRules`` each backend answers), gathered before planning."""
 
 from __future__ import annotations
 

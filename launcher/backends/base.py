@@ -34,6 +34,9 @@ class Backend:
     """One launcher runs on every host and they meet at a rendezvous, which gives each its node rank."""
     restarts: bool = True
     """launcher.max_restarts > 0 restarts the job in place."""
+    rdzv_backends: dict = {}
+    """The rendezvous backends its launchers may meet at (cluster.rdzv_backend), each name -> what it needs
+    (``launcher.backends.elastic.RDZV_BACKENDS``); none for a backend without a rendezvous."""
     scripts: bool = True
     """script= runs (a user's own training loop) can start on it."""
     reads: tuple[str, ...] = ()

@@ -7,8 +7,7 @@ The launcher hosts the rendezvous store (as with the local backend), writes ever
 ``launcher.backends.rank_start`` once per rank: it maps the scheduler's variables to torch's, redirects the rank's
 output to ``rank.N/`` and records how the rank ended (``rank.N/exit.json``). The launcher supervises through those
 records and the heartbeats; the scheduler's own output goes to ``backend.log``. Ranks on other hosts see the run
-dir through a shared file system (as mpirun and Slurm users have; the elastic backend needs none).
-"""
+dir through a shared file system (as mpirun and Slurm users have; the elastic backend needs none)."""
 
 from __future__ import annotations
 

@@ -9,12 +9,10 @@ environment (``rank_env.json``, written by the launcher) and its output in ``ran
 backend does. It stays as the rank's parent to forward signals and to record how the rank ended (``rank.N/exit``:
 code and time, the launcher's evidence for blame), then exits as the rank did.
 
-It imports nothing heavy: it is in every rank's start-up time.
-"""
+It imports nothing heavy: it is in every rank's start-up time."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket

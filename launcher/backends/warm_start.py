@@ -16,8 +16,7 @@ What a rank would have had from a fresh interpreter, it has here too:
 - HL_RUN_DIR in its /proc environ (how the launcher finds a run's processes): the forkserver starts with it, so it
   is one of the run's processes too, and goes with them at the run's end.
 Not warm: scripts (``script=``: the user's ``__main__``), CUDA plans (a fork must not inherit a CUDA context), and
-``launcher.warm_start=false``. Imports torch: the backends import it only when they start a job.
-"""
+``launcher.warm_start=false``. Imports torch: the backends import it only when they start a job."""
 
 from __future__ import annotations
 

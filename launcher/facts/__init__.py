@@ -13,5 +13,4 @@
   items, one batch through the model and the loss, where a pipeline may cut it.
 
 Nothing here is imported by the plan; launcher/launch/planning.py runs facts -> plan -> launch. The package's
-``__init__`` imports nothing, so that reading one fact does not import the others.
-"""
+``__init__`` imports nothing, so that reading one fact does not import the others."""

@@ -5,8 +5,7 @@ One forward of a 2-sample batch of the model built on meta (no memory, no comput
 ``saved_tensors_hooks`` attributes every saved tensor (parameters left out) to the layer of ``layers()`` running
 it, and records each layer's input bytes. Without recompute a micro-batch keeps the sum; a recomputed layer keeps
 only its inputs. The plan scales the per-sample figures to the micro-batch; each rank measures the real bytes of its
-first micro-batch (``rank.N/memory.json``), so the two can be compared.
-"""
+first micro-batch (``rank.N/memory.json``), so the two can be compared."""
 
 from __future__ import annotations
 

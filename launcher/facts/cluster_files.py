@@ -41,9 +41,8 @@ def read_cluster_files(cfg: DictConfig) -> ClusterLayout | None:
             raise ConfigError(f"{key}: not JSON ({e}). Give a rank table as hccl_tools.py writes it.") from None
         except RecursionError:
             raise ConfigError(f"{key}: its JSON is nested too deeply to read (Python's parser recurses once per "
-                              f"level). A rank table is 4 levels deep: "
-                              f"{{\"server_list\": [{{\"device\": [{{...}}]}}]}}. Give a rank table as hccl_tools.py "
-                              f"writes it.") from None
+                              "level). A rank table is 4 levels deep: {\"server_list\": [{\"device\": [{...}]}]}. Give "
+                              "a rank table as hccl_tools.py writes it.") from None
     if hostfile:
         key = f"cluster.hostfile={hostfile}"
         hosts = parse_hostfile(_cluster_file(key, hostfile), key)

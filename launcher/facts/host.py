@@ -176,8 +176,7 @@ def extensions_dir(toolchain: Toolchain | None = None) -> Path:
     """hetero-launch's own cache of DeepSpeed's JIT-built ops, one folder per ``cache_key``.
 
     Other venvs on the machine write ~/.cache/torch_extensions too and can force a rebuild; ours is separate.
-    HL_CACHE_DIR moves it (default: $XDG_CACHE_HOME/hetero-launch or ~/.cache/hetero-launch).
-    """
+    HL_CACHE_DIR moves it (default: $XDG_CACHE_HOME/hetero-launch or ~/.cache/hetero-launch)."""
     return native.cache_root() / "torch_extensions" / cache_key(toolchain or probe_toolchain())
 
 

@@ -11,8 +11,7 @@ partition cuts elsewhere, and ``parallel.stages`` naming it is refused with the 
 (launcher/plan/pipeline.py). A forward fx cannot record (HuggingFace's GPT-2 and Llama) is cut by torch's tracer
 (``trace``: launcher/parallel/pipeline_trace.py), traced once here on the meta device so that a model torch.export
 cannot capture, one whose inputs are not all tensors, or one whose input only a later stage takes is refused with the
-reason.
-"""
+reason."""
 
 from __future__ import annotations
 
@@ -181,8 +180,7 @@ def _kinds(model_spec: dict[str, Any], inputs: Any, units: list[str],
     with torch.random.fork_rng(devices=[]):
         for device in ("meta", "cpu") if cpu else ("meta",):
             try:
-                return value_kinds(build_for_shapes(model_spec, device, torch.float32), move_to(inputs, device),
-                                   units)
+                return value_kinds(build_for_shapes(model_spec, device, torch.float32), move_to(inputs, device), units)
             except Exception:  # noqa: BLE001 - meta: an op without a kernel, a value read; the CPU: the rank says
                 continue
     return None, {}

@@ -3,8 +3,7 @@
 A missing script or an unreadable data file is reported like a config error (exit 2). The facts (sizes the model
 needs, samples per epoch, reference numbers; for a recipe in the user's folder also the model's tables and size,
 found on the meta device) come from the recipe's hooks and go into the plan as an input, as HostFacts do; the
-composed config is never changed.
-"""
+composed config is never changed."""
 
 from __future__ import annotations
 

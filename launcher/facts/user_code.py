@@ -321,8 +321,7 @@ def _data_facts(spec: dict[str, Any], train: Any, sample: Sample, evaluation: An
                             for y in labels)
     n_train = None if is_stream(train) else len(train)
     n_eval = 0 if evaluation is None else None if is_stream(evaluation) else len(evaluation)
-    inputs = (f"keyword inputs {', '.join(batch[0])}" if isinstance(batch[0], Mapping) else
-              f"{len(batch[0])} input(s)")
+    inputs = f"keyword inputs {', '.join(batch[0])}" if isinstance(batch[0], Mapping) else f"{len(batch[0])} input(s)"
     seconds, share = sample.seconds, sample.cpu_share
 
     def size(n: int | None) -> str:

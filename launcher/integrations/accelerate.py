@@ -20,8 +20,7 @@ The contract, read from accelerate 1.15's installed source:
 - ``accelerate/utils/dataclasses.py`` ``DeepSpeedPlugin.__post_init__`` reads those variables; a config (a path or
   JSON text: ``HfDeepSpeedConfig``) wins over them, its ``"auto"`` values filled by ``Accelerator._prepare_deepspeed``
   from the script's DataLoader. ``zero_force_ds_cpu_optimizer: false`` keeps the script's own optimizer with offload
-  (else accelerate swaps it for DeepSpeedCPUAdam: ``map_pytorch_optim_to_deepspeed``), as ``runtime.prepare()`` does.
-"""
+  (else accelerate swaps it for DeepSpeedCPUAdam: ``map_pytorch_optim_to_deepspeed``), as ``runtime.prepare()`` does."""
 
 from __future__ import annotations
 

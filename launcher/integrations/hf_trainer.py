@@ -11,8 +11,7 @@ logged loss, learning_rate, grad_norm, epoch, current_step, total_steps) and at 
 Trainer's train_runtime, train_samples_per_second, train_loss). hetero-launch plays the controller: it listens on
 127.0.0.1, checks the token, and writes each status with a step as a metrics.jsonl record of every rank (the
 Trainer's loss is already the mean over the ranks) and to rank 0's loggers. The curve is as fine as the callback
-sends it: one point per 5 s of training, and the last step.
-"""
+sends it: one point per 5 s of training, and the last step."""
 
 from __future__ import annotations
 

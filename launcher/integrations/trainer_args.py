@@ -12,8 +12,7 @@ So, per value: no intent in the plan → ``"auto"`` (the script's TrainingArgume
 launch``); an intent and the script's value visible (literal keywords of its one ``TrainingArguments(...)`` call,
 its defaults for the keywords it leaves out, or ``--flag value`` on its command line when it parses them with
 ``HfArgumentParser``) → equal, or refused before launch naming both; an intent and the value not visible (``**kwargs``,
-a variable, a config file) → handed over, with a note that HF Trainer checks it at start. PURE: ast in, values out.
-"""
+a variable, a config file) → handed over, with a note that HF Trainer checks it at start. PURE: ast in, values out."""
 
 from __future__ import annotations
 

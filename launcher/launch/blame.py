@@ -15,8 +15,7 @@ Within the first of these groups that holds a rank, the earliest, comparing only
 kind, the best that every rank of the group has: when each wrote its error file (error.json's mtime, the file
 system's clock: the file server's on NFS, whichever host the rank ran on); else when each ended by its exit record
 (cluster.launch=mpi|slurm: rank_start's time.time()), only where every record was written on the launcher's host;
-else when the launcher saw each gone (its own monotonic clock). Then the lowest rank.
-"""
+else when the launcher saw each gone (its own monotonic clock). Then the lowest rank."""
 
 from __future__ import annotations
 

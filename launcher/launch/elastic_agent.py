@@ -250,8 +250,7 @@ class _Agent:
         write_rank_env(self.run_dir, envs)
         mine = [r.rank for r in on_node(plan.ranks, group.node_rank)]
         self.console.print(f"attempt {number}: node {group.node_rank} of {group.nnodes} (world {plan.world_size}), "
-                           f"ranks {', '.join(map(str, mine))}; resuming from "
-                           f"{plan.resume_from or 'the start'}")
+                           f"ranks {', '.join(map(str, mine))}; resuming from {plan.resume_from or 'the start'}")
         self._this = (hosts, choice, mine)
         start = backend(self.cfg.cluster.launch).start  # this host's ranks, as the local backend starts them
         return Round(plan, envs, functools.partial(start, JobConfig()), group, number)

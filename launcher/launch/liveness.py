@@ -9,8 +9,7 @@ for heartbeat_timeout_s is **lost** (its launcher is gone, or its link); when th
 drops packets does not return within its timeout (measured: still blocked after 27 s with a 20 s timeout), so no
 call of the supervising loop is made on the store while ranks run; the loop only reads what the thread found
 (``lost``, ``failure``, ``waiting``). A lost store is not called again: the launcher stops its ranks, reports and
-exits without the goodbyes that would wait on it.
-"""
+exits without the goodbyes that would wait on it."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ elastic_agent``) has its own store, which carries what the launchers tell each o
 - ``finished/<node>``: no launcher leaves (and takes a store with it) before every node is done;
 - ``beat/<node>``: each launcher's heartbeat (launcher/launch/liveness.py): a node silent for
   cluster.heartbeat_timeout_s is named lost on every other node, and a host the store does not answer for that long
-  leaves the job. While ranks run, only the liveness thread calls the store.
-"""
+  leaves the job. While ranks run, only the liveness thread calls the store."""
 
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from launcher.backends.elastic import RDZV_BACKENDS
 from launcher.errors import ConfigError, first_line
 from launcher.launch.liveness import FAILED_KEY, Liveness, Silence
 from launcher.plan import HostFacts, RunPlan
@@ -267,8 +267,8 @@ def rendezvous_handler(cfg: DictConfig):
 
     c = cfg.cluster
     lo, hi = node_range(c.nnodes)
-    c10d = c.rdzv_backend == "c10d"
-    if c10d:
+    in_launcher = RDZV_BACKENDS[str(c.rdzv_backend)].store_in_launcher  # c10d
+    if in_launcher:
         # torch's handler shares one TCPStore server across rounds and rebuilds its address only where its cache is
         # empty: a host that joins a later round as node >= 1 then waits for an address node 0 never writes again
         # (dynamic_rendezvous.py, next_rendezvous). Node 0's launcher hosts each round's store for the ranks itself
@@ -277,13 +277,13 @@ def rendezvous_handler(cfg: DictConfig):
     params = RendezvousParameters(
         backend=str(c.rdzv_backend), endpoint=c.rdzv_endpoint, run_id=c.rdzv_id, min_nodes=lo, max_nodes=hi,
         local_addr=c.local_addr or None, join_timeout=str(int(c.rdzv_timeout_s)),
-        **(_is_host(str(c.rdzv_endpoint), str(c.local_addr or "")) if c10d else {}),
+        **(_is_host(str(c.rdzv_endpoint), str(c.local_addr or "")) if in_launcher else {}),
         **{k: str(v) for k, v in dict(c.rdzv_conf or {}).items()},
     )
     try:
         return get_rendezvous_handler(params)
     except (RendezvousError, RuntimeError, TimeoutError, OSError, ValueError) as e:
-        start = ("Start the node that hosts it (the endpoint's host) first, with the same command." if c10d else
+        start = ("Start the node that hosts it (the endpoint's host) first, with the same command." if in_launcher else
                  "Start etcd there with the v2 API (etcd --enable-v2) and check this host reaches it.")
         cause = f" ({first_line(e.__cause__)})" if e.__cause__ is not None else ""
         raise RuntimeError(f"the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} cannot be reached: "
@@ -305,7 +305,7 @@ def next_round(handler, cfg: DictConfig, host: HostFacts, attempts: int, identit
         info = handler.next_rendezvous()
     except RendezvousClosedError:
         kept = " (etcd keeps a job's rendezvous after it: give each job its own cluster.rdzv_id)" if \
-            c.rdzv_backend != "c10d" else ""
+            RDZV_BACKENDS[str(c.rdzv_backend)].etcd else ""
         raise RuntimeError(f"the job at cluster.rdzv_endpoint={c.rdzv_endpoint} (cluster.rdzv_id={c.rdzv_id}) has "
                            f"ended (its rendezvous is closed): this host ({addr}) came too late to join"
                            f"{kept}.") from None

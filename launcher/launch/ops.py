@@ -3,8 +3,7 @@ one anyway (an op the launcher did not know of) is announced on the console inst
 
 The cache (TORCH_EXTENSIONS_DIR) is one folder per venv and toolchain (``launch.host.cache_key``). The launcher
 builds with the ranks' own PATH and accelerator settings (their planned env), so a rank's JIT load finds the op
-built by the same ninja and compiler and has nothing to rebuild.
-"""
+built by the same ninja and compiler and has nothing to rebuild."""
 
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ import urllib.request
 
 from omegaconf import DictConfig
 
+from launcher.backends.elastic import RDZV_BACKENDS
+
 ETCD_PROBE_S = 5.0
 """How long the etcd-v2 check waits for the etcd server's answer before the launch."""
 
@@ -21,7 +23,7 @@ def rendezvous_problems(cfg: DictConfig) -> list[str]:
     found in seconds here, where torch's handler would fail later (an ImportError at its first call, or a read
     timeout of a minute)."""
     c = cfg.cluster
-    if c.rdzv_backend != "etcd-v2":
+    if not RDZV_BACKENDS[str(c.rdzv_backend)].etcd:
         return []
     key = f"cluster.rdzv_backend=etcd-v2 (cluster.rdzv_endpoint={c.rdzv_endpoint})"
     if importlib.util.find_spec("etcd") is None:  # python-etcd, what torch's etcd-v2 backend imports
@@ -56,9 +58,8 @@ def address_problems(cfg: DictConfig) -> list[str]:
     try:
         resolved = socket.gethostbyname(name)
     except OSError:
-        return [f"cluster.local_addr is empty and this host's name {name} does not resolve: the other hosts could "
-                f"not reach it. Set cluster.local_addr to this host's address as the others reach it"
-                f"{_own_addresses()}."]
+        return [f"cluster.local_addr is empty and this host's name {name} does not resolve: the other hosts could not "
+                f"reach it. Set cluster.local_addr to this host's address as the others reach it{_own_addresses()}."]
     if not resolved.startswith("127."):
         return []
     return [f"cluster.local_addr is empty and this host's name {name} resolves to {resolved}, a loopback address "

@@ -85,8 +85,7 @@ def report_run(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, 
         summary["resumed_from"] = resumed_from(plan.resume_from)  # the checkpoint, path and step
     if nodes is not None:
         summary["node_rank"] = nodes.node_rank
-        summary["nodes"] = [{**h, "ranks": [r.rank for r in on_node(plan.ranks, h["node"])]}
-                            for h in nodes.hosts]
+        summary["nodes"] = [{**h, "ranks": [r.rank for r in on_node(plan.ranks, h["node"])]} for h in nodes.hosts]
         if last.remote_failure is not None:
             summary["first_failure"] = last.remote_failure
             if last.remote_failure.get("lost"):
@@ -111,8 +110,7 @@ def report_run(cfg: DictConfig, plan: RunPlan, run_dir: RunDir, attempts: list, 
     elif last.remote_failure is not None:
         console.print(remote_failure_report(summary, last.remote_failure))
     elif unrecorded and last.status == "failed" and (last.first_failed is None or last.first_failed in unrecorded):
-        console.print(backend_report(run_dir, unrecorded, backend(cfg.cluster.launch).program,
-                                     cfg.output.stderr_tail))
+        console.print(backend_report(run_dir, unrecorded, backend(cfg.cluster.launch).program, cfg.output.stderr_tail))
     elif last.first_failed is not None:
         console.print(failure_report(run_dir, summary, last.first_failed, cfg.output.stderr_tail))
     if written:

@@ -3,8 +3,7 @@
 torchrun's own path: the agent hosts a TCPStore and the ranks rendezvous on it (``TORCHELASTIC_USE_AGENT_STORE``);
 each rank's variables come from the plan, passed explicitly (the launcher's os.environ is never changed). Starting
 the ranks is the backend's (``launcher.backends``: ``local_job.py`` for this host's, ``external_job.py`` for
-mpirun/srun).
-"""
+mpirun/srun)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ Every job is composed and planned before the first one starts, so a bad value in
 first second. Then the jobs run in turn, each in its own run dir under one sweep dir (``<log_dir>/<sweep_id>/<n>/``,
 ``<log_dir>/latest`` -> the sweep); a failed job does not stop the others; the sweep ends with a table and
 ``sweep.json`` and exits 1 if any job failed (128 + the signal when interrupted: the jobs after it do not start).
-``check`` plans the jobs and starts nothing: with no recipe given, every recipe there is.
-"""
+``check`` plans the jobs and starts nothing: with no recipe given, every recipe there is."""
 
 from __future__ import annotations
 
@@ -60,7 +59,6 @@ def expand_jobs(overrides: list[str]) -> list[list[str]]:
 
 SWEEP_FORMS = ("A sweep takes key=a,b, key=range(0,3) or key=choice(a,b) (interval() and glob() need a sweeper "
                "plugin, which a sweep here does not use).")
-
 
 
 def every_recipe(config_dir: str | None) -> list[str]:

@@ -12,8 +12,7 @@ it ends); once the ranks ended, at most DRAIN_LINES more lines of each file are 
 stdout and stderr lines of one rank are interleaved by tick, not exactly as written.
 
 Only script= runs stream: a recipe's ranks report through the progress view (their metrics.jsonl) and the failure
-report; their output (library warnings, the lost-peer errors the blame sorts out) stays in ``rank.N/``.
-"""
+report; their output (library warnings, the lost-peer errors the blame sorts out) stays in ``rank.N/``."""
 
 from __future__ import annotations
 

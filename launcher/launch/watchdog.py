@@ -12,8 +12,7 @@ one, and its peers waiting for it inside a collective. The stuck ones are named 
 2. a rank that does not answer the request for its stacks (STACKS_SIGNAL, faulthandler in the rank);
 3. the ranks at the lowest step, when the steps differ;
 4. the ranks whose stacks are not inside torch.distributed (the others wait in a collective for them);
-5. else every stalled rank (a deadlock among collectives: the stacks tell which).
-"""
+5. else every stalled rank (a deadlock among collectives: the stacks tell which)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 ``open_metrics`` is what the worker (``launcher.worker.train``) and ``runtime.prepare()`` open instead of a bare
 ``MetricsWriter``: on rank 0 with loggers it is a ``LoggedMetricsWriter``, whose records go to the file first and
 then, as ``train/<key>`` or ``eval/<key>`` scalars at their step, to each logger. A logger that fails (to build, to
-log, to close) is reported once as a ``LoggerWarning`` and dropped; the run goes on.
-"""
+log, to close) is reported once as a ``LoggerWarning`` and dropped; the run goes on."""
 
 from __future__ import annotations
 

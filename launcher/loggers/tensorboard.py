@@ -2,8 +2,7 @@
 
 ``tensorboard --logdir log_output`` then shows every run side by side: train/loss, train/samples_per_s, train/lr
 and the evaluations' eval/* at their steps. Written by torch's ``SummaryWriter`` (the ``tensorboard`` package);
-this module imports it only when a logger is built, so checking the ``_target_`` costs no torch import.
-"""
+this module imports it only when a logger is built, so checking the ``_target_`` costs no torch import."""
 
 from __future__ import annotations
 

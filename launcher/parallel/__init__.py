@@ -2,8 +2,7 @@
 and checkpoint format (registry.py); which parts a run uses (choose.py); how a rank applies them (compose.py).
 
 Plan-side modules import no torch; rank-side code (compose.py, the engines, the parts' ``apply``) imports it lazily
-or is imported only inside a rank.
-"""
+or is imported only inside a rank."""
 
 from launcher.contract import PartRules
 from launcher.parallel.choose import (checkpoint_format, checkpoint_layout, choose_data_parallel, config_file,

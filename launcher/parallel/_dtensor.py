@@ -12,8 +12,7 @@
 Operators a chunk does not hold (another pipeline stage's) are skipped.
 
 Every sharded operator records the local shapes it computed on at its first call (``observed_shapes``: x, w as
-(in, out), out), which the rank writes to rank.N/sharding.json to be checked against the plan.
-"""
+(in, out), out), which the rank writes to rank.N/sharding.json to be checked against the plan."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ saved with tp 2 loads with tp 1, one saved whole loads into pipeline stages.
 
 A weight held under several names (a head tied to its token embedding) is one parameter to torch's optimizer, whose
 state dict names it once; a pipeline stage that holds only the head knows it by the head's name. Its optimizer
-state is therefore saved under each of its names.
-"""
+state is therefore saved under each of its names."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ Tensor parallel, recompute and the pipeline join when their intents are given. T
 ``parallel.data_parallel``, or with auto the first part of ``preference(intents)`` that can run the intents: ddp when
 nothing asks for more than replicated fp32 (it is the lightest); deepspeed for ZeRO-1/2, offload and bf16 on plain data
 parallelism, fsdp for ZeRO-3 without offload (bench/zero_bench.py measured each faster there: docs/performance.md);
-fsdp where DeepSpeed cannot go (with tensor parallel or pipeline stages). The plan says which and why.
-"""
+fsdp where DeepSpeed cannot go (with tensor parallel or pipeline stages). The plan says which and why."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ placements) and each group's squares summed by one DTensor ``full_tensor`` (torc
 With pipeline stages the squares then add over the pp group, as torchtitan's ``dist_utils.clip_grad_norm_`` does,
 and a weight tied across stages (gpt's head) is counted once, in its first stage (every copy holds the same summed
 gradient by then). The hook runs after every other pre-step hook (the dp average, the tied-weight sum), so it clips
-what the optimizer steps. Tables trained outside the parts are not clipped (the plan says so).
-"""
+what the optimizer steps. Tables trained outside the parts are not clipped (the plan says so)."""
 
 from __future__ import annotations
 

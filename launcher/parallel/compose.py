@@ -4,8 +4,7 @@
 tables that train outside the parts out of the chunks (launcher/tables/). ``apply_parts`` applies tensor parallel,
 recompute and data parallelism to every chunk, builds an optimizer for each over what is left (after the parts replaced
 parameters with DTensors, as FSDP2 needs), lets the data-parallel part hook it, and returns the engine: the one of
-the part that drives the step (deepspeed, pipeline), or the torch loop.
-"""
+the part that drives the step (deepspeed, pipeline), or the torch loop."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ On a plain model it is torch's ``DistributedDataParallel`` (bucketed all-reduces
 all-reduce runs only in an accumulation boundary's backward). A model whose parameters are DTensors (tensor
 parallel) or a pipeline stage (whose backward the schedule runs) gets the same average as one flat all-reduce of
 every local gradient before the optimizer steps. One data-parallel rank has nothing to average: no wrapper (a
-script's runtime.prepare() keeps torch DDP's there, as under plain torchrun).
-"""
+script's runtime.prepare() keeps torch DDP's there, as under plain torchrun)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ one here makes DeepSpeed JIT-build fused_adam on CPU).
 
 Memory (Rajbhandari et al., "ZeRO", 2020, section 5; deepspeed/runtime/zero/stage_1_and_2.py, stage3.py,
 bf16_optimizer.py): ZeRO-1 shards optimizer states over dp ranks, ZeRO-2 also gradients, ZeRO-3 also parameters.
-From ZeRO-1 up (and with bf16 at stage 0, unsharded) DeepSpeed keeps an fp32 master copy with the states.
-"""
+From ZeRO-1 up (and with bf16 at stage 0, unsharded) DeepSpeed keeps an fp32 master copy with the states."""
 
 from __future__ import annotations
 

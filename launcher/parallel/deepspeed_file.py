@@ -16,8 +16,7 @@ The rule, in three steps (docs/parallelism.md, "Bring your DeepSpeed config"):
    resolve it); sections that do nothing here (DeepSpeed's activation_checkpointing, pipeline, elasticity) are
    refused with the key to use; and a run whose data-parallel part is not deepspeed refuses every key only
    DeepSpeed reads (``unused``). DeepSpeed's own parser checks the merged result before launch, and names a key it
-   never read (launcher/launch/deepspeed_check.py).
-"""
+   never read (launcher/launch/deepspeed_check.py)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ steps the optimizer at the accumulation boundary); a pipeline's engine runs a wh
 fsdp were applied to, with a torch optimizer; the deepspeed part brings DeepSpeed's engine, the pipeline part the
 schedule's.
 
-Torch-native parts checkpoint through ``torch.distributed.checkpoint`` (launcher/parallel/checkpoint.py).
-"""
+Torch-native parts checkpoint through ``torch.distributed.checkpoint`` (launcher/parallel/checkpoint.py)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,7 @@
 Each of the recipe's layers() is an FSDP unit (its all-gather overlaps the previous one's compute), the chunk the
 root; a layer whose weight another layer shares (a tied head) stays in the root's unit. It composes with tensor
 parallel (2-D: DTensor shards on tp, FSDP on dp) and pipelines (one FSDP root per stage; the stage drives its
-post-backward reduce), and checkpoints through DCP.
-"""
+post-backward reduce), and checkpoints through DCP."""
 
 from __future__ import annotations
 

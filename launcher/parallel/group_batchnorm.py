@@ -5,8 +5,7 @@ Per channel over the group's ranks r: N = Σ_r n_r, mean = Σ_r Σ x / N, var = 
 all-reduces, of C + 1 and C numbers; centred before squaring, so no cancellation), y = (x - mean) / sqrt(var + eps)
 · w + b. The all-reduces are autograd functions (``_GroupSum``, as torch.distributed.nn's all_reduce): the backward
 sums each statistic's gradient over the group, so every rank's inputs get the gradient of the whole group's loss
-through the shared statistics.
-"""
+through the shared statistics."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ class GroupBatchNorm(_BatchNorm):
     BatchNorm it replaces, ``convert``)."""
 
     def __init__(self, bn: _BatchNorm, group: Any) -> None:
-        super().__init__(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
-                         device="meta")
+        super().__init__(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, device="meta")
         self.weight, self.bias = bn.weight, bn.bias
         for name in ("running_mean", "running_var", "num_batches_tracked"):
             self.register_buffer(name, getattr(bn, name))

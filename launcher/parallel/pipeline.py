@@ -12,8 +12,7 @@ Each micro-batch's loss is divided by M on the last stage, so parameters and tab
 step's mean loss; the mean is sent to every stage. A weight that layers on different stages share (GPT's tied head)
 lives once per stage; before each optimizer step the copies' gradients (or gradient shards, under fsdp) are summed
 over the ranks that hold them. Evaluation runs the held-out batches forward through the same stages (a forward-only
-schedule), and the last stage scores them with the recipe's metrics.
-"""
+schedule), and the last stage scores them with the recipe's metrics."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ its labels. A later stage that uses the batch's inputs (a graph split's ``Chunk.
 micro-batch the schedule runs (``Stage`` records which), so an input whose shape changes from one micro-batch to the
 next is never sent between stages. torch's stages are shaped once, by a micro-batch of the run's size; a held-out
 batch of another size (the short last one) runs through stages shaped for it, made the first time such a batch comes
-(every rank of the pipeline holds the same batch, so they all make the same ones without a word between them).
-"""
+(every rank of the pipeline holds the same batch, so they all make the same ones without a word between them)."""
 
 from __future__ import annotations
 

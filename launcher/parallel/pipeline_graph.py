@@ -23,8 +23,7 @@ trains outside the parts is found at its path and swapped for a lookup as in an 
 Each stage's inputs and outputs for torch's ``PipelineStage`` (its static shapes) come from running the stages one
 after the other on one micro-batch: on the model built on the meta device, or, where the forward cannot run on meta
 (a KeyedJaggedTensor's lengths are read as values), on the CPU with its tables built on meta and swapped for lookups
-of zero rows (the tables are never made; only the dense part is built, once).
-"""
+of zero rows (the tables are never made; only the dense part is built, once)."""
 
 from __future__ import annotations
 

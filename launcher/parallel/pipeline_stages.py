@@ -10,8 +10,7 @@ torch's tracer (``trace``: launcher/parallel/pipeline_trace.py).
 ``stage_examples`` gives each stage the shapes and dtypes it receives and sends, from the model built on the meta
 device: torch's PipelineStage takes them up front (its static mode) instead of inferring them at the first step by
 running every stage's forward on uninitialised tensors, which a table lookup (garbage ids) or a BatchNorm (its
-running statistics) cannot take.
-"""
+running statistics) cannot take."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ takes those. Parameters a stage's graph never uses (the export leaves GPT-2's he
 embedding) are removed from it. Each stage's inputs and outputs are found by tracing the model built on the meta
 device the same way and running the stages one after the other. A table the plan trains outside the parts is the
 model's own ``nn.Embedding`` again in its stage (the export made it a graph module), for the table store to take
-out.
-"""
+out."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ its output on in the input's dtype; its gradients flow back in the parameters' d
 
 A pipeline stage cut by torch's tracer is a graph recorded once, dtypes included: it is traced with the model as the
 run computes (``computing_in``: parameters in bf16 as FSDP2 casts them, buffers as they are, BatchNorm in fp32), the
-fp32 master weights put back after (launcher/parallel/pipeline_trace.py).
-"""
+fp32 master weights put back after (launcher/parallel/pipeline_trace.py)."""
 
 from __future__ import annotations
 

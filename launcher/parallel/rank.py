@@ -1,8 +1,7 @@
 """What the parts share inside a rank: the model chunks they apply to and the rank's context.
 
 A chunk is the module one pipeline stage runs (a pruned copy of the model that keeps its parameter names), or the
-whole model without a pipeline. Every part applies to every chunk of the rank, in the plan's order.
-"""
+whole model without a pipeline. Every part applies to every chunk of the rank, in the plan's order."""
 
 from __future__ import annotations
 

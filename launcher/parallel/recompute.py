@@ -4,8 +4,7 @@ Each layer runs under ``torch.utils.checkpoint`` (non-reentrant): its forward ke
 runs it again, replaying the RNG state, so dropout draws the same masks and the losses are the same as without.
 It applies before data parallelism, as in torchtitan (an FSDP unit's recomputed forward finds its parameters
 gathered), inside each pipeline stage, and on tensor-parallel layers. What it saves is estimated in the plan
-(launcher/facts/activations.py) and measured in the ranks (launcher/worker/accounting.py: SavedActivations).
-"""
+(launcher/facts/activations.py) and measured in the ranks (launcher/worker/accounting.py: SavedActivations)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ sync_batchnorm (normalization: BatchNorm statistics over dp) -> data parallel (d
 pipeline (pp). The pipeline cuts the model into its stages before the others apply (each part then applies to a
 stage's module, as torchtitan does) and drives the schedule last.
 
-Names are compared here and in the parts' own modules only; everywhere else a part is asked for what it knows.
-"""
+Names are compared here and in the parts' own modules only; everywhere else a part is asked for what it knows."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from launcher.parallel.part import DCP, DEEPSPEED  # noqa: F401 - the formats, n
 
 SLOTS = ("tensor_parallel", "recompute", "normalization", "data_parallel", "pipeline")
 """The order parts apply in; a run has at most one part per slot and always one data-parallel part."""
-
 
 
 class Part(Protocol):

@@ -12,8 +12,7 @@ for a BatchNorm under bf16) and updates the running statistics as ``nn.BatchNorm
 the global micro-batch). In evaluation it normalises with the running statistics, with no exchange.
 
 It applies before the data-parallel part (it replaces modules the part then wraps), to the modules a rank runs:
-inside a pipeline stage cut by the graph split each stage's BatchNorms sync over that stage's dp group.
-"""
+inside a pipeline stage cut by the graph split each stage's BatchNorms sync over that stage's dp group."""
 
 from __future__ import annotations
 
@@ -31,10 +30,9 @@ class SyncBatchNormPart:
 
     def problems(self, i: Intents) -> list[str]:
         if i.dims.dp == 1:
-            return [f"parallel.sync_batchnorm=true: dp is 1 (world {i.dims.world_size} = pipeline_stages "
-                    f"{i.dims.pp} × tp {i.dims.tp}), so every BatchNorm already sees the whole micro-batch and it "
-                    f"would do nothing. Set parallel.sync_batchnorm=false, or run more data-parallel ranks "
-                    f"(cluster.nproc_per_node)."]
+            return [f"parallel.sync_batchnorm=true: dp is 1 (world {i.dims.world_size} = pipeline_stages {i.dims.pp} × "
+                    f"tp {i.dims.tp}), so every BatchNorm already sees the whole micro-batch and it would do nothing. "
+                    "Set parallel.sync_batchnorm=false, or run more data-parallel ranks (cluster.nproc_per_node)."]
         if i.pipeline is not None and i.pipeline.split == "trace":
             return ["parallel.sync_batchnorm=true: the pipeline's stages are cut by torch's tracer "
                     "(split trace), whose graphs hold each BatchNorm as operations, not as a module to swap. Set "

@@ -4,8 +4,7 @@ The plan (launcher/plan/sharding.py) decided each operator's strategy, shapes an
 the operators its chunk holds (launcher/parallel/_dtensor.py): torch's ``parallelize_module`` with ``ColwiseParallel``
 / ``RowwiseParallel`` for a recipe's tensor-parallel plan, DTensor parameters placed per strategy for op-level
 sharding. Parameters keep their names and their global shapes, so a checkpoint (DCP) saved with tp 2 loads with tp 1.
-The ranks of a tp group see the same data; tables outside the parts are replicated over them.
-"""
+The ranks of a tp group see the same data; tables outside the parts are replicated over them."""
 
 from __future__ import annotations
 

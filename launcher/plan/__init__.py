@@ -5,8 +5,7 @@ milliseconds and a dry run shows exactly what a real run would do. Every problem
 (ConfigError). The parallel parts of the run (tensor parallel, recompute, data parallel, pipeline) are chosen and
 planned by the parts' rules handed in with the facts (``Facts.parts``: launcher.parallel.RULES) from the intents
 gathered here (the steps that gather them fill a ``Draft``: launcher/plan/draft.py); the recipe comes in the facts
-too (``Facts.recipe``). The plan imports no part, recipe, store or backend.
-"""
+too (``Facts.recipe``). The plan imports no part, recipe, store or backend."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ largest first, until it can. A candidate fits when every device and every host h
 (launcher/plan/budget.py); the chosen one is the fastest by the step-time model (launcher/plan/cost.py), ties to the
 one that changes least. What it chose becomes ordinary keys (zero.stage, optimizer.target, placement.offload_params,
 placement.tables.<name>, recompute), which the plan then plans as if the user had written them; each decision is
-said with its reason and the runner-up.
-"""
+said with its reason and the runner-up."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Capacities are cluster.device_memory_gb / cluster.host_memory_gb, or what the host reported (HostFacts: its RAM or
 its cgroup's limit, its smallest GPU). On a CPU-only host the device is host memory: its budget, unless given, is the
 rank's share of the host's. ``placement.reserve`` of each is kept free. A plan over a capacity is refused with fixes
-that carry numbers; one over the budget but under the capacity is said.
-"""
+that carry numbers; one over the budget but under the capacity is said."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from dataclasses import dataclass
 
 from launcher.plan.peak import MemoryPlan
 from launcher.units import GB, gb
-
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,7 @@ parameter offload fetches the parameters for the forward and the backward); data
 gradients (ZeRO-3: 1.5 times, for its gathers); a table's step moves the looked-up rows (and their gradients) between
 host and device when it lives on the host of a GPU, and streams its rows and states; a ps table's rows and their
 gradients also go to and from their owners over the network. The constants are
-launcher/constants.py's; on a CPU host there is no PCIe. It ranks layouts; it is not a promise of seconds.
-"""
+launcher/constants.py's; on a CPU host there is no PCIe. It ranks layouts; it is not a promise of seconds."""
 
 from __future__ import annotations
 

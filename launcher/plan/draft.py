@@ -3,8 +3,7 @@ steps, the recipe's model and sizes, op-level sharding), where things live (devi
 pipeline stages), the DataLoader, and the parallel parts' intents. Each step adds its problems and notes to the
 ``Draft``; ``plan_launch`` (launcher/plan/__init__.py) raises them at once and freezes the result.
 
-Pure, as the rest of the plan: no environment read, no file written, no torch imported.
-"""
+Pure, as the rest of the plan: no environment read, no file written, no torch imported."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 The pipeline gives each rank the parameters of its stages; tensor parallel takes away the shares of the operators it
 splits; the data-parallel part's rule turns what is left into parameter, gradient and optimizer bytes on the host
 and the device (launcher/parallel/*.py ``memory``); the tables outside the parts are added where they live. With a
-pipeline, each stage is estimated and the rank's figure is its largest stage's.
-"""
+pipeline, each stage is estimated and the rank's figure is its largest stage's."""
 
 from __future__ import annotations
 

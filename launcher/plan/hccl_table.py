@@ -13,8 +13,7 @@ Servers are nodes in the order listed; a device's rank_id is its global rank; it
 server's devices ordered by rank_id. Each server's ranks must be one consecutive block in server order (what
 merge_hccl.py writes, and how torchrun numbers ranks: node_rank * nproc_per_node + local_rank). Integers where HCCL
 writes strings are refused with the quoted form to write, like any other problem: all problems are collected and
-raised as one ConfigError, each naming the entry (``server_list[1].device[0].rank_id="3"``) and a fix.
-"""
+raised as one ConfigError, each naming the entry (``server_list[1].device[0].rank_id="3"``) and a fix."""
 
 from __future__ import annotations
 
@@ -219,7 +218,6 @@ class _Problems:
             held = sorted(rank for rank, n, _, _ in rows if n == node)
             want = list(range(node * nproc, (node + 1) * nproc))
             if held != want:
-                self.add(f"server_list[{node}] holds rank_ids {', '.join(map(str, held))}: each server's ranks "
-                         f"must be one consecutive block in server order, as torchrun numbers them "
-                         f"(node_rank * nproc_per_node + local_rank). Give server_list[{node}] rank_ids "
-                         f"{want[0]}..{want[-1]}.")
+                self.add(f"server_list[{node}] holds rank_ids {', '.join(map(str, held))}: each server's ranks must be "
+                         "one consecutive block in server order, as torchrun numbers them (node_rank * nproc_per_node "
+                         f"+ local_rank). Give server_list[{node}] rank_ids {want[0]}..{want[-1]}.")

@@ -6,8 +6,7 @@ plan resolves them against the model's modules (``ModelFacts.modules``: a built-
 or the user's model read on the meta device), keeps the outermost of nested matches, and takes their parameters out
 of what the parallel parts train: in a rank they stand behind a ``HostModule`` the parts never see
 (launcher/worker/host_modules.py), trained by a torch optimizer of the run's own kind on the host, their gradients
-averaged over the data-parallel ranks through a gloo group. What that cannot compose with yet is refused here.
-"""
+averaged over the data-parallel ranks through a gloo group. What that cannot compose with yet is refused here."""
 
 from __future__ import annotations
 

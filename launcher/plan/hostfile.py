@@ -7,8 +7,7 @@ lines and ``#`` comments. The filters take DeepSpeed's syntax, ``NAME[:SLOT[,SLO
 and slots the order given (DeepSpeed makes that order the rank's CUDA_VISIBLE_DEVICES). Stricter than DeepSpeed:
 slots=0, a host name that is not a host name or address, anything on a line after slots=N other than a comment,
 a host or slot named twice in a filter, and a filter that leaves nothing are refused, not ignored. Every problem is
-collected into one ConfigError, each naming the line or the entry and a fix.
-"""
+collected into one ConfigError, each naming the line or the entry and a fix."""
 
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ def parse_hostfile(text: str, source: str) -> list[tuple[str, int]]:
                             f"{host} slots=4.")
             continue
         if host in line_of:
-            problems.append(f"{at}: {host} is also on line {line_of[host]}. Give each host once, with all its "
-                            f"slots.")
+            problems.append(f"{at}: {host} is also on line {line_of[host]}. Give each host once, with all its slots.")
             continue
         line_of[host] = n
         hosts.append((host, int(value)))
@@ -125,8 +123,7 @@ def _spec(key: str, text: str, pool: dict[str, int], source: str, problems: list
             problems.append(f"{at}: {shown(name)} is not a host of {source}.{hint}")
             continue
         if name in chosen:
-            problems.append(f"{at}: {name} is named twice. Name each host once, with all its slots "
-                            f"(e.g. {name}:0,1).")
+            problems.append(f"{at}: {name} is named twice. Name each host once, with all its slots (e.g. {name}:0,1).")
             continue
         if not colon:
             chosen[name] = None

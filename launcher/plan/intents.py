@@ -2,8 +2,7 @@
 batch, the placement of the tables and the pipeline's stages were planned.
 
 ``Intents`` is the one typed input of every part's plan-side knowledge (its problems, memory and config) and of the
-choice between parts (``launcher.parallel.choose``); ``PartPlan`` is what the plan keeps of each chosen part.
-"""
+choice between parts (``launcher.parallel.choose``); ``PartPlan`` is what the plan keeps of each chosen part."""
 
 from __future__ import annotations
 

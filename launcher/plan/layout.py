@@ -2,8 +2,7 @@
 
 Pure data and the address rule both readers share. Hosts and addresses read from a file end up in argument lists
 of ssh, pdsh or mpirun and in environment variables, so only plain host names and IP addresses pass: no spaces,
-quotes, shell metacharacters, empty labels ('..') or a leading '-' that a tool would take for an option.
-"""
+quotes, shell metacharacters, empty labels ('..') or a leading '-' that a tool would take for an option."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ about as much. A slower one gets one worker per core the rank has beyond its own
 that mostly waits gets ``WAITING_WORKERS`` even without spare cores (waiting takes no core).
 
 Every key is checked for meaning: a value that would do nothing (pinned memory on the CPU, read-ahead without
-workers) is refused with the reason, as is any loader key for a recipe whose data source makes whole batches itself.
-"""
+workers) is refused with the reason, as is any loader key for a recipe whose data source makes whole batches itself."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ The dense network's bytes are each data-parallel part's own rule (``memory`` in 
 deepspeed.py), for the parameters one rank holds after the pipeline cut it into stages and tensor parallel split
 its operators. Tables trained outside the parts are fp32 and whole on every rank that holds them (data parallel),
 or in parameter-server mode (placement.ps) split over the ranks of their group, each rank holding its block of
-ceil(rows / shards) rows; their optimizer's states lie beside them; this module adds them.
-"""
+ceil(rows / shards) rows; their optimizer's states lie beside them; this module adds them."""
 
 from __future__ import annotations
 

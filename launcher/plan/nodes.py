@@ -77,11 +77,13 @@ def store_notes(cfg: DictConfig, backends: tuple[BackendRules, ...]) -> list[str
         return []
     c = cfg.cluster
     lost = f"(named after cluster.heartbeat_timeout_s={c.heartbeat_timeout_s:g} s)"
+    rdzv = chosen.rdzv_backends.get(str(c.rdzv_backend))  # None: a name the rules refuse
+    etcd = rdzv is not None and rdzv.etcd
     where = (f"cluster.rdzv_endpoint={c.rdzv_endpoint}: the rendezvous store is the etcd server there (torch's "
              f"etcd-v2 backend): no launcher holds it, so with an etcd member on each host (a cluster that keeps its "
              f"quorum) any host may be lost {lost}; keep that timeout above etcd's request timeout and leader "
              f"election (~7 s with etcd's defaults: a call waits that long when the leader's host is lost); a job's "
-             f"keys stay in etcd after it: give each job its own cluster.rdzv_id" if c.rdzv_backend == "etcd-v2" else
+             f"keys stay in etcd after it: give each job its own cluster.rdzv_id" if etcd else
              f"cluster.rdzv_endpoint={c.rdzv_endpoint}: the rendezvous store lives in the launcher on that host "
              f"(torch's c10d backend), so losing that host ends the job whatever cluster.nnodes allows; any other "
              f"host may be lost {lost}; cluster.rdzv_backend=etcd-v2 has no such host")

@@ -3,8 +3,7 @@
 Validated once, with the numbers in the message; the worker turns it into a named DeviceMesh
 (``init_device_mesh(device, dims.shape, mesh_dim_names=dims.names)``) and asks the mesh for each dim's group.
 The mesh order is (pp, dp, tp): tp varies fastest, so tensor-parallel partners are neighbouring ranks (one host,
-fast links), pipeline stages the slowest.
-"""
+fast links), pipeline stages the slowest."""
 
 from __future__ import annotations
 

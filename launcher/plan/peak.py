@@ -8,8 +8,7 @@ the meta device), ``estimate`` (a count of temporaries read from the code that m
 
 On a CPU-only host the device is host memory: a rank's resident set is both locations together, and the host's
 budget holds every rank's whole peak; the device budget still bounds what the plan put "on the device" (what a GPU
-would hold), which is how placement is planned and tested on CPU.
-"""
+would hold), which is how placement is planned and tested on CPU."""
 
 from __future__ import annotations
 

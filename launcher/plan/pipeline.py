@@ -7,8 +7,7 @@ stages with the largest stage's parameter count as small as it can be, what Deep
 "parameters"`` aims at) or ``uniform`` (the same number of layers per stage). There are P × V stages: V
 (``parallel.stages_per_rank``) per pipeline rank with the interleaved schedule, stage s on pipeline rank s mod P.
 GPipe and 1F1B run M micro-batches per step through P stages, each idling (P-1) of the M+P-1 slots of a step (the
-bubble); interleaved 1F1B cuts each slot V ways: (P-1)/(V·M+P-1).
-"""
+bubble); interleaved 1F1B cuts each slot V ways: (P-1)/(V·M+P-1)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ live.
 Intents (placement.host_device_mix, placement.tables.<name>, optimizer.target, placement.offload_params) become
 concrete decisions here; DeepSpeed's offload keys and the memory accounting follow from them. A table that trains
 outside the engine with no ``tables.<path>`` entry keeps the dense optimizer's kind: the row-sparse twin the registry
-names for it (sgd, momentum, lazy_adam for adam/adamw) with its settings, and the plan says how the twin differs.
-"""
+names for it (sgd, momentum, lazy_adam for adam/adamw) with its settings, and the plan says how the twin differs."""
 
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ from launcher.plan.table_keys import hash_problems, resolve_aliases
 from launcher.plan.ps import place_problems
 from launcher.plan.values import number_problems
 from launcher.schema import TableConfig
-
 
 
 def takes_tables_out(host_device_mix: int, locations: Any, table_configs: Any, ps: bool = False) -> bool:

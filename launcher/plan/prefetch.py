@@ -5,8 +5,7 @@ It applies to tables with a whole copy on each rank's host (placement.host_devic
 in a recipe run without pipeline stages, tensor parallel, FSDP2 or ZeRO-3: the rank learns a micro-batch's ids by
 running its model's forward up to the last lookup, which must not start those parts' parameter gathers or a stage's
 receive. Device tables need no prefetch (their gather is on the device), and ps tables are looked up by all-to-alls on
-the training thread: both are looked up when the forward asks, as is every table of a script's own loop.
-"""
+the training thread: both are looked up when the forward asks, as is every table of a script's own loop."""
 
 from __future__ import annotations
 

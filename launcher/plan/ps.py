@@ -4,8 +4,7 @@
 ``shards`` = the ranks of its stage (world size / pipeline stages); each owns one contiguous block of ceil(rows /
 shards) rows and that block's optimizer states in host memory (launcher/tables/partition.py), so the job holds one
 copy instead of one per rank. What may be split, how much one rank holds, and the fix a plan over its host memory
-gets are said here; the memory model (peak.py, memory.py), placement=auto (auto.py) and the views ask this module.
-"""
+gets are said here; the memory model (peak.py, memory.py), placement=auto (auto.py) and the views ask this module."""
 
 from __future__ import annotations
 

@@ -106,8 +106,7 @@ def rank_table(ranks: tuple[RankPlan, ...], hosts: list[str]) -> dict:
     """The rank table in MindSpore/HCCL form (all values strings, as HCCL writes them).
 
     ``hosts[n]`` is node n's address. On a CPU-only host each rank's "device" is a CPU process; its device_ip is
-    the host's address.
-    """
+    the host's address."""
     servers = []
     for node, host in enumerate(hosts):
         devices = [{"device_id": str(r.local_rank), "device_ip": host, "rank_id": str(r.rank)}

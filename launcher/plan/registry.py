@@ -2,8 +2,7 @@
 need to know about it. Torch-free: the worker imports the classes named here by their dotted path. (The parallel
 parts have their own registry: launcher/parallel/registry.py.)
 
-An unknown name is a plan-time error with a did-you-mean (``unknown``), never a silent fallback.
-"""
+An unknown name is a plan-time error with a did-you-mean (``unknown``), never a silent fallback."""
 
 from __future__ import annotations
 

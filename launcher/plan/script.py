@@ -2,8 +2,7 @@
 ``runtime.prepare(model, optimizer)`` builds if the script calls it (engine, its DeepSpeed config, placement intents).
 
 What depends on the script's model (which tables it has) is decided inside the rank, by the same pure
-``plan_tables`` a recipe's plan uses, from the intents recorded here.
-"""
+``plan_tables`` a recipe's plan uses, from the intents recorded here."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ runtime.prepare()), ``accelerate`` (it imports accelerate or transformers' Train
 A verdict is ``APPLIED``, ``REFUSED`` (a check elsewhere exits 2 naming the key), ``"refuse: why"`` (refused here)
 or ``"report: why"`` (the run goes on; the plan and the summary name the key as "not applied: why"). A plain
 script's intents are reported, not refused: the scan reads the script only, and a module it imports may call
-runtime.prepare() (the summary then drops them: prepare() wrote prepared.json).
-"""
+runtime.prepare() (the summary then drops them: prepare() wrote prepared.json)."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ INTERNAL = ("deepspeed.given", "deepspeed.source", "smoke_changes")
 
 _OWN_LOOP = ("refuse: a script builds its own model, data, optimizer and loop, and nothing in it reads this key. "
              "Remove it (pass the value to your script after --), or run your model as a recipe")
-_PLAIN = ("report: the script neither calls runtime.prepare() nor uses accelerate, so nothing in it reads this "
-          "intent")
+_PLAIN = "report: the script neither calls runtime.prepare() nor uses accelerate, so nothing in it reads this intent"
 _LAUNCH = {k: APPLIED for k in JOB_KINDS}
 _COLD = ("report: a script's ranks always start as `python <script>`, a fresh interpreter each (its own __main__); "
          "launcher.warm_start is for a recipe's ranks on CPU")

@@ -14,8 +14,7 @@ Two sources, one result (``ShardingPlan``, one ``OpShard`` per operator):
 Layouts of an activation on the tp dim: R (Replicate), S (Shard on its last dim), P (Partial sums). Only
 all-reduce, all-gather and local slicing are ever planned (gloo has no reduce_scatter): a row-split matmul's partial
 output is reduced to R before its bias. Shapes are per dp rank unless called global; w is written (in, out), as
-MindSpore does (torch's Linear stores it transposed).
-"""
+MindSpore does (torch's Linear stores it transposed)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ With a validation split (the data facts' ``val_samples``, e.g. data.val_fraction
 it every ``eval.every`` steps (0: once an epoch) and at the last step, and the test split only once, at the end — as
 Keras' ``validation_split`` and Lightning's ``val_dataloaders`` do. Without one, ``eval.every`` scores the test
 split as it always did, and early stopping is refused: a run stopped by its test score reports a test score chosen
-by the test itself.
-"""
+by the test itself."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 One ``testsuite`` named after the run: a ``testcase`` for the run itself (failed unless the status is ok, with the
 failure report as its message) and one per rank (failed with its exit code or signal, its error and the tail of its
-stderr; ``skipped`` when the launcher stopped it after another rank failed). The exit code stays the contract.
-"""
+stderr; ``skipped`` when the launcher stopped it after another rank failed). The exit code stays the contract."""
 
 from __future__ import annotations
 

@@ -34,8 +34,7 @@ def memory_lines(mem: MemoryPlan, b: Budget | None) -> list[str]:
              f"per host: {mem.nproc_per_node} rank(s) × {gb(mem.training_peak)}"
              + (f" + {gb(mem.build_extra)} while one builds the model (its tables whole)" if mem.build_extra else "")
              + f" + launcher {gb(mem.launcher)}" + (f" + forkserver {gb(mem.forkserver)}" if mem.forkserver else "")
-             + " = "
-             f"{gb(mem.host_total)}{_share(mem.host_total, host_cap)}"]
+             + f" = {gb(mem.host_total)}{_share(mem.host_total, host_cap)}"]
     if b is not None:
         lines.append(f"budgets: device from {b.device_source}; host from {b.host_source}; "
                      f"placement.reserve {b.reserve:.0%} kept free")
@@ -100,8 +99,7 @@ def compact_memory_tree(plan: LaunchPlan) -> Tree:
         a = plan.activations
         kept = f"activations kept for the backward, per micro-batch: {gb(a['kept_bytes'])}"
         if plan.recompute:
-            kept += (f"; {gb(a['kept_bytes_with_recompute'])} with recompute of "
-                     f"{printable(', '.join(plan.recompute))}")
+            kept += f"; {gb(a['kept_bytes_with_recompute'])} with recompute of {printable(', '.join(plan.recompute))}"
         root.add(one_line(kept))
     if plan.decisions:
         dec = root.add("placement=auto decided")

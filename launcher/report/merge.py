@@ -6,8 +6,7 @@ nodes, this node's ranks). The merge checks first and writes nothing when a chec
 with its dir and a fix): each DIR is a run dir, all have the same plan, no rank is in two dirs, no node_rank is
 given twice, and every rank of the plan is in one of them. Then OUT gets every ``rank.<N>/``, the run files of the
 node_rank-0 dir (the first one given, if none says node 0), rank_env.json of all ranks, a merged summary.json and
-junit.xml. Checkpoints and earlier attempts stay in each node's run dir.
-"""
+junit.xml. Checkpoints and earlier attempts stay in each node's run dir."""
 
 from __future__ import annotations
 

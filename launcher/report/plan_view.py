@@ -77,9 +77,8 @@ def script_plan_view(plan: ScriptPlan) -> Text:
                     f"environment ({', '.join(uses.get('handover', ()))})")
     else:
         ps = f"placement.ps=true (every table's rows split over the {plan.world_size} ranks), " if rt.get("ps") else ""
-        what = Text(f"if the script calls runtime.prepare(), it builds: {builds}; tables: host_device_mix="
-                    f"{rt['host_device_mix']}, {ps}placement.tables "
-                    f"{rt['table_locations'] or '-'}")
+        what = Text(f"if the script calls runtime.prepare(), it builds: {builds}; tables: "
+                    f"host_device_mix={rt['host_device_mix']}, {ps}placement.tables {rt['table_locations'] or '-'}")
     return Text("\n").join([
         Text.from_markup(f"[bold]plan[/bold]: script {_shown(plan.script)} {_shown(' '.join(plan.args))} on "
                          f"{plan.world_size} rank(s), {plan.device_type}, torchrun environment"),

@@ -280,8 +280,7 @@ def rank_failure(run_dir: RunDir, summary: dict, r: dict, tail_lines: int) -> tu
         if r["signal"] == "SIGKILL" and not r["stopped_by_launcher"]:
             memory = (f"its last RSS {_gib(r['rss_bytes'])}, the host's available memory then "
                       f"{_gib(r['host_available_bytes'])}; " if r.get("rss_bytes") else "")
-            how += (f" from outside the launcher: likely the out-of-memory killer ({memory}check `dmesg` for "
-                    f"oom-kill)")
+            how += f" from outside the launcher: likely the out-of-memory killer ({memory}check `dmesg` for oom-kill)"
     where = f" after step {r['last_step']} of {summary['steps']}" if summary["steps"] else ""
     if r.get("stalled"):
         how = "a hang: it made no progress and the launcher's watchdog stopped it"

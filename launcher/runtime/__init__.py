@@ -12,8 +12,7 @@
 Under ``hetero-launch script=train.py`` the run dir's plan says what to build (``RuntimePlan``: torch DDP or
 DeepSpeed with its config; tables to the host with ``placement.host_device_mix=1``; ZeRO-Offload with
 ``optimizer.target=CPU``). Under plain ``torchrun`` (or ``python``) the same script gets the defaults: torch DDP,
-fp32, every table inside it, your optimizer as it is. Like ``accelerator.prepare`` and ``deepspeed.initialize``.
-"""
+fp32, every table inside it, your optimizer as it is. Like ``accelerator.prepare`` and ``deepspeed.initialize``."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 tables found in the model, taken out of your optimizer and set to follow its param groups' lr schedule, and the model
 and optimizer it hands back (they keep the names they had in launcher/runtime/__init__.py, which a script may print). The
 state (``runtime._S``) and the calls a script makes (``prepare``, ``backward``, ``step``, ``log``, ...) stay in
-launcher/runtime/__init__.py.
-"""
+launcher/runtime/__init__.py."""
 
 from __future__ import annotations
 

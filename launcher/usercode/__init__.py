@@ -2,8 +2,7 @@
 
 ``recipe_for`` gives the built-in recipe of a name, or a ``UserRecipe`` for a ``conf/recipe/<name>.yaml`` found on
 ``--config-dir``. Torch-free at import (the plan imports it); the checks that build the model on the meta device
-and read the dataset (``launcher.facts.user_code``) run in the launcher's preflight, before planning.
-"""
+and read the dataset (``launcher.facts.user_code``) run in the launcher's preflight, before planning."""
 
 from launcher.usercode.recipe import UserRecipe, recipe_for
 

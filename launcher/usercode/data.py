@@ -8,8 +8,7 @@ or an object with them as attributes (``launcher.usercode.items``).
 
 Global micro-batch k is the same samples however it is split over ranks: rank r of dp takes every dp-th index of
 the epoch's permutation, so ranks 0..dp-1's k-th micro-batches together are positions [k·m·dp, (k+1)·m·dp) of it.
-Resuming at global micro-batch k reads on from there: the same samples, read the same way.
-"""
+Resuming at global micro-batch k reads on from there: the same samples, read the same way."""
 
 from __future__ import annotations
 

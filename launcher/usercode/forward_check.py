@@ -8,8 +8,7 @@ lookup cannot take, raw ids a table cannot index, a shape the loss rejects are f
 Where the forward cannot run on meta (a data-dependent branch such as HuggingFace's mask code, TorchRec's
 KeyedJaggedTensor, whose split needs its lengths' values), it runs on the CPU: the model built for real when it has at
 most ``CPU_CHECK_PARAMS`` parameters, or, when its tables are swapped and its dense part is that small, built with
-its tables on meta (they are never made). A larger model is checked by its first step.
-"""
+its tables on meta (they are never made). A larger model is checked by its first step."""
 
 from __future__ import annotations
 

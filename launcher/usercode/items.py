@@ -10,8 +10,7 @@ its fields, or the attributes ``data_inputs`` and ``data_label`` name.
 
 Outputs: ``model_output`` names what of the model's output the loss (and evaluation) takes: ``auto`` takes a tensor
 as it is, a dict or HuggingFace ``ModelOutput``'s ``logits`` (else its first value), a tuple's first element; a key
-or attribute path (``logits``, ``out.0``) takes that.
-"""
+or attribute path (``logits``, ``out.0``) takes that."""
 
 from __future__ import annotations
 

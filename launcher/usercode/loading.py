@@ -6,8 +6,7 @@ index) where it is read, in torch's, Python's and numpy's generators, and the ge
 (dropout) are put back afterwards: so a run reads the same samples the same way with 0 or N workers, on any number of
 ranks, and after a resume (torch's own default seeds each worker from a draw of the training thread's generator, so
 the samples' randomness depends on the worker count and on when the loader was created). The DataLoader itself gets a
-generator of its own for the same reason: creating an iterator draws from it.
-"""
+generator of its own for the same reason: creating an iterator draws from it."""
 
 from __future__ import annotations
 

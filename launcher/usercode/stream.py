@@ -15,8 +15,7 @@ epoch's start, skipping (not collating) the micro-batches already trained on: th
 run, for a stream that yields the same items each time it is read with the same seed.
 
 Held-out data is read once to its end, or ``count`` global micro-batches of an endless one; the last partial one is
-padded with its first items to a multiple of dp and dealt evenly, so every rank runs the same number of forwards.
-"""
+padded with its first items to a multiple of dp and dealt evenly, so every rank runs the same number of forwards."""
 
 from __future__ import annotations
 

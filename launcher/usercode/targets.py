@@ -3,8 +3,7 @@ and ``loader.collate_fn``.
 
 Packages may run code when they are imported (tensordict, which TorchRec imports, calls ``Tensor.item()`` at import).
 Inside ``with torch.device("meta")`` that code fails, so every ``_target_`` of a spec, nested ones included, is imported
-first (``import_targets``) and only then is the spec built on the meta device.
-"""
+first (``import_targets``) and only then is the spec built on the meta device."""
 
 from __future__ import annotations
 

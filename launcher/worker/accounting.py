@@ -7,8 +7,7 @@ silently fell back (a host table on cuda, offload not applied) shows up.
 
 What the plan's estimate is checked against: the rank's peak memory (``measure_peak``: its peak resident set, its RSS
 at start and after the build, the device's max reserved and allocated), written with the first step's record and
-again at the end of the run, and torch's own per-category split of the first step's peak (``StepTracker``).
-"""
+again at the end of the run, and torch's own per-category split of the first step's peak (``StepTracker``)."""
 
 from __future__ import annotations
 
@@ -179,8 +178,7 @@ class StepTracker:
     Opt-in (HL_MEMORY_TRACKER=1 in the launcher's environment): it leaves the losses bit-identical (DDP, FSDP2, tensor
     parallel, recompute, grad_accum, DeepSpeed ZeRO 1-3 and offload, bf16), but it costs what it would measure: the
     rank's peak RSS rises by 6-13 MiB (1.5-3.5 % on wide_deep, gpt, resnet: a Python call per op fragments the heap)
-    and its first step takes 5-12 times as long (resnet: +3 s).
-    """
+    and its first step takes 5-12 times as long (resnet: +3 s)."""
 
     def __init__(self, engine, tables) -> None:
         self.split: dict[str, dict[str, int]] | None = None

@@ -3,8 +3,7 @@
 Run by the launcher once before the ranks start (launch/ops.py), with the ranks' PATH and accelerator, so the
 minutes a first build takes are paid once per venv and toolchain, in TORCH_EXTENSIONS_DIR, with a message, instead
 of silently inside every rank. The table of ops (``BUILDERS``) is the plan's (launcher/plan/ds_ops.py), which checks
-``script_ops`` names against it.
-"""
+``script_ops`` names against it."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ the loss each step would make the host wait for the device at every step, so tha
 step's work while the device runs this one; there the first non-finite step and its loss are kept on the device, with
 no wait, and read where the run must know: before a step's record is logged, before an evaluation or a checkpoint,
 and at the end. A diverged run then stops at the first of those after the divergence, and what it logged and saved
-is all from before it.
-"""
+is all from before it."""
 
 from __future__ import annotations
 

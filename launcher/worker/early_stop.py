@@ -6,8 +6,7 @@ with early stopping ``EarlyStop.see`` decides, alike on every rank, whether it i
 is kept as the best: ``checkpoints/best`` points at it, the best before it is removed unless it is a periodic or the
 last checkpoint) and whether the run stops now. Its state travels in every checkpoint (``Trainer._progress``), so a
 killed and resumed run stops at the step the uninterrupted one did. At the end ``finish`` scores the test split once,
-on the best checkpoint's weights (Keras' ``restore_best_weights``, Lightning's ``ckpt_path="best"``).
-"""
+on the best checkpoint's weights (Keras' ``restore_best_weights``, Lightning's ``ckpt_path="best"``)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ inputs came in (``Tensor.to`` is differentiable, so autograd flows through both 
 on the host). ``HostModules`` trains them beside the parts, as a table store trains its tables: after each backward
 ``collect`` takes the loss scale; ``step`` averages the gradients over the data-parallel ranks through a gloo group
 (one flat all-reduce), skips the step when one is not finite, and steps a torch optimizer of the run's own kind and
-settings on the host. Their weights and optimizer states go into every checkpoint (DCP, ``host_modules/``).
-"""
+settings on the host. Their weights and optimizer states go into every checkpoint (DCP, ``host_modules/``)."""
 
 from __future__ import annotations
 
@@ -118,8 +117,7 @@ class HostModules:
             return self
         if not paths:
             return None
-        return HostModules({k: v for k, v in self.modules.items() if k in paths}, self._plan, self.dp_size,
-                           self.group)
+        return HostModules({k: v for k, v in self.modules.items() if k in paths}, self._plan, self.dp_size, self.group)
 
     def collect(self, grad_scale: float = 1.0) -> None:
         self._scale = grad_scale

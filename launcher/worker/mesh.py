@@ -2,8 +2,7 @@
 
 The mesh is (pp, dp_replicate, dp_shard, tp), tp varying fastest, with dp the flattening of dp_replicate × dp_shard
 (torchtitan's layout): the fsdp part shards over dp_shard and replicates over dp_replicate (HSDP); every other
-reduction (losses, metrics, the tables' sparse gradients, ddp's gradients) runs on the whole dp group.
-"""
+reduction (losses, metrics, the tables' sparse gradients, ddp's gradients) runs on the whole dp group."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ What stays as ``python script.py``: ``__name__ == "__main__"``, ``sys.argv``, th
 ``sys.path``, atexit handlers (run by ``fast_exit``), non-daemon threads joined before the exit, an exception's
 traceback on stderr with exit 1. ``KeyboardInterrupt`` and other non-``Exception`` errors leave through the
 interpreter as usual. torch elastic's error handler (what ``@record`` uses) also writes an exception to ``rank.N/error.json`` for the
-launcher's failure report, as for a recipe's rank.
-"""
+launcher's failure report, as for a recipe's rank."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ needs: the engine's model and optimizer, the tables and their optimizers' states
 position and the RNG states; ``save`` / ``load`` write and read the same to a checkpoint dir (the engine's part
 through DCP, or DeepSpeed's own files; the tables through DCP), and resuming is a ``load``, not a second code path.
 One limit: a DeepSpeed engine that shards or wraps its state (ZeRO 1-3, bf16) has no in-memory state dict here; its
-part of ``save``/``load`` is DeepSpeed's own sharded checkpoint (``Engine.save``), and ``state_dict()`` raises.
-"""
+part of ``save``/``load`` is DeepSpeed's own sharded checkpoint (``Engine.save``), and ``state_dict()`` raises."""
 
 from __future__ import annotations
 
@@ -39,7 +38,6 @@ from launcher.worker.early_stop import EarlyStop, finish as finish_early_stop, v
 from launcher.worker.evaluate import evaluate, mean_over
 from launcher.worker.mesh import DataParallel
 from launcher.worker.verify import verify_checkpoint
-
 
 
 class Trainer:

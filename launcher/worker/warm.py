@@ -10,8 +10,7 @@ are set, as in a fresh interpreter.
 in the forked child after elastic set the rank's variables and redirected its output to ``rank.N/``, and does what a
 fresh rank's start would have: its own session (the launcher stops a rank's process group), the parent-death signal
 (the forkserver, which ends when the launcher does), ``sys.argv``, the stack-dump signal; then the same ``run_rank``
-and the same ends as ``python -m launcher.worker`` (launcher/worker/__main__.py).
-"""
+and the same ends as ``python -m launcher.worker`` (launcher/worker/__main__.py)."""
 
 from __future__ import annotations
 
