@@ -11,7 +11,6 @@
  * ``out`` arrays of (n, ...) values (the deferred writes of placement.prefetch): the same arithmetic either way.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,25 +104,6 @@ static int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, i
     return k;
 }
 
-/* This thread's scratch of at least ``size`` bytes, kept between calls (grown, never shrunk; freed when the thread
- * ends): a fresh malloc of a few hundred KiB per lookup was an mmap, and a page fault per 4 KiB page, every step
- * (the 26 coalesces of 4,096 ids took 7.0 ms that way, 1.7-2.5 ms with the scratch kept). NULL when it cannot grow. */
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static void make_scratch_key(void) { pthread_key_create(&scratch_key, free); }
-static void *thread_scratch(size_t size) {
-    static __thread size_t held_size = 0;
-    pthread_once(&scratch_once, make_scratch_key);
-    void *held = pthread_getspecific(scratch_key);
-    if (size > held_size) {
-        void *grown = realloc(held, size);
-        if (!grown) return NULL;
-        pthread_setspecific(scratch_key, grown);
-        held = grown;
-        held_size = size;
-    }
-    return held;
-}
 /* hl_coalesce of ``count`` lookups at once, the lookups spread over threads (each one's sums still added in index
  * order): found[t] = its distinct rows, or -(i + 1) for an id out of range. 0, or -1 when scratch could not be had. */
 int64_t hl_coalesce_many(int64_t count, const int64_t *const *ids, const int64_t *n, const float *const *values,
@@ -134,11 +114,12 @@ int64_t hl_coalesce_many(int64_t count, const int64_t *const *ids, const int64_t
     for (int64_t t = 0; t < count; ++t) {
         int64_t cap = 16;
         while (cap < 2 * n[t]) cap <<= 1;
-        void *scratch = thread_scratch((size_t)(cap + 3 * n[t]) * sizeof(int64_t) + (size_t)(cap + 5 * n[t]) * sizeof(int32_t));
+        void *scratch = malloc((size_t)(cap + 3 * n[t]) * sizeof(int64_t) + (size_t)(cap + 5 * n[t]) * sizeof(int32_t));
         if (!scratch)
             failed |= 1;
         else
             found[t] = hl_coalesce(ids[t], n[t], values[t], d[t], stride[t], rows, scratch, cap, unique[t], sums[t]);
+        free(scratch);
     }
     return failed ? -1 : 0;
 }

@@ -113,13 +113,10 @@ def coalesce_many(parts: list[tuple[torch.Tensor, torch.Tensor]],
     """``coalesce`` of each (rows, values) of ``parts`` (each ``coalescable``), in one call: the parts spread over the
     rank's threads."""
     count = len(parts)
-    # two allocations for all the parts (not two per part: each a malloc, a few hundred KiB is an mmap)
-    lengths, sizes = [len(r) for r, _ in parts], [v.numel() for _, v in parts]
-    unique = torch.empty(sum(lengths), dtype=torch.int64).split(lengths)
-    flat = torch.empty(sum(sizes), dtype=torch.float32).split(sizes)
-    sums = [s.view(v.shape) for s, (_, v) in zip(flat, parts)]
+    unique = [torch.empty(len(r), dtype=torch.int64) for r, _ in parts]
+    sums = [v.new_empty(v.shape) for _, v in parts]
     found = (ctypes.c_int64 * count)()
-    ok = _lib.hl_coalesce_many(count, _pointers([r for r, _ in parts]), _int64s(lengths),
+    ok = _lib.hl_coalesce_many(count, _pointers([r for r, _ in parts]), _int64s([len(r) for r, _ in parts]),
                                _pointers([v for _, v in parts]), _int64s([v.shape[1] for _, v in parts]),
                                _int64s([v.stride(0) for _, v in parts]), limit, _pointers(unique), _pointers(sums),
                                found, threads())

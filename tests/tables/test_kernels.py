@@ -120,29 +120,6 @@ def test_coalesce_many_is_each_coalesce_over_threads(monkeypatch):
         kernels.coalesce_many([parts[2], (torch.tensor([3, 31]), torch.ones(2, DIM))], 30)
 
 
-def test_coalesce_keeps_its_scratch_across_sizes_and_threads():
-    """Each thread's scratch is kept between calls and grown on demand (kernels.c thread_scratch): a small call after
-    a large one, a larger one after it, and calls from threads that end each sum as torch does."""
-    import threading
-
-    g = torch.Generator().manual_seed(3)
-    cases = [(torch.randint(0, 5000, (n,), generator=g), torch.randn(n, DIM, generator=g)) for n in (4000, 3, 9000)]
-    results = []
-
-    def run():
-        results.extend(kernels.coalesce(rows, values, 5000) for rows, values in cases)
-    run()
-    for _ in range(3):  # a thread's scratch is freed when it ends
-        worker = threading.Thread(target=run)
-        worker.start()
-        worker.join()
-    for i, (unique, sums) in enumerate(results):
-        rows, values = cases[i % len(cases)]
-        want_rows, inverse = torch.unique(rows, return_inverse=True)
-        assert torch.equal(unique, want_rows)
-        assert torch.equal(sums, torch.zeros(len(want_rows), DIM).index_add_(0, inverse, values))
-
-
 def test_gather_is_index_select_and_refuses_an_id_out_of_range():
     table = torch.randn(ROWS, DIM)
     rows = torch.randint(0, ROWS, (300,))
