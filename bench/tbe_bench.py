@@ -3,6 +3,10 @@ embedding work of one training step, interleaved in one invocation.
 
     .venv/bin/python bench/tbe_bench.py [--shape 26x1000000x16] [--batch 4096] [--rounds 3] [--steps 8]
                                         [--threads 1] [--variants sgd,fbgemm_sgd,...] [--out bench/results/tbe.txt]
+                                        [--kernels]
+
+``--kernels`` times the project's table kernels alone (``store.step()``: coalesce and update) at 1 and 2 threads,
+interleaved round by round in one process (``kernel_threads``).
 
 One step, for every variant: the pooled forward of every table (1 id per feature per sample, Zipf(1.05) ids over
 the table's rows, a fresh batch each step), the backward of a fixed upstream gradient, and the sparse update of the
@@ -71,8 +75,8 @@ def batches(tables: int, rows: int, batch: int, count: int, seed: int = 0) -> li
 
 
 def base_of(variant: str) -> str:
-    """The variant a ``_4k`` or ``_huge`` variant is a form of (``sgd_4k`` -> ``sgd``)."""
-    return variant.removesuffix("_4k").removesuffix("_huge")
+    """The variant a ``_4k``, ``_huge`` or ``_ebc`` variant is a form of (``sgd_4k`` -> ``sgd``)."""
+    return variant.removesuffix("_4k").removesuffix("_huge").removesuffix("_ebc")
 
 
 def state_floats(variant: str, dim: int) -> int:
@@ -103,6 +107,38 @@ def project(optimizer: str, tables: int, rows: int, dim: int, huge: bool = True)
     def step(ids: torch.Tensor, grad: torch.Tensor) -> None:
         out = torch.cat([bag(ids[t].view(-1, 1)) for t, bag in enumerate(bags)], dim=1)
         out.backward(grad)
+        store.collect()
+        store.step()
+    step.bags = bags
+    return step, store
+
+
+def project_ebc(optimizer: str, tables: int, rows: int, dim: int):
+    """A TorchRec EmbeddingBagCollection of ``tables`` tables (one feature each) whose tables build_tables moved into
+    a replicated host store, as for a TorchRec user's model: its forward is then one call for every table
+    (launcher/tables/lookup.py batch_collections); the KeyedJaggedTensor is built in the step, as FBGEMM's offsets."""
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from launcher.plan.placement import TablePlan
+    from launcher.tables import build_tables
+
+    with torch.device("meta"):  # its weights: the store's, made below (torchrec would initialise GBs first)
+        ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=f"t{i:02d}", embedding_dim=dim, num_embeddings=rows,
+                                                         feature_names=[f"f{i:02d}"]) for i in range(tables)])
+    for bag in ebc.embedding_bags.values():
+        bag.weight = nn.Parameter(torch.empty(rows, dim).uniform_(-0.01, 0.01))
+    model = nn.ModuleDict({"ebc": ebc})
+    plans = tuple(TablePlan(f"ebc.embedding_bags.t{i:02d}", rows, dim, "host", optimizer, LR, (0.9, 0.999), 1e-8,
+                            0.0, 0.0, -0.5, 0.1) for i in range(tables))
+    store = build_tables([model], plans, torch.device("cpu"), torch.float32)
+    if store.huge_pages is not None:  # None: nothing large enough to back
+        store.huge_pages.wait()
+    keys = [f"f{i:02d}" for i in range(tables)]
+
+    def step(ids: torch.Tensor, grad: torch.Tensor) -> None:
+        kjt = KeyedJaggedTensor(keys=keys, values=ids.reshape(-1), lengths=torch.ones(ids.numel(), dtype=torch.int32))
+        model["ebc"](kjt).values().backward(grad)
         store.collect()
         store.step()
     return step, store
@@ -146,6 +182,8 @@ def torch_sparse(tables: int, rows: int, dim: int):
 
 def build(variant: str, tables: int, rows: int, dim: int):
     base = base_of(variant)
+    if base in PROJECT and variant.endswith("_ebc"):
+        return project_ebc(base, tables, rows, dim)
     if base in PROJECT and not variant.endswith("_huge"):
         return project(base, tables, rows, dim, huge=not variant.endswith("_4k"))
     if base in FBGEMM and not variant.endswith("_4k"):
@@ -204,6 +242,41 @@ def measure(variant: str, shape: tuple[int, int, int], batch: int, warmup: int, 
     return ms
 
 
+def kernel_threads(variants: list[str], shape: tuple[int, int, int], batch: int, rounds: int, warmup: int,
+                   steps: int) -> str:
+    """``--kernels``: the project's table kernels alone (``store.step()``: the coalesce of a step's gradients and the
+    update of its rows; the forward, backward and collect run untimed before each) at 1 and at 2 threads, the two
+    interleaved in each round, in one process. The whole step is the default mode's, run with --threads 1 and 2."""
+    tables, rows, dim = shape
+    lines = [f"# tbe_bench --kernels {'x'.join(map(str, shape))} batch {batch}, {rounds} rounds x {steps} steps: "
+             f"store.step() alone; torch {torch.__version__}",
+             f"{'variant':<24}{'1 thread ms':>12}{'2 threads ms':>14}   speed-up (rounds)"]
+    for v in variants:
+        step, store = build(v, tables, rows, dim)
+        data = batches(tables, rows, batch, warmup + steps, seed=1)
+        grad = torch.randn(batch, tables * dim, generator=torch.Generator().manual_seed(2))
+        per: dict[int, list[float]] = {1: [], 2: []}
+        for r in range(rounds + 1):  # the first round untimed
+            for threads in ((1, 2) if r % 2 == 0 else (2, 1)):
+                torch.set_num_threads(threads)
+                times = []
+                for i, ids in enumerate(data):
+                    torch.cat([bag(ids[t].view(-1, 1)) for t, bag in enumerate(step.bags)], dim=1).backward(grad)
+                    store.collect()
+                    t0 = time.perf_counter()
+                    store.step()
+                    if i >= warmup:
+                        times.append(time.perf_counter() - t0)
+                if r:
+                    per[threads].append(statistics.median(times) * 1e3)
+        ratios = [a / b for a, b in zip(per[1], per[2])]
+        lines.append(f"{v:<24}{statistics.median(per[1]):>12.2f}{statistics.median(per[2]):>14.2f}   "
+                     f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})")
+        del step, store
+        gc.collect()
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="26x1000000x16", help="TABLESxROWSxDIM")
@@ -215,10 +288,15 @@ def main() -> None:
     ap.add_argument("--variants", default="sgd,fbgemm_sgd,torch_sgd,adagrad,fbgemm_adagrad,rowwise_adagrad,"
                                           "fbgemm_rowwise_adagrad,lazy_adam,ftrl")
     ap.add_argument("--out", default="", help="append the report to this file")
+    ap.add_argument("--kernels", action="store_true", help="the project's table kernels alone, 1 against 2 threads")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     shape = tuple(int(x) for x in args.shape.split("x"))
     variants = [v for v in args.variants.split(",") if v]
+    if args.kernels:
+        report(kernel_threads([v for v in variants if base_of(v) in PROJECT], shape, args.batch, args.rounds,
+                              args.warmup, args.steps), args.out)
+        return
     try:
         import fbgemm_gpu  # noqa: F401
     except ImportError as e:
@@ -254,11 +332,15 @@ def main() -> None:
                      f"({', '.join(f'{x:.2f}' for x in per)})")
         spread = f"{min(results[v]):.1f}-{max(results[v]):.1f}"
         lines.append(f"{v:<24}{med:>10.1f}{spread:>16}{rate:>7.2f}{rate / bound:>8.1%}   {ratio}")
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(report + "\n\n")
+    report("\n".join(lines), args.out)
+
+
+def report(text: str, out: str) -> None:
+    """Print ``text``; append it to ``out`` when given."""
+    print(text)
+    if out:
+        with open(out, "a") as f:
+            f.write(text + "\n\n")
 
 
 if __name__ == "__main__":

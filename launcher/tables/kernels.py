@@ -40,6 +40,7 @@ SIGNATURES = {
     "hl_coalesce_many": [I64, PTR, PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, ctypes.c_int],
     "hl_gather": [PTR, I64, PTR, I64, I64, PTR, ctypes.c_int],
     "hl_all_finite": [PTR, I64],
+    "hl_pool_many": [I64, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I64, PTR, I64, PTR, ctypes.c_int],
 }
 
 
@@ -135,6 +136,26 @@ def gather(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     _check(_lib.hl_gather(table.data_ptr(), len(table), rows.data_ptr(), len(rows), table.shape[1], out.data_ptr(),
                           threads()), rows, len(table))
     return out
+
+
+def pool_many(tables: list[torch.Tensor], keys: list[int], ids: torch.Tensor, offsets: torch.Tensor,
+              bags: int) -> tuple[torch.Tensor, list[bool]]:
+    """(the sums of each table's bags side by side: a (bags, sum of dims) tensor, per table whether each of its bags
+    held one id): ``tables[f]``'s rows of the ids of key ``keys[f]``'s bags (a KeyedJaggedTensor's ``ids`` and
+    ``offsets``, ``bags`` bags per key), summed in id order as ``index_add_`` sums them, every table in one call over
+    the rank's threads (FBGEMM's table-batched forward). Each argument ``usable``; IndexError for an id out of range."""
+    dims = [t.shape[1] for t in tables]
+    out = torch.empty(bags, sum(dims))
+    single = (ctypes.c_int64 * len(tables))()
+    cols = [sum(dims[:f]) for f in range(len(dims))]
+    bad = _lib.hl_pool_many(len(tables), _pointers(tables), _int64s([len(t) for t in tables]), _int64s(dims),
+                            _int64s(keys), _int64s(cols), ids.data_ptr(), offsets.data_ptr(), bags, out.data_ptr(),
+                            out.shape[1], single, threads())
+    if bad:
+        at = -bad - 1
+        f = next(f for f, k in enumerate(keys) if offsets[k * bags] <= at < offsets[(k + 1) * bags])
+        _check(-(at - int(offsets[keys[f] * bags])) - 1, ids[int(offsets[keys[f] * bags]):], len(tables[f]))
+    return out, [bool(x) for x in single]
 
 
 def all_finite(x: torch.Tensor) -> bool:

@@ -93,6 +93,25 @@ class ToStore(torch.autograd.Function):
         return None, None, None
 
 
+class ToStorePooled(torch.autograd.Function):
+    """``pooled``'s bags as the model sees them; the backward hands each feature's lookup (``Looked``) the gradient of
+    each of its ids: its bag's columns of the model's gradient (read in place when every bag held one id, else each
+    bag's row repeated for its ids, as an embedding bag's backward gives them)."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, out: torch.Tensor, parts: list) -> torch.Tensor:  # noqa: ARG004
+        ctx.parts = parts
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        for slot, col, dim, lengths in ctx.parts:
+            g = grad[:, col:col + dim]
+            g = g if lengths is None else g.repeat_interleave(lengths, dim=0)
+            slot.grad = g if slot.grad is None else slot.grad + g
+        return None, None, None
+
+
 @dataclass
 class Table:
     plan: TablePlan
@@ -153,6 +172,30 @@ class ReplicatedTables:
             group[1].append((name, slot))
             group[2][0] = group[2][0] or known
         return act.view(*ids.shape, t.plan.dim)
+
+    def pooled(self, names: list[str], keys: list[int], ids: torch.Tensor, offsets: torch.Tensor,
+               bags: int) -> torch.Tensor | None:
+        """The sums of table ``names[f]``'s rows over each bag of key ``keys[f]`` of a KeyedJaggedTensor (its ``ids``,
+        its ``offsets``, ``bags`` bags a key), side by side in one (bags, sum of dims) tensor, every table in one
+        call (kernels.py ``pool_many``: a TorchRec EmbeddingBagCollection's forward, launcher/tables/collection.py),
+        tracked as ``lookup``'s rows are. None when the call is not one this store takes (prefetch on, a table or
+        the compute device not the host's CPU, the kernels not loaded): the caller looks the tables up one by one."""
+        tables = [self.tables[n].weight for n in names]
+        ids, offsets = ids.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous()
+        if self._ahead is not None or self.compute.type != "cpu" or self.dtype != torch.float32 \
+                or not kernels.usable(ids, offsets, *tables):
+            return None
+        out, single = kernels.pool_many(tables, keys, ids, offsets, bags)
+        if not torch.is_grad_enabled():
+            return out
+        parts, col = [], 0
+        for name, key, one in zip(names, keys, single):
+            bounds = offsets[key * bags:(key + 1) * bags + 1]
+            slot = Looked()
+            self._pending.append((ids[int(bounds[0]):int(bounds[-1])], [(name, slot)], [None]))
+            parts.append((slot, col, self.tables[name].plan.dim, None if one else bounds.diff()))
+            col += self.tables[name].plan.dim
+        return ToStorePooled.apply(self._anchor, out, parts)
 
     def collect(self, grad_scale: float = 1.0) -> None:
         """Lookups the loss did not reach (no gradient) are dropped."""

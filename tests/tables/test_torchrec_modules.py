@@ -107,3 +107,42 @@ def test_tables_are_found_by_torchrec_names_on_meta():
     assert facts.tables == {"sparse.embedding_bags.t_a": (10, 4), "sparse.embedding_bags.t_b": (12, 3)}
     assert dict(facts.aliases) == {"t_a": "sparse.embedding_bags.t_a", "t_b": "sparse.embedding_bags.t_b"}
     assert any("TorchRec EmbeddingBagCollection at sparse" in line for line in facts.lines)
+
+
+def _ebc_model() -> Tower:
+    torch.manual_seed(1)
+    return Tower(EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name="t_a", embedding_dim=4, num_embeddings=50, feature_names=["a", "c"]),
+        EmbeddingBagConfig(name="t_b", embedding_dim=3, num_embeddings=40, feature_names=["b"])]))
+
+
+@pytest.mark.parametrize("one_id_bags", [False, True])
+def test_a_collection_looks_its_tables_up_in_one_call_as_torchrec_does(one_id_bags):
+    """The batched forward (lookup.py batch_collections) against TorchRec's own per-feature forward over the same
+    store kind: the same outputs, and after 4 steps of the store the same tables; keys in another order than the
+    collection's features, empty bags, a table with two features."""
+    plans = (_plan("sparse.embedding_bags.t_a", 50, 4), _plan("sparse.embedding_bags.t_b", 40, 3))
+    models = [_ebc_model(), _ebc_model()]
+    stores = [build_tables([m], plans, torch.device("cpu"), torch.float32) for m in models]
+    assert "forward" in vars(models[0].sparse)  # batched
+    del models[1].sparse.forward  # TorchRec's own forward, table by table
+    g = torch.Generator().manual_seed(4)
+    for _ in range(4):
+        lengths = torch.ones(9, dtype=torch.int64) if one_id_bags else torch.randint(0, 4, (9,), generator=g)
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=["c", "b", "a"], lengths=lengths,
+                                                  values=torch.randint(0, 40, (int(lengths.sum()),), generator=g))
+        outs = [m(kjt) for m in models]
+        assert torch.equal(outs[0], outs[1])
+        w = torch.randn(outs[0].shape, generator=g)
+        for out, store in zip(outs, stores):
+            (out * w).sum().backward()
+            store.collect()
+            assert store.step()
+    for name in ("sparse.embedding_bags.t_a", "sparse.embedding_bags.t_b"):
+        torch.testing.assert_close(stores[0].tables[name].weight, stores[1].tables[name].weight, atol=1e-6, rtol=0)
+    with torch.no_grad():
+        assert torch.equal(models[0](kjt), models[1](kjt))
+    bad = KeyedJaggedTensor.from_lengths_sync(keys=["a", "b", "c"], lengths=torch.ones(3, dtype=torch.int64),
+                                              values=torch.tensor([3, 45, 2]))
+    with pytest.raises(IndexError, match="index 45 is out of bounds for a table of 40 rows"):
+        models[0](bad)
