@@ -343,28 +343,40 @@ int64_t hl_all_finite(const float *x, int64_t n) {
  * as FBGEMM's table-batched forward: feature f sums, per bag b of the ``bags`` its key has, the rows of table
  * ``tables[f]`` (``d[f]`` values each) that ids[offsets[key[f] * bags + b] .. offsets[key[f] * bags + b + 1]) name
  * into out[b, col[f] .. col[f] + d[f]) (rows ``stride`` values apart), in id order from zero (index_add_'s sums, bit
- * for bit); an empty bag is zeros. ``single[f]``: 1 when every bag of f held exactly one id. Features spread over
- * threads, each feature's bags in order, the rows of the ids ahead prefetched. (Bags by tiles of 64, every feature's
- * rows of a tile before the next, kept a tile's output lines in cache but ran 1.5x slower: each tile jumps across
- * all the tables.) 0, or -(i + 1) for the first id out of its table's range (i: its place in ids), checked before
- * anything is read. */
+ * for bit; a bag of one id is its row, as 0 + row is); an empty bag is zeros. ``single[f]``: 1 when every bag of f
+ * held exactly one id. Features spread over threads, each feature's bags in order, the rows of the ids ahead
+ * prefetched. (Bags by tiles of 64, every feature's rows of a tile before the next, kept a tile's output lines in
+ * cache but ran 1.5x slower: each tile jumps across all the tables.) 0, or -(i + 1) for the first id out of its
+ * table's range (i: its place in ids), checked before anything is read. */
 int64_t hl_pool_many(int64_t count, const float *const *tables, const int64_t *table_rows, const int64_t *d,
                      const int64_t *key, const int64_t *col, const int64_t *ids, const int64_t *offsets, int64_t bags,
                      float *out, int64_t stride, int64_t *single, int threads) {
     for (int64_t f = 0; f < count; ++f) {
         const int64_t *bounds = offsets + key[f] * bags;
-        int64_t wrong = check_rows(ids + bounds[0], bounds[bags] - bounds[0], table_rows[f]);
+        int64_t wrong = check_rows(ids + bounds[0], bounds[bags] - bounds[0], table_rows[f]), one = 1;
         if (wrong) return wrong - bounds[0];
+        for (int64_t b = 0; b < bags; ++b) one &= bounds[b + 1] - bounds[b] == 1;
+        single[f] = one;
     }
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int64_t f = 0; f < count; ++f) {
         const int64_t *bounds = offsets + key[f] * bags, last = bounds[bags];
         const float *table = tables[f];
-        int64_t width = d[f], one = 1;
+        int64_t width = d[f];
+        if (single[f]) { /* a row a bag (one id per feature and sample, as in Criteo): copied, 0 + x being x */
+            const int64_t *at = ids + bounds[0];
+            for (int64_t b = 0; b < bags; ++b) {
+                if (b + PREFETCH_AHEAD < bags) {
+                    const char *p = (const char *)(table + at[b + PREFETCH_AHEAD] * width);
+                    for (int64_t k = 0; k < width * 4; k += 64) __builtin_prefetch(p + k, 0, 1);
+                }
+                memcpy(out + b * stride + col[f], table + at[b] * width, (size_t)width * sizeof(float));
+            }
+            continue;
+        }
         for (int64_t b = 0; b < bags; ++b) {
             float *o = out + b * stride + col[f];
             int64_t s = bounds[b], e = bounds[b + 1];
-            one &= e - s == 1;
             memset(o, 0, (size_t)width * sizeof(float));
             for (int64_t i = s; i < e; ++i) {
                 if (i + PREFETCH_AHEAD < last) {
@@ -375,7 +387,6 @@ int64_t hl_pool_many(int64_t count, const float *const *tables, const int64_t *t
                 for (int64_t j = 0; j < width; ++j) o[j] += row[j];
             }
         }
-        single[f] = one;
     }
     return 0;
 }
