@@ -95,6 +95,22 @@ class Backing:
         return self.huge_bytes
 
 
+MAPPED_ALWAYS = 32 << 20
+"""glibc's malloc maps every block of this size or more afresh (its heap keeps smaller ones for reuse) and unmaps
+it when freed: each use of such a buffer faults all its pages in again."""
+
+
+def fresh(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (just made, not yet written), its pages to come huge when first written if it is a block glibc maps
+    afresh (MAPPED_ALWAYS): a 16,384 x 512 float forward output faulted 8,192 pages in a step; on huge pages
+    ``hl_pool_many`` took 10.9 ms there, not 28.9 (bench/tbe_bench.py's 8 x 4 M x 64 shape, docs/performance.md)."""
+    if t.numel() * t.element_size() >= MAPPED_ALWAYS and pages_wanted():
+        libc = _libc()
+        for start, length in spans([t]):
+            libc.madvise(start, length, MADV_HUGEPAGE)
+    return t
+
+
 def back(held: dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]) -> Backing | None:
     """Start backing the CPU tables and states of a store's ``held()`` with huge pages; None when not wanted here
     (launcher.native.pages_wanted) or nothing is large enough."""

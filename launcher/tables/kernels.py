@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from launcher import native
+from launcher.tables import hugepages
 
 SOURCE = Path(__file__).with_name("kernels.c")
 
@@ -145,7 +146,7 @@ def pool_many(tables: list[torch.Tensor], keys: list[int], ids: torch.Tensor, of
     ``offsets``, ``bags`` bags per key), summed in id order as ``index_add_`` sums them, every table in one call over
     the rank's threads (FBGEMM's table-batched forward). Each argument ``usable``; IndexError for an id out of range."""
     dims = [t.shape[1] for t in tables]
-    out = torch.empty(bags, sum(dims))
+    out = hugepages.fresh(torch.empty(bags, sum(dims)))
     single = (ctypes.c_int64 * len(tables))()
     cols = [sum(dims[:f]) for f in range(len(dims))]
     bad = _lib.hl_pool_many(len(tables), _pointers(tables), _int64s([len(t) for t in tables]), _int64s(dims),

@@ -85,3 +85,17 @@ def test_a_store_s_tables_move_onto_huge_pages_and_train_as_before(monkeypatch):
             store.collect()
             store.step()
     assert torch.equal(plain.tables["0"].weight, huge.tables["0"].weight)
+
+
+@pytest.mark.skipif(MODE not in ("always", "madvise"), reason=f"transparent huge pages are {MODE or 'absent'} here")
+def test_a_fresh_block_glibc_maps_comes_on_huge_pages_when_written(monkeypatch):
+    """hugepages.fresh: a buffer of 32 MiB or more (glibc maps it afresh at each allocation) is advised before its
+    first write, so its pages fault in huge; a smaller one (glibc's heap keeps and reuses it) is left alone."""
+    monkeypatch.delenv(native.PAGES_ENV, raising=False)
+    big = hugepages.fresh(torch.empty(hugepages.MAPPED_ALWAYS // 4 + 1024))
+    big.fill_(1.0)
+    start = big.data_ptr()
+    assert _huge_kib(start, start + big.numel() * 4) > 0
+    assert bool((big == 1.0).all())
+    small = torch.empty(1 << 20)
+    assert hugepages.fresh(small) is small
