@@ -77,38 +77,23 @@ class Looked:
 
 
 class ToStore(torch.autograd.Function):
-    """The looked-up rows as the model sees them; their gradient goes to the store (``Looked``) as the backward hands
-    it over: no leaf whose ``.grad`` would be a copy, as a strided slice of the model's gradient (the columns of a
-    concatenation) is kept as it is, and the coalesce reads it in place."""
+    """Looked-up rows (``lookup``) or pooled bags (``pooled``) as the model sees them; the backward hands each part's
+    lookup (``Looked``) its gradient: ``parts`` are (slot, first column, columns, bag lengths or None). No leaf whose
+    ``.grad`` would be a copy: a strided slice of the model's gradient (the columns of a concatenation) is kept as it
+    is, and the coalesce reads it in place; a bag of several ids gives each id its bag's row (an embedding bag's
+    backward)."""
 
     @staticmethod
-    def forward(ctx, anchor: torch.Tensor, rows: torch.Tensor, slot: Looked) -> torch.Tensor:  # noqa: ARG004
-        ctx.slot = slot
-        return rows.detach()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        slot = ctx.slot
-        slot.grad = grad if slot.grad is None else slot.grad + grad  # a second backward through the same graph
-        return None, None, None
-
-
-class ToStorePooled(torch.autograd.Function):
-    """``pooled``'s bags as the model sees them; the backward hands each feature's lookup (``Looked``) the gradient of
-    each of its ids: its bag's columns of the model's gradient (read in place when every bag held one id, else each
-    bag's row repeated for its ids, as an embedding bag's backward gives them)."""
-
-    @staticmethod
-    def forward(ctx, anchor: torch.Tensor, out: torch.Tensor, parts: list) -> torch.Tensor:  # noqa: ARG004
+    def forward(ctx, anchor: torch.Tensor, values: torch.Tensor, parts: list) -> torch.Tensor:  # noqa: ARG004
         ctx.parts = parts
-        return out.detach()
+        return values.detach()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         for slot, col, dim, lengths in ctx.parts:
             g = grad[:, col:col + dim]
             g = g if lengths is None else g.repeat_interleave(lengths, dim=0)
-            slot.grad = g if slot.grad is None else slot.grad + g
+            slot.grad = g if slot.grad is None else slot.grad + g  # a second backward through the same graph
         return None, None, None
 
 
@@ -164,7 +149,7 @@ class ReplicatedTables:
             act, known = served
         if torch.is_grad_enabled():
             slot = Looked()
-            act = ToStore.apply(self._anchor, act, slot)
+            act = ToStore.apply(self._anchor, act, [(slot, 0, t.plan.dim, None)])
             group = next((g for g in self._pending if g[0] is ids and all(n != name for n, _ in g[1])), None)
             if group is None:  # a new ids tensor, or this table looked up twice with the same ids
                 group = (ids, [], [None])
@@ -195,7 +180,7 @@ class ReplicatedTables:
             self._pending.append((ids[int(bounds[0]):int(bounds[-1])], [(name, slot)], [None]))
             parts.append((slot, col, self.tables[name].plan.dim, None if one else bounds.diff()))
             col += self.tables[name].plan.dim
-        return ToStorePooled.apply(self._anchor, out, parts)
+        return ToStore.apply(self._anchor, out, parts)
 
     def collect(self, grad_scale: float = 1.0) -> None:
         """Lookups the loss did not reach (no gradient) are dropped."""
