@@ -35,6 +35,12 @@ static inline void prefetch_row(const float *base, int64_t row, int64_t width) {
     for (int64_t b = 0; b < width * 4; b += 64) __builtin_prefetch(p + b, 1, 1);
 }
 
+/* The same for a row that is only read (a lookup's). */
+static inline void prefetch_read(const float *base, int64_t row, int64_t width) {
+    const char *p = (const char *)(base + row * width);
+    for (int64_t b = 0; b < width * 4; b += 64) __builtin_prefetch(p + b, 0, 1);
+}
+
 /* Sort the k rows of ``rows`` (each < 2^bits) ascending: ``order`` gets their indices in row order (an LSD radix
  * sort, 8 bits a pass; ``keys``/``idx`` and ``keys2``/``idx2``: k values each of scratch). */
 static void sort_rows(const int64_t *rows, int64_t k, int bits, int64_t *keys, int32_t *idx, int64_t *keys2,
@@ -323,10 +329,7 @@ int64_t hl_gather(const float *table, int64_t table_rows, const int64_t *rows, i
     if (bad) return bad;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n * d >= 32768)
     for (int64_t i = 0; i < n; ++i) {
-        if (i + PREFETCH_AHEAD < n) {
-            const char *p = (const char *)(table + rows[i + PREFETCH_AHEAD] * d);
-            for (int64_t b = 0; b < d * 4; b += 64) __builtin_prefetch(p + b, 0, 1);
-        }
+        if (i + PREFETCH_AHEAD < n) prefetch_read(table, rows[i + PREFETCH_AHEAD], d);
         memcpy(out + i * d, table + rows[i] * d, (size_t)d * 4);
     }
     return 0;
@@ -366,10 +369,7 @@ int64_t hl_pool_many(int64_t count, const float *const *tables, const int64_t *t
         if (single[f]) { /* a row a bag (one id per feature and sample, as in Criteo): copied, 0 + x being x */
             const int64_t *at = ids + bounds[0];
             for (int64_t b = 0; b < bags; ++b) {
-                if (b + PREFETCH_AHEAD < bags) {
-                    const char *p = (const char *)(table + at[b + PREFETCH_AHEAD] * width);
-                    for (int64_t k = 0; k < width * 4; k += 64) __builtin_prefetch(p + k, 0, 1);
-                }
+                if (b + PREFETCH_AHEAD < bags) prefetch_read(table, at[b + PREFETCH_AHEAD], width);
                 memcpy(out + b * stride + col[f], table + at[b] * width, (size_t)width * sizeof(float));
             }
             continue;
@@ -379,10 +379,7 @@ int64_t hl_pool_many(int64_t count, const float *const *tables, const int64_t *t
             int64_t s = bounds[b], e = bounds[b + 1];
             memset(o, 0, (size_t)width * sizeof(float));
             for (int64_t i = s; i < e; ++i) {
-                if (i + PREFETCH_AHEAD < last) {
-                    const char *p = (const char *)(table + ids[i + PREFETCH_AHEAD] * width);
-                    for (int64_t k = 0; k < width * 4; k += 64) __builtin_prefetch(p + k, 0, 1);
-                }
+                if (i + PREFETCH_AHEAD < last) prefetch_read(table, ids[i + PREFETCH_AHEAD], width);
                 const float *row = table + ids[i] * width;
                 for (int64_t j = 0; j < width; ++j) o[j] += row[j];
             }

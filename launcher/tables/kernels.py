@@ -152,10 +152,9 @@ def pool_many(tables: list[torch.Tensor], keys: list[int], ids: torch.Tensor, of
     bad = _lib.hl_pool_many(len(tables), _pointers(tables), _int64s([len(t) for t in tables]), _int64s(dims),
                             _int64s(keys), _int64s(cols), ids.data_ptr(), offsets.data_ptr(), bags, out.data_ptr(),
                             out.shape[1], single, threads())
-    if bad:
-        at = -bad - 1
-        f = next(f for f, k in enumerate(keys) if offsets[k * bags] <= at < offsets[(k + 1) * bags])
-        _check(-(at - int(offsets[keys[f] * bags])) - 1, ids[int(offsets[keys[f] * bags]):], len(tables[f]))
+    if bad:  # -(i + 1) for ids[i], of the first feature whose bags hold it
+        f = next(f for f, k in enumerate(keys) if offsets[k * bags] <= -bad - 1 < offsets[(k + 1) * bags])
+        _check(bad, ids, len(tables[f]))
     return out, [bool(x) for x in single]
 
 

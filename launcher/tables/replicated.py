@@ -162,13 +162,14 @@ class ReplicatedTables:
                bags: int) -> torch.Tensor | None:
         """The sums of table ``names[f]``'s rows over each bag of key ``keys[f]`` of a KeyedJaggedTensor (its ``ids``,
         its ``offsets``, ``bags`` bags a key), side by side in one (bags, sum of dims) tensor, every table in one
-        call (kernels.py ``pool_many``: a TorchRec EmbeddingBagCollection's forward, launcher/tables/collection.py),
+        call (kernels.py ``pool_many``: a TorchRec EmbeddingBagCollection's forward, lookup.py batch_collections),
         tracked as ``lookup``'s rows are. None when the call is not one this store takes (prefetch on, a table or
         the compute device not the host's CPU, the kernels not loaded): the caller looks the tables up one by one."""
+        if self._ahead is not None or self.compute.type != "cpu" or self.dtype != torch.float32:
+            return None
         tables = [self.tables[n].weight for n in names]
         ids, offsets = ids.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous()
-        if self._ahead is not None or self.compute.type != "cpu" or self.dtype != torch.float32 \
-                or not kernels.usable(ids, offsets, *tables):
+        if not kernels.usable(ids, offsets, *tables):
             return None
         out, single = kernels.pool_many(tables, keys, ids, offsets, bags)
         if not torch.is_grad_enabled():
