@@ -6,7 +6,8 @@ embedding work of one training step, interleaved in one invocation.
                                         [--kernels]
 
 ``--kernels`` times the project's table kernels alone (``store.step()``: coalesce and update) at 1 and 2 threads,
-interleaved round by round in one process (``kernel_threads``).
+interleaved round by round in one process (``kernel_threads``), and then torch's own memory-bound and arithmetic ops
+the same way (``machine_ceiling``): what a second thread can give on this machine.
 
 One step, for every variant: the pooled forward of every table (1 id per feature per sample, Zipf(1.05) ids over
 the table's rows, a fresh batch each step), the backward of a fixed upstream gradient, and the sparse update of the
@@ -274,7 +275,36 @@ def kernel_threads(variants: list[str], shape: tuple[int, int, int], batch: int,
                      f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})")
         del step, store
         gc.collect()
-    return "\n".join(lines)
+    return "\n".join(lines + machine_ceiling(shape, batch, rounds))
+
+
+def machine_ceiling(shape: tuple[int, int, int], batch: int, rounds: int) -> list[str]:
+    """What a second thread gives torch's own ops on this machine, interleaved the same way: the gather of the step's
+    rows from tables of its shape (memory latency), an add over 256 MiB (memory bandwidth) and a matmul (arithmetic). The table kernels
+    are memory-bound: their speed-up is measured against the first two."""
+    tables, rows, dim = shape
+    ids = batches(tables, rows, batch, 1, seed=1)[0]  # every table's rows, in one table of all of them
+    table, ids = torch.randn(tables * rows, dim), (ids + rows * torch.arange(tables).view(-1, 1)).reshape(-1)
+    big, square = torch.empty(64 << 20).uniform_(), torch.randn(1024, 1024)
+    ops = {"torch index_select": lambda: torch.index_select(table, 0, ids), "torch add_ 256 MiB": lambda: big.add_(1),
+           "torch matmul 1024^2": lambda: square @ square}
+    lines = []
+    for name, op in ops.items():
+        per: dict[int, list[float]] = {1: [], 2: []}
+        for r in range(2 * rounds + 1):
+            for threads in ((1, 2) if r % 2 == 0 else (2, 1)):
+                torch.set_num_threads(threads)
+                times = []
+                for _ in range(8):
+                    t0 = time.perf_counter()
+                    op()
+                    times.append(time.perf_counter() - t0)
+                if r:
+                    per[threads].append(statistics.median(times) * 1e3)
+        ratios = [a / b for a, b in zip(per[1], per[2])]
+        lines.append(f"{name:<24}{statistics.median(per[1]):>12.2f}{statistics.median(per[2]):>14.2f}   "
+                     f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+    return lines
 
 
 def main() -> None:
