@@ -145,16 +145,15 @@ def toolchain_path(environ: Mapping[str, str] | None = None, executable: str | N
     return os.pathsep.join([first, *rest])
 
 
-def probe_toolchain(environ: Mapping[str, str] | None = None, executable: str | None = None,
-                    prefix: str | None = None) -> Toolchain:
-    """This interpreter's build toolchain (``environ``, ``executable``, ``prefix``: another's, for tests)."""
+def probe_toolchain(environ: Mapping[str, str] | None = None) -> Toolchain:
+    """This interpreter's build toolchain (``environ``: another's, for tests)."""
     environ = os.environ if environ is None else environ
-    path = toolchain_path(environ, executable)
+    path = toolchain_path(environ)
     ninja = shutil.which("ninja", path=path) or ""
     cxx = environ.get("CXX") or shutil.which("c++", path=path) or ""
     torch_dir = _package_dir("torch")
     return Toolchain(
-        prefix=os.path.realpath(prefix or sys.prefix),
+        prefix=os.path.realpath(sys.prefix),
         torch_include=os.path.join(torch_dir, "include") if torch_dir else "",
         deepspeed_dir=_package_dir("deepspeed"),
         ninja=f"{ninja} {_ninja_version(ninja)}" if ninja else "",

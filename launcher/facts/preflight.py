@@ -295,7 +295,6 @@ def _layers(recipe, cfg: DictConfig, data) -> ModelFacts:
 def _activations(recipe, cfg: DictConfig, data):
     """The activation bytes of a built-in recipe's layers(), from its model on the meta device and one 2-sample
     batch of its data (imports torch: only where wants_activations, and not for ``check``)."""
-    import torch
     from hydra.utils import instantiate
 
     from launcher.facts.activations import activation_facts

@@ -68,11 +68,10 @@ def every_recipe(config_dir: str | None) -> list[str]:
     return [*sorted(RECIPES), *user_recipes(config_dir)]
 
 
-def plan_jobs(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | None = None,
-              estimate: bool = True) -> list[Job]:
+def plan_jobs(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | None = None) -> list[Job]:
     """Compose and plan every job (in a sweep dir: job n's run dir is <sweep_dir>/<n>); ConfigError naming the job
     of each problem, before anything starts."""
-    planned, problems = _plan_each(jobs, config_dir, sweep_dir, estimate)
+    planned, problems = _plan_each(jobs, config_dir, sweep_dir)
     if problems:
         raise ConfigError(problems)
     return planned

@@ -355,12 +355,11 @@ def _as_meta(t: Any, dtype: torch.dtype) -> Any:
     return t.to("meta", dtype=dtype if t.is_floating_point() else t.dtype)
 
 
-def stage_runs(model_spec: dict[str, Any], plan: PipelinePlan, example: Any, output: str, dtype: torch.dtype,
-               cpu: bool = True) -> list[tuple[tuple, tuple]]:
+def stage_runs(model_spec: dict[str, Any], plan: PipelinePlan, example: Any, output: str,
+               dtype: torch.dtype) -> list[tuple[tuple, tuple]]:
     """run_stages on one micro-batch like ``example``: on the model built on meta, or, where the forward cannot run on
-    meta and ``cpu`` allows it, on the CPU with its tables on meta (module docstring). BoundaryError as run_stages
-    raises it; the meta run's error when it fails and ``cpu`` is False. The global RNG is left as it was (every rank
-    built its model from the seed; a one-process run draws nothing here)."""
+    meta, on the CPU with its tables on meta (module docstring). BoundaryError as run_stages raises it. The global
+    RNG is left as it was (every rank built its model from the seed; a one-process run draws nothing here)."""
     with torch.random.fork_rng(devices=[]):
         try:
             model = build_for_shapes(model_spec, "meta", dtype)
@@ -368,8 +367,7 @@ def stage_runs(model_spec: dict[str, Any], plan: PipelinePlan, example: Any, out
         except BoundaryError:
             raise
         except Exception:  # noqa: BLE001 - an op without a meta kernel, a value read (a KJT's lengths): the CPU
-            if not cpu:
-                raise
+            pass
         model = build_for_shapes(model_spec, "cpu", dtype)
         return run_stages(model, plan, move_to(example, "cpu", dtype), output)
 

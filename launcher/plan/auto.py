@@ -116,8 +116,8 @@ def owned_terms(terms: tuple[Term, ...]) -> dict[str, list[Term]]:
     """The terms that move with each table (by table name), every table on the device."""
     owned: dict[str, list[Term]] = {}
     for t in terms:
-        if _owner(t):
-            owned.setdefault(_owner(t), []).append(t)
+        if _owner_of(t.name):
+            owned.setdefault(_owner_of(t.name), []).append(t)
     return owned
 
 
@@ -153,8 +153,8 @@ def shard_tables(mem: MemoryPlan, b: Budget, sharding: Sharding | None) -> tuple
         return mem, ()
     index: dict[str, list[int]] = {}
     for i, t in enumerate(mem.terms):
-        if _owner(t) in sharding.terms:
-            index.setdefault(_owner(t), []).append(i)
+        if _owner_of(t.name) in sharding.terms:
+            index.setdefault(_owner_of(t.name), []).append(i)
     sums = phase_sums(mem.terms)
 
     def host_total() -> int:
@@ -186,10 +186,6 @@ def _add(sums: dict[str, dict[str, int]], terms: list[Term], sign: int) -> None:
 OWNED = ("table", "states", "step", "exchange")
 """The terms of a table that move with it (launcher/plan/peak.py names them '<table> table|states|step|exchange':
 exchange, a ps table's received gradient rows, only when its rows are split over the ranks)."""
-
-
-def _owner(t: Term) -> str:
-    return _owner_of(t.name)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -288,7 +284,7 @@ def _table_reasons(best: Candidate, b: Budget, fixed: set[str], shown: int = 8) 
     left = b.device_usable - mem.peak("device")
     out = []
     for name in moved[:shown]:
-        size = sum(t.bytes for t in mem.terms if t.phase == "always" and _owner(t) == name)
+        size = sum(t.bytes for t in mem.terms if t.phase == "always" and _owner_of(t.name) == name)
         out.append(f"{name} -> host: on the device it needs {gb(size)} (weights and states); the device budget "
                    f"{gb(b.device_usable)} keeps {gb(at_rest)} at rest and {gb(busiest)} in its busiest phase, so "
                    f"{gb(max(0, left))} is left")
@@ -353,7 +349,7 @@ def _ps_hosts(c: Candidate, b: Budget, group: int) -> list[str]:
     if not c.ps_tables or group <= 1:
         return []
     split = set(c.ps_tables)
-    share = sum(t.bytes for t in c.memory.terms if t.phase == "always" and _owner(t) in split)
+    share = sum(t.bytes for t in c.memory.terms if t.phase == "always" and _owner_of(t.name) in split)
     room = b.host_usable - (c.memory.host_total - c.memory.nproc_per_node * share)
     if room <= 0:
         return []

@@ -94,19 +94,17 @@ def store_notes(cfg: DictConfig, backends: tuple[BackendRules, ...]) -> list[str
             f"with cluster.rdzv_conf={dict(c.rdzv_conf) or '(its defaults)'}"]
 
 
-def planned_nodes(cfg: DictConfig, backends: tuple[BackendRules, ...],
-                  nnodes: int | None = None) -> tuple[DictConfig, list[str]]:
-    """(cfg with cluster.nnodes as the number of hosts planned for, the problems of the value given): ``nnodes``
-    when given (an elastic round's hosts), else MAX of MIN:MAX; a bad value plans as 1 host, its problem said."""
+def planned_nodes(cfg: DictConfig, backends: tuple[BackendRules, ...]) -> tuple[DictConfig, list[str]]:
+    """(cfg with cluster.nnodes as the number of hosts planned for, the problems of the value given): MAX of
+    MIN:MAX; a bad value plans as 1 host, its problem said."""
     value = cfg.cluster.nnodes
     chosen = backend_named(backends, cfg.cluster.launch)
     per_host = chosen is not None and chosen.launcher_per_host
     problems = node_range_problems(value, str(cfg.cluster.launch), per_host)
     if per_host and not problems:  # a dry run says it too, not only the launch
         problems = checkpoint_problems(cfg)
-    if nnodes is None:
-        got = node_range(value)
-        nnodes = got[1] if got is not None and not problems else 1
+    got = node_range(value)
+    nnodes = got[1] if got is not None and not problems else 1
     if isinstance(value, int) and not isinstance(value, bool) and value == nnodes and not problems:
         return cfg, []
     cfg = cfg.copy()
