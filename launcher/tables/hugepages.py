@@ -4,8 +4,10 @@ walk with 4 KiB pages (two nested walks in a virtual machine); 2 MiB pages cover
 ``back(held)`` asks the kernel for huge pages under every host table and its optimizer states: ``madvise`` with
 MADV_HUGEPAGE (pages faulted in later come huge), then MADV_COLLAPSE (Linux >= 6.1), which turns the pages already
 there into huge ones in place, without a second copy of the table. The collapse copies the table once (~0.5 GB/s
-on the 2-core VM of docs/performance.md), so it runs on a background thread, a chunk at a time, while training
-goes on: nothing waits for it but ``Backing.wait`` (the benchmark's). Values never change, only the pages under
+on the 2-core VM of docs/performance.md), so it runs on a background thread at the lowest priority, 2 MiB a call,
+while training goes on: nothing waits for it but ``Backing.wait`` (the benchmark's). At normal priority and 64 MiB a
+call, wide_deep's steps took 10x longer (~900 ms against 60-90) for the minute the move lasted: every page fault and
+unmap of a step waited on the kernel's lock the collapse held. Values never change, only the pages under
 them. Where the kernel says no (transparent huge pages ``never``, an old kernel, pinned or fragmented memory) the
 pages stay as they were; ``Backing.huge_bytes`` says what was collapsed, and each rank's stderr (rank.N/stderr)
 says it at the end of training.
@@ -22,16 +24,14 @@ import ctypes
 import ctypes.util
 import os
 import threading
-from typing import TYPE_CHECKING
+
+import torch
 
 from launcher.native import pages_wanted
 
-if TYPE_CHECKING:
-    import torch
-
 HUGE = 1 << 21
 """A transparent huge page on x86-64 and on arm64 with 4 KiB base pages."""
-CHUNK = 64 << 20
+CHUNK = 2 << 20
 """Bytes collapsed per madvise call: the thread lets go of the kernel's locks between chunks."""
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 
@@ -66,6 +66,7 @@ class Backing:
         self._thread.start()
 
     def _run(self) -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         libc = _libc()
         for start, length in self.regions:
             libc.madvise(start, length, MADV_HUGEPAGE)
@@ -100,15 +101,27 @@ MAPPED_ALWAYS = 32 << 20
 it when freed: each use of such a buffer faults all its pages in again."""
 
 
+def _advise(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s whole huge pages advised MADV_HUGEPAGE: those not yet written come huge when they are."""
+    libc = _libc()
+    for start, length in spans([t]):
+        libc.madvise(start, length, MADV_HUGEPAGE)
+    return t
+
+
 def fresh(t: torch.Tensor) -> torch.Tensor:
     """``t`` (just made, not yet written), its pages to come huge when first written if it is a block glibc maps
     afresh (MAPPED_ALWAYS): a 16,384 x 512 float forward output faulted 8,192 pages in a step; on huge pages
     ``hl_pool_many`` took 10.9 ms there, not 28.9 (bench/tbe_bench.py's 8 x 4 M x 64 shape, docs/performance.md)."""
-    if t.numel() * t.element_size() >= MAPPED_ALWAYS and pages_wanted():
-        libc = _libc()
-        for start, length in spans([t]):
-            libc.madvise(start, length, MADV_HUGEPAGE)
-    return t
+    return _advise(t) if t.numel() * t.element_size() >= MAPPED_ALWAYS and pages_wanted() else t
+
+
+def full(shape: tuple[int, ...], value: float, like: torch.Tensor) -> torch.Tensor:
+    """``torch.full(shape, value)`` with ``like``'s dtype and device: a table's optimizer state, its pages advised
+    before they are written (when ``pages_wanted``), so it comes on huge pages as it is filled and the background
+    collapse (``back``) has no copy of it left to make."""
+    t = torch.empty(shape, dtype=like.dtype, device=like.device)
+    return (_advise(t) if t.device.type == "cpu" and pages_wanted() else t).fill_(value)
 
 
 def back(held: dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]) -> Backing | None:

@@ -36,6 +36,7 @@ import math
 import torch
 
 from launcher.plan.placement import DenseSettings
+import launcher.tables.hugepages as hugepages
 import launcher.tables.kernels as kernels
 
 
@@ -110,8 +111,8 @@ class SparseFTRL(RowUpdate):
             raise ValueError("FTRL needs lr > 0, l1 >= 0, l2 >= 0, lr_power <= 0, initial_accumulator > 0")
         self.weight = weight
         self.lr, self.l1, self.l2, self.lr_power = lr, l1, l2, lr_power
-        self.accum = torch.full_like(weight, initial_accumulator)  # n
-        self.linear = torch.zeros_like(weight)  # z
+        self.accum = hugepages.full(weight.shape, initial_accumulator, weight)  # n
+        self.linear = hugepages.full(weight.shape, 0.0, weight)  # z
 
     def state_tensors(self) -> list[torch.Tensor]:
         return [self.accum, self.linear]
@@ -154,7 +155,7 @@ class LazyAdam(RowUpdate):
         self.weight = weight
         self.lr, self.beta1, self.beta2, self.eps = lr, betas[0], betas[1], eps
         self.weight_decay, self.decoupled_decay = weight_decay, decoupled_decay
-        self.moments = torch.zeros(weight.shape[0], 2, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        self.moments = hugepages.full((weight.shape[0], 2, weight.shape[1]), 0.0, weight)
         self.steps = 0
 
     def state_tensors(self) -> list[torch.Tensor]:
@@ -213,7 +214,7 @@ class SparseSGD(RowUpdate):
         self.weight = weight
         self.lr, self.momentum, self.dampening, self.nesterov = lr, momentum, dampening, nesterov
         self.weight_decay = weight_decay
-        self.buffer = torch.zeros_like(weight) if momentum else None
+        self.buffer = hugepages.full(weight.shape, 0.0, weight) if momentum else None
         self.steps = 0
 
     def state_tensors(self) -> list[torch.Tensor]:
@@ -270,7 +271,7 @@ class SparseAdagrad(RowUpdate):
                              f"initial_accumulator={initial_accumulator}")
         self.weight, self.lr, self.eps, self.weight_decay, self.rowwise = weight, lr, eps, weight_decay, rowwise
         shape = (weight.shape[0],) if rowwise else weight.shape
-        self.state = torch.full(shape, float(initial_accumulator), dtype=weight.dtype, device=weight.device)
+        self.state = hugepages.full(shape, float(initial_accumulator), weight)
 
     def state_tensors(self) -> list[torch.Tensor]:
         return [self.state]

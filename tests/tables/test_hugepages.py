@@ -99,3 +99,15 @@ def test_a_fresh_block_glibc_maps_comes_on_huge_pages_when_written(monkeypatch):
     assert bool((big == 1.0).all())
     small = torch.empty(1 << 20)
     assert hugepages.fresh(small) is small
+
+
+@pytest.mark.skipif(MODE not in ("always", "madvise"), reason=f"transparent huge pages are {MODE or 'absent'} here")
+def test_an_optimizer_state_is_filled_onto_huge_pages(monkeypatch):
+    """hugepages.full (a table's optimizer state): advised before it is filled, it comes on huge pages at once, with
+    the values torch.full gives; the background collapse has no copy of it to make."""
+    monkeypatch.delenv(native.PAGES_ENV, raising=False)
+    like = torch.empty(1, DIM)
+    state = hugepages.full((4 * ROWS, 2, DIM), 0.5, like)
+    assert torch.equal(state, torch.full((4 * ROWS, 2, DIM), 0.5))
+    start = state.data_ptr()
+    assert _huge_kib(start, start + state.numel() * 4) > 0
