@@ -4,10 +4,12 @@ walk with 4 KiB pages (two nested walks in a virtual machine); 2 MiB pages cover
 ``back(held)`` asks the kernel for huge pages under every host table and its optimizer states: ``madvise`` with
 MADV_HUGEPAGE (pages faulted in later come huge), then MADV_COLLAPSE (Linux >= 6.1), which turns the pages already
 there into huge ones in place, without a second copy of the table. The collapse copies the table once (~0.5 GB/s
-on the 2-core VM of docs/performance.md), so it runs on a background thread at the lowest priority, 2 MiB a call,
-while training goes on: nothing waits for it but ``Backing.wait`` (the benchmark's). At normal priority and 64 MiB a
-call, wide_deep's steps took 10x longer (~900 ms against 60-90) for the minute the move lasted: every page fault and
-unmap of a step waited on the kernel's lock the collapse held. Values never change, only the pages under
+on the 2-core VM of docs/performance.md), so it runs on a background thread, a chunk at a time, while training
+goes on: nothing waits for it but ``Backing.wait`` (the benchmark's). A step taken while it copies is slow (wide_deep
+at 1 M rows a table: 150-500 ms against 60-90, for the ~20 steps the move of 5 GB took), so what can be born on huge
+pages is: a table's weight that torch.empty makes while the model is built (``born_huge``, around the model's
+construction: nn.Embedding, nn.EmbeddingBag and TorchRec's tables make theirs so) and every optimizer state
+(``full``) are advised before they are first written, and the collapse then finds them huge already. Values never change, only the pages under
 them. Where the kernel says no (transparent huge pages ``never``, an old kernel, pinned or fragmented memory) the
 pages stay as they were; ``Backing.huge_bytes`` says what was collapsed, and each rank's stderr (rank.N/stderr)
 says it at the end of training.
@@ -20,18 +22,20 @@ changes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import threading
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from launcher.native import pages_wanted
 
 HUGE = 1 << 21
 """A transparent huge page on x86-64 and on arm64 with 4 KiB base pages."""
-CHUNK = 2 << 20
+CHUNK = 64 << 20
 """Bytes collapsed per madvise call: the thread lets go of the kernel's locks between chunks."""
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 
@@ -66,7 +70,6 @@ class Backing:
         self._thread.start()
 
     def _run(self) -> None:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         libc = _libc()
         for start, length in self.regions:
             libc.madvise(start, length, MADV_HUGEPAGE)
@@ -99,6 +102,27 @@ class Backing:
 MAPPED_ALWAYS = 32 << 20
 """glibc's malloc maps every block of this size or more afresh (its heap keeps smaller ones for reuse) and unmaps
 it when freed: each use of such a buffer faults all its pages in again."""
+
+
+class _BornHuge(TorchFunctionMode):
+    """``born_huge``'s mode: a CPU tensor torch.empty makes in one of ``shapes`` is advised as it is made."""
+
+    def __init__(self, shapes: set[tuple[int, int]]) -> None:
+        super().__init__()
+        self.shapes = shapes
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.empty and isinstance(out, torch.Tensor) and out.device.type == "cpu" \
+                and tuple(out.shape) in self.shapes:
+            _advise(out)
+        return out
+
+
+def born_huge(shapes: set[tuple[int, int]]) -> contextlib.AbstractContextManager:
+    """Around a model's construction: the weights it makes with torch.empty in a host table's shape ((rows, dim) of
+    ``shapes``) come on huge pages as they are initialised, when ``pages_wanted`` (else: nothing)."""
+    return _BornHuge(shapes) if shapes and pages_wanted() else contextlib.nullcontext()
 
 
 def _advise(t: torch.Tensor) -> torch.Tensor:

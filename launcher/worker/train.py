@@ -23,7 +23,7 @@ from launcher.parallel.rank import RankContext
 from launcher.plan import LaunchPlan
 from launcher.rundir import CheckpointDir, RunDir
 import launcher.tables.kernels as kernels
-from launcher.tables import build_tables
+from launcher.tables import build_tables, hugepages
 from launcher.tables.block_init import DeferredTables, init_blocks
 from launcher.tables.lookup import take_blocks
 from launcher.tables.partition import RowPartition
@@ -77,9 +77,11 @@ def build_model(plan: LaunchPlan, rank: int, stage: DeviceMesh | None) -> tuple[
     they are split over), this rank's blocks of them. A table built whole (TablePlan.built) is copied out and freed
     at once, the ranks of a host building the model one at a time, so a host holds at most one whole copy; a table
     built by blocks is never whole anywhere (launcher/tables/block_init.py). Collective: every rank calls it."""
+    born = hugepages.born_huge({(t.rows, t.dim) for t in plan.placement.tables if t.on_host and not t.sharded})
     if stage is None:
         torch.manual_seed(plan.seed)
-        return instantiate(plan.model), {}
+        with born:
+            return instantiate(plan.model), {}
     sharded = [t for t in plan.placement.tables if t.sharded]
     by_blocks = [t for t in sharded if t.built == "blocks"]
     me, size = stage.get_local_rank(), stage.size()
@@ -89,7 +91,7 @@ def build_model(plan: LaunchPlan, rank: int, stage: DeviceMesh | None) -> tuple[
         if turn == plan.ranks[rank].local_rank % turns:
             torch.manual_seed(plan.seed)
             deferred = DeferredTables({(t.rows, t.dim) for t in by_blocks}) if by_blocks else None
-            with deferred or nullcontext():
+            with deferred or nullcontext(), born:
                 model = instantiate(plan.model)
             if deferred is not None:
                 modules = {t.name: m for t in by_blocks if (m := held_module(model, t.name)) is not None}

@@ -3,6 +3,8 @@ values and its training do not; the plan says what the host allows."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -111,3 +113,21 @@ def test_an_optimizer_state_is_filled_onto_huge_pages(monkeypatch):
     assert torch.equal(state, torch.full((4 * ROWS, 2, DIM), 0.5))
     start = state.data_ptr()
     assert _huge_kib(start, start + state.numel() * 4) > 0
+
+
+@pytest.mark.skipif(MODE not in ("always", "madvise"), reason=f"transparent huge pages are {MODE or 'absent'} here")
+def test_a_table_the_model_builds_is_born_on_huge_pages(monkeypatch):
+    """hugepages.born_huge around a model's construction: the nn.EmbeddingBag weight of a host table's shape comes on
+    huge pages as it is initialised (no collapse to wait for), with the values the same seed gives without it; a
+    weight of another shape is left alone; HL_TABLE_HUGEPAGES=0 turns it off."""
+    monkeypatch.delenv(native.PAGES_ENV, raising=False)
+    torch.manual_seed(0)
+    with hugepages.born_huge({(4 * ROWS, DIM)}):
+        table, other = nn.EmbeddingBag(4 * ROWS, DIM), nn.Linear(DIM, DIM)
+    torch.manual_seed(0)
+    plain = nn.EmbeddingBag(4 * ROWS, DIM)
+    assert torch.equal(table.weight, plain.weight) and other.weight.shape == (DIM, DIM)
+    start = table.weight.data_ptr()
+    assert _huge_kib(start, start + table.weight.numel() * 4) > 0
+    monkeypatch.setenv(native.PAGES_ENV, "0")
+    assert isinstance(hugepages.born_huge({(4 * ROWS, DIM)}), contextlib.nullcontext)
