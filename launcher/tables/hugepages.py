@@ -6,13 +6,13 @@ MADV_HUGEPAGE (pages faulted in later come huge), then MADV_COLLAPSE (Linux >= 6
 there into huge ones in place, without a second copy of the table. The collapse copies the table once (~0.5 GB/s
 on the 2-core VM of docs/performance.md), so it runs on a background thread, a chunk at a time, while training
 goes on: nothing waits for it but ``Backing.wait`` (the benchmark's). A step taken while it copies is slow (wide_deep
-at 1 M rows a table: 150-500 ms against 60-90, for the ~20 steps the move of 5 GB took), so what can be born on huge
+at 1 M rows a table: 150-440 ms against 60-90, for the ~20 steps the move of 5 GB took), so what can be born on huge
 pages is: a table's weight that torch.empty makes while the model is built (``born_huge``, around the model's
 construction: nn.Embedding, nn.EmbeddingBag and TorchRec's tables make theirs so) and every optimizer state
-(``full``) are advised before they are first written, and the collapse then finds them huge already. Values never change, only the pages under
-them. Where the kernel says no (transparent huge pages ``never``, an old kernel, pinned or fragmented memory) the
-pages stay as they were; ``Backing.huge_bytes`` says what was collapsed, and each rank's stderr (rank.N/stderr)
-says it at the end of training.
+(``full``) are advised before they are first written, and the collapse finds them huge already. Values never
+change, only the pages under them. Where the kernel says no (transparent huge pages ``never``, an old kernel, pinned
+or fragmented memory) the pages stay as they were; ``Backing.huge_bytes`` says what was collapsed, and each rank's
+stderr (rank.N/stderr) says it at the end of training.
 
 launcher.native.pages_wanted decides whether (the host's setting, ``/sys/kernel/mm/transparent_hugepage/enabled``,
 and ``HL_TABLE_HUGEPAGES``), and the plan's words come from the same place; ``HL_TABLE_HUGEPAGES=0`` leaves the
