@@ -37,6 +37,7 @@ depend on the machine: see docs/performance.md for where they were taken.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import statistics
 import sys
@@ -256,32 +257,49 @@ def kernel_threads(variants: list[str], shape: tuple[int, int, int], batch: int,
         step, store = build(v, tables, rows, dim)
         data = batches(tables, rows, batch, warmup + steps, seed=1)
         grad = torch.randn(batch, tables * dim, generator=torch.Generator().manual_seed(2))
-        per: dict[int, list[float]] = {1: [], 2: []}
-        for r in range(rounds + 1):  # the first round untimed
-            for threads in ((1, 2) if r % 2 == 0 else (2, 1)):
-                torch.set_num_threads(threads)
-                times = []
-                for i, ids in enumerate(data):
-                    torch.cat([bag(ids[t].view(-1, 1)) for t, bag in enumerate(step.bags)], dim=1).backward(grad)
-                    store.collect()
-                    t0 = time.perf_counter()
-                    store.step()
-                    if i >= warmup:
-                        times.append(time.perf_counter() - t0)
-                if r:
-                    per[threads].append(statistics.median(times) * 1e3)
-        ratios = [a / b for a, b in zip(per[1], per[2])]
-        lines.append(f"{v:<24}{statistics.median(per[1]):>12.2f}{statistics.median(per[2]):>14.2f}   "
-                     f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})")
+        lines.append(speed_up(v, one_against_two(functools.partial(store_steps, step, store, data, grad, warmup),
+                                                 rounds)))
         del step, store
         gc.collect()
     return "\n".join(lines + machine_ceiling(shape, batch, rounds))
 
 
+def store_steps(step, store, data: list[torch.Tensor], grad: torch.Tensor, warmup: int) -> list[float]:
+    """Seconds of each ``store.step()`` after ``warmup`` (the forward, backward and collect before it untimed)."""
+    times = []
+    for i, ids in enumerate(data):
+        torch.cat([bag(ids[t].view(-1, 1)) for t, bag in enumerate(step.bags)], dim=1).backward(grad)
+        store.collect()
+        t0 = time.perf_counter()
+        store.step()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def one_against_two(timed_round, rounds: int) -> dict[int, list[float]]:
+    """Per thread count (1, 2), the median ms of each round's ``timed_round()`` (its steps' seconds), the two
+    interleaved, the first round untimed."""
+    per: dict[int, list[float]] = {1: [], 2: []}
+    for r in range(rounds + 1):
+        for threads in ((1, 2) if r % 2 == 0 else (2, 1)):
+            torch.set_num_threads(threads)
+            times = timed_round()
+            if r:
+                per[threads].append(statistics.median(times) * 1e3)
+    return per
+
+
+def speed_up(name: str, per: dict[int, list[float]]) -> str:
+    ratios = [a / b for a, b in zip(per[1], per[2])]
+    return (f"{name:<24}{statistics.median(per[1]):>12.2f}{statistics.median(per[2]):>14.2f}   "
+            f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})")
+
+
 def machine_ceiling(shape: tuple[int, int, int], batch: int, rounds: int) -> list[str]:
     """What a second thread gives torch's own ops on this machine, interleaved the same way: the gather of the step's
-    rows from tables of its shape (memory latency), an add over 256 MiB (memory bandwidth) and a matmul (arithmetic). The table kernels
-    are memory-bound: their speed-up is measured against the first two."""
+    rows from tables of its shape (memory latency), an add over 256 MiB (memory bandwidth) and a matmul
+    (arithmetic)."""
     tables, rows, dim = shape
     ids = batches(tables, rows, batch, 1, seed=1)[0]  # every table's rows, in one table of all of them
     table, ids = torch.randn(tables * rows, dim), (ids + rows * torch.arange(tables).view(-1, 1)).reshape(-1)
@@ -290,20 +308,15 @@ def machine_ceiling(shape: tuple[int, int, int], batch: int, rounds: int) -> lis
            "torch matmul 1024^2": lambda: square @ square}
     lines = []
     for name, op in ops.items():
-        per: dict[int, list[float]] = {1: [], 2: []}
-        for r in range(2 * rounds + 1):
-            for threads in ((1, 2) if r % 2 == 0 else (2, 1)):
-                torch.set_num_threads(threads)
-                times = []
-                for _ in range(8):
-                    t0 = time.perf_counter()
-                    op()
-                    times.append(time.perf_counter() - t0)
-                if r:
-                    per[threads].append(statistics.median(times) * 1e3)
-        ratios = [a / b for a, b in zip(per[1], per[2])]
-        lines.append(f"{name:<24}{statistics.median(per[1]):>12.2f}{statistics.median(per[2]):>14.2f}   "
-                     f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+        def op_steps() -> list[float]:
+            times = []
+            for _ in range(8):
+                t0 = time.perf_counter()
+                op()
+                times.append(time.perf_counter() - t0)
+            return times
+
+        lines.append(speed_up(name, one_against_two(op_steps, rounds)))
     return lines
 
 
