@@ -22,8 +22,8 @@ loops with square roots and compares vectorize (IEEE results unchanged: nothing 
 ENV = "HL_TABLE_KERNELS"
 """auto (default): the C kernels where they build, torch's ops elsewhere; torch: torch's ops on purpose."""
 PAGES_ENV = "HL_TABLE_HUGEPAGES"
-"""1 (default): host tables moved onto transparent huge pages where the OS allows (launcher/tables/hugepages.py);
-0: left on the pages they have."""
+"""1 (default): host tables and their optimizer states on transparent huge pages where the OS allows, born there or
+moved there in the background (launcher/tables/hugepages.py); 0: left on the pages they have."""
 
 
 def cache_root() -> Path:
