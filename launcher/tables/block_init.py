@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+import launcher.tables.hugepages as hugepages
+
 CHUNK = 1 << 16
 """Rows initialised at a time: the unit of the chunk-seeded draws (fixed, so the values do not depend on blocks)."""
 RANDOM = {"normal_", "uniform_", "kaiming_uniform_"}
@@ -196,7 +198,7 @@ def _replay(calls: list, chunk: torch.Tensor, lo: int, gen: torch.Generator) -> 
 def init_block(calls: list, rows: int, dim: int, start: int, stop: int, seed: int, name: str) -> torch.Tensor:
     """Rows [start, stop) of a table of ``rows`` × ``dim`` as the recorded ``calls`` initialise them, chunk by
     chunk."""
-    block = torch.empty(stop - start, dim)
+    block = hugepages.advised(torch.empty(stop - start, dim))
     with torch.no_grad():
         for c in range(start // CHUNK, -(-stop // CHUNK)):
             lo, hi = c * CHUNK, min((c + 1) * CHUNK, rows)

@@ -8,8 +8,9 @@ on the 2-core VM of docs/performance.md), so it runs on a background thread, a c
 goes on: nothing waits for it but ``Backing.wait`` (the benchmark's). A step taken while it copies is slow (wide_deep
 at 1 M rows a table: 150-440 ms against 60-90, for the ~20 steps the move of 5 GB took), so what can be born on huge
 pages is: a table's weight that torch.empty makes while the model is built (``born_huge``, around the model's
-construction: nn.Embedding, nn.EmbeddingBag and TorchRec's tables make theirs so) and every optimizer state
-(``full``) are advised before they are first written, and the collapse finds them huge already. Values never
+construction: nn.Embedding, nn.EmbeddingBag and TorchRec's tables make theirs so), a split table's block and every
+optimizer state (``advised``, ``full``) are advised before they are first written, and the collapse finds them huge
+already. Values never
 change, only the pages under them. Where the kernel says no (transparent huge pages ``never``, an old kernel, pinned
 or fragmented memory) the pages stay as they were; ``Backing.huge_bytes`` says what was collapsed, and each rank's
 stderr (rank.N/stderr) says it at the end of training.
@@ -140,12 +141,15 @@ def fresh(t: torch.Tensor) -> torch.Tensor:
     return _advise(t) if t.numel() * t.element_size() >= MAPPED_ALWAYS and pages_wanted() else t
 
 
+def advised(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (just made, not yet written), advised when it is on the CPU and ``pages_wanted``: it comes on huge pages
+    as it is written, and the background collapse (``back``) has no copy of it left to make."""
+    return _advise(t) if t.device.type == "cpu" and pages_wanted() else t
+
+
 def full(shape: tuple[int, ...], value: float, like: torch.Tensor) -> torch.Tensor:
-    """``torch.full(shape, value)`` with ``like``'s dtype and device: a table's optimizer state, its pages advised
-    before they are written (when ``pages_wanted``), so it comes on huge pages as it is filled and the background
-    collapse (``back``) has no copy of it left to make."""
-    t = torch.empty(shape, dtype=like.dtype, device=like.device)
-    return (_advise(t) if t.device.type == "cpu" and pages_wanted() else t).fill_(value)
+    """``torch.full(shape, value)`` with ``like``'s dtype and device, ``advised``: a table's optimizer state."""
+    return advised(torch.empty(shape, dtype=like.dtype, device=like.device)).fill_(value)
 
 
 def back(held: dict[str, tuple[str, torch.Tensor, list[torch.Tensor]]]) -> Backing | None:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+import launcher.tables.hugepages as hugepages
+
 
 @dataclass(frozen=True)
 class RowPartition:
@@ -47,7 +49,8 @@ class RowPartition:
     def block_of(self, weight: torch.Tensor, rank: int) -> torch.Tensor:
         """``rank``'s rows of a whole table, copied to the host in fp32 (the whole can then be freed)."""
         start, stop = self.bounds(rank)
-        return weight.detach()[start:stop].to("cpu", torch.float32, copy=True).contiguous()
+        rows = weight.detach()[start:stop]
+        return hugepages.advised(torch.empty(rows.shape, dtype=torch.float32)).copy_(rows)
 
     def local(self, ids: torch.Tensor) -> torch.Tensor:
         """Each id's row in its owner's block."""

@@ -13,6 +13,7 @@ from launcher import native
 from launcher.plan import TablePlan
 from launcher.procfs import huge_pages_mode
 from launcher.tables import build_tables, hugepages
+from launcher.tables.partition import RowPartition
 
 MODE = huge_pages_mode()
 ROWS, DIM = 1 << 16, 64  # 16 MiB of fp32: whole huge pages inside it wherever it lands
@@ -131,3 +132,15 @@ def test_a_table_the_model_builds_is_born_on_huge_pages(monkeypatch):
     assert _huge_kib(start, start + table.weight.numel() * 4) > 0
     monkeypatch.setenv(native.PAGES_ENV, "0")
     assert isinstance(hugepages.born_huge({(4 * ROWS, DIM)}), contextlib.nullcontext)
+
+
+@pytest.mark.skipif(MODE not in ("always", "madvise"), reason=f"transparent huge pages are {MODE or 'absent'} here")
+def test_a_split_table_s_block_is_born_on_huge_pages(monkeypatch):
+    """A rank's block of a split table (RowPartition.block_of: a copy out of the whole one) comes on huge pages as it
+    is copied, with the whole table's rows."""
+    monkeypatch.delenv(native.PAGES_ENV, raising=False)
+    whole = torch.randn(8 * ROWS, DIM)
+    block = RowPartition(8 * ROWS, 2).block_of(whole, 1)
+    assert torch.equal(block, whole[4 * ROWS:])
+    start = block.data_ptr()
+    assert _huge_kib(start, start + block.numel() * 4) > 0
