@@ -10,10 +10,9 @@ at 1 M rows a table: 150-440 ms against 60-90, for the ~20 steps the move of 5 G
 pages is: a table's weight that torch.empty makes while the model is built (``born_huge``, around the model's
 construction: nn.Embedding, nn.EmbeddingBag and TorchRec's tables make theirs so), a split table's block and every
 optimizer state (``advised``, ``full``) are advised before they are first written, and the collapse finds them huge
-already. Values never
-change, only the pages under them. Where the kernel says no (transparent huge pages ``never``, an old kernel, pinned
-or fragmented memory) the pages stay as they were; ``Backing.huge_bytes`` says what was collapsed, and each rank's
-stderr (rank.N/stderr) says it at the end of training.
+already. Values never change, only the pages under them. Where the kernel says no (transparent huge pages ``never``,
+an old kernel, pinned or fragmented memory) the pages stay as they were; ``Backing.huge_bytes`` says what was
+collapsed, and each rank's stderr (rank.N/stderr) says it at the end of training.
 
 launcher.native.pages_wanted decides whether (the host's setting, ``/sys/kernel/mm/transparent_hugepage/enabled``,
 and ``HL_TABLE_HUGEPAGES``), and the plan's words come from the same place; ``HL_TABLE_HUGEPAGES=0`` leaves the
@@ -138,7 +137,7 @@ def fresh(t: torch.Tensor) -> torch.Tensor:
     """``t`` (just made, not yet written), its pages to come huge when first written if it is a block glibc maps
     afresh (MAPPED_ALWAYS): a 16,384 x 512 float forward output faulted 8,192 pages in a step; on huge pages
     ``hl_pool_many`` took 10.9 ms there, not 28.9 (bench/tbe_bench.py's 8 x 4 M x 64 shape, docs/performance.md)."""
-    return _advise(t) if t.numel() * t.element_size() >= MAPPED_ALWAYS and pages_wanted() else t
+    return advised(t) if t.numel() * t.element_size() >= MAPPED_ALWAYS else t
 
 
 def advised(t: torch.Tensor) -> torch.Tensor:
