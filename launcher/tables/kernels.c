@@ -2,15 +2,15 @@
  *
  * Plain C over fp32 tables with int64 row ids: no torch headers, so a build takes about a second. Each kernel does
  * in one pass what the torch path does in several calls (torch's per-call cost, not memory bandwidth, bounds a step
- * of many small tables): hl_coalesce sums a lookup's gradients per row (an open-addressing hash, then a radix sort
- * of the distinct rows, each row's values added in index order: torch.unique's rows and index_add_'s sums bit for
- * bit), and hl_<optimizer> updates the unique rows of one table and its states, rows spread over OpenMP threads
+ * of many small tables): hl_coalesce sums a lookup's gradients per row (a radix sort of its ids, then each row's
+ * values added in index order: torch.unique's rows and index_add_'s sums bit for bit), and hl_<optimizer> updates the unique rows of one table and its states, rows spread over OpenMP threads
  * (each row is written by one thread) and the next rows prefetched, as FBGEMM's CPU kernels do.
  *
  * Every update reads a row's weight and states and writes the new values either in place (out == NULL) or into
  * ``out`` arrays of (n, ...) values (the deferred writes of placement.prefetch): the same arithmetic either way.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,92 +41,175 @@ static inline void prefetch_read(const float *base, int64_t row, int64_t width) 
     for (int64_t b = 0; b < width * 4; b += 64) __builtin_prefetch(p + b, 0, 1);
 }
 
-/* Sort the k rows of ``rows`` (each < 2^bits) ascending: ``order`` gets their indices in row order (an LSD radix
- * sort, 8 bits a pass; ``keys``/``idx`` and ``keys2``/``idx2``: k values each of scratch). */
-static void sort_rows(const int64_t *rows, int64_t k, int bits, int64_t *keys, int32_t *idx, int64_t *keys2,
-                      int32_t *idx2, int32_t *order) {
-    for (int64_t j = 0; j < k; ++j) {
-        keys[j] = rows[j];
-        idx[j] = (int32_t)j;
-    }
-    for (int shift = 0; shift < bits; shift += 8) {
-        int64_t count[257] = {0};
-        for (int64_t j = 0; j < k; ++j) ++count[((keys[j] >> shift) & 255) + 1];
-        for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+/* Sort the k rows of ``keys`` (each < 2^bits) ascending with their indices ``idx``, stably (equal rows keep their
+ * order): an LSD radix sort of 11 bits a pass (the counts fit the L1 cache), ``keys2``/``idx2`` k values each of
+ * scratch. Returns the indices in row order and sets ``*sorted`` to the rows in that order (either pair of arrays). */
+#define RADIX 11
+static const int32_t *sort_rows(int64_t k, int bits, int64_t *keys, int32_t *idx, int64_t *keys2, int32_t *idx2,
+                                const int64_t **sorted) {
+    for (int shift = 0; shift < bits; shift += RADIX) {
+        int64_t count[(1 << RADIX) + 1] = {0};
+        const int64_t mask = (1 << RADIX) - 1;
+        for (int64_t j = 0; j < k; ++j) ++count[((keys[j] >> shift) & mask) + 1];
+        for (int b = 0; b < (1 << RADIX); ++b) count[b + 1] += count[b];
         for (int64_t j = 0; j < k; ++j) {
-            int64_t at = count[(keys[j] >> shift) & 255]++;
+            int64_t at = count[(keys[j] >> shift) & mask]++;
             keys2[at] = keys[j];
             idx2[at] = idx[j];
         }
         int64_t *tk = keys; keys = keys2; keys2 = tk;
         int32_t *ti = idx; idx = idx2; idx2 = ti;
     }
-    memcpy(order, idx, (size_t)k * sizeof(int32_t));
+    *sorted = keys;
+    return idx;
+}
+
+/* -(i + 1) for the first of ``ids`` not in [0, rows), else 0; ``*bits``: how many bits the largest needs. */
+static int64_t check_ids(const int64_t *ids, int64_t n, int64_t rows, int *bits) {
+    int64_t top = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (ids[i] < 0 || ids[i] >= rows) return -(i + 1);
+        top |= ids[i];
+    }
+    for (*bits = 0; *bits < 63 && (top >> *bits) != 0; ++*bits) {}
+    return 0;
+}
+
+static int64_t distinct(const int64_t *sorted, int64_t k) {
+    int64_t out = 0;
+    for (int64_t p = 0; p < k; ++p) out += p == 0 || sorted[p] != sorted[p - 1];
+    return out;
+}
+
+/* The sums of sorted ids' values, each made in one place from the values its ids point at, read ahead: sequential
+ * writes and prefetched reads (adding each id into a hashed row's sum instead wrote all over the sums: 2-3x the
+ * time, measured). Writes the distinct rows to ``unique`` and their sums to ``sums``. */
+static void sum_sorted(const int64_t *sorted, const int32_t *order, int64_t k, const float *values, int64_t d,
+                       int64_t stride, int64_t *unique, float *sums) {
+    int64_t u = -1, last = -1;
+    float *out = sums;
+    for (int64_t p = 0; p < k; ++p) {
+        if (p + PREFETCH_AHEAD < k) /* a column slice: rows pages apart, which no hardware prefetcher follows */
+            for (int64_t b = 0; b < d * 4; b += 64)
+                __builtin_prefetch((const char *)(values + order[p + PREFETCH_AHEAD] * stride) + b, 0, 1);
+        const float *v = values + order[p] * stride;
+        if (sorted[p] != last) {
+            last = unique[++u] = sorted[p];
+            out = sums + u * d;
+            for (int64_t j = 0; j < d; ++j) out[j] = 0.0f + v[j];
+        } else {
+            for (int64_t j = 0; j < d; ++j) out[j] += v[j];
+        }
+    }
 }
 
 /* Sum ``values`` (n x d, rows ``stride`` values apart: a column slice is read in place) per row of ``ids`` (n).
- * ``scratch`` holds cap + 3n int64 and cap + 5n int32 (cap a power of two >= 2n). Writes the distinct
- * rows in ascending order to ``unique`` (an update then walks the table in address order: about half the time of
- * the order the ids came in, measured) and their sums to ``sums``, each row's values added in index order (the
- * sums of torch's index_add_ bit for bit); returns how many, or -(i + 1) when ids[i] is not in [0, rows). */
+ * ``scratch`` holds 2n int64 and 2n int32. Writes the distinct rows in ascending order to ``unique`` (an update then
+ * walks the table in address order: about half the time of the order the ids came in, measured) and their sums to
+ * ``sums``, each row's values added in index order (the sums of torch's index_add_ bit for bit); returns how many,
+ * or -(i + 1) when ids[i] is not in [0, rows). The ids are radix-sorted (stable: a row's ids stay in index order),
+ * then summed (``sum_sorted``). */
 static int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t stride, int64_t rows,
-                           void *scratch, int64_t cap, int64_t *unique, float *sums) {
-    int64_t *keys = scratch, *first = keys + cap, *sk = first + n, *sk2 = sk + n;
-    int32_t *slots = (int32_t *)(sk2 + n), *at = slots + cap, *si = at + n, *si2 = si + n, *order = si2 + n;
-    int32_t *rank = order + n;
-    int shift = 64;
-    for (int64_t c = cap; c > 1; c >>= 1) --shift;
-    for (int64_t i = 0; i < cap; ++i) keys[i] = -1;
-    int64_t k = 0, top = 0;
-    for (int64_t i = 0; i < n; ++i) { /* the distinct rows, in order of first appearance, and each id's one */
-        int64_t r = ids[i];
-        if (r < 0 || r >= rows) return -(i + 1);
-        uint64_t h = ((uint64_t)r * 0x9E3779B97F4A7C15ull) >> shift;
-        while (keys[h] != -1 && keys[h] != r) h = (h + 1) & (uint64_t)(cap - 1);
-        if (keys[h] == -1) {
-            keys[h] = r;
-            slots[h] = (int32_t)k;
-            first[k++] = r;
-            top |= r;
-        }
-        at[i] = slots[h];
-    }
-    int bits = 0;
-    while (bits < 64 && (top >> bits) != 0) bits += 8;
-    sort_rows(first, k, bits, sk, si, sk2, si2, order);
-    for (int64_t p = 0; p < k; ++p) { /* rank[j]: where the j-th row seen goes */
-        unique[p] = first[order[p]];
-        rank[order[p]] = (int32_t)p;
-    }
-    memset(sums, 0, (size_t)(k * d) * sizeof(float));
+                           void *scratch, int64_t *unique, float *sums) {
+    int64_t *keys = scratch, *keys2 = keys + n;
+    int32_t *idx = (int32_t *)(keys2 + n), *idx2 = idx + n;
+    int bits;
+    int64_t bad = check_ids(ids, n, rows, &bits);
+    if (bad) return bad;
     for (int64_t i = 0; i < n; ++i) {
-        if (i + PREFETCH_AHEAD < n) /* a column slice: rows pages apart, which no hardware prefetcher follows */
-            for (int64_t b = 0; b < d * 4; b += 64)
-                __builtin_prefetch((const char *)(values + (i + PREFETCH_AHEAD) * stride) + b, 0, 1);
-        const float *v = values + i * stride;
-        float *out = sums + (int64_t)rank[at[i]] * d;
-        for (int64_t j = 0; j < d; ++j) out[j] += v[j];
+        keys[i] = ids[i];
+        idx[i] = (int32_t)i;
     }
+    const int64_t *sorted;
+    const int32_t *order = sort_rows(n, bits, keys, idx, keys2, idx2, &sorted);
+    sum_sorted(sorted, order, n, values, d, stride, unique, sums);
+    return distinct(sorted, n);
+}
+
+/* ``hl_coalesce`` of one lookup over ``threads`` threads, the same rows and sums: its ids split by their top RADIX
+ * bits into ``threads`` ranges of about n / threads ids each (the first pass of a radix sort from the top), each
+ * range sorted and summed by one thread into its place, the ranges' rows ascending one after another. */
+static int64_t coalesce_split(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t stride,
+                              int64_t rows, void *scratch, int64_t *unique, float *sums, int threads) {
+    int64_t *keys = scratch, *keys2 = keys + n;
+    int32_t *idx = (int32_t *)(keys2 + n), *idx2 = idx + n;
+    int bits;
+    int64_t bad = check_ids(ids, n, rows, &bits);
+    if (bad) return bad;
+    const int high = bits > RADIX ? bits - RADIX : 0;
+    int64_t start[(1 << RADIX) + 1] = {0};
+    for (int64_t i = 0; i < n; ++i) ++start[(ids[i] >> high) + 1];
+    for (int b = 0; b < (1 << RADIX); ++b) start[b + 1] += start[b];
+    int cut[threads + 1];
+    int64_t kept[threads + 1];
+    cut[0] = 0;
+    cut[threads] = 1 << RADIX;
+    for (int t = 1, b = 0; t < threads; ++t) {
+        while (b < (1 << RADIX) && start[b] < n * t / threads) ++b;
+        cut[t] = b;
+    }
+    kept[0] = 0;
+    const int64_t *sorted[threads];
+    const int32_t *order[threads];
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t next[1 << RADIX];
+        for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads()) {
+            int64_t lo = start[cut[t]], hi = start[cut[t + 1]];
+            memcpy(next + cut[t], start + cut[t], (size_t)(cut[t + 1] - cut[t]) * sizeof(int64_t));
+            for (int64_t i = 0; i < n; ++i) { /* this range's ids, in index order */
+                int64_t b = ids[i] >> high;
+                if (b >= cut[t] && b < cut[t + 1]) {
+                    keys[next[b]] = ids[i];
+                    idx[next[b]++] = (int32_t)i;
+                }
+            }
+            order[t] = sort_rows(hi - lo, bits, keys + lo, idx + lo, keys2 + lo, idx2 + lo, &sorted[t]);
+            kept[t + 1] = distinct(sorted[t], hi - lo);
+        }
+#pragma omp barrier
+        for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads()) {
+            int64_t at = 0;
+            for (int s = 0; s <= t; ++s) at += kept[s];
+            sum_sorted(sorted[t], order[t], start[cut[t + 1]] - start[cut[t]], values, d, stride, unique + at,
+                       sums + at * d);
+        }
+    }
+    int64_t k = 0;
+    for (int t = 1; t <= threads; ++t) k += kept[t];
     return k;
 }
 
+/* One lookup's coalesce into ``*found`` (over ``threads`` threads when more than 1); 1 when its scratch could not be
+ * had, else 0. */
+static int coalesce_one(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t stride, int64_t rows,
+                        int64_t *unique, float *sums, int64_t *found, int threads) {
+    void *scratch = malloc((size_t)n * (2 * sizeof(int64_t) + 2 * sizeof(int32_t)) + 1);
+    if (!scratch) return 1;
+    *found = threads > 1 ? coalesce_split(ids, n, values, d, stride, rows, scratch, unique, sums, threads)
+                         : hl_coalesce(ids, n, values, d, stride, rows, scratch, unique, sums);
+    free(scratch);
+    return 0;
+}
+
 /* hl_coalesce of ``count`` lookups at once, the lookups spread over threads (each one's sums still added in index
- * order): found[t] = its distinct rows, or -(i + 1) for an id out of range. 0, or -1 when scratch could not be had. */
+ * order), or, when there are fewer lookups than threads, each one of SPLIT_MIN ids or more split over them in turn
+ * (``coalesce_split``): found[t] = its distinct rows, or -(i + 1) for an id out of range. 0, or -1 when scratch
+ * could not be had. */
+#define SPLIT_MIN (1 << 14)
 int64_t hl_coalesce_many(int64_t count, const int64_t *const *ids, const int64_t *n, const float *const *values,
                          const int64_t *d, const int64_t *stride, int64_t rows, int64_t *const *unique,
                          float *const *sums, int64_t *found, int threads) {
-    int64_t failed = 0;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(| : failed)
-    for (int64_t t = 0; t < count; ++t) {
-        int64_t cap = 16;
-        while (cap < 2 * n[t]) cap <<= 1;
-        void *scratch = malloc((size_t)(cap + 3 * n[t]) * sizeof(int64_t) + (size_t)(cap + 5 * n[t]) * sizeof(int32_t));
-        if (!scratch)
-            failed |= 1;
-        else
-            found[t] = hl_coalesce(ids[t], n[t], values[t], d[t], stride[t], rows, scratch, cap, unique[t], sums[t]);
-        free(scratch);
+    int failed = 0;
+    if (count < threads) {
+        for (int64_t t = 0; t < count; ++t)
+            failed |= coalesce_one(ids[t], n[t], values[t], d[t], stride[t], rows, unique[t], sums[t], found + t,
+                                   n[t] >= SPLIT_MIN ? threads : 1);
+        return failed ? -1 : 0;
     }
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(| : failed)
+    for (int64_t t = 0; t < count; ++t)
+        failed |= coalesce_one(ids[t], n[t], values[t], d[t], stride[t], rows, unique[t], sums[t], found + t, 1);
     return failed ? -1 : 0;
 }
 

@@ -120,6 +120,29 @@ def test_coalesce_many_is_each_coalesce_over_threads(monkeypatch):
         kernels.coalesce_many([parts[2], (torch.tensor([3, 31]), torch.ones(2, DIM))], 30)
 
 
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_one_big_lookup_split_over_the_threads_is_the_one_thread_coalesce(threads, monkeypatch):
+    """Fewer lookups than threads: a lookup of 2^14 ids or more is split over the threads by its ids' top bits
+    (kernels.c coalesce_split). Skewed ids (most in one range: ranges of other threads empty), ids past 32 bits, a
+    column slice: the rows and sums of index_add_ in index order, bit for bit; an id out of range still named."""
+    g = torch.Generator().manual_seed(2)
+    n = 40_000
+    skewed = (torch.pow(1e6, torch.rand(n, generator=g)).long() - 1)  # wide_deep's log-uniform ids
+    past_32_bits = torch.randint(0, 1 << 40, (n,), generator=g)
+    few = torch.randint(0, 3, (n,), generator=g)  # under the split's first 11 bits: one range holds them all
+    values = torch.randn(n, 3 * DIM, generator=g)[:, DIM:2 * DIM]
+    monkeypatch.setattr(kernels, "threads", lambda: threads)
+    for rows in (skewed, past_32_bits, few):
+        (unique, sums), = kernels.coalesce_many([(rows, values)], 1 << 62)
+        want_rows, inverse = torch.unique(rows, return_inverse=True)
+        assert torch.equal(unique, want_rows)
+        assert torch.equal(sums, torch.zeros(len(want_rows), DIM).index_add_(0, inverse, values.contiguous()))
+    bad = skewed.clone()
+    bad[30_000] = 10 ** 6
+    with pytest.raises(IndexError, match="index 1000000 is out of bounds"):
+        kernels.coalesce_many([(bad, values)], 10 ** 6)
+
+
 def test_gather_is_index_select_and_refuses_an_id_out_of_range():
     table = torch.randn(ROWS, DIM)
     rows = torch.randint(0, ROWS, (300,))
