@@ -3,8 +3,9 @@
  * Plain C over fp32 tables with int64 row ids: no torch headers, so a build takes about a second. Each kernel does
  * in one pass what the torch path does in several calls (torch's per-call cost, not memory bandwidth, bounds a step
  * of many small tables): hl_coalesce sums a lookup's gradients per row (a radix sort of its ids, then each row's
- * values added in index order: torch.unique's rows and index_add_'s sums bit for bit), and hl_<optimizer> updates the unique rows of one table and its states, rows spread over OpenMP threads
- * (each row is written by one thread) and the next rows prefetched, as FBGEMM's CPU kernels do.
+ * values added in index order: torch.unique's rows and index_add_'s sums bit for bit), and hl_<optimizer> updates
+ * the unique rows of one table and its states, rows spread over OpenMP threads (each row is written by one thread)
+ * and the next rows prefetched, as FBGEMM's CPU kernels do.
  *
  * Every update reads a row's weight and states and writes the new values either in place (out == NULL) or into
  * ``out`` arrays of (n, ...) values (the deferred writes of placement.prefetch): the same arithmetic either way.
