@@ -30,6 +30,7 @@ from launcher.tables.partition import RowPartition
 from launcher.usercode import recipe_for
 from launcher.usercode.items import OutputLoss, move_to
 from launcher.worker.accounting import resident_bytes
+from launcher.worker.heap import keep_freed_memory
 from launcher.worker.host_modules import HostModules, host_group, place_on_host
 from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh, stage_mesh
 from launcher.worker.optimizers import build_optimizer
@@ -44,6 +45,7 @@ def run_rank(path: str | Path) -> None:
     rank_dir = run_dir.rank(rank)
     rank_dir.path.mkdir(exist_ok=True)
     rank_dir.write_pid(os.getpid())
+    print(f"rank {rank}: {keep_freed_memory()}", file=sys.stderr, flush=True)
     sys.path[:0] = [p for p in plan.code_paths if p not in sys.path]  # the user's recipe code, by _target_
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13 + DeepSpeed: all_gather_into_tensor ...
 

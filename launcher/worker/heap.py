@@ -1,0 +1,62 @@
+"""A rank's freed memory kept for its next step: glibc's malloc told not to hand it back to the kernel at once.
+
+A training step frees what it made (activations, gradients, a lookup's rows, the coalesce's sums) and makes the
+same again in the next step. By default glibc gives a freed block back to the kernel when more than a few tens of
+MiB sit free at the top of its heap (its trim threshold follows the largest mapped block freed, at most 64 MiB), so
+the next step's blocks come as fresh pages: every 4 KiB page faulted and zeroed by the kernel, step after step.
+wide_deep at 1 M rows a table, one rank on the 2-core VM of docs/performance.md, 3 interleaved pairs of runs: the
+tables' part of a step (coalesce, update) took 8.7-12.4 ms with glibc's defaults and 7.5-9.2 ms with the settings here
+(torch's CPU launcher, torch.backends.xeon.run_cpu, preloads jemalloc or tcmalloc for the same reason).
+
+``keep_freed_memory`` sets two of glibc's documented knobs (mallopt(3)) in the rank's process:
+- M_TRIM_THRESHOLD 256 MiB: up to this much free memory at the top of the heap stays with the process;
+- M_MMAP_THRESHOLD 32 MiB, the bound glibc's own moving threshold stops at: a block from 32 MiB up is still mapped
+  afresh and handed back when freed (a table, a state: ``launcher.tables.hugepages.MAPPED_ALWAYS``), smaller
+  blocks come from the heap from the first step on.
+The memory kept is at most the threshold a process: what a step frees is what the next one makes again.
+
+Left alone when the user chose: any of glibc's own variables for this (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_,
+MALLOC_TOP_PAD_, GLIBC_TUNABLES) or another allocator preloaded (LD_PRELOAD of jemalloc, tcmalloc, mimalloc); and
+off the GNU C library (musl, macOS), where these calls do not exist.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from collections.abc import Mapping
+
+TRIM_THRESHOLD = 256 << 20
+MMAP_THRESHOLD = 32 << 20
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""mallopt's parameter numbers (malloc.h)."""
+USERS_OWN = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
+OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+
+
+def left_alone(environ: Mapping[str, str]) -> str:
+    """Why the rank's malloc is not set here ('' when it is to be): the user's own choice, or not glibc."""
+    own = [v for v in USERS_OWN if v in environ]
+    if own:
+        return f"{own[0]} is set"
+    preload = environ.get("LD_PRELOAD", "")
+    other = [a for a in OTHER_ALLOCATORS if a in preload]
+    if other:
+        return f"{other[0]} is preloaded (LD_PRELOAD)"
+    if platform.libc_ver()[0] != "glibc":
+        return "not the GNU C library"
+    return ""
+
+
+def keep_freed_memory(environ: Mapping[str, str] | None = None) -> str:
+    """Set the rank's malloc as the module says, unless ``left_alone``; returns the words for the rank's log."""
+    why = left_alone(os.environ if environ is None else environ)
+    if why:
+        return f"malloc left as it is ({why})"
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if not (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+        return "malloc left as it is (glibc refused mallopt)"
+    return (f"malloc keeps up to {TRIM_THRESHOLD >> 20} MiB of freed memory for the next step, blocks under "
+            f"{MMAP_THRESHOLD >> 20} MiB from its heap (launcher/worker/heap.py)")
