@@ -82,36 +82,51 @@ static int64_t distinct(const int64_t *sorted, int64_t k) {
     return out;
 }
 
+/* What a coalesce sums: ``m`` arrays of values over the same ids (tables looked up with one ids tensor: one sort
+ * serves them all), array j (n x d[j], rows stride[j] values apart: a column slice is read in place) summed into
+ * sums[j], its distinct rows written to unique[j]. */
+typedef struct {
+    int64_t m;
+    const float *const *values;
+    const int64_t *d, *stride;
+    int64_t *const *unique;
+    float *const *sums;
+} Sums;
+
 /* The sums of sorted ids' values, each made in one place from the values its ids point at, read ahead: sequential
  * writes and prefetched reads (adding each id into a hashed row's sum instead wrote all over the sums: 2-3x the
- * time, measured). Writes the distinct rows to ``unique`` and their sums to ``sums``. */
-static void sum_sorted(const int64_t *sorted, const int32_t *order, int64_t k, const float *values, int64_t d,
-                       int64_t stride, int64_t *unique, float *sums) {
-    int64_t u = -1, last = -1;
-    float *out = sums;
+ * time, measured). The first distinct row goes to position ``at``. */
+static void sum_sorted(const int64_t *sorted, const int32_t *order, int64_t k, const Sums *s, int64_t at) {
+    int64_t u = at - 1, last = -1;
     for (int64_t p = 0; p < k; ++p) {
-        if (p + PREFETCH_AHEAD < k) /* a column slice: rows pages apart, which no hardware prefetcher follows */
-            for (int64_t b = 0; b < d * 4; b += 64)
-                __builtin_prefetch((const char *)(values + order[p + PREFETCH_AHEAD] * stride) + b, 0, 1);
-        const float *v = values + order[p] * stride;
-        if (sorted[p] != last) {
-            last = unique[++u] = sorted[p];
-            out = sums + u * d;
-            for (int64_t j = 0; j < d; ++j) out[j] = 0.0f + v[j];
-        } else {
-            for (int64_t j = 0; j < d; ++j) out[j] += v[j];
+        for (int64_t a = 0; a < s->m && p + PREFETCH_AHEAD < k; ++a) /* rows pages apart: no hardware prefetch */
+            for (int64_t b = 0; b < s->d[a] * 4; b += 64)
+                __builtin_prefetch((const char *)(s->values[a] + order[p + PREFETCH_AHEAD] * s->stride[a]) + b, 0, 1);
+        const int fresh = sorted[p] != last;
+        if (fresh) {
+            last = sorted[p];
+            ++u;
+        }
+        for (int64_t a = 0; a < s->m; ++a) {
+            const int64_t d = s->d[a];
+            const float *v = s->values[a] + order[p] * s->stride[a];
+            float *out = s->sums[a] + u * d;
+            if (fresh) {
+                s->unique[a][u] = last;
+                for (int64_t j = 0; j < d; ++j) out[j] = 0.0f + v[j];
+            } else {
+                for (int64_t j = 0; j < d; ++j) out[j] += v[j];
+            }
         }
     }
 }
 
-/* Sum ``values`` (n x d, rows ``stride`` values apart: a column slice is read in place) per row of ``ids`` (n).
- * ``scratch`` holds 2n int64 and 2n int32. Writes the distinct rows in ascending order to ``unique`` (an update then
- * walks the table in address order: about half the time of the order the ids came in, measured) and their sums to
- * ``sums``, each row's values added in index order (the sums of torch's index_add_ bit for bit); returns how many,
- * or -(i + 1) when ids[i] is not in [0, rows). The ids are radix-sorted (stable: a row's ids stay in index order),
- * then summed (``sum_sorted``). */
-static int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t stride, int64_t rows,
-                           void *scratch, int64_t *unique, float *sums) {
+/* Sum each of ``s``'s arrays per row of ``ids`` (n). ``scratch`` holds 2n int64 and 2n int32. Writes the distinct
+ * rows in ascending order (an update then walks the table in address order: about half the time of the order the
+ * ids came in, measured) and their sums, each row's values added in index order (the sums of torch's index_add_ bit
+ * for bit); returns how many, or -(i + 1) when ids[i] is not in [0, rows). The ids are radix-sorted (stable: a row's
+ * ids stay in index order), then summed (``sum_sorted``). */
+static int64_t hl_coalesce(const int64_t *ids, int64_t n, int64_t rows, void *scratch, const Sums *s) {
     int64_t *keys = scratch, *keys2 = keys + n;
     int32_t *idx = (int32_t *)(keys2 + n), *idx2 = idx + n;
     int bits;
@@ -123,15 +138,15 @@ static int64_t hl_coalesce(const int64_t *ids, int64_t n, const float *values, i
     }
     const int64_t *sorted;
     const int32_t *order = sort_rows(n, bits, keys, idx, keys2, idx2, &sorted);
-    sum_sorted(sorted, order, n, values, d, stride, unique, sums);
+    sum_sorted(sorted, order, n, s, 0);
     return distinct(sorted, n);
 }
 
 /* ``hl_coalesce`` of one lookup over ``threads`` threads, the same rows and sums: its ids split by their top RADIX
  * bits into ``threads`` ranges of about n / threads ids each (the first pass of a radix sort from the top), each
  * range sorted and summed by one thread into its place, the ranges' rows ascending one after another. */
-static int64_t coalesce_split(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t stride,
-                              int64_t rows, void *scratch, int64_t *unique, float *sums, int threads) {
+static int64_t coalesce_split(const int64_t *ids, int64_t n, int64_t rows, void *scratch, const Sums *s,
+                              int threads) {
     int64_t *keys = scratch, *keys2 = keys + n;
     int32_t *idx = (int32_t *)(keys2 + n), *idx2 = idx + n;
     int bits;
@@ -171,9 +186,8 @@ static int64_t coalesce_split(const int64_t *ids, int64_t n, const float *values
 #pragma omp barrier
         for (int t = omp_get_thread_num(); t < threads; t += omp_get_num_threads()) {
             int64_t at = 0;
-            for (int s = 0; s <= t; ++s) at += kept[s];
-            sum_sorted(sorted[t], order[t], start[cut[t + 1]] - start[cut[t]], values, d, stride, unique + at,
-                       sums + at * d);
+            for (int u = 0; u <= t; ++u) at += kept[u];
+            sum_sorted(sorted[t], order[t], start[cut[t + 1]] - start[cut[t]], s, at);
         }
     }
     int64_t k = 0;
@@ -181,36 +195,44 @@ static int64_t coalesce_split(const int64_t *ids, int64_t n, const float *values
     return k;
 }
 
-/* One lookup's coalesce into ``*found`` (over ``threads`` threads when more than 1); 1 when its scratch could not be
- * had, else 0. */
-static int coalesce_one(const int64_t *ids, int64_t n, const float *values, int64_t d, int64_t stride, int64_t rows,
-                        int64_t *unique, float *sums, int64_t *found, int threads) {
-    void *scratch = malloc((size_t)n * (2 * sizeof(int64_t) + 2 * sizeof(int32_t)) + 1);
+/* One run's coalesce (parts ``first`` to ``first + m - 1`` of hl_coalesce_many, which share their ids) into their
+ * ``found`` (over ``threads`` threads when more than 1); 1 when its scratch could not be had, else 0. */
+static int coalesce_run(int64_t first, int64_t m, const int64_t *const *ids, const int64_t *n,
+                        const float *const *values, const int64_t *d, const int64_t *stride, int64_t rows,
+                        int64_t *const *unique, float *const *sums, int64_t *found, int threads) {
+    const Sums s = {m, values + first, d + first, stride + first, unique + first, sums + first};
+    void *scratch = malloc((size_t)n[first] * (2 * sizeof(int64_t) + 2 * sizeof(int32_t)) + 1);
     if (!scratch) return 1;
-    *found = threads > 1 ? coalesce_split(ids, n, values, d, stride, rows, scratch, unique, sums, threads)
-                         : hl_coalesce(ids, n, values, d, stride, rows, scratch, unique, sums);
+    int64_t k = threads > 1 ? coalesce_split(ids[first], n[first], rows, scratch, &s, threads)
+                            : hl_coalesce(ids[first], n[first], rows, scratch, &s);
     free(scratch);
+    for (int64_t a = first; a < first + m; ++a) found[a] = k;
     return 0;
 }
 
-/* hl_coalesce of ``count`` lookups at once, the lookups spread over threads (each one's sums still added in index
- * order), or, when there are fewer lookups than threads, each one of SPLIT_MIN ids or more split over them in turn
- * (``coalesce_split``): found[t] = its distinct rows, or -(i + 1) for an id out of range. 0, or -1 when scratch
- * could not be had. */
+/* hl_coalesce of ``count`` lookups at once: consecutive parts with the same ids (one tensor: tables looked up
+ * together) sorted once, the runs spread over threads (each one's sums still added in index order), or, when there
+ * are fewer runs than threads, each one of SPLIT_MIN ids or more split over them in turn (``coalesce_split``):
+ * found[t] = part t's distinct rows, or -(i + 1) for an id out of range. 0, or -1 when scratch could not be had. */
 #define SPLIT_MIN (1 << 14)
 int64_t hl_coalesce_many(int64_t count, const int64_t *const *ids, const int64_t *n, const float *const *values,
                          const int64_t *d, const int64_t *stride, int64_t rows, int64_t *const *unique,
                          float *const *sums, int64_t *found, int threads) {
+    int64_t starts[count + 1], runs = 0;
+    for (int64_t t = 0; t < count; ++t)
+        if (t == 0 || ids[t] != ids[t - 1] || n[t] != n[t - 1]) starts[runs++] = t;
+    starts[runs] = count;
     int failed = 0;
-    if (count < threads) {
-        for (int64_t t = 0; t < count; ++t)
-            failed |= coalesce_one(ids[t], n[t], values[t], d[t], stride[t], rows, unique[t], sums[t], found + t,
-                                   n[t] >= SPLIT_MIN ? threads : 1);
+    if (runs < threads) {
+        for (int64_t r = 0; r < runs; ++r)
+            failed |= coalesce_run(starts[r], starts[r + 1] - starts[r], ids, n, values, d, stride, rows, unique,
+                                   sums, found, n[starts[r]] >= SPLIT_MIN ? threads : 1);
         return failed ? -1 : 0;
     }
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(| : failed)
-    for (int64_t t = 0; t < count; ++t)
-        failed |= coalesce_one(ids[t], n[t], values[t], d[t], stride[t], rows, unique[t], sums[t], found + t, 1);
+    for (int64_t r = 0; r < runs; ++r)
+        failed |= coalesce_run(starts[r], starts[r + 1] - starts[r], ids, n, values, d, stride, rows, unique, sums,
+                               found, 1);
     return failed ? -1 : 0;
 }
 

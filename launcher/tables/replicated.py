@@ -120,11 +120,12 @@ class ReplicatedTables:
             where = HOST if p.on_host else compute
             weight = weights[p.name].detach().to(where).float().contiguous()
             self.tables[p.name] = Table(p, weight, build_table_optimizer(p, weight), (padding or {}).get(p.name))
-        # Tables looked up with the same ids tensor in one forward (Wide&Deep's two tables) coalesce together and
-        # travel side by side: their gradients are the columns of one (rows, dim_a + dim_b) tensor. Each group also
-        # keeps the ids' (unique, inverse) when the prefetch thread computed them (CPU): the coalesce needs no sort.
+        # Tables looked up with the same ids tensor in one forward (Wide&Deep's two tables) coalesce together (one
+        # sort of their rows) and share their rows in the exchange: a group keeps, per micro-batch, its rows and each
+        # table's gradient. Each group also keeps the ids' (unique, inverse) when the prefetch thread computed them
+        # (CPU): the coalesce needs no sort.
         self._pending: list[tuple[torch.Tensor, list[tuple[str, torch.Tensor]], list[Any]]] = []
-        self._grads: dict[tuple[str, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._grads: dict[tuple[str, ...], list[tuple[torch.Tensor, list[torch.Tensor]]]] = {}
         self._known: dict[tuple[str, ...], Any] = {}
         """A group's (unique, inverse) from the prefetch, while it has one micro-batch's gradient."""
         self._anchor = torch.zeros((), requires_grad=True)
@@ -192,10 +193,9 @@ class ReplicatedTables:
             rows = ids.reshape(-1).to(self.compute, torch.int64)  # int32 ids too: every rank sends int64 rows
             grads = [row_grads(a.grad, rows, self.tables[n].plan.dim, self.tables[n].padding_idx, grad_scale)
                      for n, a in looked_up]
-            values = grads[0] if len(grads) == 1 else torch.cat(grads, dim=1)  # (n, dim_a + dim_b ...)
             group = tuple(n for n, _ in looked_up)
             self._known[group] = known[0] if group not in self._grads else None
-            self._grads.setdefault(group, []).append((rows, values))
+            self._grads.setdefault(group, []).append((rows, grads))
         self._pending.clear()
         if self._ahead is not None:
             self._ahead.done()
@@ -206,14 +206,14 @@ class ReplicatedTables:
         names = list(self.tables)
         parts: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         shares = [-1] * len(names)
-        summed = coalesce_all([(_cat([r for r, _ in entries]), _cat([v for _, v in entries]), self._known.get(group))
-                               for group, entries in self._grads.items()])
-        for group, (rows, values) in zip(self._grads, summed):
-            start = 0
+        each = []  # a group's tables with its one rows tensor: the kernels sort it once for all of them
+        for group, entries in self._grads.items():
+            rows = _cat([r for r, _ in entries])
+            each += [(rows, _cat([g[j] for _, g in entries]), self._known.get(group)) for j in range(len(group))]
+        summed = iter(coalesce_all(each))
+        for group in self._grads:
             for name in group:
-                dim = self.tables[name].plan.dim
-                parts.setdefault(name, []).append((rows, values[:, start:start + dim]))
-                start += dim
+                parts.setdefault(name, []).append(next(summed))
         for group in self._grads:
             root = names.index(group[0])
             for name in group[1:]:

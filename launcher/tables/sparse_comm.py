@@ -11,6 +11,8 @@ rank reduces the same gathered data in rank order, so every rank's copy of a tab
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -42,13 +44,19 @@ def coalesce(rows: torch.Tensor, values: torch.Tensor, known: tuple[torch.Tensor
 def coalesce_all(parts: list[tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]]
                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``coalesce(rows, values, known, any_order=True)`` of each part, those the C kernels take in one call (spread
-    over the rank's threads), the others one by one."""
+    over the rank's threads), the others one by one. Consecutive parts with the same ``rows`` tensor (tables looked
+    up with one ids tensor) have their rows sorted once: by the kernels, or on the CPU by one torch.unique."""
     fused = [i for i, (r, v, k) in enumerate(parts) if k is None and r.numel() and kernels.coalescable(r, v)]
     out: list = [None] * len(parts)
     for i, got in zip(fused, kernels.coalesce_many([parts[i][:2] for i in fused], 1 << 62) if fused else []):
         out[i] = got
+    last: tuple[torch.Tensor, Any] | None = None  # the previous part's rows and their (unique, inverse)
     for i, (rows, values, known) in enumerate(parts):
         if out[i] is None:
+            if known is None and rows.device.type == "cpu" and rows.numel():
+                if last is None or last[0] is not rows:
+                    last = rows, torch.unique(rows, sorted=True, return_inverse=True)
+                known = last[1]
             out[i] = coalesce(rows, values, known, any_order=True)
     return out
 

@@ -143,6 +143,23 @@ def test_one_big_lookup_split_over_the_threads_is_the_one_thread_coalesce(thread
         kernels.coalesce_many([(bad, values)], 10 ** 6)
 
 
+@pytest.mark.parametrize("n", [300, 40_000])  # one thread a run; a run split over the threads
+def test_tables_looked_up_with_one_ids_tensor_are_sorted_once_each_its_own_sums(n, monkeypatch):
+    """Consecutive parts with the same rows tensor (Wide&Deep's two tables) are one run of the kernel (one sort):
+    each part still gets its own rows and sums, bit for bit those of its own coalesce, columns slices included."""
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randint(0, 1000, (n,), generator=g)
+    other = rows.clone()  # equal ids in another tensor: a run of its own
+    wide = torch.randn(n, 17, generator=g)
+    parts = [(rows, wide[:, :16]), (rows, wide[:, 16:]), (other, torch.randn(n, 2, generator=g)),
+             (rows, torch.randn(n, DIM, generator=g))]
+    monkeypatch.setattr(kernels, "threads", lambda: 2)
+    for (u, s), (r, values) in zip(kernels.coalesce_many(parts, 1000), parts):
+        want_u, inverse = torch.unique(r, return_inverse=True)
+        assert torch.equal(u, want_u)
+        assert torch.equal(s, torch.zeros(len(want_u), values.shape[1]).index_add_(0, inverse, values.contiguous()))
+
+
 def test_gather_is_index_select_and_refuses_an_id_out_of_range():
     table = torch.randn(ROWS, DIM)
     rows = torch.randint(0, ROWS, (300,))

@@ -55,7 +55,7 @@ def test_swapped_tables_give_the_same_outputs_and_row_gradients():
     tables.collect()
     grads = {names: rows_values for names, rows_values in tables._grads.items()}
     for name in names:
-        (rows, values), = grads[(name,)]
+        (rows, (values,)), = grads[(name,)]  # one micro-batch: its rows, each table's gradient of the group
         dense = torch.zeros(names[name]).index_add_(0, rows, values)
         assert torch.allclose(dense, model.get_submodule(name).weight.grad, atol=1e-6), name
     assert torch.allclose(swapped.head.weight.grad, model.head.weight.grad, atol=1e-6)

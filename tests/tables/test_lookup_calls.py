@@ -39,7 +39,7 @@ def _row_grad(store) -> torch.Tensor:
     store.collect()
     dense = torch.zeros(ROWS, DIM)
     for entries in store._grads.values():
-        for rows, values in entries:
+        for rows, (values,) in entries:  # one table a group here
             dense.index_add_(0, rows, values)
     store.discard()
     return dense

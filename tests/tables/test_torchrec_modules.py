@@ -66,9 +66,9 @@ def _swap_and_compare(module: nn.Module, tables: dict[str, tuple[int, int]], att
     for path, (rows, dim) in paths.items():
         dense = torch.zeros(rows, dim)
         for names, entries in store._grads.items():
-            for r, v in entries:
+            for r, vs in entries:
                 if names == (path,):
-                    dense.index_add_(0, r, v)
+                    dense.index_add_(0, r, vs[0])
         assert torch.allclose(dense, model.get_submodule(path).weight.grad, atol=1e-6), path
 
 
