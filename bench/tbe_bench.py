@@ -25,6 +25,7 @@ touched rows. The project's path is driven as the Trainer drives it: ``BagLookup
   bench waits for the move before timing);
 - an FBGEMM variant with ``_huge`` (``fbgemm_sgd_huge``): FBGEMM's host weights and states given the same huge pages
   (FBGEMM itself does not ask for them): what FBGEMM would do with the same memory.
+The process's malloc is set as a recipe rank's (launcher/worker/heap.py, said on the first line), for every variant.
 
 Every variant is built once and kept while their tables fit in 70 % of the memory available (else each round builds
 each variant afresh and frees it); each round runs --warmup steps of each variant, then times --steps; rounds
@@ -51,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from launcher.procfs import kernel_field  # noqa: E402
+from launcher.worker.heap import keep_freed_memory  # noqa: E402
 
 PROJECT = ("sgd", "adagrad", "rowwise_adagrad", "lazy_adam", "ftrl")
 FBGEMM = {"fbgemm_sgd": "EXACT_SGD", "fbgemm_adagrad": "EXACT_ADAGRAD",
@@ -334,6 +336,7 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true", help="the project's table kernels alone, 1 against 2 threads")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    print(keep_freed_memory())  # the process's malloc as a recipe rank's (every variant in it alike)
     shape = tuple(int(x) for x in args.shape.split("x"))
     variants = [v for v in args.variants.split(",") if v]
     if args.kernels:
