@@ -102,13 +102,9 @@ def reduce_tables(local: list[tuple[torch.Tensor, torch.Tensor] | None], dims: l
         rows = torch.cat([rank_rows[root] for rank_rows, _ in per_rank])
         if rows.numel() == 0:
             continue
-        values = torch.cat([torch.cat([rank_values[t] for t in members], dim=1) for _, rank_values in per_rank])
-        rows, values = coalesce(rows, values, any_order=True)
-        values = values / world
-        start = 0
-        for t in members:
-            out[t] = (rows, values[:, start:start + dims[t]])
-            start += dims[t]
+        each = [(rows, torch.cat([rank_values[t] for _, rank_values in per_rank]), None) for t in members]
+        for t, (unique, summed) in zip(members, coalesce_all(each)):  # the members' rows sorted once
+            out[t] = (unique, summed / world)
     return out
 
 

@@ -81,6 +81,32 @@ def test_the_mean_of_each_table_is_the_same_on_every_rank_whatever_each_rank_got
         torch.testing.assert_close(v0, dense[r0] / 2)
 
 
+def _shared_rank(rank: int, port: int, world: int, out) -> None:
+    """Both ranks: tables a and b looked up with one ids tensor (the same rows on each rank: fused in the exchange,
+    their gathered rows sorted once for both)."""
+    _join(rank, port, world)
+    g = torch.Generator().manual_seed(10 + rank)
+    rows = torch.unique(torch.randint(0, 10, (6,), generator=g))
+    a, b = (rows, torch.randn(len(rows), 3, generator=g)), (rows, torch.randn(len(rows), 1, generator=g))
+    out[rank] = ((a, b), reduce_tables([a, b], [3, 1], [-1, 0]))
+    dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_tables_sharing_their_rows_on_every_rank_get_the_mean_of_each(tmp_path):
+    out = _spawn(_shared_rank, tmp_path)
+    (local0, got0), (local1, got1) = out[0], out[1]
+    for t, dim in enumerate((3, 1)):
+        assert all(torch.equal(x, y) for x, y in zip(got0[t], got1[t]))  # bit-identical on both ranks
+        dense = torch.zeros(10, dim)
+        for local in (local0, local1):
+            dense.index_add_(0, *local[t])
+        rows, values = got0[t]
+        assert torch.equal(rows, torch.unique(torch.cat([local0[t][0], local1[t][0]])))
+        assert values.is_contiguous()
+        torch.testing.assert_close(values, dense[rows] / 2)
+
+
 def _plan(name: str, dim: int) -> TablePlan:
     return TablePlan(name=name, rows=20, dim=dim, location="host", optimizer="lazy_adam", lr=0.1,
                      betas=(0.9, 0.999), eps=1e-8, l1=0.0, l2=0.0, lr_power=-0.5, initial_accumulator=0.1)
