@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 MIB = 1 << 20
 GIB = 1 << 30
+MMAP_MAX = 32 * MIB
+"""glibc's dynamic mmap threshold rises to at most this: a block below it, once freed, stays in the heap for reuse
+(the heap does not shrink); one of this size or more is mapped afresh when made (each use faults all its pages in)
+and unmapped when freed."""
 
 
 @dataclass(frozen=True)

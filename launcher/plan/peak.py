@@ -29,9 +29,6 @@ TABLE_STEP_TEMPS = {"lazy_adam": 6, "sparse_adam": 6, "ftrl": 9, "sgd": 2, "mome
 """Row-sized temporaries a table optimizer's step makes (launcher/tables/sparse_optim.py: lazy_adam gathers the
 weight rows and both moments, and its sqrt/div make two more; ftrl gathers three and computes six), besides the
 gradient rows themselves."""
-MMAP_MAX = 32 << 20
-"""glibc's dynamic mmap threshold rises to at most this: a host temporary below it, once freed, stays in the heap
-(fragments of it are reused, the heap does not shrink), one above it is unmapped when freed."""
 DENSE_STEP_TEMPS = 1.0
 """Parameter-sized temporaries of a dense optimizer's step (torch's foreach Adam: the sqrt of exp_avg_sq)."""
 
@@ -292,11 +289,11 @@ def _table_steps(m: MemoryInput) -> list[Term]:
                                f"{t.optimizer} step ({kept})"))
         if m.prefetch and t.on_host and not t.sharded:
             out += _prefetch_terms(m, t, rows)
-        if (m.device_type == "cpu" or t.on_host) and grad < MMAP_MAX:
+        if (m.device_type == "cpu" or t.on_host) and grad < C.MMAP_MAX:
             out.append(Term(f"{t.name} heap slack", "host", step, basis="estimate",
                             source=f"glibc keeps the freed step temporaries of {t.name} in its heap (each under "
-                                   f"{MMAP_MAX >> 20} MiB, glibc's largest mmap threshold); wide_deep grew 19 MB over "
-                                   f"300 steps here"))
+                                   f"{C.MMAP_MAX >> 20} MiB, glibc's largest mmap threshold); wide_deep grew 19 MB "
+                                   f"over 300 steps here"))
     return out
 
 

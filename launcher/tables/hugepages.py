@@ -31,6 +31,7 @@ import threading
 import torch
 from torch.overrides import TorchFunctionMode
 
+from launcher.constants import MMAP_MAX
 from launcher.native import pages_wanted
 
 HUGE = 1 << 21
@@ -99,9 +100,8 @@ class Backing:
         return self.huge_bytes
 
 
-MAPPED_ALWAYS = 32 << 20
-"""glibc's malloc maps every block of this size or more afresh (its heap keeps smaller ones for reuse) and unmaps
-it when freed: each use of such a buffer faults all its pages in again."""
+MAPPED_ALWAYS = MMAP_MAX
+"""glibc's malloc maps every block of this size or more afresh and unmaps it when freed (launcher/constants.py)."""
 
 
 class _BornHuge(TorchFunctionMode):

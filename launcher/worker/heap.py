@@ -11,7 +11,7 @@ tables' part of a step (coalesce, update) took 8.7-12.4 ms with glibc's defaults
 ``keep_freed_memory`` sets two of glibc's documented knobs (mallopt(3)) in the rank's process:
 - M_TRIM_THRESHOLD 256 MiB: up to this much free memory at the top of the heap stays with the process;
 - M_MMAP_THRESHOLD 32 MiB, the bound glibc's own moving threshold stops at: a block from 32 MiB up is still mapped
-  afresh and handed back when freed (a table, a state: ``launcher.tables.hugepages.MAPPED_ALWAYS``), smaller
+  afresh and handed back when freed (a table, a state: ``launcher.constants.MMAP_MAX``), smaller
   blocks come from the heap from the first step on.
 The memory kept is at most the threshold a process: what a step frees is what the next one makes again.
 
@@ -27,8 +27,10 @@ import os
 import platform
 from collections.abc import Mapping
 
+from launcher.constants import MMAP_MAX
+
 TRIM_THRESHOLD = 256 << 20
-MMAP_THRESHOLD = 32 << 20
+MMAP_THRESHOLD = MMAP_MAX
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 """mallopt's parameter numbers (malloc.h)."""
 USERS_OWN = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
