@@ -95,8 +95,8 @@ typedef struct {
 
 /* The sums of sorted ids' values, each made in one place from the values its ids point at, read ahead: sequential
  * writes and prefetched reads (adding each id into a hashed row's sum instead wrote all over the sums: 2-3x the
- * time, measured). The first distinct row goes to position ``at``. */
-static void sum_sorted(const int64_t *sorted, const int32_t *order, int64_t k, const Sums *s, int64_t at) {
+ * time, measured). The first distinct row goes to position ``at``; returns how many distinct rows it wrote. */
+static int64_t sum_sorted(const int64_t *sorted, const int32_t *order, int64_t k, const Sums *s, int64_t at) {
     int64_t u = at - 1, last = -1;
     for (int64_t p = 0; p < k; ++p) {
         for (int64_t a = 0; a < s->m && p + PREFETCH_AHEAD < k; ++a) /* rows pages apart: no hardware prefetch */
@@ -119,6 +119,7 @@ static void sum_sorted(const int64_t *sorted, const int32_t *order, int64_t k, c
             }
         }
     }
+    return u + 1 - at;
 }
 
 /* Sum each of ``s``'s arrays per row of ``ids`` (n). ``scratch`` holds 2n int64 and 2n int32. Writes the distinct
@@ -138,8 +139,7 @@ static int64_t hl_coalesce(const int64_t *ids, int64_t n, int64_t rows, void *sc
     }
     const int64_t *sorted;
     const int32_t *order = sort_rows(n, bits, keys, idx, keys2, idx2, &sorted);
-    sum_sorted(sorted, order, n, s, 0);
-    return distinct(sorted, n);
+    return sum_sorted(sorted, order, n, s, 0);
 }
 
 /* ``hl_coalesce`` of one lookup over ``threads`` threads, the same rows and sums: its ids split by their top RADIX

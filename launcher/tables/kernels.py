@@ -113,7 +113,7 @@ def _int64s(values: list[int]) -> ctypes.Array:
 def coalesce_many(parts: list[tuple[torch.Tensor, torch.Tensor]],
                   limit: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``coalesce`` of each (rows, values) of ``parts`` (each ``coalescable``), in one call: the parts spread over the
-    rank's threads."""
+    rank's threads, consecutive parts with the same rows tensor sorted once (kernels.c hl_coalesce_many)."""
     count = len(parts)
     unique = [torch.empty(len(r), dtype=torch.int64) for r, _ in parts]
     sums = [v.new_empty(v.shape) for _, v in parts]
