@@ -70,9 +70,9 @@ def plan_parts(i: Intents) -> tuple[tuple[PartPlan, ...], list[str], list[str]]:
     for name in names:
         part = PARTS[name]
         problems += part.problems(i)
-        notes += getattr(part, "notes", lambda _: [])(i)
+        notes += part.notes(i)
         parts.append(PartPlan(name=name, dims=part.dims, config=part.config(i), why=part.why(i)))
-    if i.ds_file is not None and not any(getattr(PARTS[n], "config_file", False) for n in names):
+    if i.ds_file is not None and not any(PARTS[n].config_file for n in names):
         problems += _file_unused(i, dp)
     return tuple(parts), problems, notes
 
@@ -126,7 +126,7 @@ def run_facts(i: Intents, parts: tuple[PartPlan, ...]) -> RunFacts:
     params, optimizer = dp.locations(i)
     return RunFacts(zero=dp.zero_stage(i), dp_shard=dp.shard_ways(i), ops=tuple(dp.ops(i)), param_location=params,
                     optimizer_location=optimizer, data_parallel=dp.name,
-                    step_overhead_s=getattr(dp, "step_overhead_s", 0.0))
+                    step_overhead_s=dp.step_overhead_s)
 
 
 def estimate(i: Intents, parts: tuple[PartPlan, ...], placement, layer_paths, per_sample, recompute, micro):
@@ -134,7 +134,7 @@ def estimate(i: Intents, parts: tuple[PartPlan, ...], placement, layer_paths, pe
     a rank, the data-parallel part's bytes."""
     saved: dict[str, int] = {}
     for p in parts:
-        saved.update(getattr(PARTS[p.name], "saved_params", lambda _: {})(i))
+        saved.update(PARTS[p.name].saved_params(i))
     return estimate_run(i, _data_parallel(parts), placement, saved, layer_paths, per_sample, recompute, micro)
 
 
@@ -145,7 +145,7 @@ def checkpoint_format(parts: tuple[PartPlan, ...]) -> str:
 
 def config_file(parts: tuple[PartPlan, ...]) -> dict | None:
     """The config of the part that writes one to the run dir (DeepSpeed's ds_config.json), or None."""
-    return next((p.config for p in parts if getattr(PARTS[p.name], "config_file", False)), None)
+    return next((p.config for p in parts if PARTS[p.name].config_file), None)
 
 
 def engine_config(plan: Any) -> dict | None:

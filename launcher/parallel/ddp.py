@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.plan.intents import Intents, clip_config
-from launcher.parallel.part import DCP
+from launcher.parallel.part import DataParallelPart
 from launcher.plan.memory import state_floats
 from launcher.units import Bytes, Term
 
@@ -21,11 +21,8 @@ FLAT = "one flat all-reduce of every local gradient before each step"
 ALONE = "none: one data-parallel rank has nothing to average"
 
 
-class ReplicatedDataParallel:
+class ReplicatedDataParallel(DataParallelPart):
     name = "ddp"
-    slot = "data_parallel"
-    dims = ("dp",)
-    checkpoint = DCP
     client_optimizer = True
 
     def cannot(self, i: Intents) -> str:
@@ -34,14 +31,8 @@ class ReplicatedDataParallel:
                     f"master weights for {', '.join(i.needs)}")
         return ""
 
-    def problems(self, i: Intents) -> list[str]:
-        return []
-
     def zero_stage(self, i: Intents) -> int:
         return 0
-
-    def shard_ways(self, i: Intents) -> int:
-        return 1
 
     def locations(self, i: Intents) -> tuple[str, str]:
         """(where the parameters live, where the optimizer steps): the device."""
@@ -59,9 +50,6 @@ class ReplicatedDataParallel:
         n = params * 4
         return Bytes(), Bytes(params=n, grads=n, optimizer=params * state_floats(i.optimizer) * 4)
 
-    step_overhead_s = 0.0
-    """Seconds a step costs beyond its compute and traffic (the step-time model's reference: none)."""
-
     def buffers(self, i: Intents, params: int) -> tuple[Term, ...]:
         """torch DDP's buckets hold a flat copy of every gradient from the first backward on (gradient_as_bucket_view
         is off); the flat all-reduce concatenates every gradient at the step."""
@@ -72,9 +60,6 @@ class ReplicatedDataParallel:
         if how == FLAT:
             return (Term("flat all-reduce", "device", params * 4, phase="step", source="one flat copy of every "
                          "gradient, all-reduced before the step"),)
-        return ()
-
-    def ops(self, i: Intents) -> tuple[str, ...]:
         return ()
 
     # -- in a rank ---------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any
 
 from launcher.parallel.deepspeed_file import merge, put
 from launcher.plan.intents import Intents
-from launcher.parallel.part import DEEPSPEED
+from launcher.parallel.part import DEEPSPEED, DataParallelPart
 from launcher.plan.memory import state_floats
 from launcher.constants import DEEPSPEED_STEP
 from launcher.units import WIDTH, Bytes, Term, shard
@@ -87,10 +87,8 @@ def merged_config(i: Intents) -> tuple[dict[str, Any], list[str], list[str]]:
     return merge(compiled, i.ds_file, owned, off, i.ds_source)
 
 
-class DeepSpeedZeRO:
+class DeepSpeedZeRO(DataParallelPart):
     name = "deepspeed"
-    slot = "data_parallel"
-    dims = ("dp",)
     checkpoint = DEEPSPEED
     client_optimizer = True
     config_file = True
@@ -110,9 +108,6 @@ class DeepSpeedZeRO:
 
     def zero_stage(self, i: Intents) -> int:
         return max(i.zero, 2) if i.offload_optimizer and i.zero == 0 else i.zero
-
-    def shard_ways(self, i: Intents) -> int:
-        return 1
 
     def locations(self, i: Intents) -> tuple[str, str]:
         """offload_param and offload_optimizer, each as asked."""
@@ -175,12 +170,6 @@ class DeepSpeedZeRO:
     def apply(self, chunks: list[Any], rt: Any) -> None:
         """Nothing before the optimizer exists: deepspeed.initialize takes the model and the optimizer together
         (``DeepSpeedEngine``)."""
-
-    def set_sync(self, chunks: list[Any], on: bool) -> None:
-        pass
-
-    def attach(self, optimizer: Any, chunks: list[Any], rt: Any) -> None:
-        pass
 
     def engine(self, chunks: list[Any], optimizer: Any, rt: Any) -> Any:
         from launcher.parallel.deepspeed_engine import DeepSpeedEngine

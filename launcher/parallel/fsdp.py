@@ -21,18 +21,18 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.plan.intents import Intents, clip_config
-from launcher.parallel.part import DCP
+from launcher.parallel.part import DataParallelPart
 from launcher.plan.memory import state_floats
 from launcher.constants import FSDP_STEP
 from launcher.units import WIDTH, Bytes, Term, shard
 from launcher.plan.registry import CPU_OPTIMIZERS
 
 
-class ShardedDataParallel:
+class ShardedDataParallel(DataParallelPart):
+    """No set_sync: gradients are reduce-scattered after every micro-batch and accumulate sharded (FSDP2's
+    default)."""
+
     name = "fsdp"
-    slot = "data_parallel"
-    dims = ("dp",)
-    checkpoint = DCP
     client_optimizer = False
 
     def cannot(self, i: Intents) -> str:
@@ -45,9 +45,6 @@ class ShardedDataParallel:
             return ("fsdp replaces the parameters with sharded DTensors, and a script's runtime.prepare() gets an "
                     "optimizer built over the old ones")
         return ""
-
-    def problems(self, i: Intents) -> list[str]:
-        return []
 
     def zero_stage(self, i: Intents) -> int:
         return i.zero
@@ -106,9 +103,6 @@ class ShardedDataParallel:
                      source="two gathered units (running, prefetched) and one unit's unsharded gradients; a unit "
                             "taken as a quarter of the model"),)
 
-    def ops(self, i: Intents) -> tuple[str, ...]:
-        return ()
-
     # -- in a rank ---------------------------------------------------------------------------------------------------
     def apply(self, chunks: list[Any], rt: Any) -> None:
         import torch
@@ -129,11 +123,6 @@ class ShardedDataParallel:
                 fully_shard(layer, **kwargs)
             fully_shard(c.module, **kwargs)
 
-    def set_sync(self, chunks: list[Any], on: bool) -> None:
-        """Gradients are reduce-scattered after every micro-batch and accumulate sharded (FSDP2's default)."""
-
-    def attach(self, optimizer: Any, chunks: list[Any], rt: Any) -> None:
-        pass
 
 
 def _units(chunk: Any) -> list[Any]:

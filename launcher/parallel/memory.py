@@ -54,9 +54,9 @@ def rank_memory(i: Intents, parts: tuple[PartPlan, ...], placement, m: ModelMemo
     micro, accum = i.batch[1], i.batch[2]
     est, pipeline = estimate(i, parts, placement, m.layer_paths, m.per_sample, i.recompute, micro)
     dp = _data_parallel(parts)
-    saved = sum(v for p in parts for v in getattr(PARTS[p.name], "saved_params", lambda _: {})(i).values())
+    saved = sum(v for p in parts for v in PARTS[p.name].saved_params(i).values())
     params = max(0, placement.dense_params - saved) // max(1, i.dims.pp)
-    buffers = tuple(getattr(dp, "buffers", lambda *_: ())(i, params))
+    buffers = tuple(dp.buffers(i, params))
     in_flight, act = 1, kept_activations(m.per_sample, i.recompute, micro)
     if pipeline is not None:
         acts = [s.activation_bytes for s in pipeline.stages if s.activation_bytes is not None]

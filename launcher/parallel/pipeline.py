@@ -19,15 +19,14 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.plan.intents import Intents
-from launcher.parallel.part import DCP
+from launcher.parallel.part import Part
 from launcher.plan.pipeline import schedule_problems
 
 
-class Pipeline:
+class Pipeline(Part):
     name = "pipeline"
     slot = "pipeline"
     dims = ("pp",)
-    checkpoint = DCP
 
     def problems(self, i: Intents) -> list[str]:
         p = i.pipeline

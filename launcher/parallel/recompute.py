@@ -11,17 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.plan.intents import Intents
-from launcher.parallel.part import DCP
+from launcher.parallel.part import Part
 
 
-class Recompute:
+class Recompute(Part):  # it holds no state (its checkpoint: DCP): the parts around it checkpoint
     name = "recompute"
     slot = "recompute"
-    dims = ()
-    checkpoint = DCP  # it holds no state: the parts around it checkpoint
-
-    def problems(self, i: Intents) -> list[str]:
-        return []
 
     def why(self, i: Intents) -> str:
         return f"recompute={list(i.recompute)}"

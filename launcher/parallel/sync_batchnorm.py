@@ -19,14 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.plan.intents import Intents
-from launcher.parallel.part import DCP
+from launcher.parallel.part import Part
 
 
-class SyncBatchNormPart:
+class SyncBatchNormPart(Part):  # checkpoint DCP: the same parameters and buffers at the same names
     name = "sync_batchnorm"
     slot = "normalization"
     dims = ("dp",)
-    checkpoint = DCP  # the same parameters and buffers at the same names
 
     def problems(self, i: Intents) -> list[str]:
         if i.dims.dp == 1:

@@ -11,20 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.plan.intents import Intents
-from launcher.parallel.part import DCP
+from launcher.parallel.part import Part
 
 SPLIT = ("colwise", "rowwise", "row", "col")
 """Styles whose weight is split over tp (the others replicate it)."""
 
 
-class TensorParallel:
+class TensorParallel(Part):
     name = "tensor_parallel"
     slot = "tensor_parallel"
     dims = ("tp",)
-    checkpoint = DCP
-
-    def problems(self, i: Intents) -> list[str]:
-        return []
 
     def why(self, i: Intents) -> str:
         return f"{i.layout_words[0]}: DTensor operators over tp {i.dims.tp}"
