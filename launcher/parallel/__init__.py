@@ -6,15 +6,15 @@ or is imported only inside a rank."""
 
 from launcher.contract import PartRules
 from launcher.parallel.choose import (checkpoint_format, checkpoint_layout, choose_data_parallel, config_file,
-                                      data_parallel_name, engine_config, RunFacts, estimate, plan_parts, run_facts)
+                                      engine_config, RunFacts, plan_parts, run_facts)
 from launcher.parallel.deepspeed_file import adopt_config
 from launcher.plan.intents import Intents, PartPlan, intents_of  # the shared types: a leaf of the plan
 from launcher.parallel.memory import ModelMemory, rank_memory
 from launcher.parallel.registry import DATA_PARALLEL, PARTS, SLOTS
 
 __all__ = ["DATA_PARALLEL", "Intents", "PARTS", "PartPlan", "RULES", "SLOTS", "checkpoint_format",
-           "checkpoint_layout", "choose_data_parallel", "config_file", "data_parallel_name", "engine_config",
-           "estimate", "intents_of", "plan_parts", "rank_memory", "run_facts", "ModelMemory", "RunFacts"]
+           "checkpoint_layout", "choose_data_parallel", "config_file", "engine_config",
+           "intents_of", "plan_parts", "rank_memory", "run_facts", "ModelMemory", "RunFacts"]
 
 RULES = PartRules(plan_parts=plan_parts, run_facts=run_facts, rank_memory=rank_memory, model_memory=ModelMemory.of,
                   config_file=config_file, adopt_config=adopt_config)

@@ -16,7 +16,6 @@ from launcher.codec import from_plain
 from launcher.plan.intents import Intents, PartPlan
 from launcher.parallel.part import DCP
 from launcher.parallel.registry import DATA_PARALLEL, PARTS
-from launcher.plan.estimate import estimate_run
 from launcher.plan.registry import unknown
 
 PREFERENCE = ("ddp", "deepspeed", "fsdp")
@@ -95,11 +94,6 @@ def _data_parallel(parts: tuple[PartPlan, ...]):
     return next(PARTS[p.name] for p in parts if PARTS[p.name].slot == "data_parallel")
 
 
-def data_parallel_name(parts: tuple[PartPlan, ...]) -> str:
-    """The name of the run's data-parallel part."""
-    return _data_parallel(parts).name
-
-
 @dataclass(frozen=True)
 class RunFacts:
     """What the run's data-parallel part says of the run, for the plan to write down."""
@@ -127,15 +121,6 @@ def run_facts(i: Intents, parts: tuple[PartPlan, ...]) -> RunFacts:
     return RunFacts(zero=dp.zero_stage(i), dp_shard=dp.shard_ways(i), ops=tuple(dp.ops(i)), param_location=params,
                     optimizer_location=optimizer, data_parallel=dp.name,
                     step_overhead_s=dp.step_overhead_s)
-
-
-def estimate(i: Intents, parts: tuple[PartPlan, ...], placement, layer_paths, per_sample, recompute, micro):
-    """The run's memory estimate (launcher/plan/estimate.py) with its parts' rules: what tensor parallel takes from
-    a rank, the data-parallel part's bytes."""
-    saved: dict[str, int] = {}
-    for p in parts:
-        saved.update(PARTS[p.name].saved_params(i))
-    return estimate_run(i, _data_parallel(parts), placement, saved, layer_paths, per_sample, recompute, micro)
 
 
 def checkpoint_format(parts: tuple[PartPlan, ...]) -> str:
@@ -171,7 +156,7 @@ def checkpoint_layout(plan: Any) -> dict[str, Any]:
            "optimizer": {**dataclasses.asdict(plan.optimizer), "betas": list(plan.optimizer.betas)},
            "model": plan.model, "data": plan.data}
     if fmt != "dcp":
-        out |= {"data_parallel": data_parallel_name(plan.parts), "zero_stage": plan.zero_stage,
+        out |= {"data_parallel": _data_parallel(plan.parts).name, "zero_stage": plan.zero_stage,
                 "world_size": plan.world_size,
                 "dims": {n: getattr(plan.dims, n) for n in plan.dims.names}}
     return out

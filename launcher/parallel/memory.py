@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 
 from launcher.contract import Facts, ModelFacts
 
-from launcher.parallel.choose import _data_parallel, estimate
+from launcher.parallel.choose import _data_parallel
 from launcher.plan.intents import Intents, PartPlan
 from launcher.parallel.registry import PARTS
+from launcher.plan.estimate import estimate_run
 from launcher.plan.memory import MemoryEstimate
 from launcher.plan.peak import MemoryInput, MemoryPlan, memory_plan
 from launcher.plan.pipeline import PipelinePlan
@@ -52,10 +53,10 @@ def rank_memory(i: Intents, parts: tuple[PartPlan, ...], placement, m: ModelMemo
     """(the parts' state estimate, the pipeline with each stage's bytes, the memory plan of the busiest rank);
     ``tables``: the tables' terms when computed already (launcher/plan/peak.py table_terms)."""
     micro, accum = i.batch[1], i.batch[2]
-    est, pipeline = estimate(i, parts, placement, m.layer_paths, m.per_sample, i.recompute, micro)
     dp = _data_parallel(parts)
-    saved = sum(v for p in parts for v in PARTS[p.name].saved_params(i).values())
-    params = max(0, placement.dense_params - saved) // max(1, i.dims.pp)
+    saved = {path: n for p in parts for path, n in PARTS[p.name].saved_params(i).items()}  # what tp takes off a rank
+    est, pipeline = estimate_run(i, dp, placement, saved, m.layer_paths, m.per_sample, i.recompute, micro)
+    params = max(0, placement.dense_params - sum(saved.values())) // max(1, i.dims.pp)
     buffers = tuple(dp.buffers(i, params))
     in_flight, act = 1, kept_activations(m.per_sample, i.recompute, micro)
     if pipeline is not None:
