@@ -118,11 +118,13 @@ class PipelineEngine(ChunkEngine):
         super().__init__(chunks, optimizer, rt.dp_group)
         plan = rt.plan.pipeline
         self.device, self._rt = rt.device, rt
-        self._pp_group = rt.mesh["pp"].get_group()
-        self._last_rank = dist.get_global_rank(self._pp_group, plan.ranks - 1)
+        self.pp_group = rt.mesh["pp"].get_group()
+        self.last_rank = dist.get_global_rank(self.pp_group, plan.ranks - 1)
+        """The global rank of this pipeline's last stage (evaluation results are sent from it)."""
         n, m, loss_fn = len(plan.stages), plan.micro_batches, rt.loss_fn
         self._first = any(c.stage == 0 for c in chunks)
-        self._last = any(c.stage == n - 1 for c in chunks)
+        self.is_last = any(c.stage == n - 1 for c in chunks)
+        """This rank runs the last stage (it has the model's outputs and scores the held-out batches)."""
         self._rows = batch_rows(rt.example)
         """The samples of a micro-batch: what the stages were shaped by."""
         self._feed = feed = Feed()
@@ -154,7 +156,7 @@ class PipelineEngine(ChunkEngine):
         number = torch.zeros(1, dtype=torch.int64, device="meta")  # what the first stage takes: a micro-batch's number
         return [Stage(c.call or c.module, c.stage, n, self.device,
                       input_args=(number,) if c.stage == 0 else examples[c.stage][0],
-                      output_args=examples[c.stage][1], group=self._pp_group, feed=self._feed) for c in self.chunks]
+                      output_args=examples[c.stage][1], group=self.pp_group, feed=self._feed) for c in self.chunks]
 
     def _eval_schedule(self, stages: list[Stage]) -> Any:
         if self._rt.plan.pipeline.schedule in _SINGLE:
@@ -203,13 +205,13 @@ class PipelineEngine(ChunkEngine):
         losses: list[torch.Tensor] = []
         try:
             self._train.step(*((numbers,) if self._first else ()), return_outputs=False,  # only the losses are wanted
-                             **({"target": numbers, "losses": losses} if self._last else {}))
+                             **({"target": numbers, "losses": losses} if self.is_last else {}))
         finally:
             self._feed.hold([])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = torch.stack(losses).sum().detach().float() if self._last else torch.zeros((), device=self.device)
-        dist.broadcast(loss, src=self._last_rank, group=self._pp_group)
+        loss = torch.stack(losses).sum().detach().float() if self.is_last else torch.zeros((), device=self.device)
+        dist.broadcast(loss, src=self.last_rank, group=self.pp_group)
         return loss
 
     def outputs(self, inputs: Any) -> torch.Tensor | None:
@@ -225,21 +227,7 @@ class PipelineEngine(ChunkEngine):
             out = schedule.eval(*((numbers,) if self._first else ()))
         finally:
             self._feed.hold([])
-        return out if self._last else None
-
-    @property
-    def is_last(self) -> bool:
-        """This rank runs the last stage (it has the model's outputs and scores the held-out batches)."""
-        return self._last
-
-    @property
-    def last_rank(self) -> int:
-        """The global rank of this pipeline's last stage (evaluation results are sent from it)."""
-        return self._last_rank
-
-    @property
-    def pp_group(self) -> Any:
-        return self._pp_group
+        return out if self.is_last else None
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a pipeline runs whole steps: call train_batch() (one stage has no forward of the model)")
