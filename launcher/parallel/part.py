@@ -1,10 +1,12 @@
-"""What the parts and their registry share: the checkpoint formats a part saves its state in, and what every part
-says about itself (``Part``, ``DataParallelPart``), with the answer of a part that has nothing of its own to say
-where there is one. A leaf: each part's module (ddp.py, fsdp.py, ...) imports it and subclasses its protocol, and
-registry.py imports the parts, so a part never imports the registry back."""
+"""What the parts and their registry share: the checkpoint formats a part saves its state in, and what every part says
+about itself (``Part``, ``DataParallelPart``), with the answer of a part that has nothing of its own to say where
+there is one (a member without one is abstract: a part that lacks it cannot be built). A leaf: each part's module
+(ddp.py, fsdp.py, ...) imports it and subclasses its protocol, and registry.py imports the parts, so a part never
+imports the registry back."""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any, Protocol
 
 from launcher.plan.intents import Intents
@@ -40,9 +42,11 @@ class Part(Protocol):
         """What the plan should tell the user of how it runs these intents."""
         return []
 
+    @abstractmethod
     def config(self, i: Intents) -> dict[str, Any]:
         """What it emits (shown in the dry run, applied in the ranks)."""
 
+    @abstractmethod
     def why(self, i: Intents) -> str:
         """The intent it compiles, in words."""
 
@@ -50,6 +54,7 @@ class Part(Protocol):
         """Per operator: the parameters its split takes off a rank (tensor parallel's), for the memory estimate."""
         return {}
 
+    @abstractmethod
     def apply(self, chunks: list[Any], rt: Any) -> None:
         """In a rank: apply itself to each model chunk (a pipeline stage's module, or the whole model), in place."""
 
@@ -64,12 +69,15 @@ class DataParallelPart(Part, Protocol):
     step_overhead_s: float = 0.0
     """Seconds its engine adds to a step beyond compute and traffic (the step-time model's reference: none)."""
 
+    @abstractmethod
     def cannot(self, i: Intents) -> str:
         """'' when it can run these intents, else why not (one clause)."""
 
+    @abstractmethod
     def zero_stage(self, i: Intents) -> int:
         """The ZeRO stage it runs (what the plan and the checkpoint record)."""
 
+    @abstractmethod
     def locations(self, i: Intents) -> tuple[str, str]:
         """(where the parameters live, where the optimizer states live and step): host or device."""
 
@@ -83,6 +91,7 @@ class DataParallelPart(Part, Protocol):
     def attach(self, optimizer: Any, chunks: list[Any], rt: Any) -> None:
         """Hook the optimizer once it exists (e.g. average gradients before each step)."""
 
+    @abstractmethod
     def memory(self, i: Intents, params: int) -> tuple[Any, Any]:
         """(host, device) Bytes per rank of ``params`` dense parameters, their gradients and optimizer states."""
 

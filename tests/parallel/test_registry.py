@@ -4,8 +4,10 @@ of what a part can do has one owner)."""
 
 from pathlib import Path
 
+import pytest
+
 from launcher.parallel import DATA_PARALLEL, PARTS, SLOTS
-from launcher.parallel.registry import DCP
+from launcher.parallel.registry import DCP, DataParallelPart
 from tests.name_check import name_comparisons as comparisons
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
@@ -45,3 +47,22 @@ def test_every_part_says_what_the_plan_and_the_ranks_ask_of_it():
         for hook in ("cannot", "zero_stage", "memory", "ops", "set_sync", "attach"):
             assert callable(getattr(PARTS[name], hook)), (name, hook)
     assert [n for n in DATA_PARALLEL if PARTS[n].checkpoint != DCP] == ["deepspeed"]
+
+
+def test_a_part_without_an_answer_of_its_own_cannot_be_built():
+    """part.py's protocols answer for a part only where a default answer exists; the rest are abstract."""
+    class Half(DataParallelPart):
+        name = "half"
+
+        def config(self, i):
+            return {}
+
+        def why(self, i):
+            return "half a part"
+
+        def apply(self, chunks, rt):
+            pass
+
+    with pytest.raises(TypeError, match="cannot|zero_stage|locations|memory"):
+        Half()
+    assert PARTS["ddp"].shard_ways(None) == 1 and PARTS["ddp"].ops(None) == ()  # the defaults a part inherits
