@@ -7,10 +7,13 @@ composed config is never changed."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib.util
 import json
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,11 +34,28 @@ if TYPE_CHECKING:
 
 
 def check_script(cfg: DictConfig) -> None:
-    if not Path(cfg.script).is_file():
+    """The script is a file that Python can compile: a syntax error is refused here, as ``python script.py`` refuses
+    it before running a line, not by every rank (a compiled .pyc or a zip application runs as it is)."""
+    path = Path(cfg.script)
+    if not path.is_file():
         raise ConfigError(
             f"script={cfg.script}: no such file (relative paths start at {Path.cwd()}). "
             f"Give the path of a Python script, e.g. script=path/to/train.py."
         )
+    source = path.read_bytes()
+    if source.startswith(importlib.util.MAGIC_NUMBER) or zipfile.is_zipfile(path):
+        return
+    try:
+        compile(source, str(path), "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+    except (SyntaxError, ValueError) as e:  # IndentationError, TabError; null bytes (a ValueError before 3.11.4)
+        if getattr(e, "lineno", None) is None:
+            raise ConfigError(f"script={cfg.script}: not a Python source ({e}). Give a Python script, a compiled .pyc "
+                              f"or a zip application (.pyz).") from None
+        where = f"line {e.lineno}" + (f", column {e.offset}" if e.offset else "")
+        code = f": {e.text.strip()!r}" if e.text and e.text.strip() else ""
+        raise ConfigError(f"script={cfg.script}: Python cannot compile it ({type(e).__name__} at {where}{code}: "
+                          f"{e.msg}), so no rank could run it. Fix that line; python -m py_compile {cfg.script} "
+                          f"checks it without running it.") from None
 
 
 def resume_checkpoint(cfg: DictConfig) -> str:

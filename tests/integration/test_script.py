@@ -2,6 +2,7 @@
 
 import ast
 import json
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,27 @@ def test_missing_script_is_refused_before_anything_starts(tmp_path, cli):
     res = cli(["script=nope/train.py"], tmp_path)
     assert res.returncode == 2 and "script=nope/train.py: no such file" in res.stderr
     assert not (tmp_path / "log_output").exists()
+
+
+@pytest.mark.parametrize("source, words", [
+    (b"import os\ndef main(:\n    pass\n", "SyntaxError at line 2, column 10: 'def main(:'"),
+    (b"if True:\n    x = 1\n      y = 2\n", "IndentationError at line 3"),
+    (b"print(1)\x00\n", "not a Python source"),
+])
+def test_a_script_python_cannot_compile_is_refused_before_any_rank_starts(tmp_path, cli, source, words):
+    (tmp_path / "train.py").write_bytes(source)
+    res = cli(["script=train.py"], tmp_path)
+    assert res.returncode == 2 and "script=train.py: " in res.stderr and words in res.stderr, res.stderr
+    assert not (tmp_path / "log_output").exists()
+
+
+def test_a_latin_1_script_with_its_coding_line_and_a_zip_application_are_taken(tmp_path, cli):
+    (tmp_path / "latin.py").write_bytes(b"# -*- coding: latin-1 -*-\nname = '\xe9t\xe9'\n")
+    with zipfile.ZipFile(tmp_path / "app.pyz", "w") as z:
+        z.writestr("__main__.py", "print('from a zip')\n")
+    for script in ("latin.py", "app.pyz"):
+        res = cli([f"script={script}", "dry_run=true"], tmp_path)
+        assert res.returncode == 0, res.stderr
 
 
 def test_script_output_streams_and_runtime_log_feeds_the_summary(tmp_path):
