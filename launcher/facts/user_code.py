@@ -23,7 +23,8 @@ from launcher.procfs import kernel_field
 from launcher.plan.placement import takes_tables_out
 from launcher.plan.table_keys import resolve_aliases
 from launcher.usercode.data_check import Sample, dataset_facts, first_words, item_labels, two_items
-from launcher.usercode.forward_check import CPU_CHECK_PARAMS, Swap, check_model_and_loss, cpu_model, swap_tables
+from launcher.usercode.forward_check import (CPU_CHECK_PARAMS, Swap, check_model_and_loss, cpu_model, swap_tables,
+                                             unused_parameters)
 from launcher.facts.pipeline_cut import check_pipeline, with_outside
 from launcher.usercode.targets import HYDRA_KEYS, build_collate, import_targets, locate
 
@@ -133,6 +134,9 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
         found, scores, output_line = forward_checks(specs["model"], facts, _swap(cfg, facts), loss_fn, batch, source,
                                                     cfg.model_output)
         problems += found
+        if not found:
+            found, facts = _gradients(model, facts, loss_fn, batch, source, cfg.model_output)
+            problems += found
         if cfg.parallel.pipeline_stages > 1 and not found:
             found, split, order, barred = check_pipeline(specs["model"], model, batch, source, cfg.parallel,
                                                          cfg.model_output, facts, cfg.precision)
@@ -196,6 +200,24 @@ def _meta_model(spec: dict[str, Any], source: str) -> tuple[nn.Module | None, li
         return None, [f"model._target_={spec['_target_']} ({source}) built a {type(model).__name__}, not a "
                       f"torch.nn.Module."]
     return model, []
+
+
+def _gradients(model: nn.Module, facts: ModelFacts, loss_fn: Any, batch: Any, source: str,
+               output: str) -> tuple[list[str], ModelFacts]:
+    """(problems, facts with the parameters the loss of the first items leaves without a gradient): a model with
+    nothing to train is refused here, where data parallelism would refuse it in every rank."""
+    count = sum(p.numel() for p in model.parameters())
+    if not any(p.requires_grad for p in model.parameters()):
+        why = "it has none" if count == 0 else f"all {count:,} are frozen: requires_grad=False"
+        return [f"model ({source}): none of its parameters requires a gradient ({why}): there is nothing to train. "
+                f"Unfreeze what should train (parameter.requires_grad_(True)) or give a model with parameters."], facts
+    unused = unused_parameters(model, loss_fn, batch, output)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    if unused is not None and unused and len(unused) == len(trainable):
+        return [f"model ({source}): the loss of a batch of its first 2 items reaches none of its trainable "
+                f"parameters ({', '.join(trainable[:3])}{' ...' if len(trainable) > 3 else ''}): there is nothing to "
+                f"train. The loss must depend on the model's output through its parameters."], facts
+    return [], dataclasses.replace(facts, unused=unused or ())
 
 
 def _loss(spec: dict[str, Any], source: str) -> tuple[Any, list[str]]:

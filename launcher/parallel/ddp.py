@@ -42,9 +42,19 @@ class ReplicatedDataParallel(DataParallelPart):
         return "data parallel with replicated fp32 parameters (zero.stage=0, no offload, fp32)"
 
     def config(self, i: Intents) -> dict[str, Any]:
-        flat = i.sharding is not None or i.dims.pp > 1
+        flat = i.sharding is not None or i.dims.pp > 1 or bool(i.unused_params)
         how = ALONE if i.dims.dp == 1 and not i.client_optimizer else FLAT if flat else TORCH_DDP
         return {"gradients": f"averaged over dp {i.dims.dp}", "implementation": how, **clip_config(i)}
+
+    def notes(self, i: Intents) -> list[str]:
+        if not i.unused_params or self.config(i)["implementation"] != FLAT or i.sharding or i.dims.pp > 1:
+            return []
+        names = ", ".join(i.unused_params[:4]) + (f" and {len(i.unused_params) - 4} more" if len(i.unused_params) > 4
+                                                   else "")
+        return [f"ddp: {names} got no gradient from the loss of the data's first items (built, not used by the "
+                f"forward): the gradients are averaged in {FLAT}, which takes a parameter without one as one process "
+                f"does (torch DistributedDataParallel would stop at the second step, 'Expected to have finished "
+                f"reduction in the prior iteration')"]
 
     def memory(self, i: Intents, params: int) -> tuple[Bytes, Bytes]:
         n = params * 4

@@ -294,13 +294,14 @@ def plan_draft_parts(cfg: DictConfig, d: Draft, rules: PartRules) -> tuple:
     """The intents gathered so far, and the parallel parts that compile them (None, () when the shape failed)."""
     if d.dims is None or d.batch is None or (d.dims.pp > 1 and d.pipeline is None):
         return None, ()
+    outside = [t.name for t in d.placement.tables if t.outside]
+    unused = tuple(n for n in d.sizes.unused if n.rsplit(".", 1)[0] not in outside)
     intents = intents_of(cfg, d.dims, d.placement, d.zero, d.device_type,
                          (d.batch.global_size, d.batch.micro_size, d.batch.grad_accum), sharding=d.sharding,
-                         recompute=d.recompute, pipeline=d.pipeline)
+                         recompute=d.recompute, pipeline=d.pipeline, unused_params=unused)
     parts, part_problems, part_notes = rules.plan_parts(intents)
     d.problems += part_problems
     d.notes += part_notes
-    outside = [t.name for t in d.placement.tables if t.outside]
     if cfg.trainer.grad_clip > 0 and outside:
         d.notes.append(f"trainer.grad_clip={cfg.trainer.grad_clip} clips the parts' dense gradients; the tables "
                        f"trained outside the parts ({', '.join(outside[:3])}{' ...' if len(outside) > 3 else ''}) "

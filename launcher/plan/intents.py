@@ -52,6 +52,9 @@ class Intents:
     """deepspeed.config's keys (after its intents were adopted), merged into the deepspeed part's config; None = none."""
     ds_source: str = ""
     """Where they came from (the file's path, or "inline"), for messages."""
+    unused_params: tuple[str, ...] = ()
+    """Trainable parameters of the parts' model that the loss of the data's first items leaves without a gradient
+    (ModelFacts.unused, less the tables trained outside the parts)."""
     warm_start: bool = False
     """The ranks are forked from the warm-start forkserver (launcher.warm_start, a recipe on CPU): their runtime is
     smaller (launcher/constants.py WARM_RANK_RUNTIME)."""

@@ -227,3 +227,22 @@ def scalar_loss_problem(value: Any, loss_fn: Any, where: str) -> str:
            "values' .mean()), or set its reduction to mean")
     return (f"{where}: {type(loss_fn).__name__} returns {got} on a batch of 2 dataset items; the loss must return a "
             f"scalar (one number, which backward() and the logged loss take). {fix}.")
+
+
+def unused_parameters(model: nn.Module, loss_fn: Any, batch: tuple[Any, Any], model_output: str = "auto",
+                      device: str = "meta") -> tuple[str, ...] | None:
+    """The trainable parameters (by name) that get no gradient from the loss of ``batch`` on the model's device: the
+    forward never reaches them (a layer built and not called, a branch not taken for these items); every one when
+    the loss reaches none. None when it cannot tell there (the forward, loss or backward cannot run on ``device``:
+    what a rank would hit is check_model_and_loss's to say)."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    inputs, label = batch
+    try:
+        value = loss_fn(select_output(call(model, move_to(inputs, device)), model_output), move_to(label, device))
+        if not (torch.is_tensor(value) and value.requires_grad):
+            return tuple(n for n, _ in params)
+        grads = torch.autograd.grad(value.sum(), [p for _, p in params], allow_unused=True)
+    except Exception:  # noqa: BLE001
+        return None
+    return tuple(n for (n, _), g in zip(params, grads) if g is None)
+

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.parallel.ddp import FLAT
 from tests.conftest import run_cli
 from tests.integration.test_placement_runs import assert_close, assert_where_the_plan_says, losses
 from tests.usercode.readme_project import write_project
@@ -20,7 +21,7 @@ SHORT = ["trainer.steps=20", "trainer.log_every=1", "trainer.checkpoint_every=-1
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    return write_project(tmp_path_factory.mktemp("my_project"))
+    return write_project(tmp_path_factory.mktemp("my_project"), extra=True)
 
 
 def train(project: Path, name: str, overrides: list[str]) -> Path:
@@ -66,6 +67,10 @@ def test_optimizer_on_cpu_matches_the_device_optimizer(project):
 def test_two_ranks_match_one_process(project, host_tables):
     one = train(project, "one", ["placement.host_device_mix=1", "cluster.nproc_per_node=1"])
     assert_close(losses(one), losses(host_tables), rel=1e-5)
+    # a layer built and never called: torch DDP would stop at the second step; the flat all-reduce trains as one does
+    unused = train(project, "unused", ["placement.host_device_mix=1", "model._target_=my_ctr.extra.Unused"])
+    assert json.loads((unused / "plan.json").read_text())["parts"][0]["config"]["implementation"] == FLAT
+    assert_close(losses(one), losses(unused), rel=1e-5)
 
 
 def run_script(project: Path, name: str, overrides: list[str]) -> dict:

@@ -51,6 +51,34 @@ class Features(nn.Module):
         return torch.cat([self.user_emb(user), self.item_emb(item), dense], dim=1)
 
 
+class Unused(nn.Module):
+    """The page's Net with a layer built and never called (a head kept for later): no gradient ever reaches it."""
+
+    def __init__(self, users: int, items: int, dim: int = 8, dense: int = 4, hidden: int = 64):
+        super().__init__()
+        from my_ctr.model import Net
+
+        self.net = Net(users, items, dim, dense, hidden)
+        self.spare = nn.Linear(hidden, 1)
+
+    def forward(self, user, item, dense):
+        return self.net(user, item, dense)
+
+
+class Frozen(Unused):
+    def __init__(self, users: int, items: int, dim: int = 8, dense: int = 4, hidden: int = 64):
+        super().__init__(users, items, dim, dense, hidden)
+        self.requires_grad_(False)
+
+
+class NoParameters(nn.Module):
+    def __init__(self, users: int, items: int, dim: int = 8, dense: int = 4, hidden: int = 64):
+        super().__init__()
+
+    def forward(self, user, item, dense):
+        return dense.sum(1)
+
+
 class Staged(nn.Module):
     """A model a pipeline can cut: its forward is its children in order, the first taking every input."""
 

@@ -82,6 +82,24 @@ def test_each_mistake_is_named(project, cpu_host, overrides, message):
         plan(project, *overrides, host=cpu_host)
 
 
+@pytest.mark.parametrize("model, why", [("Frozen", r"all [\d,]+ are frozen: requires_grad=False"),
+                                         ("NoParameters", "it has none")])
+def test_a_model_with_nothing_to_train_is_refused(project, cpu_host, model, why):
+    with pytest.raises(ConfigError, match=rf"model \(conf/recipe/my_ctr.yaml\): none of its parameters requires a "
+                                          rf"gradient \({why}\): there is nothing to train"):
+        plan(project, f"model._target_=my_ctr.extra.{model}", host=cpu_host)
+
+
+def test_a_layer_the_forward_never_calls_takes_ddp_without_torch_ddp(project, cpu_host):
+    """torch DDP stops at the second step when a parameter gets no gradient; the flat all-reduce takes it as one
+    process does (tests/integration/test_user_recipe.py trains it)."""
+    for overrides in ([], ["placement.host_device_mix=1"]):
+        p = plan(project, "model._target_=my_ctr.extra.Unused", *overrides, host=cpu_host)
+        assert p.parts[0].config["implementation"].startswith("one flat all-reduce")
+        assert any(n.startswith("ddp: spare.weight, spare.bias got no gradient") for n in p.notes), p.notes
+    assert plan(project, host=cpu_host).parts[0].config["implementation"] == "torch DistributedDataParallel"
+
+
 @pytest.mark.parametrize("overrides", [["loss.reduction=sum"], ["+loss.reduction=sum"],
                                        ["loss={_target_: torch.nn.BCEWithLogitsLoss, reduction: sum}"]])
 def test_loss_and_model_keys_are_their_constructors_arguments(project, cpu_host, overrides):
