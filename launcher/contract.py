@@ -88,6 +88,9 @@ class ModelFacts:
     module_io: dict[str, tuple[int, int]] = field(default_factory=dict)
     """(input, output) floats per sample of a module on the host (what crosses each way); a module not here: not
     known. A built-in recipe's ``module_io`` hook, or a user's module's first and last nn.Linear."""
+    single_item: str = ""
+    """Why a micro-batch of one item fails the model or its loss (BatchNorm training on one value per channel, a
+    squeeze() that drops the batch dimension), found on the first item alone; '' = it does not, or not checked."""
     unused: tuple[str, ...] = ()
     """Trainable parameters (by name) that got no gradient from the loss of the data's first items on the meta device
     (a layer built and never called): torch DDP would stop at its second step (launcher/parallel/ddp.py)."""

@@ -22,7 +22,7 @@ from launcher.plain import to_plain
 from launcher.procfs import kernel_field
 from launcher.plan.placement import takes_tables_out
 from launcher.plan.table_keys import resolve_aliases
-from launcher.usercode.data_check import Sample, dataset_facts, first_words, item_labels, two_items
+from launcher.usercode.data_check import Sample, dataset_facts, first_words, item_labels, one_item, two_items
 from launcher.usercode.forward_check import (CPU_CHECK_PARAMS, Swap, check_model_and_loss, cpu_model, swap_tables,
                                              unused_parameters)
 from launcher.facts.pipeline_cut import check_pipeline, with_outside
@@ -137,6 +137,11 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
         if not found:
             found, facts = _gradients(model, facts, loss_fn, batch, source, cfg.model_output)
             problems += found
+        if not found:  # what a micro-batch of one item does (BatchNorm training on one value, a squeeze())
+            alone = one_item(samples["data"].items, keys, collate)
+            single = forward_checks(specs["model"], facts, _swap(cfg, facts), loss_fn, alone, source,
+                                    cfg.model_output, items=1)[0]
+            facts = dataclasses.replace(facts, single_item=single[0] if single else "")
         if cfg.parallel.pipeline_stages > 1 and not found:
             found, split, order, barred = check_pipeline(specs["model"], model, batch, source, cfg.parallel,
                                                          cfg.model_output, facts, cfg.precision)
@@ -266,7 +271,7 @@ def _swap(cfg: DictConfig, facts: ModelFacts) -> Swap | None:
 
 
 def forward_checks(spec: dict[str, Any], facts: ModelFacts, swap: Swap | None, loss_fn: Any, batch: Any, source: str,
-                   output: str) -> tuple[list[str], bool, str]:
+                   output: str, items: int = 2) -> tuple[list[str], bool, str]:
     """check_model_and_loss as the ranks will run the model. With tables to swap and a small dense part, on the CPU
     with the tables swapped for lookups and never made (the ids checked against the tables' rows too); a failure
     other than the ids' is then, when the run trains the tables inside as written (not Swap.planned), checked again
@@ -280,7 +285,7 @@ def forward_checks(spec: dict[str, Any], facts: ModelFacts, swap: Swap | None, l
     cpu_swapped = swap is not None and not facts.kept and facts.dense_params <= CPU_CHECK_PARAMS
     if cpu_swapped:
         found, scores, line = check_model_and_loss(cpu_model(build, total, facts.dense_params, swap, False), loss_fn,
-                                                   batch, source, output, device="cpu")
+                                                   batch, source, output, device="cpu", items=items)
         if swap.planned or not found or found[0].startswith(f"data ({source})"):
             return _blamed(found, swap, build, loss_fn, batch, source, output), scores, line
     planned = swap if swap is not None and swap.planned else None
@@ -288,11 +293,11 @@ def forward_checks(spec: dict[str, Any], facts: ModelFacts, swap: Swap | None, l
         meta = build()
     if planned is not None:
         swap_tables(meta, planned, "meta")
-    found, scores, line = check_model_and_loss(meta, loss_fn, batch, source, output)
+    found, scores, line = check_model_and_loss(meta, loss_fn, batch, source, output, items=items)
     if not (found or line):  # it cannot run on meta
         cpu = cpu_model(build, total, facts.dense_params, planned, bool(facts.kept))
         if cpu is not None:
-            found, scores, line = check_model_and_loss(cpu, loss_fn, batch, source, output, device="cpu")
+            found, scores, line = check_model_and_loss(cpu, loss_fn, batch, source, output, device="cpu", items=items)
     return _blamed(found, planned, build, loss_fn, batch, source, output), scores, line
 
 

@@ -223,6 +223,13 @@ def plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: Draft) -> None
         if found:  # a model the recipe refuses has no sizes to plan with (nor layers to list: model.layers=10**15)
             raise ConfigError(list(dict.fromkeys([*d.problems, *found])))
     d.sizes = facts.model or model_facts(d.recipe, d.model)
+    if d.batch is not None and d.batch.micro_size == 1 and d.sizes.single_item:
+        key = "batch.micro_size" if cfg.batch.micro_size != -1 else "batch.global_size"
+        d.problems.append(f"{key}={cfg.batch[key.split('.')[1]]}: a micro-batch of 1 item on each data-parallel rank "
+                          f"(global {d.batch.global_size} = 1 × dp {dp} × grad_accum {d.batch.grad_accum}), and the "
+                          f"model cannot take 1 item: {d.sizes.single_item} Give at least 2 items a micro-batch: "
+                          + ("batch.micro_size=2." if key == "batch.micro_size" else
+                             f"batch.global_size={2 * dp * d.batch.grad_accum} or more."))
     if d.dims is not None and d.batch is not None and degrees_ok and (sharding_cfg or d.dims.tp > 1):
         d.sharding, sharding_problems = _plan_sharding(d.recipe, d.model, sharding_cfg, cfg.parallel.search_mode,
                                                        d.dims, d.batch.micro_size)

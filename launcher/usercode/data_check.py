@@ -146,6 +146,11 @@ def two_items(items: list[Any], keys: Keys, collate: Any = None) -> tuple[Any, A
     return split_item(collate_of(collate)(items[:2]), *keys)
 
 
+def one_item(items: list[Any], keys: Keys, collate: Any = None) -> tuple[Any, Any]:
+    """The first item batched alone, as a micro-batch of one item: (inputs, label)."""
+    return split_item(collate_of(collate)(items[:1]), *keys)
+
+
 def item_labels(items: list[Any], keys: Keys, collate: Any = None) -> list:
     """The labels of ``items``, each batched alone as the ranks' DataLoader batches it."""
     batch = collate_of(collate)

@@ -144,17 +144,24 @@ def describe_inputs(inputs: Any) -> tuple[str, str]:
     return ", ".join(shape(v) for v in inputs), "model(input_1, ..., input_k)"
 
 
+def batch_words(items: int) -> str:
+    return f"a batch of {items} dataset item{'s' if items != 1 else ''}"
+
+
 def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[Any, Any], source: str,
-                         model_output: str = "auto", device: str = "meta") -> tuple[list[str], bool, str]:
-    """One micro-batch of two items, on the model's device (meta: no memory): the model takes the inputs, the loss
-    takes what ``model_output`` selects of its output and the label. Returns (problems, whether the output has one
+                         model_output: str = "auto", device: str = "meta",
+                         items: int = 2) -> tuple[list[str], bool, str]:
+    """One micro-batch of ``items`` items (two; one to learn whether a micro-batch of one works), on the model's
+    device (meta: no memory): the model takes the inputs, the loss takes what ``model_output`` selects of its output
+    and the label. Returns (problems, whether the output has one
     score per label element: what binary metrics need, a line saying what the loss takes); all empty when the model
     cannot run on ``device`` (on_meta_failed)."""
     inputs, label = batch
     try:
         out = run_batch(model, inputs, device)
     except IdRangeError as e:
-        return [f"data ({source}): {e} (a batch of its first 2 items). Raw feature ids? Set "
+        first = "its first item alone" if items == 1 else f"a batch of its first {items} items"
+        return [f"data ({source}): {e} ({first}). Raw feature ids? Set "
                 f"tables.{e.name}.hash={e.rows} to hash them into the table's rows inside its lookup (any int64 id; "
                 f"the table then trains outside the parts, with a row-sparse optimizer), or map them to rows "
                 f"0 .. {e.rows - 1:,} in the dataset."], False, ""
@@ -162,7 +169,7 @@ def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[Any, Any],
         if device == "meta" and on_meta_failed(e):
             return [], False, ""
         shapes, how = describe_inputs(inputs)
-        return [f"model ({source}): its forward fails on a batch of 2 dataset items (inputs {shapes}): "
+        return [f"model ({source}): its forward fails on {batch_words(items)} (inputs {shapes}): "
                 f"{first_words(e)}. The model is called as {how} with every item's inputs (all but the label), "
                 f"batched."], False, ""
     label = move_to(label, device)
@@ -192,7 +199,7 @@ def check_model_and_loss(model: nn.Module, loss_fn: Any, batch: tuple[Any, Any],
                 f"against the label {_shape_words(label)}: {first_words(e)}. Make the model's output and the "
                 f"dataset's label the shapes and dtypes the loss expects.{_token_hint(loss_fn, picked, label)}"], \
             False, line
-    problem = scalar_loss_problem(value, loss_fn, f"loss ({source})")
+    problem = scalar_loss_problem(value, loss_fn, f"loss ({source})", items)
     if problem:
         return [problem], False, line
     return [], torch.is_tensor(label) and picked.numel() == label.numel(), line
@@ -215,7 +222,7 @@ def _shape_words(t: Any) -> str:
     return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
 
 
-def scalar_loss_problem(value: Any, loss_fn: Any, where: str) -> str:
+def scalar_loss_problem(value: Any, loss_fn: Any, where: str, items: int = 2) -> str:
     """'' when the loss returned one number (a tensor of one element) for the batch; else the problem: backward()
     and the logged loss need a scalar, not one value per sample (``reduction: none``)."""
     if torch.is_tensor(value) and value.numel() == 1:
@@ -225,7 +232,7 @@ def scalar_loss_problem(value: Any, loss_fn: Any, where: str) -> str:
     fix = (f"Set loss.reduction=mean (it is {reduction}: one value per sample)" if isinstance(reduction, str)
            and reduction not in ("mean", "sum") else "Make the loss return one number for the batch (e.g. its "
            "values' .mean()), or set its reduction to mean")
-    return (f"{where}: {type(loss_fn).__name__} returns {got} on a batch of 2 dataset items; the loss must return a "
+    return (f"{where}: {type(loss_fn).__name__} returns {got} on {batch_words(items)}; the loss must return a "
             f"scalar (one number, which backward() and the logged loss take). {fix}.")
 
 

@@ -71,6 +71,18 @@ class Frozen(Unused):
         self.requires_grad_(False)
 
 
+class Normalized(Unused):
+    """BatchNorm over the dense features: in training it needs two values per channel, so two items a micro-batch."""
+
+    def __init__(self, users: int, items: int, dim: int = 8, dense: int = 4, hidden: int = 64):
+        super().__init__(users, items, dim, dense, hidden)
+        del self.spare
+        self.norm = nn.BatchNorm1d(dense)
+
+    def forward(self, user, item, dense):
+        return self.net(user, item, self.norm(dense))
+
+
 class NoParameters(nn.Module):
     def __init__(self, users: int, items: int, dim: int = 8, dense: int = 4, hidden: int = 64):
         super().__init__()

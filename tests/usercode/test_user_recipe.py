@@ -90,6 +90,18 @@ def test_a_model_with_nothing_to_train_is_refused(project, cpu_host, model, why)
         plan(project, f"model._target_=my_ctr.extra.{model}", host=cpu_host)
 
 
+def test_a_model_that_cannot_take_one_item_is_refused_a_micro_batch_of_one(project, cpu_host):
+    model = "model._target_=my_ctr.extra.Normalized"
+    for key, fix in (("batch.global_size=2", "batch.global_size=4 or more."),
+                     ("batch.micro_size=1", "batch.micro_size=2.")):
+        with pytest.raises(ConfigError, match=rf"{key}: a micro-batch of 1 item on each data-parallel rank .* the model "
+                                              rf"cannot take 1 item: model \(conf/recipe/my_ctr.yaml\): its forward "
+                                              rf"fails on a batch of 1 dataset item .*Expected more than 1 value per "
+                                              rf"channel when training.* Give at least 2 items a micro-batch: {fix}"):
+            plan(project, model, key, "cluster.nproc_per_node=2", host=cpu_host)
+    assert plan(project, model, "batch.global_size=4", "cluster.nproc_per_node=2", host=cpu_host).batch.micro_size == 2
+
+
 def test_a_layer_the_forward_never_calls_takes_ddp_without_torch_ddp(project, cpu_host):
     """torch DDP stops at the second step when a parameter gets no gradient; the flat all-reduce takes it as one
     process does (tests/integration/test_user_recipe.py trains it)."""
