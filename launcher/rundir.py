@@ -20,19 +20,19 @@ Torch-free and Hydra-free: the report imports it without the training stack."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import signal
 import time
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from launcher.errors import ConfigError
+from launcher.records import (DamagedRecord, checked_json_lines, finite, is_step, json_lines,  # noqa: F401
+                              load_record, read_record)  # (re-exported: the run dir's readers, in one import)
 
-__all__ = ["CheckpointDir", "RankDir", "RunDir", "SweepDir", "check_log_dir", "create_run_dir", "create_sweep_dir",
-           "is_step", "point_latest"]
+__all__ = ["CheckpointDir", "DamagedRecord", "RankDir", "RunDir", "SweepDir", "check_log_dir", "create_run_dir",
+           "create_sweep_dir", "is_step", "load_record", "point_latest"]
 
 
 RUN_DIR_ENV = "HL_RUN_DIR"
@@ -106,8 +106,21 @@ class RankDir:
         """What a script's runtime.prepare() built: engine, offload, each table's place."""
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        """metrics.jsonl's records; a torn last line (the rank died mid-write) is skipped."""
-        return json_lines(self.metrics.read_text()) if self.metrics.exists() else []
+        """metrics.jsonl's records; a line that does not read (torn: the rank died mid-write; a stray byte) is
+        skipped."""
+        return [value for _, value in self.metrics_lines()[0]]
+
+    def metrics_lines(self) -> tuple[list[tuple[int, Any]], list[tuple[int, str]]]:
+        """([(line number, value)] of metrics.jsonl's lines that read as JSON, [(line number, why)] of those that do
+        not): a torn line or a stray byte loses that line, never the rest. A file that cannot be read at all is one
+        skipped "line" 0; an absent one has no lines."""
+        if not self.metrics.exists():
+            return [], []
+        try:
+            data = self.metrics.read_bytes()
+        except OSError as e:
+            return [], [(0, f"the file cannot be read ({e.strerror or e})")]
+        return checked_json_lines(data)
 
     def read_heartbeat(self) -> dict[str, Any]:
         """{step, time, rss, host_available[, state]} (bytes; {} before the first finished step or while being
@@ -157,7 +170,7 @@ class RankDir:
             root = root_cause(str(msg.get("extraInfo", {}).get("py_callstack", "")))
             text = str(msg["message"])
             return f"{text.rstrip()} (caused by {root})" if root and root not in text else text
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return ""
 
 
@@ -249,7 +262,8 @@ class RunDir:
         return json.loads(path.read_text())
 
     def read_plan(self) -> dict[str, Any]:
-        return self.read_json(self.plan)
+        """plan.json; DamagedRecord (a ValueError) when it does not read as a JSON object."""
+        return load_record(self.plan)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         self.write_json(self.summary, summary)
@@ -260,7 +274,13 @@ class RunDir:
         return self.path / ".reserved"
 
     def read_summary(self) -> dict[str, Any] | None:
-        return self.read_json(self.summary) if self.summary.exists() else None
+        """summary.json, None before the launcher wrote it; DamagedRecord when it does not read as a JSON object."""
+        return load_record(self.summary) if self.summary.exists() else None
+
+    def ranks_on_disk(self) -> list[int]:
+        """The N of every rank.<N>/ folder here, in order: the ranks a run dir whose plan.json is damaged holds."""
+        found = (p.name.removeprefix("rank.") for p in self.path.glob("rank.*") if p.is_dir())
+        return sorted(int(n) for n in found if n.isdigit())
 
 
 def create_run_dir(log_dir: Path, run_name: str, prefix: str) -> RunDir:
@@ -350,38 +370,3 @@ class SweepDir:
 def create_sweep_dir(log_dir: Path) -> SweepDir:
     """A new ``sweep-<YYYYmmdd-HHMMSS>[-n]`` dir, never reused; an unwritable log_dir is a ConfigError."""
     return SweepDir(create_run_dir(log_dir, "", SWEEP_PREFIX.rstrip("-")).path)
-
-
-def read_record(path: Path) -> Any:
-    """A JSON record's value; None when it cannot be read (absent, being rewritten, not JSON)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def json_lines(text: str) -> list[Any]:
-    """The value of each line of a JSON-lines text; a line that is not JSON (torn: its writer died mid-write) is
-    skipped."""
-    out = []
-    for line in text.splitlines():
-        with suppress(ValueError):
-            out.append(json.loads(line))
-    return out
-
-
-def is_step(value: Any) -> bool:
-    """Whether ``value`` is a step number as the records hold it: an int >= 0 (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def finite(obj: Any) -> Any:
-    """``obj`` with every NaN or infinite float as None: strict JSON, which every parser reads (a diverged loss is
-    null, and the run's status says why)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite(v) for v in obj]
-    return obj

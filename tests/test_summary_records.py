@@ -28,9 +28,9 @@ def test_odd_records_and_heartbeat_are_skipped_and_named(tmp_path):
     assert r["last_step"] == 3 and r["final_loss"] is None and r["rss_bytes"] is None
     assert summary["final_metrics"] == {"acc": 0.75} and summary["eval"] == {"step": 3, "acc": 0.8}
     [note] = summary["skipped_metrics"]
-    assert note.startswith("rank 0: 4 record(s) of ") and "the first, record 2, because its step 'epoch-1' is not an " \
-        "int >= 0" in note
+    assert note.startswith("rank 0: 5 line(s) of ") and "the first, line 2, because its step 'epoch-1' is not an " \
+        "int >= 0" in note  # (and the torn last line, counted with them)
     out = io.StringIO()
     Console(file=out, width=200).print(summary_table(summary))
-    assert "note: rank 0: 4 record(s)" in out.getvalue() and len(out.getvalue()) < 5000
+    assert "note: rank 0: 5 line(s)" in out.getvalue() and len(out.getvalue()) < 5000
     json.dumps(summary, allow_nan=False)

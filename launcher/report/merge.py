@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from launcher.errors import ConfigError
+from launcher.records import DamagedRecord, load_record
+from launcher.report.damage import checked_plan, checked_summary, damaged_line
 from launcher.report.junit import write_junit
 from launcher.report.summary import build_summary
 from launcher.rundir import RunDir, SweepDir
@@ -71,23 +73,30 @@ class NodeDir:
     """From summary.json (None for a run dir without one and without an unambiguous node in the plan)."""
     ranks: tuple[int, ...]
     """The plan's ranks this dir holds: in its summary, or with a rank.<N>/ here."""
+    damaged: str = ""
+    """Why its summary.json is damaged (it was then rebuilt from its ranks' records), '' when it is not."""
 
 
 def _node_dir(run_dir: RunDir) -> NodeDir:
-    """OSError / ValueError for an unreadable plan.json or summary.json."""
-    plan = run_dir.read_plan()
-    planned = [r["rank"] for r in plan.get("ranks", [])]
+    """DamagedRecord for a plan.json that does not read as a plan; a damaged summary.json is rebuilt, as a missing
+    one."""
+    plan, why = checked_plan(run_dir)
+    if plan is None:
+        raise DamagedRecord(run_dir.plan, why)
+    planned = [r["rank"] for r in plan["ranks"]]
     here = [r for r in planned if run_dir.rank(r).path.is_dir()]
-    summary = run_dir.read_summary()
+    summary, damaged = checked_summary(run_dir)
     if summary is None:  # the node's launcher did not finish: rebuilt from its ranks' records, as `report` does
         exits = [{"rank": r, "exit_code": None} for r in here]
-        summary = build_summary(run_dir, plan, exits, "unknown (no summary.json: the launcher did not finish)", 0.0)
+        status = (f"unknown (summary.json is damaged: {damaged}; rebuilt from the ranks' records)" if damaged
+                  else "unknown (no summary.json: the launcher did not finish)")
+        summary = build_summary(run_dir, plan, exits, status, 0.0)
         nodes = {r["node_rank"] for r in plan.get("ranks", []) if r["rank"] in here and "node_rank" in r}
         node_rank = nodes.pop() if len(nodes) == 1 else None
     else:
         node_rank = summary.get("node_rank")
     ranks = sorted(set(here) | {r["rank"] for r in summary.get("ranks", []) if r["rank"] in planned})
-    return NodeDir(run_dir, plan, summary, node_rank, tuple(ranks))
+    return NodeDir(run_dir, plan, summary, node_rank, tuple(ranks), damaged)
 
 
 def _not_a_run_dir(path: Path) -> str:
@@ -139,9 +148,11 @@ def read_node_dirs(paths: list[Path], out: Path | None = None) -> list[NodeDir]:
             continue
         try:
             nodes.append(_node_dir(run_dir))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            problems.append(f"{path}: its plan.json or summary.json cannot be read ({e}). Copy the node's run dir "
-                            f"again.")
+        except DamagedRecord as e:
+            problems.append(f"{e.path} is damaged: {e}. Copy the node's run dir again.")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # a plan field of another shape
+            problems.append(f"{path}: its plan.json does not read as a plan ({type(e).__name__}: {e}). Copy the "
+                            f"node's run dir again.")
     if nodes:
         ref = nodes[0]
         for node in nodes[1:]:
@@ -214,6 +225,10 @@ def merged_summary(nodes: list[NodeDir], run_id: str) -> dict[str, Any]:
             merged[key] = value
     merged["merged_from"] = [{"dir": str(n.run_dir.path), "node_rank": n.node_rank, "status": n.summary["status"],
                               "ranks": list(n.ranks)} for n in nodes]
+    damaged = [damaged_line(n.run_dir.summary, n.damaged, "rebuilt from its ranks' records") for n in nodes
+               if n.damaged]
+    if damaged:
+        merged["damaged"] = damaged
     return merged
 
 
@@ -235,16 +250,22 @@ def write_merged_run(paths: list[Path], out: Path | None = None) -> tuple[RunDir
             if item.is_file() and item.name not in skip:
                 shutil.copy2(item, out / item.name)
         rank_env: dict[str, Any] = {}
+        env_damaged = []
         for node in nodes:
             for r in node.ranks:
                 if node.run_dir.rank(r).path.is_dir():
                     shutil.copytree(node.run_dir.rank(r).path, merged.rank(r).path)
             if node.run_dir.rank_env.is_file():
-                env = node.run_dir.read_json(node.run_dir.rank_env)
-                rank_env.update({k: v for k, v in env.items() if int(k) in node.ranks})
+                try:
+                    env = load_record(node.run_dir.rank_env)
+                    rank_env.update({k: v for k, v in env.items() if k.isdigit() and int(k) in node.ranks})
+                except DamagedRecord as e:
+                    env_damaged.append(damaged_line(e.path, str(e), "its ranks' environments are left out"))
         if rank_env:
             merged.write_json(merged.rank_env, dict(sorted(rank_env.items(), key=lambda kv: int(kv[0]))))
         summary = merged_summary(nodes, merged.name)
+        if env_damaged:
+            summary["damaged"] = [*summary.get("damaged", ()), *env_damaged]
         merged.write_summary(summary)
         write_junit(merged, summary)
     except BaseException:
@@ -263,9 +284,16 @@ def report_merged(paths: list[Path], out: Path | None, console: Console) -> int:
         console.print(f"[bold red]hetero-launch report:[/bold red] {escape(e.render())}", highlight=False,
                       soft_wrap=True)
         return 2
+    except OSError as e:  # a file of a rank.<N>/ that cannot be read, a full disk: OUT was removed again
+        console.print(f"[bold red]hetero-launch report:[/bold red] the run dirs cannot be copied into "
+                      f"{escape(str(out or default_out(paths[0])))} ({escape(str(e))}); nothing was written. Make "
+                      f"their files readable, or free space there, and run it again.", highlight=False, soft_wrap=True)
+        return 2
     sources = ", ".join(f"{m['dir']} (node {m['node_rank'] if m['node_rank'] is not None else '?'}: rank "
                         f"{', '.join(map(str, m['ranks']))})" for m in summary["merged_from"])
     console.print(f"merged {sources} into {merged.path}", highlight=False, soft_wrap=True)
+    for line in summary.get("damaged", ()):
+        console.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
     for key, said in summary.get("disagreements", {}).items():
         console.print(f"[yellow]the nodes disagree on {key}: "
                       f"{escape('; '.join(f'{d}: {v}' for d, v in said.items()))}[/yellow]", soft_wrap=True)

@@ -5,25 +5,35 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
+from launcher.report.damage import checked_plan, checked_summary, damaged_line
 from launcher.report.runs import is_dry_run, latest_trained
-from launcher.report.summary import build_summary, odd_record, summary_table
+from launcher.report.summary import build_summary, read_records, summary_table
 from launcher.rundir import RunDir, SweepDir
 
 
-def load_summary(run_dir: RunDir) -> dict:
-    """summary.json, or (when the launcher died before writing it, or it is damaged) one rebuilt from the ranks'
-    records, its status saying which."""
+def load_summary(run_dir: RunDir, plan: dict | None, damaged: list[str]) -> tuple[dict | None, bool]:
+    """(summary.json, or (when the launcher died before writing it, or it is damaged) one rebuilt from the ranks'
+    records, its status saying which; whether it was rebuilt). The ranks are the plan's, or (``plan`` None: its
+    plan.json is damaged) the rank.<N>/ folders there; None when there are none. A plan whose fields do not read
+    (another shape) is left out of the rebuilt summary, and ``damaged`` gets a line that says so."""
+    summary, why = checked_summary(run_dir)
+    if summary is not None:
+        return summary, False
+    # why: empty or cut short (a disk that filled up while an older version wrote it in place), another shape
+    status = f"unknown (summary.json is damaged: {why}; rebuilt from the ranks' records)" if why else \
+        launcher_state(run_dir)
+    ranks = [r["rank"] for r in plan["ranks"]] if plan is not None else run_dir.ranks_on_disk()
+    if plan is None and not ranks:
+        return None, True
+    exits = [{"rank": r, "exit_code": None} for r in ranks]
     try:
-        summary = run_dir.read_summary()
-        if summary is not None:
-            return summary
-        status = launcher_state(run_dir)
-    except ValueError as e:  # empty or cut short: a disk that filled up while an older version wrote it in place
-        status = f"unknown (summary.json is damaged: {e}; rebuilt from the ranks' records)"
-    plan = run_dir.read_plan()
-    exits = [{"rank": r["rank"], "exit_code": None} for r in plan["ranks"]]
-    return build_summary(run_dir, plan, exits, status, 0.0)
+        return build_summary(run_dir, plan or {}, exits, status, 0.0), True
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # a field of plan.json that has another shape
+        damaged.append(damaged_line(run_dir.plan, f"a field the summary reads has another shape ({type(e).__name__}: "
+                                    f"{e})", "the summary is rebuilt without it"))
+        return build_summary(run_dir, {}, exits, status, 0.0), True
 
 
 def launcher_state(run_dir: RunDir) -> str:
@@ -49,15 +59,20 @@ def launcher_state(run_dir: RunDir) -> str:
     return f"unknown (no summary.json; its launcher ran on {host}, pid {pid})"
 
 
-def write_plots(run_dir: RunDir, summary: dict) -> list[Path]:
+def write_plots(run_dir: RunDir, summary: dict, skipped: list[str]) -> list[Path]:
+    """loss.png and throughput.png from the ranks' metrics.jsonl; ``skipped`` gets a note per rank whose file had
+    lines that do not read (read_records)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ranks = [r["rank"] for r in summary["ranks"]]
-    records = {r: run_dir.rank(r).read_metrics() for r in ranks}
-    records = {r: [m for m in recs if not odd_record(m)] for r, recs in records.items()}
+    records = {}
+    for r in ranks:
+        records[r], note = read_records(run_dir.rank(r))
+        if note:
+            skipped.append(f"rank {r}: {note}")
     steps = {r: [m for m in recs if "event" not in m] for r, recs in records.items()}
     losses = {r: [m for m in recs if m.get("loss") is not None] for r, recs in steps.items()}  # a script may log none
     evals = [m for m in records.get(0, []) if m.get("event") == "eval" and m.get("loss") is not None]
@@ -79,8 +94,8 @@ def write_plots(run_dir: RunDir, summary: dict) -> list[Path]:
         ax.scatter([m["step"] for m in evals], [m["loss"] for m in evals], marker="D", s=50, color="red", zorder=5,
                    label="eval loss (held-out)")
         last = evals[-1]
-        if "auc" in last:
-            extra = f", bayes {last['bayes_auc']:.4f}" if "bayes_auc" in last else ""
+        if last.get("auc") is not None:  # (null: a NaN)
+            extra = f", bayes {last['bayes_auc']:.4f}" if last.get("bayes_auc") is not None else ""
             ax.annotate(f"AUC {last['auc']:.4f}{extra}", (last["step"], last["loss"]), textcoords="offset points",
                         xytext=(-10, 12), ha="right", color="red")
     ax.set(xlabel="step", ylabel="training loss", title=f"loss — {title}")
@@ -107,6 +122,9 @@ def _save(plt, fig, ax, path: Path) -> Path:
 
 
 def report(path: Path, console: Console) -> int:
+    """The summary table and plots of one run dir; a damaged record (plan.json, summary.json, a rank's metrics.jsonl)
+    is one line that says which and what is wrong, and the report goes on with the rest. 2 when it is no run dir,
+    or nothing of it can be shown."""
     path, note = latest_trained(path)
     if note:
         console.print(note)
@@ -119,11 +137,34 @@ def report(path: Path, console: Console) -> int:
         console.print(f"[red]hetero-launch report: {path} is not a run dir (no plan.json). "
                       f"Give one under log_output/, e.g. log_output/latest.[/red]")
         return 2
-    summary = load_summary(run_dir)
+    plan, plan_why = checked_plan(run_dir)
+    damaged = [damaged_line(run_dir.plan, plan_why, "the report goes on without it")] if plan_why else []
+    summary, rebuilt = load_summary(run_dir, plan, damaged)
+    for line in damaged:
+        console.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
+    if summary is None:
+        why = checked_summary(run_dir)[1]
+        summary_is = f"is damaged ({escape(why)})" if why else "is missing"
+        console.print(f"[red]hetero-launch report: nothing of {escape(str(path))} can be shown: its plan.json is "
+                      f"damaged ({escape(plan_why)}), its summary.json {summary_is}, "
+                      f"and it has no rank.<N>/ folder to rebuild a summary from. Copy the run dir again from where "
+                      f"the run wrote it, or report another run.[/red]", soft_wrap=True)
+        return 2
     console.print(summary_table(summary))
-    if run_dir.read_plan().get("kind") == "script":
+    if (plan or {}).get("kind") == "script":
         console.print("a script run has no metrics to plot")
         return 0
-    for path in write_plots(run_dir, summary):
+    skipped: list[str] = []
+    try:
+        written = write_plots(run_dir, summary, skipped)
+    except OSError as e:  # a run dir this user cannot write (a copy of another's)
+        console.print(f"[red]hetero-launch report: the plots cannot be written into {escape(str(run_dir.path))} "
+                      f"({escape(e.strerror or str(e))}). Copy the run dir somewhere you can write and report the "
+                      f"copy.[/red]", soft_wrap=True)
+        return 1
+    if not rebuilt:  # (a rebuilt summary's table names them already)
+        for line in skipped:
+            console.print(f"[yellow]skipped: {escape(line)}[/yellow]", soft_wrap=True)
+    for path in written:
         console.print(f"wrote {path}")
     return 0

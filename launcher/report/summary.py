@@ -182,21 +182,37 @@ def odd_record(m: object) -> str:
     return ""
 
 
-def _records(rank_dir: RankDir) -> tuple[list[dict], dict[str, list[dict]], str]:
-    """(the step records, the event records by event name (eval, val, early_stop, ...), a note of the records
-    skipped) of a rank's metrics.jsonl: a record that is not what runtime.log or a recipe's loop writes (odd_record) is
-    skipped, and the note says how many and why the first was ('' when none was)."""
-    steps, events, odd = [], {}, []
-    for i, m in enumerate(rank_dir.read_metrics()):
+def read_records(rank_dir: RankDir) -> tuple[list[dict], str]:
+    """(the records of a rank's metrics.jsonl that a reader may take as they are, in order; a note of the lines
+    skipped): a line that does not read (torn: its rank died mid-write; not UTF-8) or is not what runtime.log or a
+    recipe's loop writes (odd_record) is skipped, and the note says how many and why the first was ('' when none
+    was)."""
+    lines, bad = rank_dir.metrics_lines()
+    good = []
+    for number, m in lines:
         why = odd_record(m)
         if why:
-            odd.append((i, why))
-        elif "event" not in m:
+            bad.append((number, why))
+        else:
+            good.append(m)
+    if not bad:
+        return good, ""
+    number, why = min(bad)
+    if number == 0:  # the whole file
+        return good, f"{rank_dir.metrics} skipped: {why}"
+    return good, f"{len(bad)} line(s) of {rank_dir.metrics} skipped; the first, line {number}, because {why}"
+
+
+def _records(rank_dir: RankDir) -> tuple[list[dict], dict[str, list[dict]], str]:
+    """(the step records, the event records by event name (eval, val, early_stop, ...), a note of the lines
+    skipped: read_records) of a rank's metrics.jsonl."""
+    steps, events = [], {}
+    records, note = read_records(rank_dir)
+    for m in records:
+        if "event" not in m:
             steps.append(m)
         else:
             events.setdefault(m["event"], []).append(m)
-    note = (f"{len(odd)} record(s) of {rank_dir.metrics} skipped; the first, record {odd[0][0] + 1}, because "
-            f"{odd[0][1]}" if odd else "")
     return steps, events, note
 
 
@@ -206,7 +222,7 @@ def _peak_vs_plan(rank_dir: RankDir, plan: dict) -> dict:
     planned = from_plain(MemoryPlan, plan["peak"]).measured_as if plan.get("peak") else ("rss", None)
     try:
         measured = json.loads(rank_dir.memory.read_text()).get("peak", {}).get(planned[0])
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         measured = None
     return {"peak_bytes": number(measured), "planned_peak_bytes": planned[1]}
 
@@ -226,7 +242,7 @@ def _built_parts(run_dir: RunDir, plan: dict, rank_exits: list[dict]) -> list[st
     for e in rank_exits:
         try:
             return list(run_dir.read_json(run_dir.rank(e["rank"]).prepared)["parts"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             continue
     return []
 
