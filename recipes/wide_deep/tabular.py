@@ -5,7 +5,8 @@ otherwise; ``drop`` removes columns). A seeded split keeps ``test_fraction`` of 
 ``val_fraction`` for validation: recipes/wide_deep/_tabular_val.py). Continuous
 columns are standardised with train statistics (missing -> the train mean; inf, -inf or a value beyond float32 is
 refused: ``Finite``); categorical vocabularies come from the train split, index 0 is the out-of-vocabulary
-bucket, and a column with more than ``max_vocab`` distinct values is hashed into ``max_vocab`` buckets. ``crosses`` add categorical fields made of value pairs (a|b).
+bucket, and a column with more than ``max_vocab`` distinct values is hashed into ``max_vocab`` buckets. ``crosses``
+add categorical fields made of value pairs (a|b).
 
 The file is read column by column (recipes/wide_deep/_tabular_read.py: pyarrow when installed, else Python's csv
 module a chunk of rows at a time); every column is dictionary-encoded, so typing, vocabularies and hashing work on

@@ -570,7 +570,7 @@ def test_a_rank_keeps_what_the_launcher_sized_with_hash_buckets(csv_path):
 
 
 # A continuous column with inf, -inf or a number float32 cannot hold: standardised it was NaN in every row and both
-# ranks stopped with "training diverged" at step 1; refused before anything starts, naming it. NaN stays a missing value.
+# ranks stopped with "training diverged" at step 1; refused before anything starts, naming it. NaN stays missing.
 
 def _inf_file(path, rows=400):
     """x: inf at data row 8, -inf at row 301, 1e308 (inf as float32) at row 51; y: NaN (missing) in every 7th row."""

@@ -286,7 +286,8 @@ def test_a_stream_shorter_than_one_global_micro_batch_exits_2(project, cpu_host,
     every rank with EmptyStream (exit 1). A map-style Dataset that short is refused in the same words."""
     (project / "my_ctr" / "short_stream.py").write_text(
         "import torch\nfrom torch.utils.data import IterableDataset\n\n"
-        "class Stream(IterableDataset):\n    def __init__(self, n: int, users: int, items: int):\n        self.n = n\n\n"
+        "class Stream(IterableDataset):\n    def __init__(self, n: int, users: int, items: int):\n"
+        "        self.n = n\n\n"
         "    def __iter__(self):\n        for i in range(self.n):\n"
         "            yield torch.tensor(i % 100), torch.tensor(i % 10), torch.zeros(4), torch.tensor(float(i % 2))\n")
     stream = ["data._target_=my_ctr.short_stream.Stream", "data.n=10"]
