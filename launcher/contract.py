@@ -49,6 +49,9 @@ class DataFacts:
     what ``loader.num_workers=auto`` decides by (launcher/plan/loader.py)."""
     item_cpu_share: float = 1.0
     """The share of that time spent on a CPU (the rest waits on files or the network)."""
+    stream_items: int | None = None
+    """A stream (train_samples None) that ended within the launcher's read of its first items: how many it gave;
+    None = no stream, or one that did not end there."""
 
 
 @dataclass(frozen=True)

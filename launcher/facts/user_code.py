@@ -347,6 +347,7 @@ def _data_facts(spec: dict[str, Any], train: Any, sample: Sample, evaluation: An
     binary = scores and all(torch.is_tensor(y) and y.is_floating_point() and bool(((y == 0) | (y == 1)).all())
                             for y in labels)
     n_train = None if is_stream(train) else len(train)
+    ended = len(sample.items) if n_train is None and len(sample.items) < LABEL_SCAN else None  # read to its end
     n_eval = 0 if evaluation is None else None if is_stream(evaluation) else len(evaluation)
     inputs = f"keyword inputs {', '.join(batch[0])}" if isinstance(batch[0], Mapping) else f"{len(batch[0])} input(s)"
     seconds, share = sample.seconds, sample.cpu_share
@@ -360,4 +361,4 @@ def _data_facts(spec: dict[str, Any], train: Any, sample: Sample, evaluation: An
             f"{f'; val_data: {len(validation):,} items' if validation is not None else ''}")
     return DataFacts(train_samples=n_train, lines=(line, output_line) if output_line else (line,),
                      binary_labels=binary, eval_samples=n_eval, item_seconds=seconds, item_cpu_share=share,
-                     val_samples=len(validation) if validation is not None else 0)
+                     val_samples=len(validation) if validation is not None else 0, stream_items=ended)

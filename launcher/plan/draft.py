@@ -110,11 +110,23 @@ def _steps(cfg: DictConfig, batch: BatchPlan | None, dp: int, data_facts, proble
             problems.append(f"trainer.epochs={cfg.trainer.epochs} gives more than 2**63 steps. Lower trainer.epochs.")
         notes.append(f"trainer.epochs={cfg.trainer.epochs} -> {steps} steps ({steps_per_epoch} per epoch of "
                      f"{per_epoch:,} samples)")
-    if data_facts.train_samples is not None and batch is not None and data_facts.train_samples < batch.micro_size * dp:
-        problems.append(f"the data has {data_facts.train_samples} training samples, fewer than one global micro-batch "
-                        f"(batch.micro_size {batch.micro_size} × dp {dp} = {batch.micro_size * dp}). Lower "
-                        f"batch.global_size (or batch.micro_size), or give more data.")
+    problems += _too_few_samples(data_facts, batch, dp)
     return steps
+
+
+def _too_few_samples(data_facts, batch: BatchPlan | None, dp: int) -> list[str]:
+    """A data set, or a stream that ended when the launcher read it, with fewer items than one global micro-batch:
+    every rank would stop before its first step (a stream's epoch would hold no micro-batch)."""
+    group = batch.micro_size * dp if batch is not None else 0
+    fix = "Lower batch.global_size (or batch.micro_size), or give more data."
+    if data_facts.train_samples is not None and data_facts.train_samples < group:
+        return [f"the data has {data_facts.train_samples} training samples, fewer than one global micro-batch "
+                f"(batch.micro_size {batch.micro_size} × dp {dp} = {group}). {fix}"]
+    if data_facts.stream_items is not None and data_facts.stream_items < group:
+        return [f"data is a stream (IterableDataset) that ended after {data_facts.stream_items} items when the "
+                f"launcher read it, fewer than one global micro-batch (batch.micro_size {batch.micro_size} × dp {dp} "
+                f"= {group}): no epoch of it would hold a micro-batch. {fix}"]
+    return []
 
 
 def _table_default(cfg: DictConfig, user: bool):

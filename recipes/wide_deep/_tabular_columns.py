@@ -1,10 +1,13 @@
 """What the columns of a data=tabular file are, before any is read for training: the label's positive value
 (data.positive, or 1 / true of a 0/1 or true/false column) and the columns named as ids (categorical though their
-values are integers); and the error every reader raises (recipes/wide_deep/tabular.py re-exports it)."""
+values are integers); the continuous values no standardisation survives (inf, -inf, beyond float32); and the error
+every reader raises (recipes/wide_deep/tabular.py re-exports it)."""
 
 from __future__ import annotations
 
 import re
+
+import numpy as np
 
 
 class TabularError(ValueError):
@@ -60,3 +63,41 @@ def _check_labels(label: str, positive: str, negative: str, values: list[str]) -
         raise TabularError([f"data.label={label}: values {', '.join(unknown[:10])} are neither data.positive="
                             f"{positive} nor data.negative={negative}. Fix the file or set data.negative."])
     return positive
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""A continuous value beyond +-this is inf once a rank keeps it as float32."""
+
+
+def not_finite(floats: np.ndarray) -> np.ndarray:
+    """Whether each value is inf, -inf or beyond float32 (a rank keeps float32); NaN (missing) is not."""
+    with np.errstate(invalid="ignore"):
+        return np.abs(floats) > FLOAT32_MAX
+
+
+class Finite:
+    """The continuous values no standardisation survives, counted per column as batches come (``add``) and refused
+    with the fixes once all are seen (``check``): such a column's mean or standard deviation is inf, every value of
+    it NaN after standardising, and the run diverges at step 1. NaN is a missing value (the train mean), not one."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        """The file (and row group) the values come from, as the message names it."""
+        self.seen: dict[str, tuple[int, int, float]] = {}
+        """column -> (values not finite, the first one's data row, its value)."""
+
+    def add(self, column: str, floats: np.ndarray, first_row: int = 1) -> None:
+        """A column's values from data row ``first_row`` on."""
+        bad = np.flatnonzero(not_finite(floats))
+        if len(bad):
+            n, row, value = self.seen.get(column, (0, first_row + int(bad[0]), float(floats[bad[0]])))
+            self.seen[column] = (n + len(bad), row, value)
+
+    def check(self) -> None:
+        if self.seen:
+            raise TabularError([
+                f"{self.where}: continuous column {h!r} holds {n:,} value(s) that are not finite numbers (inf, -inf, "
+                f"or beyond float32's +-3.4e38), the first {value!r} at data row {row:,}; standardised, the column "
+                f"would be NaN and training would diverge at step 1. Clean the column (an empty cell or a null is a "
+                f"missing value: the train mean), or set data.categorical=[{h}] to take its values as categories, or "
+                f"data.drop=[{h}]." for h, (n, row, value) in self.seen.items()])

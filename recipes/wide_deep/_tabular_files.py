@@ -14,7 +14,8 @@ hashed (data.hash_buckets > 0): a vocabulary needs a pass over every row, which 
 
 Eval: ``data.eval_path`` (files of the same schema), else ``data.test_fraction`` of the row groups (at least one),
 chosen with data.seed; the rest train. The label's values are checked on the first train row group's label column
-and on every row group's min / max in the footers; a rank meeting another value stops naming it.
+and on every row group's min / max in the footers; a rank meeting another value stops naming it. A continuous column
+whose footer min / max is inf, -inf or beyond float32 is refused (``_not_finite``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from launcher.recipes.wide_deep._tabular_columns import not_finite
 from launcher.recipes.wide_deep._tabular_parquet import _is_number_type, coded
 from launcher.recipes.wide_deep._tabular_read import INSTALL, _pyarrow, _unreadable
 from launcher.recipes.wide_deep.tabular import (TabularError, _check_labels, _hash_problems, _key_problems,
@@ -230,6 +232,9 @@ def _layout(path, files, footers, n_train_files, label, positive, negative, cont
     reads = [label, *cont, *cats, *(c for pair in crosses for c in pair)]
     text = tuple(h for h in dict.fromkeys(reads) if _is_text(_plain(schema.field(h).type)))
     positive, negative, sample = _labels(files, footers, train, label, positive, negative)
+    problems = _not_finite(path, files, footers, cont)
+    if problems:
+        raise TabularError(problems)
     group_bytes = max(m.row_group(g).total_byte_size for _, m in footers for g in range(m.num_row_groups))
     return Layout(path, tuple(files), train, held, tuple(cont), tuple(cats), tuple(crosses), label, positive, negative,
                   text, int(group_bytes), sample, how)
@@ -265,6 +270,26 @@ def _labels(files, footers, train: np.ndarray, label: str, positive: str,
                             f"footers' min / max)"]) from None
     share = float(np.mean(np.array([t == positive for t in texts])[col.codes])) if len(col.codes) else 0.0
     return positive, negative or next(v for v in sorted(values) if v != positive), (len(col.codes), share)
+
+
+def _not_finite(path: str, files, footers, cont) -> list[str]:
+    """Continuous columns whose footer min / max, in any row group, is inf, -inf or beyond float32 (see
+    ``_tabular_columns.Finite``: standardised, such a column is NaN and the run diverges at step 1). A rank refuses what
+    footers without min / max hide, when it reads it."""
+    seen: dict[str, list[str]] = {}
+    for f, (_, meta) in zip(files, footers):
+        index = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
+        for h in cont:
+            for k in range(meta.num_row_groups):
+                stats = meta.row_group(k).column(index[h]).statistics
+                ends = (stats.min, stats.max) if stats is not None and stats.has_min_max else ()
+                if any(isinstance(v, float) and not_finite(np.array([v])).any() for v in ends):
+                    seen.setdefault(h, []).append(f"row group {k} of {f} (min {ends[0]!r}, max {ends[1]!r})")
+    return [f"data.path={path}: continuous column {h!r} holds values that are not finite numbers (inf, -inf, or beyond "
+            f"float32's +-3.4e38) in {len(where):,} row group(s) by the footers' min / max, the first {where[0]}; "
+            f"standardised, the column would be NaN and training would diverge at step 1. Clean the column (a null is "
+            f"a missing value: the train mean), or set data.categorical=[{h}] to hash its values as categories, or "
+            f"data.drop=[{h}]." for h, where in seen.items()]
 
 
 def _stat_text(v) -> str:

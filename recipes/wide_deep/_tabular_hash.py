@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from launcher.recipes.wide_deep import tabular
+from launcher.recipes.wide_deep._tabular_columns import Finite
 from launcher.recipes.wide_deep._tabular_read import Coded, ReadError, _bytes, read_batches
 from launcher.recipes.wide_deep.tabular import (DENSE, IDS, LABELS, Prepared, TabularError, _check_labels, _cross,
                                                 _float_lut, _is_numeric, _prepared, _split, _standardised,
@@ -63,7 +64,7 @@ def _prepare_hashed(p: Path, names, label, positive, negative, categorical, cont
     if not features and not crosses:
         raise TabularError([f"data.path={path}: no feature columns left after data.label and data.drop."])
     text = {label, *categorical, *{c for pair in crosses for c in pair}}
-    skip = {h for h in drop if h not in text} | ({h for h in continuous if h not in text} if not tensors else set())
+    skip = {h for h in drop if h not in text}  # data.continuous read too: the launcher refuses an inf in it
     fixed = {h: h in continuous for h in features if h in continuous or h in categorical}
     fold = _HashedRead(path, label, positive, features, fixed, crosses, buckets, tensors)
     try:
@@ -113,9 +114,11 @@ class _HashedRead:
         self.dense = {h: array("f") for h in self.cont} if self.tensors else {}
         self.ids = {f: array("i") for f in self.fields} if self.tensors else {}
         self.stats = {} if self.tensors else {f: Occupancy(self.buckets) for f in self.fields}
+        self.finite = Finite(f"data.path={self.path}")
         for n, cols in batches:
             self._add(cols)
             self.rows += n
+        self.finite.check()
         return self
 
     def _add(self, cols: dict) -> None:
@@ -127,11 +130,10 @@ class _HashedRead:
                                 f"has two (data.positive, data.negative). Name the click column in data.label."])
         self.y.frombytes(_bytes(np.array([is_positive(t, self.positive) for t in texts], np.uint8)[label.codes]))
         for h in self.cont:
-            col = cols.get(h)
-            if col is None:  # data.continuous in the launcher's pass: not read
-                continue
+            col = cols[h]
             floats = col if isinstance(col, np.ndarray) else self._floats(h, col)
-            if self.tensors:
+            self.finite.add(h, floats, self.rows + 1)
+            if self.tensors and not self.finite.seen:  # once one is seen, the read ends refused
                 self.dense[h].frombytes(_bytes(floats.astype(np.float32)))
         crossed = [_cross(cols[a], cols[b], hashed=True) for a, b in self.crosses]
         for f, col in zip(self.fields, [cols[h] for h in self.cats] + crossed):

@@ -21,7 +21,9 @@ column, int32 per field, a float32 label) and one row group as read, never a fil
 Each row group is read with the run's columns only, text columns kept as Parquet's dictionaries; categorical values
 hashed as with one file (``_tabular_hash.bucket_ids``); continuous columns standardised with the mean and standard
 deviation of a seeded sample of the train row groups (at least STATS_ROWS rows, data.seed: the same in every rank;
-Parquet footers hold min / max but no mean or variance), a missing value as the mean. Eval: the held-out row groups
+Parquet footers hold min / max but no mean or variance), a missing value as the mean; an inf, -inf or value beyond
+float32 the footers did not show (``_tabular_files`` refuses what they show) stops the rank naming the column, file,
+row group and row. Eval: the held-out row groups
 in file order, rank r the rows [r × E // dp, (r + 1) × E // dp) of them, the same number of batches on every rank.
 """
 
@@ -36,6 +38,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
+from launcher.recipes.wide_deep._tabular_columns import Finite
 from launcher.recipes.wide_deep._tabular_files import Layout, layout
 from launcher.recipes.wide_deep._tabular_hash import bucket_ids
 from launcher.recipes.wide_deep._tabular_parquet import coded, floats
@@ -72,15 +75,20 @@ class Encoder:
         """Rows [lo, hi) of row group ``unit`` (file, group, rows), encoded."""
         f, g = int(unit[0]), int(unit[1])
         table = self._file(f).read_row_group(g, columns=self.layout.columns, use_threads=False)
-        return self.encode(table.slice(lo, hi - lo), f, g)
+        return self.encode(table.slice(lo, hi - lo), f, g, lo)
 
-    def encode(self, table, f: int, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def encode(self, table, f: int, g: int, lo: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows [lo, lo + rows) of row group g of file f; TabularError for an inf the footers did not show."""
         lay = self.layout
         mean, std = self.stats()
         dense = np.empty((table.num_rows, len(lay.continuous)), np.float32)
+        finite = self._finite(f, g)
         for j, h in enumerate(lay.continuous):
-            x = (self._floats(table.column(h)) - mean[j]) / std[j]
+            x = self._floats(table.column(h))
+            finite.add(h, x, lo + 1)
+            x = (x - mean[j]) / std[j]
             dense[:, j] = np.where(np.isnan(x), 0.0, x)
+        finite.check()
         cols = {h: coded(table.column(h)) for h in dict.fromkeys([*lay.categorical, *(c for p in lay.crosses
                                                                                          for c in p)])}
         fields = [cols[h] for h in lay.categorical] + [_cross(cols[a], cols[b], hashed=True) for a, b in lay.crosses]
@@ -94,6 +102,11 @@ class Encoder:
             col = coded(column)
             return _float_lut(col)[0][col.codes]
         return floats(column)
+
+    def _finite(self, f: int, g: int) -> Finite:
+        """Footers without min / max (or a text column in data.continuous) let an inf through to here."""
+        return Finite(f"data.path={self.layout.path}: row group {g} of {self.layout.files[f]} (rows counted from its "
+                      f"first)")
 
     def _labels(self, col, f: int, g: int) -> np.ndarray:
         lay = self.layout
@@ -121,8 +134,11 @@ class Encoder:
         for k in np.random.default_rng([self.seed % 2**64, 1]).permutation(len(lay.train)) if cont else ():
             f, g, n = (int(v) for v in lay.train[k])
             table = self._file(f).read_row_group(g, columns=cont, use_threads=False)
+            finite = self._finite(f, g)
             for j, h in enumerate(cont):
                 x = self._floats(table.column(h))
+                finite.add(h, x)
+                finite.check()
                 x = x[~np.isnan(x)]
                 if len(x):
                     delta, total = x.mean() - mean[j], count[j] + len(x)

@@ -3,9 +3,10 @@
 Columns with non-numeric values are categorical, numeric ones continuous (``categorical`` / ``continuous`` say
 otherwise; ``drop`` removes columns). A seeded split keeps ``test_fraction`` of the rows for evaluation (and
 ``val_fraction`` for validation: recipes/wide_deep/_tabular_val.py). Continuous
-columns are standardised with train statistics (missing -> the train mean); categorical vocabularies come from the
-train split, index 0 is the out-of-vocabulary bucket, and a column with more than ``max_vocab`` distinct values is
-hashed into ``max_vocab`` buckets. ``crosses`` add categorical fields made of value pairs (a|b).
+columns are standardised with train statistics (missing -> the train mean; inf, -inf or a value beyond float32 is
+refused: ``Finite``); categorical vocabularies come from the train split, index 0 is the out-of-vocabulary
+bucket, and a column with more than ``max_vocab`` distinct values is hashed into ``max_vocab`` buckets. ``crosses``
+add categorical fields made of value pairs (a|b).
 
 The file is read column by column (recipes/wide_deep/_tabular_read.py: pyarrow when installed, else Python's csv
 module a chunk of rows at a time); every column is dictionary-encoded, so typing, vocabularies and hashing work on
@@ -34,8 +35,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from launcher.recipes.wide_deep._tabular_columns import (TabularError, _check_labels, id_columns,  # noqa: F401
-                                                        is_positive)
+from launcher.recipes.wide_deep._tabular_columns import (TabularError, _check_labels, Finite,  # noqa: F401
+                                                        id_columns, is_positive)
 from launcher.recipes.wide_deep._tabular_val import carve, held_out
 from launcher.recipes.wide_deep._tabular_read import INSTALL, Coded, ReadError, compact, header, is_streamed, read_table
 
@@ -252,7 +253,10 @@ def _prepare_vocab(p: Path, names, table, label, positive, negative, categorical
     cats = [h for h in features if h not in cont]
     if not cont and not cats and not crosses:
         raise TabularError([f"data.path={path}: no feature columns left after data.label and data.drop."])
-
+    finite = Finite(f"data.path={path}")  # inf would make a column's statistics, then every value, NaN
+    for h in cont:
+        finite.add(h, _floats(cols[h]))
+    finite.check()
     y = torch.from_numpy((labels.codes == labels.texts().index(positive)).astype(np.float32)).to(LABELS)
     train_idx, test_idx = _split(path, table.rows, test_fraction, seed)
     train_np = train_idx.numpy()

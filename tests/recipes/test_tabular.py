@@ -567,3 +567,49 @@ def test_a_rank_keeps_what_the_launcher_sized_with_hash_buckets(csv_path):
     assert facts.model_sizes["field_sizes"] == rank.prepared.field_sizes == [300] * 5
     assert facts.resident_bytes == sum(t.nbytes for t in (*rank.prepared.train, *rank.prepared.test))
     assert facts.lines[1].startswith("data.hash_buckets=300: hash collisions of 5 field(s)")
+
+
+# A continuous column with inf, -inf or a number float32 cannot hold: standardised it was NaN in every row and both
+# ranks stopped with "training diverged" at step 1; refused before anything starts, naming it. NaN stays missing.
+
+def _inf_file(path, rows=400):
+    """x: inf at data row 8, -inf at row 301, 1e308 (inf as float32) at row 51; y: NaN (missing) in every 7th row."""
+    x = [str(i * 0.5) for i in range(rows)]
+    x[7], x[300], x[50] = "inf", "-inf", "1e308"
+    lines = [f"{i % 9},{x[i]},{'nan' if i % 7 == 0 else i % 5},{i % 2}\n" for i in range(rows)]
+    text = "age,x,y,clicked\n" + "".join(lines)
+    if path.suffix == ".parquet":
+        pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+        pq.write_table(pa.table({"age": [i % 9 for i in range(rows)], "x": [float(v) for v in x],
+                                "y": [float("nan") if i % 7 == 0 else float(i % 5) for i in range(rows)],
+                                "clicked": [i % 2 for i in range(rows)]}), path)
+    else:
+        path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name", ["inf.csv", "inf.parquet"])
+@pytest.mark.parametrize("buckets", [0, 64])
+@pytest.mark.parametrize("tensors", [False, True], ids=["launcher", "rank"])
+def test_a_continuous_column_that_is_not_finite_is_refused_naming_it(tmp_path, name, buckets, tensors):
+    path = _inf_file(tmp_path / name)
+    with pytest.raises(TabularError) as e:
+        prepare(str(path), "clicked", "", categorical=["age"], hash_buckets=buckets, tensors=tensors)
+    assert e.value.problems == [
+        f"data.path={path}: continuous column 'x' holds 3 value(s) that are not finite numbers (inf, -inf, or beyond "
+        f"float32's +-3.4e38), the first inf at data row 8; standardised, the column would be NaN and training would "
+        f"diverge at step 1. Clean the column (an empty cell or a null is a missing value: the train mean), or set "
+        f"data.categorical=[x] to take its values as categories, or data.drop=[x]."]
+    for fix in ({"categorical": ["age", "x"]}, {"drop": ["x"]}):  # the fixes it names; NaN in y: the train mean
+        p = prepare(str(path), "clicked", "", **{"categorical": ["age"]} | fix, hash_buckets=buckets)
+        assert "y" in p.continuous and torch.isfinite(p.train[0]).all() and torch.isfinite(p.test[0]).all()
+
+
+def test_cli_refuses_inf_in_a_continuous_column_before_starting(tmp_path, cli):
+    _inf_file(tmp_path / "inf.csv")
+    res = cli(["recipe=wide_deep", "data=tabular", "data.path=inf.csv", "data.label=clicked",
+               "data.categorical=[age]", "batch.global_size=32", "trainer.steps=3"], tmp_path)
+    err = " ".join(res.stderr.split())
+    assert res.returncode == 2 and "Traceback" not in err, err
+    assert "data.path=inf.csv: continuous column 'x' holds 3 value(s) that are not finite numbers" in err
+    assert not (tmp_path / "log_output").exists()

@@ -239,3 +239,50 @@ def test_a_file_whose_name_looks_like_a_glob_is_that_file(tmp_path):
     (tmp_path / "clicks[1].csv").write_text("a,clicked\n1,yes\n")
     assert not is_streamed(str(tmp_path / "clicks[1].csv")) and not is_streamed(str(tmp_path / "none.csv"))
     assert is_streamed(str(tmp_path)) and is_streamed(str(tmp_path / "*.parquet"))
+
+
+def _with_inf(root, statistics: bool):
+    """write_dir's row groups with row 400's ``x`` inf (row group 1 of part-0, row 101 of it) and row 1400's -inf."""
+    root.mkdir(parents=True)
+    at = 0
+    for f in range(3):
+        with pq.ParquetWriter(root / f"part-{f}.parquet", pa.table(_columns(1, 1)).schema,
+                              write_statistics=statistics) as w:
+            for n in GROUPS[f * 3:(f + 1) * 3]:
+                cols = _columns(at, n)
+                x = cols["x"].to_numpy(zero_copy_only=False)
+                x[[k for k in range(n) if at + k in (400, 1400)]] = [np.inf, -np.inf][:sum(at <= r < at + n
+                                                                                          for r in (400, 1400))]
+                cols["x"] = pa.array(x)
+                w.write_table(pa.table(cols), row_group_size=n)
+                at += n
+    return root
+
+
+def test_inf_in_a_continuous_column_is_refused_from_the_footers(tmp_path, capsys, monkeypatch):
+    root = _with_inf(tmp_path / "d", statistics=True)
+    with pytest.raises(TabularError) as e:
+        layout(str(root), "label", "1", categorical=["k"], hash_buckets=BUCKETS)
+    [problem] = e.value.problems
+    assert __import__("re").sub(r"\(min [-0-9.]+, ", "(min m, ", problem) == (
+        f"data.path={root}: continuous column 'x' holds values that are not finite numbers (inf, -inf, or beyond "
+        f"float32's +-3.4e38) in 2 row group(s) by the footers' min / max, the first row group 1 of "
+        f"{root / 'part-0.parquet'} (min m, max inf); standardised, the column would be NaN and training would "
+        f"diverge at step 1. Clean the column (a null is a missing value: the train mean), or set "
+        f"data.categorical=[x] to hash its values as categories, or data.drop=[x].")
+    monkeypatch.chdir(tmp_path)
+    assert main(["recipe=wide_deep", "data=tabular", "data.path=d", "data.label=label", "data.hash_buckets=64",
+                 "data.categorical=[k]", "dry_run=true"]) == 2
+    assert "continuous column 'x' holds values that are not finite" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "log_output").exists()
+
+
+@pytest.mark.parametrize("stats_rows", [STATS_ROWS, 1], ids=["seen-by-the-statistics", "seen-when-read"])
+def test_a_rank_refuses_an_inf_the_footers_did_not_show(tmp_path, monkeypatch, stats_rows):
+    monkeypatch.setattr("launcher.recipes.wide_deep._tabular_stream.STATS_ROWS", stats_rows)
+    root = _with_inf(tmp_path / "d", statistics=False)
+    data = source(root, test_fraction=0.12)
+    with pytest.raises(TabularError, match=r"data.path=.*: row group \d of .*part-\d.parquet \(rows counted from its "
+                                           r"first\): continuous column 'x' holds 1 value\(s\) that are not finite "
+                                           r"numbers .* the first -?inf at data row \d+;"):
+        list(itertools.islice(data.train_batches(0, 1, 40, 0), 200))

@@ -309,3 +309,24 @@ def test_val_data_is_refused_where_it_cannot_work(project, cpu_host, tmp_path):
         plan(project, "+val_data={_target_: my_ctr.streamed.Stream}", host=cpu_host)
     with pytest.raises(ConfigError, match="val_data is for recipes in your own folder; recipe wide_deep"):
         plan_of(["recipe=wide_deep", "+val_data={_target_: my_ctr.data.Clicks}"], cpu_host)
+
+
+def test_a_stream_shorter_than_one_global_micro_batch_exits_2(project, cpu_host, cli):
+    """The launcher reads a stream's first items; one that ended there with fewer than a global micro-batch crashed
+    every rank with EmptyStream (exit 1). A map-style Dataset that short is refused in the same words."""
+    (project / "my_ctr" / "short_stream.py").write_text(
+        "import torch\nfrom torch.utils.data import IterableDataset\n\n"
+        "class Stream(IterableDataset):\n    def __init__(self, n: int, users: int, items: int):\n"
+        "        self.n = n\n\n"
+        "    def __iter__(self):\n        for i in range(self.n):\n"
+        "            yield torch.tensor(i % 100), torch.tensor(i % 10), torch.zeros(4), torch.tensor(float(i % 2))\n")
+    stream = ["data._target_=my_ctr.short_stream.Stream", "data.n=10"]
+    res = cli(["--config-dir", "conf", "recipe=my_ctr", *stream, "batch.global_size=16"], project)
+    err = " ".join(res.stderr.split())
+    assert res.returncode == 2 and "Traceback" not in err, err
+    assert ("data is a stream (IterableDataset) that ended after 10 items when the launcher read it, fewer than one "
+            "global micro-batch (batch.micro_size 8 × dp 2 = 16): no epoch of it would hold a micro-batch. Lower "
+            "batch.global_size (or batch.micro_size), or give more data.") in err
+    assert not (project / "log_output").exists()
+    plan(project, *stream, "batch.global_size=10", host=cpu_host)  # 10 items: one global micro-batch
+    plan(project, stream[0], "data.n=1000", "batch.global_size=512", host=cpu_host)  # it did not end in the read
