@@ -107,7 +107,8 @@ class LauncherConfig:
     """A rank whose heartbeat (finished steps, evaluation batches) has not moved for this long, or for 10 of its
     slowest steps if that is longer, is stalled: the launcher names it, has every rank print its Python stacks,
     and stops the job (status hung). A checkpoint save keeps the heartbeat moving and may take up to 12 times this
-    limit. Watched from each rank's first finished step; 0 = no watchdog."""
+    limit. A recipe's rank may take 12 times this limit to its first finished step (model build, first data,
+compilation), counted from the job's start; a script's rank is watched from its first heartbeat. 0 = no watchdog."""
     max_restarts: int = 0
     """After a failed attempt, start the job again this many times at most, from the run's newest complete
     checkpoint (each attempt's rank logs are kept in attempt.<k>/). Not after an interrupt or bad input."""

@@ -12,7 +12,9 @@ What a rank would have had from a fresh interpreter, it has here too:
 - the variables read when torch is imported (OMP_NUM_THREADS, PYTHONUNBUFFERED, ...): the forkserver starts with
   the variables every local rank shares (``shared``), then elastic sets each rank's own;
 - its own session, and death with the launcher: the forkserver ends when the launcher's end closes its pipe, and a
-  rank asks for SIGKILL when its parent (the forkserver) ends (launcher/worker/warm.py);
+  rank asks for SIGKILL when its parent (the forkserver) ends (launcher/worker/warm.py); the forkserver has a
+  session of its own too, so a signal to the launcher's process group is the launcher's alone, which stops the
+  ranks as on any signal (launcher/worker/forkserver_session.py);
 - HL_RUN_DIR in its /proc environ (how the launcher finds a run's processes): the forkserver starts with it, so it
   is one of the run's processes too, and goes with them at the run's end.
 Not warm: scripts (``script=``: the user's ``__main__``), CUDA plans (a fork must not inherit a CUDA context), and
@@ -21,14 +23,20 @@ Not warm: scripts (``script=``: the user's ``__main__``), CUDA plans (a fork mus
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing import forkserver, resource_tracker
 
 from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, start_processes
 
-PRELOAD = ["launcher.worker.warm"]
-"""Modules the forkserver imports once: everything a recipe rank imports before it reads its plan."""
+PRELOAD = ["launcher.worker.forkserver_session", "launcher.worker.warm"]
+"""Modules the forkserver imports once: first its own session (out of the launcher's process group, which a Ctrl-C or
+``timeout`` signals whole), then everything a recipe rank imports before it reads its plan."""
+TRACKER_SPARED = (signal.SIGHUP, signal.SIGQUIT)
+"""Signals blocked in multiprocessing's resource tracker, a process of the launcher's group: it ignores SIGINT and
+SIGTERM itself, and would die of these when the launcher's group is signalled (a closed terminal), then a new one
+would print a traceback for every shared-memory name the ranks' queues give back."""
 _started_with: dict[str, str] | None = None
 """The shared variables the running forkserver was started with (a sweep's next run has another run dir)."""
 
@@ -52,13 +60,24 @@ def _environ(extra: dict[str, str]) -> Iterator[None]:
         os.environ.update(before)
 
 
+@contextmanager
+def _blocked(signals: tuple[int, ...]) -> Iterator[None]:
+    """signals blocked in this thread for the moment a process is started (it inherits the mask), then as before."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def ensure_forkserver(env: dict[str, str]) -> None:
     """A forkserver started with ``env`` and the preload, running (started now if there is none, or it ended, or it
     was started for other variables)."""
     global _started_with
     if _started_with is not None and _started_with != env:
         forkserver._forkserver._stop()  # another run's: its variables (HL_RUN_DIR) are not this run's
-    resource_tracker.ensure_running()  # with the launcher's own variables: it is no process of the run
+    with _blocked(TRACKER_SPARED):  # the tracker keeps the mask it starts with: they stay pending there, unseen
+        resource_tracker.ensure_running()  # with the launcher's own variables: it is no process of the run
     forkserver.set_forkserver_preload(PRELOAD)
     with _environ(env):
         forkserver.ensure_running()

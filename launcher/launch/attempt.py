@@ -137,7 +137,8 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
     from launcher.launch.watchdog import Watchdog
 
     job = start_job(plan, run_dir, envs)
-    watchdog = Watchdog({r: run_dir.rank(r) for r in job.ranks}, job.pids, watchdog_s) if watchdog_s > 0 else None
+    watchdog = (Watchdog({r: run_dir.rank(r) for r in job.ranks}, job.pids, watchdog_s,
+                         first_step=plan.kind != "script") if watchdog_s > 0 else None)
     other_failed = nodes.should_stop if nodes is not None else None  # a failure elsewhere, or a host to admit
     tee = RankTee(console, run_dir, streamed_ranks(plan.kind, console_mode, job.ranks), console_mode == "all")
     builds = RankBuildWatch(plan, console)  # a rank compiling an op the launcher did not prebuild is announced

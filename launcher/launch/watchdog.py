@@ -1,8 +1,9 @@
 """Name a hung rank: heartbeats that stop moving, the rank's process state, and every rank's Python stacks.
 
-Each rank rewrites its heartbeat (``rank.N/last_step``) as it finishes steps and evaluation batches. A rank is
-watched from its first heartbeat on; when one has not moved for the limit (``launcher.watchdog_s``, or 10 of the
-slowest step seen if that is longer), the job is stalled. A rank writing a checkpoint says so in its heartbeat
+Each rank rewrites its heartbeat (``rank.N/last_step``) as it finishes steps and evaluation batches. When one has not
+moved for the limit (``launcher.watchdog_s``, or 10 of the slowest step seen if that is longer), the job is stalled.
+Before its first heartbeat a recipe's rank (whose trainer always beats; a script may never) may take FIRST_STEP_LIMITS
+limits from the job's start: the first step is legitimately slower. A rank writing a checkpoint says so in its heartbeat
 (``"state": "saving"``), which a thread keeps moving while the save runs: a save longer than the limit is not a hang,
 but one longer than SAVE_LIMITS limits is (a collective inside it may hang while the thread beats on), and so is a
 saving rank whose heartbeat stops (its process stopped). In a stalled data-parallel job every rank stops: the stuck
@@ -30,6 +31,13 @@ SLOW_STEPS = 10
 """The limit is at least this many of the slowest observed step."""
 SAVE_LIMITS = 12
 """A checkpoint save may run this many limits in all (an hour at the default 300 s) while its heartbeat moves."""
+FIRST_STEP_LIMITS = 12
+"""Limits a recipe's rank may take to its first finished step, counted from when its job started: an hour at the
+default 300 s, as a save. Besides a step, the first one builds the model and its optimizer, meets its peers
+(``init_process_group``), reads the first data (a file's first shard, a loader's workers started), loads a checkpoint
+on resume and compiles what the run compiles (DeepSpeed's ops a rank builds itself, torch.compile): minutes where a
+step takes milliseconds. Measured on a loaded 2-core machine: tens of seconds for a smoke run's ranks, under 12 of
+the smallest limit any test sets (2 s)."""
 STACKS_WAIT_S = 3.0
 """How long the ranks get to write their stacks."""
 _STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a debugger", "D": "in uninterruptible I/O (D)",
@@ -54,21 +62,27 @@ class Stall:
     """Each rank's dumped stacks ('' = it did not answer)."""
     saving: dict[int, float]
     """The ranks that were writing a checkpoint, and for how long (s)."""
+    first_step: bool = False
+    """The named ranks had not finished their first step (no heartbeat yet): the limit was FIRST_STEP_LIMITS limits
+    from the job's start."""
 
     def to_dict(self) -> dict:
         return {"ranks": list(self.ranks), "why": self.why, "steps": {str(k): v for k, v in self.steps.items()},
                 "idle_s": round(self.idle_s, 1), "limit_s": round(self.limit_s, 1),
                 "states": {str(k): v for k, v in self.states.items()},
-                "saving_s": {str(k): round(v, 1) for k, v in self.saving.items()}}
+                "saving_s": {str(k): round(v, 1) for k, v in self.saving.items()}, "before_first_step": self.first_step}
 
 
 class Watchdog:
     """check() every supervision poll; it reads the heartbeats at most every ``period_s``."""
 
     def __init__(self, rank_dirs: dict[int, RankDir], pids: Callable[[], dict[int, int]], watchdog_s: float,
-                 period_s: float = 0.5) -> None:
-        """pids: each rank's process on this host, asked when a stall is diagnosed (a rank under mpirun or srun
-        writes its pid once started; one on another host has none: it is not asked for stacks)."""
+                 period_s: float = 0.5, first_step: bool = True) -> None:
+        """Made as the job starts. pids: each rank's process on this host, asked when a stall is diagnosed (a rank
+        under mpirun or srun writes its pid once started; one on another host has none: it is not asked for stacks).
+        first_step: bound the time to each rank's first heartbeat (FIRST_STEP_LIMITS); not for a script's ranks,
+        which beat only if they log through the runtime."""
+        self._started = time.monotonic() if first_step else None
         self._dirs, self._pids, self._base, self._period = rank_dirs, pids, watchdog_s, period_s
         self._beat: dict[int, tuple[dict, float]] = {}  # rank -> (its heartbeat, when the launcher saw it change)
         self._saving: dict[int, tuple[int, float]] = {}  # rank -> (the step it saves, when the launcher saw it begin)
@@ -98,7 +112,8 @@ class Watchdog:
                     self._slowest_step_s = max(self._slowest_step_s, per_step)
                 self._beat[rank] = (beat, now)
             self._note_save(rank, beat, now)
-        overdue = {r: self._overdue(r, now) for r in self._beat if r in running}
+        watched = running if self._started is not None else running & self._beat.keys()
+        overdue = {r: self._overdue(r, now) for r in watched}
         if not any(idle >= limit for idle, limit in overdue.values()):
             return None
         return self._diagnose(running, overdue, now)
@@ -114,7 +129,9 @@ class Watchdog:
     def _overdue(self, rank: int, now: float) -> tuple[float, float]:
         """(how long the rank has made no progress, the limit that applies): since its heartbeat last moved
         (limit_s); for a rank writing a checkpoint also since its save began (SAVE_LIMITS × limit_s), whichever is
-        nearer its limit."""
+        nearer its limit; before its first heartbeat, since the job started (FIRST_STEP_LIMITS × limit_s)."""
+        if rank not in self._beat:
+            return now - self._started, FIRST_STEP_LIMITS * self.limit_s
         idle = (now - self._beat[rank][1], self.limit_s)
         if rank not in self._saving:
             return idle
@@ -126,7 +143,7 @@ class Watchdog:
         pids = self._pids()
         states = {r: process_state(pids[r]) if r in pids else "" for r in sorted(running)}
         stacks = self.ask_for_stacks(sorted(running), pids)
-        steps = {r: self._beat[r][0].get("step", 0) for r in sorted(self._beat) if r in running}
+        steps = {r: self._beat[r][0].get("step", 0) if r in self._beat else 0 for r in sorted(overdue)}
         low = min(steps.values()) if steps else 0
         outside = [r for r in stalled if stacks[r] and "torch/distributed" not in stacks[r]]
         for ranks, why in (
@@ -142,7 +159,8 @@ class Watchdog:
                 break
         return Stall(ranks=tuple(ranks), why=why, steps=steps, idle_s=idle_s, limit_s=limit_s,
                      states={r: _STATES.get(s, s or "unknown") for r, s in states.items()}, stacks=stacks,
-                     saving={r: now - t for r, (_, t) in sorted(self._saving.items()) if r in running})
+                     saving={r: now - t for r, (_, t) in sorted(self._saving.items()) if r in running},
+                     first_step=not any(r in self._beat for r in ranks))
 
     def ask_for_stacks(self, ranks: list[int], pids: dict[int, int]) -> dict[int, str]:
         """Send STACKS_SIGNAL to each rank with a pid here, wait up to STACKS_WAIT_S for each to write its stacks

@@ -379,9 +379,12 @@ STACK_LINES = 40
 def hang_report(run_dir: RunDir, summary: dict, stall) -> Group:
     """Which rank(s) stalled and at what step, by which evidence, their process states and every rank's stacks."""
     named = ", ".join(str(r) for r in stall.ranks)
-    body = Text(f"rank {named} hung after step {min(stall.steps.get(r, 0) for r in stall.ranks)} of "
-                f"{summary['steps']}: no progress for {stall.idle_s:.1f} s (launcher.watchdog_s: the limit was "
-                f"{stall.limit_s:.1f} s); named by {stall.why}.\n")
+    if stall.first_step:
+        when, since, key = "before its first step", " since the ranks started", "a first step's multiple of launcher.watchdog_s"
+    else:
+        when, since, key = f"after step {min(stall.steps.get(r, 0) for r in stall.ranks)}", "", "launcher.watchdog_s"
+    body = Text(f"rank {named} hung {when} of {summary['steps']}: no progress for {stall.idle_s:.1f} s{since} ({key}: "
+                f"the limit was {stall.limit_s:.1f} s); named by {stall.why}.\n")
     for rank, state in stall.states.items():
         saving = f", writing a checkpoint for {stall.saving[rank]:.1f} s" if rank in stall.saving else ""
         body.append(f"rank {rank}: last step {stall.steps.get(rank, 0)}, process {state}{saving}\n")

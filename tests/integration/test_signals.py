@@ -1,7 +1,9 @@
 """A signal to the launcher (Ctrl-C = SIGINT, `kill` = SIGTERM) while ranks train: every rank is stopped, the summary
-says `interrupted` and by what, the exit code is 128 + the signal, and no traceback is printed."""
+says `interrupted` and by what, the exit code is 128 + the signal, and no traceback is printed; also when the signal
+goes to the launcher's whole process group (Ctrl-C in a terminal, `timeout`) while a rank is stuck."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.rundir import RunDir
 from tests.conftest import pid_alive, start_training
 
 pytestmark = pytest.mark.integration
@@ -51,3 +54,83 @@ def test_a_second_ctrl_c_kills_ranks_that_ignore_sigterm_at_once(tmp_path):
     print(f"second SIGINT: launcher exited {launcher.returncode} after {time.monotonic() - t0:.1f} s")
     assert launcher.returncode == 130 and time.monotonic() - t0 < 5, out[-2000:] + err[-2000:]
     assert "Traceback" not in out + err and not any(pid_alive(p) for p in pids)
+
+
+HANG = """
+import os, time
+from pathlib import Path
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    \"\"\"Rank 1 sleeps in its first training forward (after saying so in the run dir); rank 0 then waits in DDP.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+
+    def forward(self, x):
+        if self.training and x.device.type != "meta" and os.environ.get("RANK") == "1":
+            (Path(os.environ["HL_RUN_DIR"]) / "hanging").touch()
+            time.sleep(3600)
+        return self.layer(x).squeeze(-1)
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        x = torch.full((4,), float(i))
+        return x, x.sum()
+"""
+HANG_RECIPE = """# @package _global_
+recipe: {name: hang}
+model: {_target_: hang.Net}
+data: {_target_: hang.Data}
+loss: {_target_: torch.nn.MSELoss}
+optimizer: {name: sgd, lr: 0.01}
+batch: {global_size: 8}
+trainer: {steps: 4, checkpoint_every: -1}
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_to_the_launchers_process_group_stops_stuck_ranks_before_it_returns(tmp_path, sig):
+    """As `timeout` or a closed terminal do: the launcher leads its own group and the signal goes to the group. The
+    warm ranks' forkserver has a session of its own, so it is not signalled with the launcher: the ranks are stopped
+    by the launcher and reaped before it returns (before, the forkserver died, its ranks outlived the launcher as
+    orphans for a moment and were recorded with exit code 255)."""
+    (tmp_path / "hang.py").write_text(HANG)
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    (tmp_path / "conf" / "recipe" / "hang.yaml").write_text(HANG_RECIPE)
+    launcher = subprocess.Popen([sys.executable, "-m", "launcher.cli", "--config-dir", "conf", "recipe=hang",
+                                 "cluster.nproc_per_node=2"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        run_dir, pids = _stuck(launcher, tmp_path / "log_output" / "latest")
+        os.killpg(launcher.pid, sig)
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:  # the test failed: its ranks die with the launcher (lifeline)
+            launcher.kill()
+    assert launcher.returncode == 128 + sig, out[-2000:] + err[-2000:]
+    assert not any(pid_alive(p) for p in pids)
+    assert not any(Path(f"/proc/{p}").exists() for p in pids)  # not even a zombie: reaped before the launcher ended
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == sig.name, summary
+    assert [(r["exit_code"], r["stopped_by_launcher"]) for r in summary["ranks"]] == [(-signal.SIGTERM, True)] * 2
+    assert "Traceback" not in out + err and f"interrupted by {sig.name}" in out
+
+
+def _stuck(launcher: subprocess.Popen, latest: Path) -> tuple[Path, list[int]]:
+    """Once rank 1 sleeps in its forward (and rank 0 waits for it in a collective): the run dir, the ranks' pids."""
+    deadline = time.monotonic() + 120
+    while not (latest / "hanging").exists():
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.1)
+    run_dir = latest.resolve()
+    assert json.loads((run_dir / "plan.json").read_text())["warm_start"] is True
+    time.sleep(0.5)  # rank 0 reaches the collective that waits for rank 1
+    return run_dir, [RunDir(run_dir).rank(r).read_pid()[1] for r in (0, 1)]

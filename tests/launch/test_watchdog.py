@@ -2,6 +2,7 @@
 named by evidence (process state, silence, step) with every rank's stacks."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -132,3 +133,24 @@ def test_saves_at_different_steps_are_timed_apart(tmp_path, monkeypatch):
             _beat(run, 0, step, state="saving")
             assert dog.check({0}) is None
             time.sleep(0.1)
+
+
+def test_a_rank_that_never_finishes_its_first_step_is_hung_after_the_first_steps_allowance(ranks, monkeypatch):
+    """Rank 1 never beats (stuck in step 1), rank 0 neither (it waits for rank 1): the watchdog, made as the job
+    starts, names them after FIRST_STEP_LIMITS limits, not after one limit (a first step is legitimately slower);
+    a script's ranks (first_step=False), which may never beat, are not bounded before their first heartbeat."""
+    monkeypatch.setattr(watchdog, "FIRST_STEP_LIMITS", 4)
+    run, procs = ranks
+    pids = lambda: {r: p.pid for r, p in procs.items()}  # noqa: E731
+    dog = Watchdog({r: run.rank(r) for r in procs}, pids, watchdog_s=0.25, period_s=0.0)
+    script = Watchdog({r: run.rank(r) for r in procs}, pids, watchdog_s=0.25, period_s=0.0, first_step=False)
+    assert _poll(dog, {0, 1}, 0.6) == []  # past one limit, within the first step's allowance
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    try:
+        stalls = _poll(dog, {0, 1}, 1.0)
+    finally:
+        os.kill(procs[1].pid, signal.SIGCONT)
+    assert stalls and stalls[0].first_step and stalls[0].ranks == (1,) and "process state" in stalls[0].why
+    assert stalls[0].limit_s == 1.0 and stalls[0].idle_s >= 1.0 and stalls[0].steps == {0: 0, 1: 0}
+    assert stalls[0].to_dict()["before_first_step"] is True
+    assert script.check({0, 1}) is None
