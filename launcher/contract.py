@@ -94,6 +94,9 @@ class ModelFacts:
     single_item: str = ""
     """Why a micro-batch of one item fails the model or its loss (BatchNorm training on one value per channel, a
     squeeze() that drops the batch dimension), found on the first item alone; '' = it does not, or not checked."""
+    state: dict[str, tuple[int, ...]] | None = None
+    """The model's state dict on the meta device, name -> shape (a tied weight under its first name only), which a
+    checkpoint to resume from must hold; None when not gathered (a built-in recipe: its config says its shapes)."""
     unused: tuple[str, ...] = ()
     """Trainable parameters (by name) that got no gradient from the loss of the data's first items on the meta device
     (a layer built and never called): torch DDP would stop at its second step (launcher/parallel/ddp.py)."""

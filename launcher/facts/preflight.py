@@ -89,9 +89,10 @@ def resume_checkpoint(cfg: DictConfig) -> str:
     return str(newest[0].path)
 
 
-def check_resume(plan: LaunchPlan, given: str = "") -> None:
+def check_resume(plan: LaunchPlan, given: str = "", model: ModelFacts | None = None) -> None:
     """trainer.resume_from must be a checkpoint dir a run wrote, saved from the same recipe, engine and layout, with
-    every file as it was written. ``given``: the key the user gave when it was not trainer.resume_from (e.g.
+    every file as it was written, and (``model``: a user's model built on meta) holding every tensor of the model as
+    its code builds it now. ``given``: the key the user gave when it was not trainer.resume_from (e.g.
     ``trainer.resume=latest``), named where the files are damaged."""
     if not plan.resume_from:
         return
@@ -115,6 +116,35 @@ def check_resume(plan: LaunchPlan, given: str = "") -> None:
                "so they resume only on the layout (world size, dims, ZeRO stage) they were saved with;")
         raise ConfigError(f"{key}: saved with {', '.join(diff)}.{why} Resume with the settings it was saved with.")
     check_checkpoint_files(ckpt, saved, given or key)
+    if model is not None and model.state is not None and saved.get("format") == "dcp":
+        _check_model_keys(plan, ckpt, model.state, key)
+
+
+def _check_model_keys(plan: LaunchPlan, ckpt: CheckpointDir, state: dict[str, tuple[int, ...]], key: str) -> None:
+    """The tensors the parts' model holds (the tables and modules trained outside them are saved apart) against
+    those the checkpoint's DCP metadata lists: a model whose code changed since is refused here, not by each rank."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        saved = dcp.FileSystemReader(str(ckpt.dcp)).read_metadata().state_dict_metadata
+    except Exception:  # noqa: BLE001  (a checkpoint whose files are as written, but unreadable: its ranks say why)
+        return
+    apart = [t.name for t in plan.placement.tables if t.outside] + [m.name for m in plan.placement.modules]
+    held = {k: v for k, v in state.items() if not any(k.startswith(p + ".") for p in apart)}
+    missing = [k for k in held if f"model.{k}" not in saved]
+    other = [f"{k} {held[k]} (saved {tuple(saved[f'model.{k}'].size)})" for k in held if f"model.{k}" in saved
+             and hasattr(saved[f"model.{k}"], "size") and tuple(saved[f"model.{k}"].size) != held[k]]
+    if not (missing or other):
+        return
+    words = ([f"the model now holds {_first(missing)}, which the checkpoint does not"] if missing else []) + \
+            ([f"shapes differ: {_first(other)}"] if other else [])
+    raise ConfigError(f"{key}: the model's code changed since the checkpoint was saved: {'; '.join(words)}. Resume "
+                      f"with the model's code as it was when the checkpoint was written, or start afresh without "
+                      f"{key.split('=')[0]}.")
+
+
+def _first(names: list[str]) -> str:
+    return ", ".join(names[:MAX_NAMED]) + (f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else "")
 
 
 MAX_NAMED = 5

@@ -129,6 +129,8 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
     batch, labels, more = _first_batches(samples.get("data"), keys, collate, source)
     problems += more
     facts = model_facts_on_meta(model) if model is not None else None
+    if facts is not None:
+        facts = dataclasses.replace(facts, state=state_shapes(model))
     scores, output_line = False, ""
     if facts is not None and loss_fn is not None and batch is not None:
         found, scores, output_line = forward_checks(specs["model"], facts, _swap(cfg, facts), loss_fn, batch, source,
@@ -205,6 +207,14 @@ def _meta_model(spec: dict[str, Any], source: str) -> tuple[nn.Module | None, li
         return None, [f"model._target_={spec['_target_']} ({source}) built a {type(model).__name__}, not a "
                       f"torch.nn.Module."]
     return model, []
+
+
+def state_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """The model's state dict, name -> shape; a weight held under several names, under its first only."""
+    every = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    first = {n for n, _ in model.named_parameters()}
+    return {k: tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()
+            if k not in every or k in first}
 
 
 def _gradients(model: nn.Module, facts: ModelFacts, loss_fn: Any, batch: Any, source: str,

@@ -72,7 +72,7 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
     ds = engine_config(plan)
     if cfg.deepspeed.config is not None and ds is not None:
         check_with_deepspeed(ds, plan.dims.dp, cfg.deepspeed.source or "(the inline config)")
-    check_resume(plan, f"trainer.resume={cfg.trainer.resume}" if resume else "")
+    check_resume(plan, f"trainer.resume={cfg.trainer.resume}" if resume else "", facts.model)
     check_log_dir(Path(cfg.output.log_dir))  # where the run dir and log_dir/latest will go, before either is made
     model_lines = facts.model.lines if facts.model else ()
     given = cfg.loader.num_workers != "auto"

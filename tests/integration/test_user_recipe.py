@@ -156,3 +156,21 @@ def test_a_pipeline_of_the_users_model_matches_one_process(project):
     assert_close(losses(one), losses(pipe), rel=1e-6)
     evals = [json.loads((run / "summary.json").read_text())["eval"] for run in (one, pipe)]
     assert abs(evals[0]["auc"] - evals[1]["auc"]) <= 1e-6 and evals[1]["n"] == evals[0]["n"], evals
+
+
+def test_a_resume_after_the_models_code_changed_is_refused_before_launch(tmp_path):
+    """The model's YAML is the same, its code is not: the checkpoint's DCP metadata lacks the new layer's tensors.
+    Checked against the model built on meta before launch, where every rank failed reading the checkpoint; the tables
+    trained outside the parts are saved apart and are not asked of it."""
+    project = write_project(tmp_path)
+    train(project, "saved", ["placement.host_device_mix=1", "trainer.steps=4", "trainer.checkpoint_every=2"])
+    resume = ["--config-dir", "conf", "recipe=my_ctr", *SHORT, "placement.host_device_mix=1", "dry_run=true",
+              "trainer.resume_from=log_output/saved/checkpoints/step4"]
+    assert run_cli(resume, project).returncode == 0
+    model = project / "my_ctr" / "model.py"
+    model.write_text(model.read_text().replace("nn.Linear(hidden, 1))", "nn.ReLU(), nn.Linear(hidden, 1))"))
+    res = run_cli(resume, project)
+    assert res.returncode == 2 and "Traceback" not in res.stderr + res.stdout
+    assert ("trainer.resume_from=log_output/saved/checkpoints/step4: the model's code changed since the checkpoint was "
+            "saved: the model now holds mlp.3.weight, mlp.3.bias, which the checkpoint does not.") in " ".join(
+        res.stderr.split()), res.stderr
