@@ -68,10 +68,40 @@ def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple
             problems.append(f"{key}.{k}={spec[k]!r} ({where}): {target}() takes {'an' if kind == 'int' else 'a'} "
                             f"{kind} for {k}, not a {type(spec[k]).__name__}. Give "
                             f"{'an integer' if kind == 'int' else 'a number'}, e.g. {key}.{k}={example}.")
-    for name, p in params.items():
-        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in given:
-            problems.append(f"{key}.{name} ({where}) is required by {target}() and not set. Set {key}.{name}=<value>.")
+    required = [name for name, p in params.items()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in given]
+    if key == "loss":
+        required, loss_problem = _loss_call(spec, cls, params, required, where)
+        problems += loss_problem
+    problems += [f"{key}.{name} ({where}) is required by {target}() and not set. Set {key}.{name}=<value>."
+                 for name in required]
     return cls, problems
+
+
+LOSS_CALL = 2
+"""The worker calls the loss it built as loss(output, label)."""
+
+
+def _loss_call(spec: Mapping[str, Any], cls: Any, params: Mapping[str, inspect.Parameter], required: list[str],
+               where: str) -> tuple[list[str], list[str]]:
+    """(the required arguments left for the config to set, problems) of a loss: a class is built from the config's
+    keys; a function is taken as Hydra's partial (``_partial_: true``), whose first two positional arguments are
+    the output and the label of each call (torch.nn.functional.binary_cross_entropy_with_logits(input, target))."""
+    if inspect.isclass(cls):
+        return required, []
+    target = spec["_target_"]
+    if not spec.get("_partial_"):
+        return [], [f"loss._target_={target} ({where}) is a function, not a class: the worker builds the loss once "
+                    f"and calls it as loss(output, label) each step. Set loss._partial_=true (Hydra's partial: the "
+                    f"keys given are bound, the output and label come with each call), or name a class such as "
+                    f"torch.nn.BCEWithLogitsLoss."]
+    positional = [n for n, p in params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and n not in spec][:LOSS_CALL]
+    if len(positional) < LOSS_CALL and not any(p.kind is p.VAR_POSITIONAL for p in params.values()):
+        return [], [f"loss._target_={target} ({where}) with _partial_: true is called as loss(output, label), and "
+                    f"{target}() leaves {len(positional)} positional argument(s) for them "
+                    f"({', '.join(positional) or 'none'}). Name a loss that takes (output, label), or a class."]
+    return [n for n in required if n not in positional], []
 
 
 def _annotation_name(p: inspect.Parameter) -> str:
