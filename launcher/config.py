@@ -20,7 +20,7 @@ from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config_files import check_recipe_file, quoted_path, user_recipes, yaml_problem
-from launcher.config_overrides import competing_keys, hydra_keys, launcher_set_keys, quote_hint
+from launcher.config_overrides import competing_keys, hydra_keys, launcher_set_keys, optimizer_stands_aside, quote_hint
 from launcher.errors import ConfigError, did_you_mean, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -84,12 +84,14 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
             except (HydraException, OmegaConfBaseException) as error:
                 problems = _diagnose(parsed, script_mode, users, search, bases) or [first_line(error)]
                 raise ConfigError([_as_given(p, said) for p in problems]) from None
+        optimizer_stands_aside(cfg, parsed)
         added = (_added_unknown_keys(cfg, parsed) + _numbers_as_bools(cfg, parsed) + competing_keys(cfg, parsed)
                  + launcher_set_keys(parsed, bool(cfg.smoke)))
         if added:
             raise ConfigError(added)
         if cfg.smoke:
             cfg = _compose_smoke(cfg, overrides, search, script_mode)
+            optimizer_stands_aside(cfg, parsed)
             competing_keys(cfg, parsed)  # composed again: the user's key wins again (its problems were said above)
         if cfg.deepspeed.config is not None:  # the keys a DeepSpeed file may not change (parallel/deepspeed_file.py)
             cfg.deepspeed.given = sorted({o.key_or_group.lstrip("+~") for o in parsed})

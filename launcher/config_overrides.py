@@ -82,6 +82,24 @@ def competing_keys(cfg: DictConfig, parsed) -> list[str]:
     return problems
 
 
+def optimizer_stands_aside(cfg: DictConfig, parsed) -> None:
+    """optimizer.name=<other> on the command line: the recipe's settings of hyper-parameters the chosen optimizer
+    does not take (quickstart's momentum with optimizer.name=adam) were for the recipe's own optimizer and stand aside
+    for the schema's defaults, as a COMPETING key does; one the command line gives too is the user's, and the plan
+    refuses it, naming the optimizer (launcher/plan/rules.py unused_optimizer_keys)."""
+    from launcher.plan.registry import unread_optimizer_keys
+    from launcher.schema import OptimizerConfig
+
+    given = {o.key_or_group.lstrip("+~") for o in parsed}
+    if not _wrote(given, "optimizer.name") or not isinstance(cfg.get("optimizer"), DictConfig):
+        return
+    tables = cfg.get("tables") or {}
+    rows = [OmegaConf.select(t, "optimizer", default=None) for t in tables.values()] if tables else []
+    for key in unread_optimizer_keys(str(cfg.optimizer.name), rows):
+        if not _wrote(given, f"optimizer.{key}"):
+            OmegaConf.update(cfg, f"optimizer.{key}", getattr(OptimizerConfig(), key), merge=False)
+
+
 def _wrote(given: set[str], key: str) -> bool:
     """The command line set ``key`` or an entry of it (+parallel.stages.head=0)."""
     return any(g == key or g.startswith(f"{key}.") for g in given)

@@ -32,6 +32,10 @@ UPWARD = {
     "launcher.facts.preflight -> launcher.backends":
         "gather_facts hands the backends' registry to the plan (Facts.backends), and a backend's default layout reads "
         "the cluster files in facts/cluster_files.py: one of the two runs up",
+    "launcher.config_overrides -> launcher.plan.registry":
+        "optimizer.name=<other> on the command line sets the recipe's settings the chosen optimizer does not take "
+        "aside as the config is composed (where the command line is known); which ones is the optimizer registry's "
+        "(pure, torch-free) to say",
 }
 """The imports that run up the layer order, each with why (the issue that asked for this held them at 4 or fewer)."""
 

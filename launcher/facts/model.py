@@ -1,15 +1,20 @@
 """A model's tables, dense parameters and layers, read off the model built on the ``meta`` device (no memory): the
 ``ModelFacts`` of a recipe in the user's folder (``launcher/facts/user_code.py``) and of a script's model
 (``launcher/runtime/__init__.py``). Which embeddings may move out of the parallel parts is ``launcher.tables.movable``'s call
-(the table lookup knows what it reproduces); a weight shared with another module keeps its embedding inside too."""
+(the table lookup knows what it reproduces); a weight shared with another module keeps its embedding inside too.
+Also what the first items' loss trains (``gradient_facts``) and the state dict a resumed checkpoint must hold."""
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 from torch import nn
 
 from launcher.contract import ModelFacts
 from launcher.facts.layer_sizes import layer_sizes
 from launcher.tables import movable
+from launcher.usercode.forward_check import unused_parameters
 from launcher.usercode.recipe import units
 
 
@@ -98,3 +103,29 @@ def linear_io(model: nn.Module) -> dict[str, tuple[int, int]]:
         if path and linears:
             out[path] = (linears[0].in_features, linears[-1].out_features)
     return out
+
+
+def state_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """The model's state dict, name -> shape; a weight held under several names, under its first only."""
+    every = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    first = {n for n, _ in model.named_parameters()}
+    return {k: tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()
+            if k not in every or k in first}
+
+
+def gradient_facts(model: nn.Module, facts: ModelFacts, loss_fn: Any, batch: Any, source: str,
+               output: str) -> tuple[list[str], ModelFacts]:
+    """(problems, facts with the parameters the loss of the first items leaves without a gradient): a model with
+    nothing to train is refused here, where data parallelism would refuse it in every rank."""
+    count = sum(p.numel() for p in model.parameters())
+    if not any(p.requires_grad for p in model.parameters()):
+        why = "it has none" if count == 0 else f"all {count:,} are frozen: requires_grad=False"
+        return [f"model ({source}): none of its parameters requires a gradient ({why}): there is nothing to train. "
+                f"Unfreeze what should train (parameter.requires_grad_(True)) or give a model with parameters."], facts
+    unused = unused_parameters(model, loss_fn, batch, output)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    if unused is not None and unused and len(unused) == len(trainable):
+        return [f"model ({source}): the loss of a batch of its first 2 items reaches none of its trainable "
+                f"parameters ({', '.join(trainable[:3])}{' ...' if len(trainable) > 3 else ''}): there is nothing to "
+                f"train. The loss must depend on the model's output through its parameters."], facts
+    return [], dataclasses.replace(facts, unused=unused or ())

@@ -17,14 +17,13 @@ from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
 from launcher.errors import ConfigError, did_you_mean
-from launcher.facts.model import model_facts_on_meta
+from launcher.facts.model import gradient_facts, model_facts_on_meta, state_shapes
 from launcher.plain import to_plain
 from launcher.procfs import kernel_field
 from launcher.plan.placement import takes_tables_out
 from launcher.plan.table_keys import resolve_aliases
 from launcher.usercode.data_check import Sample, dataset_facts, first_words, item_labels, one_item, two_items
-from launcher.usercode.forward_check import (CPU_CHECK_PARAMS, Swap, check_model_and_loss, cpu_model, swap_tables,
-                                             unused_parameters)
+from launcher.usercode.forward_check import CPU_CHECK_PARAMS, Swap, check_model_and_loss, cpu_model, swap_tables
 from launcher.facts.pipeline_cut import check_pipeline, with_outside
 from launcher.usercode.targets import HYDRA_KEYS, build_collate, import_targets, locate
 
@@ -69,10 +68,40 @@ def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple
             problems.append(f"{key}.{k}={spec[k]!r} ({where}): {target}() takes {'an' if kind == 'int' else 'a'} "
                             f"{kind} for {k}, not a {type(spec[k]).__name__}. Give "
                             f"{'an integer' if kind == 'int' else 'a number'}, e.g. {key}.{k}={example}.")
-    for name, p in params.items():
-        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in given:
-            problems.append(f"{key}.{name} ({where}) is required by {target}() and not set. Set {key}.{name}=<value>.")
+    required = [name for name, p in params.items()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in given]
+    if key == "loss":
+        required, loss_problem = _loss_call(spec, cls, params, required, where)
+        problems += loss_problem
+    problems += [f"{key}.{name} ({where}) is required by {target}() and not set. Set {key}.{name}=<value>."
+                 for name in required]
     return cls, problems
+
+
+LOSS_CALL = 2
+"""The worker calls the loss it built as loss(output, label)."""
+
+
+def _loss_call(spec: Mapping[str, Any], cls: Any, params: Mapping[str, inspect.Parameter], required: list[str],
+               where: str) -> tuple[list[str], list[str]]:
+    """(the required arguments left for the config to set, problems) of a loss: a class is built from the config's
+    keys; a function is taken as Hydra's partial (``_partial_: true``), whose first two positional arguments are
+    the output and the label of each call (torch.nn.functional.binary_cross_entropy_with_logits(input, target))."""
+    if inspect.isclass(cls):
+        return required, []
+    target = spec["_target_"]
+    if not spec.get("_partial_"):
+        return [], [f"loss._target_={target} ({where}) is a function, not a class: the worker builds the loss once "
+                    f"and calls it as loss(output, label) each step. Set loss._partial_=true (Hydra's partial: the "
+                    f"keys given are bound, the output and label come with each call), or name a class such as "
+                    f"torch.nn.BCEWithLogitsLoss."]
+    positional = [n for n, p in params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and n not in spec][:LOSS_CALL]
+    if len(positional) < LOSS_CALL and not any(p.kind is p.VAR_POSITIONAL for p in params.values()):
+        return [], [f"loss._target_={target} ({where}) with _partial_: true is called as loss(output, label), and "
+                    f"{target}() leaves {len(positional)} positional argument(s) for them "
+                    f"({', '.join(positional) or 'none'}). Name a loss that takes (output, label), or a class."]
+    return [n for n in required if n not in positional], []
 
 
 def _annotation_name(p: inspect.Parameter) -> str:
@@ -137,7 +166,7 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
                                                     cfg.model_output)
         problems += found
         if not found:
-            found, facts = _gradients(model, facts, loss_fn, batch, source, cfg.model_output)
+            found, facts = gradient_facts(model, facts, loss_fn, batch, source, cfg.model_output)
             problems += found
         if not found:  # what a micro-batch of one item does (BatchNorm training on one value, a squeeze())
             alone = one_item(samples["data"].items, keys, collate)
@@ -207,32 +236,6 @@ def _meta_model(spec: dict[str, Any], source: str) -> tuple[nn.Module | None, li
         return None, [f"model._target_={spec['_target_']} ({source}) built a {type(model).__name__}, not a "
                       f"torch.nn.Module."]
     return model, []
-
-
-def state_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """The model's state dict, name -> shape; a weight held under several names, under its first only."""
-    every = {n for n, _ in model.named_parameters(remove_duplicate=False)}
-    first = {n for n, _ in model.named_parameters()}
-    return {k: tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()
-            if k not in every or k in first}
-
-
-def _gradients(model: nn.Module, facts: ModelFacts, loss_fn: Any, batch: Any, source: str,
-               output: str) -> tuple[list[str], ModelFacts]:
-    """(problems, facts with the parameters the loss of the first items leaves without a gradient): a model with
-    nothing to train is refused here, where data parallelism would refuse it in every rank."""
-    count = sum(p.numel() for p in model.parameters())
-    if not any(p.requires_grad for p in model.parameters()):
-        why = "it has none" if count == 0 else f"all {count:,} are frozen: requires_grad=False"
-        return [f"model ({source}): none of its parameters requires a gradient ({why}): there is nothing to train. "
-                f"Unfreeze what should train (parameter.requires_grad_(True)) or give a model with parameters."], facts
-    unused = unused_parameters(model, loss_fn, batch, output)
-    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-    if unused is not None and unused and len(unused) == len(trainable):
-        return [f"model ({source}): the loss of a batch of its first 2 items reaches none of its trainable "
-                f"parameters ({', '.join(trainable[:3])}{' ...' if len(trainable) > 3 else ''}): there is nothing to "
-                f"train. The loss must depend on the model's output through its parameters."], facts
-    return [], dataclasses.replace(facts, unused=unused or ())
 
 
 def _loss(spec: dict[str, Any], source: str) -> tuple[Any, list[str]]:

@@ -29,7 +29,7 @@ from launcher.plan.pipeline import PipelinePlan
 from launcher.plan.placement import PlacementPlan, TablePlan
 from launcher.plan.prefetch import kernels_words, plan_prefetch
 from launcher.plan.ps import placed, plan_build, ps_fixes, stage_ranks
-from launcher.plan.ranks import RankPlan, plan_ranks, rank_table, visible_devices
+from launcher.plan.ranks import RankPlan, omp_threads_kept, plan_ranks, rank_table, visible_devices
 from launcher.plan.rules import check_config
 from launcher.plan.script import check_script_ops
 from launcher.plan.sharding import ShardingPlan
@@ -133,10 +133,13 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     ranks = plan_ranks(nnodes=nnodes, nproc_per_node=d.nproc, device_type=d.device_type,
                        master_addr=cfg.cluster.master_addr, master_port=cfg.cluster.master_port,
                        cpu_count=host.cpu_count, extensions_dir=host.extensions_dir, path=host.toolchain_path,
-                       dims=dims, devices=devices)
+                       dims=dims, devices=devices, omp_threads=host.omp_threads)
+    omp_problems, omp_notes = omp_threads_kept(host.omp_threads, host.cpu_count, d.nproc)
+    d.problems += omp_problems
+    d.notes += omp_notes
     loggers, logger_problems = logger_specs(cfg.logger)
     d.problems += logger_problems
-    eval_metrics = _eval_metrics(cfg, facts.data, d.notes)
+    eval_metrics = _eval_metrics(cfg, facts.data, d.notes, d.problems)
     val = plan_validation(cfg, facts.data, _steps_per_epoch(facts.data, d.batch, dims.dp), eval_metrics, d.problems,
                           d.notes)
     if d.problems:
@@ -181,12 +184,31 @@ def _steps_per_epoch(data_facts, batch, dp: int) -> int | None:
     return epoch_steps(data_facts.train_samples, batch, dp)
 
 
-def _eval_metrics(cfg: DictConfig, data_facts, notes: list[str]) -> str:
-    if data_facts.eval_samples == 0 and cfg.eval.batches > 0:
-        notes.append("no eval_data: no evaluation (give eval_data: {_target_: ...} for a held-out set)")
+def _eval_metrics(cfg: DictConfig, data_facts, notes: list[str], problems: list[str]) -> str:
+    """eval.metrics as planned; with no held-out data at all (no eval_data, no validation split) each eval.* key
+    set is refused (nothing would read it), else a note says no evaluation runs."""
+    if data_facts.eval_samples == 0 and data_facts.val_samples <= 0:
+        unread = _eval_keys_set(cfg)
+        problems += [f"eval.{k}={v}: this run has no held-out data (eval_data is null and there is no validation "
+                     f"split), so no evaluation runs and nothing reads it. Give eval_data: {{_target_: ...}} (a "
+                     f"held-out Dataset), or remove eval.{k}." for k, v in unread.items()]
+        if not unread and cfg.eval.batches > 0:
+            notes.append("no eval_data: no evaluation (give eval_data: {_target_: ...} for a held-out set)")
     if cfg.eval.metrics != "auto":
         return cfg.eval.metrics
     return "binary" if data_facts.binary_labels else "loss"
+
+
+def _eval_keys_set(cfg: DictConfig) -> dict[str, object]:
+    """The eval.* keys whose value is not the schema's default (a smoke run's where smoke=true set it);
+    eval.batches=0 (no evaluation) says what happens anyway."""
+    from launcher.schema import EvalConfig
+    from launcher.smoke import SMOKE_BASE
+
+    default = dataclasses.asdict(EvalConfig())
+    if cfg.smoke:
+        default |= {k.split(".", 1)[1]: v for k, v in SMOKE_BASE.items() if k.startswith("eval.")}
+    return {k: cfg.eval[k] for k in default if cfg.eval[k] != default[k] and not (k == "batches" and cfg.eval[k] == 0)}
 
 
 def _activations(per_sample: dict | None, recompute: tuple[str, ...], micro: int) -> dict:

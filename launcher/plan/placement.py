@@ -231,6 +231,12 @@ def settings_words(t: TablePlan) -> str:
     return ", ".join(words)
 
 
+def _from_deepspeed_file(cfg: DictConfig, key: str) -> bool:
+    """``key`` may hold deepspeed.config's value (adopted where the command line did not name it): a DeepSpeed file
+    written for GPUs that runs here as it is."""
+    return cfg.deepspeed.config is not None and key not in cfg.deepspeed.given
+
+
 def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, dense_count: int, device_type: str,
                    default: TableConfig | None = None, kept: dict[str, str] | None = None,
                    group_size: int = 1, aliases: dict[str, str] | None = None
@@ -278,12 +284,19 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, d
     if offload_opt and cpu is not None and cpu.impl and not DENSE_OPTIMIZERS.get(o.name, DENSE_OPTIMIZERS["sgd"]).ds_cpu_adam:
         problems.append(f"optimizer.cpu_impl=deepspeed runs DeepSpeedCPUAdam, which needs optimizer.name=adam or "
                         f"adamw; got optimizer.name={o.name}. Set optimizer.cpu_impl=torch.")
+    if not offload_opt and cpu is not None and cpu.impl and pl.mode != "auto":  # auto may put it on the host
+        problems.append(f"optimizer.cpu_impl={o.cpu_impl} chooses what steps the optimizer on the host, and "
+                        f"optimizer.target={o.target} keeps it on the device, so nothing would read it. Set "
+                        f"optimizer.target=CPU (ZeRO-Offload), or remove optimizer.cpu_impl.")
     if pl.offload_params and stage != 3:
         problems.append(f"placement.offload_params=true needs zero.stage=3 (offload_param partitions parameters); "
                         f"got zero.stage={stage}. Set zero.stage=3 or placement.offload_params=false.")
     pin = str(pl.pin_memory).lower()
     if pin not in ("auto", "true", "false"):
         problems.append(f"placement.pin_memory={pl.pin_memory} must be auto, true or false.")
+    elif pin == "true" and device_type != "cuda" and not _from_deepspeed_file(cfg, "placement.pin_memory"):
+        problems.append("placement.pin_memory=true: pinned (page-locked) host memory speeds offload copies to a GPU; "
+                        "this run is on the CPU, where it would do nothing. Remove it (auto pins with CUDA).")
     pin_memory = device_type == "cuda" if pin == "auto" else pin == "true"
     dense_params = dense_count + (0 if sparse else sum(r * d for r, d in shapes.values()))
     plan = PlacementPlan(

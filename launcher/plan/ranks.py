@@ -34,14 +34,17 @@ def plan_ranks(
     dims: ParallelDims | None = None,
     devices: tuple[str, ...] = (),
     path: str = "",
+    omp_threads: str = "",
 ) -> tuple[RankPlan, ...]:
     """One RankPlan per global rank. MASTER_PORT "0" means: picked at launch. OMP_NUM_THREADS shares the host's
     cores among its local ranks. ``devices[n]``: node n's CUDA_VISIBLE_DEVICES (its ranks' devices in local-rank
     order, so local rank i uses cuda:i = the i-th of them); () = leave CUDA_VISIBLE_DEVICES as the host has it.
     ``path``: the ranks' PATH, the one the launcher pre-builds DeepSpeed's ops with (HostFacts.toolchain_path), so
-    a rank's JIT load finds the same ninja and compiler and has nothing to rebuild; "" = the launcher's PATH."""
+    a rank's JIT load finds the same ninja and compiler and has nothing to rebuild; "" = the launcher's PATH.
+    ``omp_threads``: the OMP_NUM_THREADS the user set (HostFacts.omp_threads, checked by omp_threads_kept), which
+    every rank keeps as torchrun keeps it; "" = the host's cores shared."""
     world = nnodes * nproc_per_node
-    omp_threads = max(1, cpu_count // nproc_per_node)
+    omp_threads = omp_threads or max(1, cpu_count // nproc_per_node)
     ranks = []
     for node in range(nnodes):
         for local in range(nproc_per_node):
@@ -73,6 +76,21 @@ def plan_ranks(
             coords = dims.coords(rank) if dims is not None else {}
             ranks.append(RankPlan(rank=rank, local_rank=local, node_rank=node, device=device, coords=coords, env=env))
     return tuple(ranks)
+
+
+def omp_threads_kept(value: str, cpu_count: int, nproc_per_node: int) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the launcher's own OMP_NUM_THREADS: torch.distributed.run sets 1 only where the user
+    set none, and keeps a value the user set; so do the ranks here, and the plan says so."""
+    if not value:
+        return [], []
+    shared = max(1, cpu_count // nproc_per_node)
+    if not (value.isascii() and value.isdigit() and int(value) >= 1):
+        return [f"OMP_NUM_THREADS={value!r} in the launcher's environment: each rank keeps the OMP_NUM_THREADS you "
+                f"set (as torchrun does), and it must be a whole number of threads >= 1. Set it "
+                f"(export OMP_NUM_THREADS={shared}), or unset it for the plan's share of this host's {cpu_count} "
+                f"core(s) among {nproc_per_node} rank(s) ({shared} each)."], []
+    return [], [f"OMP_NUM_THREADS={value} from your environment: kept in every rank, as torchrun keeps a value you "
+                f"set (unset, each rank would get {shared}: {cpu_count} core(s) / {nproc_per_node} rank(s))"]
 
 
 def visible_devices(layout: ClusterLayout | None, device_type: str, launch: BackendRules | None,

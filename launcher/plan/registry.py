@@ -6,7 +6,7 @@ An unknown name is a plan-time error with a did-you-mean (``unknown``), never a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from launcher.errors import did_you_mean
@@ -37,6 +37,19 @@ DENSE_OPTIMIZERS: dict[str, DenseOptimizer] = {
     "adam": DenseOptimizer("torch.optim.Adam", ("lr", "betas", "eps", "weight_decay"), 2, True, True, True),
     "adamw": DenseOptimizer("torch.optim.AdamW", ("lr", "betas", "eps", "weight_decay"), 2, True, True, True),
 }
+
+
+def unread_optimizer_keys(name: str, table_optimizers: Iterable[str] = ()) -> list[str]:
+    """The optimizer.* hyper-parameters dense optimizer ``name`` does not take (the others' kwargs less its own):
+    set, they would change nothing. momentum stays read where a table trains with the momentum row optimizer, which
+    takes its factor from optimizer.momentum (launcher/plan/placement.py)."""
+    spec = DENSE_OPTIMIZERS.get(name)
+    if spec is None:
+        return []
+    keys = {k for s in DENSE_OPTIMIZERS.values() for k in s.kwargs} - set(spec.kwargs)
+    if "momentum" in table_optimizers:
+        keys.discard("momentum")
+    return sorted(keys)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from launcher.contract import BackendRules, backend_named
 from launcher.plain import to_plain
 from launcher.plan.pipeline import partition_problems, schedule_problems
-from launcher.plan.registry import DENSE_OPTIMIZERS, unknown
+from launcher.plan.registry import DENSE_OPTIMIZERS, unknown, unread_optimizer_keys
 from launcher.plan.sharding import search_mode_problems
 from launcher.plan.values import number_problems, wild_number_problems
 from launcher.plan.types import HostFacts
@@ -191,6 +191,26 @@ def check_cluster(c: DictConfig, host: HostFacts, backends: tuple[BackendRules, 
     return p
 
 
+def unused_optimizer_keys(o: DictConfig, tables: dict) -> list[str]:
+    """optimizer.<key> set to other than its default that optimizer.name's class does not take (its
+    DENSE_OPTIMIZERS kwargs): the run would not read it (Adam has no momentum, SGD no betas or eps)."""
+    from launcher.schema import OptimizerConfig
+
+    default, out = OptimizerConfig(), []
+    rows = [t.get("optimizer") for t in tables.values() if isinstance(t, dict)]
+    for key in unread_optimizer_keys(o.name, rows):
+        value, was = o[key], getattr(default, key)
+        value = list(value) if isinstance(value, ListConfig) else value
+        if value == was:
+            continue
+        spec = DENSE_OPTIMIZERS[o.name]
+        takers = [n for n, s in DENSE_OPTIMIZERS.items() if key in s.kwargs]
+        out.append(f"optimizer.{key}={value}: optimizer.name={o.name} ({spec.impl}) takes no {key}, so the run "
+                   f"would not read it; {o.name} takes {', '.join(spec.kwargs)}. Remove optimizer.{key} (its default "
+                   f"is {was}), or set optimizer.name to one that takes it: {', '.join(takers)}.")
+    return out
+
+
 def check_config(cfg: DictConfig, host: HostFacts, backends: tuple[BackendRules, ...]) -> list[str]:
     """Every problem in cfg that does not depend on the batch split."""
     p: list[str] = []
@@ -241,6 +261,7 @@ def check_config(cfg: DictConfig, host: HostFacts, backends: tuple[BackendRules,
         p.append(f"optimizer.betas={list(o.betas)} must be two numbers, e.g. optimizer.betas=[0.9,0.999].")
     else:
         p += number_problems("optimizer", {"betas[0]": (o.betas[0], "unit"), "betas[1]": (o.betas[1], "unit")})
+    p += unused_optimizer_keys(o, to_plain(cfg.tables, resolve=False))
     p += number_problems("placement", {"reserve": (cfg.placement.reserve, "unit")})  # a share of each budget kept free
     p += check_output(cfg.output) + check_launcher(cfg.launcher, cfg.cluster.launch, backends)
     p += wild_number_problems(to_plain(cfg), named=" ".join(p))

@@ -27,7 +27,7 @@ from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, plan_placement
 from launcher.plan.prefetch import prefetch_depth
 from launcher.plan.registry import CPU_OPTIMIZERS
-from launcher.plan.ranks import plan_ranks, rank_table
+from launcher.plan.ranks import omp_threads_kept, plan_ranks, rank_table
 from launcher.plan.rules import check_cluster, check_launcher, check_output, device_and_backend, resolve_nproc
 from launcher.plan.script_keys import changed_keys, intents_set, script_key_verdicts
 from launcher.plan.types import HostFacts, ScriptPlan
@@ -197,13 +197,15 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
     dims = ParallelDims(dp=nproc, pp=1, tp=1, world_size=nproc)
     runtime, ds_ops, problems, notes = plan_runtime(cfg, dims, device_type, parts, backend)
     problems += check_script_ops(cfg, device_type)
+    omp_problems, omp_notes = omp_threads_kept(host.omp_threads, host.cpu_count, nproc)
+    problems, notes = problems + omp_problems, [*notes, *omp_notes]
     if problems:
         raise ConfigError(problems)
     ds_ops = tuple(dict.fromkeys([*ds_ops, *cfg.script_ops]))  # the engine's, then the script's own
     ranks = plan_ranks(
         nnodes=1, nproc_per_node=nproc, device_type=device_type, master_addr=c.master_addr,
         master_port=c.master_port, cpu_count=host.cpu_count, extensions_dir=host.extensions_dir,
-        path=host.toolchain_path,
+        path=host.toolchain_path, omp_threads=host.omp_threads,
     )
     handover: dict[str, str] = {}
     if use.kind == "accelerate":  # the plan reaches Accelerator() as accelerate launch hands it over

@@ -38,6 +38,8 @@ class HostFacts:
     """Bytes of memory this host has for the run: RAM, or the cgroup's limit when lower; 0 = unknown."""
     device_memory: int = 0
     """Bytes of memory of one accelerator (the smallest visible one); 0 = none or unknown."""
+    omp_threads: str = ""
+    """OMP_NUM_THREADS of the launcher's environment ("" = unset): the ranks keep it, as torchrun does."""
     table_kernels: str = ""
     """What host tables' gathers, coalesces and updates run on here, and the pages under them, in words
     (launcher.native.choice and pages_choice): the C kernels, or torch's ops and why; huge pages or not, and why."""

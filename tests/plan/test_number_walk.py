@@ -67,8 +67,9 @@ PLANS = {
 message names what does not fit rather than the key: MEMORY below."""
 MEMORY = "of host memory per host"
 ELASTIC = {"cluster.launch": "elastic", "cluster.rdzv_endpoint": "127.0.0.1:29400"}
-CONTEXT = {"cluster.rdzv_timeout_s": ELASTIC}
-"""Keys walked with the backend that reads them (with another, every value is refused: it would change nothing)."""
+CONTEXT = {"cluster.rdzv_timeout_s": ELASTIC, "optimizer.eps": {"optimizer.name": "adam", "optimizer.momentum": 0.0}}
+"""Keys walked with the backend or optimizer that reads them (with another, every value is refused: it would change
+nothing; quickstart's momentum optimizer takes no eps, adam no momentum)."""
 
 
 def numeric_keys(cls: type, prefix: str = "") -> list[tuple[str, type]]:

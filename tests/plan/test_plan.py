@@ -101,6 +101,18 @@ def test_param_count_matches_the_built_model(cpu_host):
          r"parallel.data_parallel=auto \(it picks fsdp\)"),
         (["zero.stage=4"], r"zero.stage=4 must be 0, 1, 2 or 3"),
         (["optimizer.name=lamb"], r"optimizer.name=lamb is not one of sgd, momentum, adam, adamw"),
+        (["optimizer.momentum=0.9"], r"optimizer.momentum=0.9: optimizer.name=adam \(torch.optim.Adam\) takes no "
+                                     r"momentum, so the run would not read it; adam takes lr, betas, eps, weight_decay\. "
+                                     r"Remove optimizer.momentum \(its default is 0.0\), or set optimizer.name to one "
+                                     r"that takes it: momentum\."),
+        (["optimizer.name=sgd", "optimizer.betas=[0.8,0.9]"], r"optimizer.betas=\[0.8, 0.9\]: optimizer.name=sgd .* "
+                                                             r"sgd takes lr, weight_decay\. .* adam, adamw\."),
+        (["optimizer.name=sgd", "optimizer.eps=1e-6"], r"optimizer.eps=1e-06: optimizer.name=sgd .* takes no eps"),
+        (["optimizer.cpu_impl=deepspeed"], r"optimizer.cpu_impl=deepspeed chooses what steps the optimizer on the "
+                                           r"host, and optimizer.target=device keeps it on the device, so nothing "
+                                           r"would read it\. Set optimizer.target=CPU"),
+        (["placement.pin_memory=true"], r"placement.pin_memory=true: pinned \(page-locked\) host memory .* this run is "
+                                        r"on the CPU, where it would do nothing"),
         (["cluster.backend=nccl"], r"cluster.backend=nccl needs CUDA devices"),
         (["cluster.nproc_per_node=two"], r"cluster.nproc_per_node=two must be a positive integer or auto"),
         (["parallel.dp=3"], r"dp\(3\) \* pp\(1\) \* tp\(1\) = 3 != world_size 2 \(cluster.nnodes 1 × nproc_per_node 2\)\. Set parallel.dp=-1"),
@@ -170,3 +182,12 @@ def test_hostile_numbers_and_names_are_refused(override, message, cpu_host):
 def test_zero_width_layers_are_refused(overrides, message, cpu_host):
     with pytest.raises(ConfigError, match=message):
         plan_of(overrides, cpu_host)
+
+
+def test_switching_the_optimizer_leaves_the_recipes_own_settings_aside(cpu_host):
+    """quickstart's momentum 0.1 was for its momentum optimizer: optimizer.name=adam on the command line plans (the
+    recipe's value stands aside); optimizer.momentum given with it is the user's and is refused."""
+    plan = plan_of(["recipe=quickstart", "optimizer.name=adam"], cpu_host)
+    assert plan.optimizer.name == "adam" and plan.optimizer.momentum == 0.0
+    with pytest.raises(ConfigError, match=r"optimizer.momentum=0.5: optimizer.name=adam"):
+        plan_of(["recipe=quickstart", "optimizer.name=adam", "optimizer.momentum=0.5"], cpu_host)

@@ -330,3 +330,43 @@ def test_a_stream_shorter_than_one_global_micro_batch_exits_2(project, cpu_host,
     assert not (project / "log_output").exists()
     plan(project, *stream, "batch.global_size=10", host=cpu_host)  # 10 items: one global micro-batch
     plan(project, stream[0], "data.n=1000", "batch.global_size=512", host=cpu_host)  # it did not end in the read
+
+
+def test_eval_keys_without_held_out_data_are_refused_by_name(project, cpu_host):
+    """eval_data=null and no validation split: no evaluation runs, so eval.every / max_batches / metrics would do
+    nothing (before, only the generic 'no evaluation' note); eval.batches=0 says so itself, and a smoke run's own
+    eval.* values are not the user's."""
+    with pytest.raises(ConfigError) as e:
+        plan(project, "eval_data=null", "eval.every=3", "eval.max_batches=2", "eval.metrics=loss", host=cpu_host)
+    said = " ".join(str(e.value).split())
+    for key in ("eval.every=3", "eval.max_batches=2", "eval.metrics=loss"):
+        assert f"{key}: this run has no held-out data (eval_data is null" in said, said
+    assert "Give eval_data: {_target_: ...}" in said
+    assert any(n.startswith("no eval_data: no evaluation") for n in plan(project, "eval_data=null", host=cpu_host).notes)
+    plan(project, "eval_data=null", "eval.batches=0", host=cpu_host)
+    plan(project, "eval_data=null", "smoke=true", host=cpu_host)
+
+
+def test_a_functional_loss_is_taken_as_a_partial_or_refused_as_a_function(project, cpu_host):
+    """loss: {_target_: <a function>}: before, 'Set loss.input=<value>' and 'loss.target=...' (the call's own
+    arguments); a partial (_partial_: true) is what the worker calls as loss(output, label)."""
+    fn = "loss._target_=torch.nn.functional.binary_cross_entropy_with_logits"
+    with pytest.raises(ConfigError, match=r"loss._target_=torch.nn.functional.binary_cross_entropy_with_logits "
+                                          r"\(loss in conf/recipe/my_ctr.yaml\) is a function, not a class: .* Set "
+                                          r"loss._partial_=true") as e:
+        plan(project, fn, host=cpu_host)
+    assert "loss.input" not in str(e.value)
+    p = plan(project, fn, "+loss._partial_=true", host=cpu_host)
+    assert p.loss == {"_target_": "torch.nn.functional.binary_cross_entropy_with_logits", "_partial_": True}
+
+
+def test_the_users_omp_num_threads_is_kept_as_torchrun_keeps_it(project, cpu_host):
+    """Before, OMP_NUM_THREADS=2 in the launcher's environment became 1 in every rank, unsaid."""
+    import dataclasses
+
+    p = plan(project, host=dataclasses.replace(cpu_host, omp_threads="2"))
+    assert {r.env["OMP_NUM_THREADS"] for r in p.ranks} == {"2"}
+    assert any(n.startswith("OMP_NUM_THREADS=2 from your environment: kept in every rank, as torchrun") for n in p.notes)
+    assert {r.env["OMP_NUM_THREADS"] for r in plan(project, host=cpu_host).ranks} == {"1"}
+    with pytest.raises(ConfigError, match=r"OMP_NUM_THREADS='abc' in the launcher's environment: .* whole number"):
+        plan(project, host=dataclasses.replace(cpu_host, omp_threads="abc"))
