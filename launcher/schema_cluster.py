@@ -43,7 +43,8 @@ class ClusterConfig:
     read_timeout (s a store call may take; 60).
     Empty = torch's defaults."""
     rdzv_timeout_s: float = 300.0
-    """cluster.launch=elastic: how long the hosts wait for every node to join; then the run stops, saying who came."""
+    """cluster.launch=elastic: how long the hosts wait for every node to join; then the run stops, saying who came.
+    Below 60 it also bounds the wait for the endpoint to answer (torch's rdzv_conf read_timeout, unless set)."""
     heartbeat_timeout_s: float = 30.0
     """cluster.launch=elastic: a host whose launcher has not been heard from for this long is lost: every other host
     names it (host name, address, ranks) and stops its ranks; a host that the rendezvous store has not answered for

@@ -22,8 +22,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
+import tempfile
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -44,6 +47,8 @@ LOST_PEER_WAIT_S = 3.0
 """A node whose ranks only lost their peers waits this long for the node with the cause to speak first."""
 ADMIT_POLL_S = 1.0
 """How often a launcher asks the rendezvous whether a host waits to join."""
+READ_TIMEOUT_S = 60
+"""torch's c10d rendezvous backend's default read_timeout (its store client's connect and call bound), in s."""
 FIRST_WRITE_WAIT_S = 10.0
 """How long a node that lost the claim to the round's first failure waits for the winner's record (etcd-v2)."""
 FINISH_WAIT_S = 30.0
@@ -278,16 +283,46 @@ def rendezvous_handler(cfg: DictConfig):
         backend=str(c.rdzv_backend), endpoint=c.rdzv_endpoint, run_id=c.rdzv_id, min_nodes=lo, max_nodes=hi,
         local_addr=c.local_addr or None, join_timeout=str(int(c.rdzv_timeout_s)),
         **(_is_host(str(c.rdzv_endpoint), str(c.local_addr or "")) if in_launcher else {}),
-        **{k: str(v) for k, v in dict(c.rdzv_conf or {}).items()},
+        **_read_timeout(c), **{k: str(v) for k, v in dict(c.rdzv_conf or {}).items()},
     )
     try:
-        return get_rendezvous_handler(params)
+        with _native_stderr() as retries:
+            return get_rendezvous_handler(params)
     except (RendezvousError, RuntimeError, TimeoutError, OSError, ValueError) as e:
         start = ("Start the node that hosts it (the endpoint's host) first, with the same command." if in_launcher else
                  "Start etcd there with the v2 API (etcd --enable-v2) and check this host reaches it.")
         cause = f" ({first_line(e.__cause__)})" if e.__cause__ is not None else ""
-        raise RuntimeError(f"the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} cannot be reached: "
+        tried = f" (after {retries[0]} retries of torch's store client)" if retries and retries[0] else ""
+        raise RuntimeError(f"the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} cannot be reached{tried}: "
                            f"{type(e).__name__}: {first_line(e)}{cause}. {start}") from None
+
+
+@contextmanager
+def _native_stderr() -> Iterator[list[int]]:
+    """fd 2 set aside for the call (torch's store client logs each retry of its connect with a C++ stack): passed on
+    when it returns; when it raises, dropped, the list given holding how many retries it logged."""
+    sys.stderr.flush()
+    saved, retries = os.dup(2), []
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield retries
+        except BaseException:
+            held.seek(0)
+            retries.append(held.read().count(b"retrying (try="))
+            raise
+        else:
+            held.seek(0)
+            os.write(saved, held.read())
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _read_timeout(c: DictConfig) -> dict[str, str]:
+    """torch's store client waits read_timeout (60 s) for the endpoint to answer, retrying, before the rendezvous'
+    own join_timeout counts: a shorter cluster.rdzv_timeout_s bounds that wait too (unless rdzv_conf sets it)."""
+    return {"read_timeout": str(max(1, int(c.rdzv_timeout_s)))} if c.rdzv_timeout_s < READ_TIMEOUT_S else {}
 
 
 def next_round(handler, cfg: DictConfig, host: HostFacts, attempts: int, identity: str):

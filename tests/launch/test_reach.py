@@ -6,6 +6,7 @@ decides there). The etcd cases run a real etcd server (Debian's etcd-server) on 
 import importlib.util
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from datetime import timedelta
@@ -124,3 +125,38 @@ def test_a_first_writer_lost_before_it_wrote_is_waited_for_a_bounded_time(etcd_s
     with pytest.raises(LookupError):
         first_write(store, "hl/failed", '{"node": 2}')
     assert time.monotonic() - started < 10
+
+
+def test_an_endpoint_that_answers_no_store_is_left_within_rdzv_timeout_s_without_cpp_stacks(capfd):
+    """Something listens at the endpoint but is no TCPStore (a proxy, another service): torch's store client retried
+    its ping for read_timeout (60 s), whatever cluster.rdzv_timeout_s said, each retry logged with a C++ stack."""
+    from launcher.launch.nodes import rendezvous_handler
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def answer_nonsense() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(64)
+                conn.sendall(b"\0" * 8)
+
+    thread = threading.Thread(target=answer_nonsense, daemon=True)
+    thread.start()
+    cluster = {"nnodes": 2, "rdzv_backend": "c10d", "rdzv_endpoint": f"127.0.0.1:{listener.getsockname()[1]}",
+               "rdzv_id": "probe", "local_addr": "192.0.2.2", "rdzv_timeout_s": 5, "rdzv_conf": {}}
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"cannot be reached \(after \d+ retries of torch's store client\)"):
+            rendezvous_handler(OmegaConf.create({"cluster": cluster}))
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+    assert time.monotonic() - start < 5 + 10  # the bound given, and a retry's delay
+    assert "frame #" not in capfd.readouterr().err
