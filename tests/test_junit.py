@@ -7,7 +7,8 @@ import xml.etree.ElementTree as ET
 from rich.console import Console
 
 from launcher.report.junit import write_junit
-from launcher.report.summary import TAIL_CHARS, failure_report, log_tail
+from launcher.report.log_tail import TAIL_CHARS, log_tail
+from launcher.report.summary import failure_report
 from launcher.rundir import RunDir
 
 
@@ -85,3 +86,17 @@ def test_a_rank_named_for_leaving_first_with_exit_code_0_is_a_failure_in_junit(t
     failure = suite.find("testcase[@name='rank 1']/failure")
     assert failure.get("message").startswith("rank 1 left first: it exited 0") and failure.get("type") == "exit 0"
     assert suite.find("testcase[@name='run run']/failure").text.startswith("rank 1 left first")  # the first, in full
+
+
+def test_ranks_that_failed_of_their_own_are_not_said_to_have_lost_a_peer(tmp_path):
+    """A script whose every rank exits 3 by itself (it never made a process group): no rank lost a peer."""
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    summary = _summary([3, 3, 1], "failed")
+    for r, lost in zip(summary["ranks"], (False, False, True)):
+        r["lost_peer"] = lost
+    out = io.StringIO()
+    Console(file=out, width=200).print(failure_report(run, summary, 0, 5))
+    said = out.getvalue()
+    assert "failed of its own too (its error is not the loss of a peer): rank 1 (exit code 3)" in said
+    assert "failed after rank 0, having lost it as a peer: rank 2 (exit code 1)" in said

@@ -164,9 +164,10 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
         elif remote is not None:
             blamed = None
     stalled = set(outcome.stall.ranks) if outcome.stall is not None else set()
+    lost = {e.rank for e in endings if e.lost_peer}
     exits = [{"rank": e.rank, "exit_code": e.exit_code, "stopped_by_launcher": e.stopped_by_launcher,
-              "first_failure": blamed is not None and e.rank == blamed.rank, "stalled": e.rank in stalled}
-             for e in outcome.exits]
+              "first_failure": blamed is not None and e.rank == blamed.rank, "stalled": e.rank in stalled,
+              "lost_peer": e.rank in lost} for e in outcome.exits]
     if blamed is not None:  # why this rank, by which evidence (summary.json, the failure report)
         next(x for x in exits if x["rank"] == blamed.rank)["blame"] = blame_reason(blamed, endings)
     admitted = remote is not None and "admit" in remote
@@ -198,7 +199,7 @@ def _endings(run_dir: RunDir, outcome: Outcome, plan: RunPlan) -> list[Ending]:
     exit record (mpirun or srun) if that was written on this host, when it wrote its error (error.json's mtime, the
     file system's clock), what it said, its last step and the plan's (a recipe's). Each time stays on its own clock:
     blame compares like with like."""
-    from launcher.report.summary import MESSAGE_CHARS, cut_middle, log_tail
+    from launcher.report.log_tail import MESSAGE_CHARS, cut_middle, log_tail
 
     host = socket.gethostname()
     planned = plan.steps if getattr(plan, "kind", "") != "script" and plan.steps > 0 else None

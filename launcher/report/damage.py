@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.records import DamagedRecord, json_type
-from launcher.report.summary import cut_middle
+from launcher.report.log_tail import cut_middle
 from launcher.rundir import RunDir
 
 __all__ = ["checked_plan", "checked_summary", "damaged_line", "plan_problem", "summary_problem"]

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
-from pathlib import Path
 
 from rich.console import Group
 from rich.markup import escape
@@ -18,61 +15,9 @@ from launcher.codec import from_plain
 from launcher.errors import printable
 from launcher.plan.peak import MemoryPlan
 from launcher.plan.script_keys import not_applied_in
+from launcher.report.log_tail import LINE_CHARS, MESSAGE_CHARS, cut_middle, log_tail
 from launcher.report.rank_records import hashing_summary, number, validation_lines, validation_summary
 from launcher.rundir import RankDir, RunDir, is_step
-
-TAIL_READ_BYTES = 64 * 1024
-"""How much of the end of a rank's stderr (or backend.log) a report reads: never the whole file."""
-LINE_CHARS = 2000
-"""A tail line longer than this keeps its first and last LINE_CHARS // 2 characters (a progress bar that never wrote a
-newline, a tensor printed whole)."""
-TAIL_CHARS = 8000
-"""The tail's lines together; the oldest are left out beyond this."""
-MESSAGE_CHARS = 4000
-"""A rank's error message (error.json) as a report shows it, cut in the middle beyond this."""
-
-
-def cut_middle(text: str, limit: int) -> str:
-    """``text`` with its middle left out (and said so) when it is longer than ``limit`` characters."""
-    if len(text) <= limit:
-        return text
-    return f"{text[: limit // 2]} …[{len(text) - limit} characters left out]… {text[-(limit // 2):]}"
-
-
-_TERMINAL_CODES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
-"""A terminal's colour, cursor and title sequences (CSI and OSC): formatting, no text."""
-
-
-def log_tail(path: Path, lines: int) -> list[str]:
-    """The last ``lines`` lines of a log as a report shows them, read from its last TAIL_READ_BYTES only: a line
-    rewritten with carriage returns (a tqdm bar) as its last state, without terminal colour and cursor codes, other
-    control characters escaped (errors.printable), each line cut to LINE_CHARS and all of them to TAIL_CHARS (the
-    oldest left out first). [] when unreadable."""
-    try:
-        with open(path, "rb") as f:
-            start = max(0, f.seek(0, os.SEEK_END) - TAIL_READ_BYTES)
-            f.seek(start)
-            data = f.read(TAIL_READ_BYTES)
-    except OSError:
-        return []
-    text = data.decode("utf-8", errors="replace").split("\n")
-    if text[-1] == "":
-        text.pop()  # the file ends with a newline
-    out = [printable(_TERMINAL_CODES.sub("", next((seg for seg in reversed(line.split("\r")) if seg), "")))
-           for line in text[max(0, len(text) - lines):]]
-    if start > 0 and out and len(text) <= lines:
-        out[0] = f"…{out[0]}"  # the end of a line that began before what was read
-    out = [cut_middle(line, LINE_CHARS) for line in out]
-    kept, size = [], 0
-    for line in reversed(out):
-        size += len(line) + 1
-        if size > TAIL_CHARS and kept:
-            kept.append(f"…[{len(out) - len(kept)} earlier line(s) left out: the tail is cut to {TAIL_CHARS} "
-                        f"characters]")
-            break
-        kept.append(line)
-    return kept[::-1]
-
 
 def _parts(plan: dict) -> list[dict]:
     """The parallel parts of a run's plan.json (a script's are its runtime.prepare()'s)."""
@@ -113,6 +58,7 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
                 "stopped_by_launcher": e.get("stopped_by_launcher", False),
                 "first_failure": e.get("first_failure", False),
                 "stalled": e.get("stalled", False),
+                "lost_peer": e.get("lost_peer", False),
                 "last_step": _rank_last_step(beat, steps),
                 "logged": bool(steps),
                 "rss_bytes": number(beat.get("rss")),
@@ -331,10 +277,14 @@ def failure_report(run_dir: RunDir, summary: dict, failed_rank: int | None, tail
             body.append(f"\nwhy this rank: {r['blame']}")
         parts.append(Panel(body, title=f"rank {r['rank']} {'left first' if r['exit_code'] == 0 else 'failed'}",
                            border_style="red"))
-    after = [f"{r['rank']} ({r['signal'] or 'exit code ' + str(r['exit_code'])})" for r in summary["ranks"]
-             if r["rank"] != failed_rank and not r["stopped_by_launcher"] and r["exit_code"] not in (0, None)]
-    if after:
-        parts.append(Text(f"failed after rank {failed_rank}, having lost it as a peer: rank {', '.join(after)}"))
+    others = [r for r in summary["ranks"]
+              if r["rank"] != failed_rank and not r["stopped_by_launcher"] and r["exit_code"] not in (0, None)]
+    for lost, words in ((True, f"failed after rank {failed_rank}, having lost it as a peer"),
+                        (False, "failed of its own too (its error is not the loss of a peer)")):
+        after = [f"{r['rank']} ({r['signal'] or 'exit code ' + str(r['exit_code'])})" for r in others
+                 if r.get("lost_peer", True) == lost]  # a summary from before lost_peer: as it said then
+        if after:
+            parts.append(Text(f"{words}: rank {', '.join(after)}"))
     stopped = [str(r["rank"]) for r in summary["ranks"] if r["stopped_by_launcher"]]
     if stopped:
         parts.append(Text(f"stopped by the launcher: rank {', '.join(stopped)}; logs and metrics are in {run_dir.path}"))
