@@ -50,11 +50,26 @@ class MetricsWriter:
         self._last = 0
         self._state = ""
         self._lock = threading.Lock()  # the saving thread and the rank's own thread both write the heartbeat
+        self._closed = threading.Event()
+        self._late: threading.Thread | None = None
 
     def step_done(self, step: int) -> None:
-        """A finished step (cheap: the heartbeat is rewritten at most every HEARTBEAT_S)."""
+        """A finished step (cheap: the heartbeat is rewritten at most every HEARTBEAT_S; a step held back by that
+        is written by a thread once HEARTBEAT_S has passed: a rank that hangs right after it is known to have done
+        it)."""
         self._pending = step
         self.alive()
+        if self._pending is not None and self._late is None:
+            self._late = threading.Thread(target=self._write_late, name="heartbeat-step", daemon=True)
+            self._late.start()
+
+    def _write_late(self) -> None:
+        """A finished step the throttle held back, written once due; never a beat without a new step (the watchdog
+        must see a rank that makes no progress as one)."""
+        while not self._closed.wait(self.HEARTBEAT_S):
+            if self._pending is not None and time.monotonic() - self._beat >= self.HEARTBEAT_S:
+                self._beat = time.monotonic()
+                self._write_beat()
 
     def alive(self) -> None:
         """Progress within a step (an evaluation batch, a checkpoint's part): the heartbeat's time moves on, so the
@@ -111,6 +126,9 @@ class MetricsWriter:
         self._file.flush()
 
     def close(self) -> None:
+        self._closed.set()
+        if self._late is not None:
+            self._late.join()
         self._flush_step()
         self._file.close()
         self._heartbeat.close()

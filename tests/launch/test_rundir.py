@@ -1,6 +1,7 @@
 """The run dir's records the launcher trusts: the newest *complete* checkpoint, and the heartbeat."""
 
 import json
+import time
 
 import pytest
 
@@ -39,6 +40,22 @@ def test_the_heartbeat_carries_step_time_and_memory_and_survives_rewrites(tmp_pa
     beat = run.rank(0).read_heartbeat()
     assert beat["step"] == 7 and run.rank(0).last_step() == 7
     assert beat["rss"] > 2**20 and beat["host_available"] > 0 and beat["time"] > 1e9
+
+
+def test_a_step_the_throttle_held_back_is_written_although_no_step_follows(tmp_path):
+    """A rank that hangs right after a step which finished within HEARTBEAT_S of the last beat: the launcher's hang
+    report said the step before it. And with no new step the heartbeat's time stands still (the watchdog's signal)."""
+    run = RunDir(tmp_path)
+    w = MetricsWriter(run.rank(0))
+    w.step_done(1)
+    w.step_done(2)  # within HEARTBEAT_S: held back
+    assert run.rank(0).read_heartbeat()["step"] == 1
+    time.sleep(4 * MetricsWriter.HEARTBEAT_S)
+    beat = run.rank(0).read_heartbeat()
+    assert beat["step"] == 2
+    time.sleep(4 * MetricsWriter.HEARTBEAT_S)
+    assert run.rank(0).read_heartbeat() == beat  # nothing new: not rewritten
+    w.close()
 
 
 @pytest.mark.parametrize("make", [lambda p: p.mkdir(), lambda p: p.write_text("notes")])
