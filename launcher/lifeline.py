@@ -18,6 +18,10 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+"""Signals that end a run as interrupted (every rank stopped, the summary written; exit 128 + the signal), as SIGINT
+does: each an exception in the launcher (launcher/launch/__init__.py), not its death. SIGUSR1/2 too, which Slurm's
+--signal sends before a time limit (the launcher's own default would be to die on the spot, its ranks left)."""
 """prctl option: the signal this process gets when its parent (the thread that started it) ends."""
 
 

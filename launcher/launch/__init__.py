@@ -18,6 +18,7 @@ from launcher.backends import Backend, JobConfig, backend
 from launcher.errors import ConfigError, first_line
 from launcher.facts.preflight import newest_intact_checkpoint
 from launcher.launch.record import write_rank_env
+from launcher.lifeline import LAUNCHER_SIGNALS
 from launcher.launch.run_records import report_run, start_run_dir, write_records
 from launcher.plan import RunPlan
 from launcher.plan.ranks import on_node, rank_table
@@ -33,12 +34,6 @@ def write_dry_run(cfg: DictConfig, plan: RunPlan, argv: list[str] | None = None)
     write_rank_env(run_dir, {r.rank: r.env for r in plan.ranks})
     backend(cfg.cluster.launch).write_dry_run(run_dir, plan, list(argv or []), cfg.output.log_dir)
     return run_dir
-
-
-LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-"""Signals that end the run as interrupted (every rank stopped, the summary written; exit 128 + the signal), as
-SIGINT does: SIGUSR1/2 too, which Slurm's --signal sends before a time limit (the launcher's own default would be to
-die on the spot, its ranks left without it)."""
 
 
 def _raise_signal(signum: int, _frame) -> None:

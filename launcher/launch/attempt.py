@@ -11,7 +11,9 @@ import dataclasses
 import os
 import signal
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,6 +23,7 @@ from launcher.launch.blame import Ending, blame_reason, first_failure
 from launcher.launch.nodes import NodeGroup
 from launcher.backends.job import RankJob
 from launcher.launch.supervise import Outcome
+from launcher.lifeline import LAUNCHER_SIGNALS
 from launcher.plan import RunPlan
 from launcher.rundir import RunDir
 
@@ -123,6 +126,37 @@ def run_attempts(world: World, max_restarts: int, watchdog_s: float, console: Co
             return attempts
 
 
+STOP_SIGNALS = (signal.SIGINT, *LAUNCHER_SIGNALS)
+
+
+@contextmanager
+def signals_held() -> Iterator[list[int]]:
+    """A stop signal that comes while the ranks are being started is held back (the list given gets it), so that it
+    stops a job that exists, through supervise, instead of leaving its started ranks behind a traceback; a second
+    one is not held (a start that hangs can still be interrupted). Only the main thread handles signals."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+
+    def hold(signum: int, frame) -> None:
+        if not held:
+            held.append(signum)
+        elif callable(before[signum]):
+            before[signum](signum, frame)
+        else:
+            signal.default_int_handler(signum, frame)
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, hold)
+    try:
+        yield held
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
 def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]], number: int, watchdog_s: float,
                 console: Console, nodes: NodeGroup | None = None, *, start_job: StartJob,
                 console_mode: str = "none") -> Attempt:
@@ -136,7 +170,8 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
     from launcher.launch.tee import RankTee, streamed_ranks
     from launcher.launch.watchdog import Watchdog
 
-    job = start_job(plan, run_dir, envs)
+    with signals_held() as held:
+        job = start_job(plan, run_dir, envs)
     watchdog = (Watchdog({r: run_dir.rank(r) for r in job.ranks}, job.pids, watchdog_s,
                          first_step=plan.kind != "script") if watchdog_s > 0 else None)
     other_failed = nodes.should_stop if nodes is not None else None  # a failure elsewhere, or a host to admit
@@ -149,7 +184,8 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
             view.tick()
             builds.tick()
 
-        outcome = supervise(job, tick, watchdog, other_failed, run_dir=str(run_dir.path.resolve()))
+        outcome = supervise(job, tick, watchdog, other_failed, run_dir=str(run_dir.path.resolve()),
+                            interrupted_by=held[0] if held else None)
         tee.drain()  # the ranks are reaped: the rest of their output, before the bar's last state
     endings = _endings(run_dir, outcome, plan)
     blamed = first_failure(endings)

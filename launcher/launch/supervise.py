@@ -97,14 +97,15 @@ def end_job_processes(run_dir: str, timeout_s: float = STOP_TIMEOUT_S) -> list[i
 
 def supervise(job: RankJob, on_tick: Callable[[], None], watchdog: Watchdog | None = None,
               other_node_failed: Callable[[], bool] | None = None, period_s: float = 0.05,
-              run_dir: str | None = None) -> Outcome:
+              run_dir: str | None = None, interrupted_by: int | None = None) -> Outcome:
     """Poll the ranks every period_s, calling on_tick (progress) each time, until the run is over (or, with
     other_node_failed, until it says another node's rank failed). With run_dir (the resolved path), return only
-    once no process of that run is left on this host."""
+    once no process of that run is left on this host. ``interrupted_by``: a signal that came while the ranks were
+    being started (held back until they were: launcher/launch/attempt.py): they are stopped at once."""
     seen: dict[int, tuple[int, float]] = {}  # rank -> (exit code, when seen) for ranks that ended on their own
-    signum, stall, remote, failed_at = None, None, False, None
+    signum, stall, remote, failed_at = interrupted_by, None, False, None
     try:
-        while True:
+        while signum is None:
             now = time.monotonic()
             for rank, code in job.poll().items():
                 seen.setdefault(rank, (code, now))

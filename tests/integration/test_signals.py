@@ -134,3 +134,85 @@ def _stuck(launcher: subprocess.Popen, latest: Path) -> tuple[Path, list[int]]:
     assert json.loads((run_dir / "plan.json").read_text())["warm_start"] is True
     time.sleep(0.5)  # rank 0 reaches the collective that waits for rank 1
     return run_dir, [RunDir(run_dir).rank(r).read_pid()[1] for r in (0, 1)]
+
+
+SIGNALLING_BACKEND = '''
+"""cluster.launch=signalling: starts rank 0, then the launcher gets SIGTERM (as from Ctrl-C or a CI cancel), then
+starts rank 1: a stop signal while the ranks are being started."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from launcher.backends import Backend, register
+from launcher.backends.processes import stop_process_groups
+
+
+class PopenJob:
+    def __init__(self, procs):
+        self._procs, self.ranks = procs, tuple(sorted(procs))
+
+    def poll(self):
+        return {r: code for r, p in self._procs.items() if (code := p.poll()) is not None}
+
+    def pids(self):
+        return {r: p.pid for r, p in self._procs.items()}
+
+    def stop(self):
+        stop_process_groups(list(self._procs.values()))
+        for p in self._procs.values():
+            p.wait()
+
+
+class SignallingBackend(Backend):
+    name = "signalling"
+    help = "signalling (a test's own: SIGTERM to the launcher between two ranks' starts)"
+
+    def start(self, config, plan, run_dir, envs):
+        procs = {}
+        for rank, env in sorted(envs.items()):
+            rank_dir = run_dir.rank(rank)
+            rank_dir.path.mkdir(parents=True, exist_ok=True)
+            with open(rank_dir.stdout, "wb") as out, open(rank_dir.stderr, "wb") as err:
+                procs[rank] = subprocess.Popen([sys.executable, *plan.rank_args(str(run_dir.path))], env=env,
+                                               stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                               start_new_session=True)
+            if rank == 0:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)  # delivered here, in the middle of the start
+        with open(run_dir.path / "pids.json", "w") as f:
+            f.write(json.dumps([p.pid for p in procs.values()]))
+        return PopenJob(procs)
+
+
+register(SignallingBackend())
+'''
+
+RUN_WITH_BACKEND = """import sys
+sys.path.insert(0, sys.argv[1])
+import signalling_backend  # noqa: F401
+from launcher.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_signal_while_the_ranks_are_started_stops_those_started_without_a_traceback(tmp_path):
+    """Before, SIGTERM while a backend started the ranks raised out of the start: a traceback, exit 1, and the ranks
+    started so far left to die with their parent. Now it is held until the job exists, which it then stops."""
+    package = tmp_path / "backend"
+    package.mkdir()
+    (package / "signalling_backend.py").write_text(SIGNALLING_BACKEND)
+    (package / "run.py").write_text(RUN_WITH_BACKEND)
+    res = subprocess.run([sys.executable, str(package / "run.py"), str(package), "recipe=quickstart",
+                          "cluster.launch=signalling", "cluster.nproc_per_node=2", "trainer.steps=50",
+                          "output.run_name=held"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 143 and "Traceback" not in out, out[-3000:]
+    run_dir = tmp_path / "log_output" / "held"
+    assert not any(pid_alive(p) for p in json.loads((run_dir / "pids.json").read_text()))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == "SIGTERM"
+    assert all(r["stopped_by_launcher"] for r in summary["ranks"]), summary["ranks"]
