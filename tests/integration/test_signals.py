@@ -14,6 +14,7 @@ import pytest
 
 from launcher.rundir import RunDir
 from tests.conftest import pid_alive, start_training
+from tests.launch.test_toy_backend import TOY_BACKEND
 
 pytestmark = pytest.mark.integration
 
@@ -137,55 +138,30 @@ def _stuck(launcher: subprocess.Popen, latest: Path) -> tuple[Path, list[int]]:
 
 
 SIGNALLING_BACKEND = '''
-"""cluster.launch=signalling: starts rank 0, then the launcher gets SIGTERM (as from Ctrl-C or a CI cancel), then
-starts rank 1: a stop signal while the ranks are being started."""
+"""cluster.launch=signalling: tests/launch/test_toy_backend.py's toy backend, which gets SIGTERM (as from Ctrl-C or
+a CI cancel) after it started rank 0 and before rank 1: a stop signal while the ranks are being started."""
 
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
-from launcher.backends import Backend, register
-from launcher.backends.processes import stop_process_groups
+from launcher.backends import register
+from toy_backend import PopenJob, ToyBackend
 
 
-class PopenJob:
-    def __init__(self, procs):
-        self._procs, self.ranks = procs, tuple(sorted(procs))
-
-    def poll(self):
-        return {r: code for r, p in self._procs.items() if (code := p.poll()) is not None}
-
-    def pids(self):
-        return {r: p.pid for r, p in self._procs.items()}
-
-    def stop(self):
-        stop_process_groups(list(self._procs.values()))
-        for p in self._procs.values():
-            p.wait()
-
-
-class SignallingBackend(Backend):
+class SignallingBackend(ToyBackend):
     name = "signalling"
     help = "signalling (a test's own: SIGTERM to the launcher between two ranks' starts)"
 
     def start(self, config, plan, run_dir, envs):
-        procs = {}
-        for rank, env in sorted(envs.items()):
-            rank_dir = run_dir.rank(rank)
-            rank_dir.path.mkdir(parents=True, exist_ok=True)
-            with open(rank_dir.stdout, "wb") as out, open(rank_dir.stderr, "wb") as err:
-                procs[rank] = subprocess.Popen([sys.executable, *plan.rank_args(str(run_dir.path))], env=env,
-                                               stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                               start_new_session=True)
-            if rank == 0:
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(0.2)  # delivered here, in the middle of the start
-        with open(run_dir.path / "pids.json", "w") as f:
-            f.write(json.dumps([p.pid for p in procs.values()]))
-        return PopenJob(procs)
+        first, *rest = sorted(envs)
+        started = super().start(config, plan, run_dir, {first: envs[first]})._procs
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # delivered here, in the middle of the start
+        started.update(super().start(config, plan, run_dir, {r: envs[r] for r in rest})._procs)
+        (run_dir.path / "pids.json").write_text(json.dumps([p.pid for p in started.values()]))
+        return PopenJob(started)
 
 
 register(SignallingBackend())
@@ -204,6 +180,7 @@ def test_a_signal_while_the_ranks_are_started_stops_those_started_without_a_trac
     started so far left to die with their parent. Now it is held until the job exists, which it then stops."""
     package = tmp_path / "backend"
     package.mkdir()
+    (package / "toy_backend.py").write_text(TOY_BACKEND)
     (package / "signalling_backend.py").write_text(SIGNALLING_BACKEND)
     (package / "run.py").write_text(RUN_WITH_BACKEND)
     res = subprocess.run([sys.executable, str(package / "run.py"), str(package), "recipe=quickstart",
