@@ -133,7 +133,9 @@ STOP_SIGNALS = (signal.SIGINT, *LAUNCHER_SIGNALS)
 def signals_held() -> Iterator[list[int]]:
     """A stop signal that comes while the ranks are being started is held back (the list given gets it), so that it
     stops a job that exists, through supervise, instead of leaving its started ranks behind a traceback; a second
-    one is not held (a start that hangs can still be interrupted). Only the main thread handles signals."""
+    one is not held (a start that hangs can still be interrupted). A start that sets handlers of its own keeps them
+    (torch elastic's PContext.start: from then on a signal raises in it, as before). Only the main thread handles
+    signals."""
     held: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield held
@@ -154,7 +156,8 @@ def signals_held() -> Iterator[list[int]]:
         yield held
     finally:
         for s, handler in before.items():
-            signal.signal(s, handler)
+            if signal.getsignal(s) is hold:  # a start that set its own (torch elastic's PContext.start) keeps it
+                signal.signal(s, handler)
 
 
 def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]], number: int, watchdog_s: float,
