@@ -283,7 +283,7 @@ def rendezvous_handler(cfg: DictConfig):
         backend=str(c.rdzv_backend), endpoint=c.rdzv_endpoint, run_id=c.rdzv_id, min_nodes=lo, max_nodes=hi,
         local_addr=c.local_addr or None, join_timeout=str(int(c.rdzv_timeout_s)),
         **(_is_host(str(c.rdzv_endpoint), str(c.local_addr or "")) if in_launcher else {}),
-        **_read_timeout(c), **{k: str(v) for k, v in dict(c.rdzv_conf or {}).items()},
+        **{**_read_timeout(c), **{k: str(v) for k, v in dict(c.rdzv_conf or {}).items()}},
     )
     try:
         with _native_stderr() as retries:
@@ -293,8 +293,8 @@ def rendezvous_handler(cfg: DictConfig):
                  "Start etcd there with the v2 API (etcd --enable-v2) and check this host reaches it.")
         cause = f" ({first_line(e.__cause__)})" if e.__cause__ is not None else ""
         tried = f" (after {retries[0]} retries of torch's store client)" if retries and retries[0] else ""
-        raise RuntimeError(f"the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} cannot be reached{tried}: "
-                           f"{type(e).__name__}: {first_line(e)}{cause}. {start}") from None
+        raise RuntimeError(f"the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} cannot be reached: "
+                           f"{type(e).__name__}: {first_line(e)}{cause}{tried}. {start}") from None
 
 
 @contextmanager
