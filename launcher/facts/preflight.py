@@ -24,7 +24,7 @@ from launcher.backends import BACKENDS
 from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError, first_line
 from launcher.manifest import manifest_problems
-from launcher.parallel.choose import checkpoint_layout
+from launcher.parallel.choose import checkpoint_layout, trained_data
 from launcher.plan import LaunchPlan
 from launcher.report.runs import latest_trained
 from launcher.rundir import CheckpointDir, RunDir
@@ -110,6 +110,7 @@ def check_resume(plan: LaunchPlan, given: str = "", model: ModelFacts | None = N
         raise ConfigError(f"{key}: the checkpoint is at step {saved.get('step')} and trainer.steps={plan.steps}: "
                           f"nothing is left to train. Set trainer.steps above {saved.get('step')}.")
     now = checkpoint_layout(plan)
+    saved["data"] = trained_data(saved.get("data"))  # saved before the loader's settings were left out
     diff = [f"{k} {saved.get(k)} (now {v})" for k, v in now.items() if saved.get(k) != v]
     if diff:
         why = ("" if saved.get("format") == "dcp" else " DeepSpeed's checkpoint files hold each rank's own partitions, "

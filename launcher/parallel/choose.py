@@ -142,6 +142,13 @@ def engine_config(plan: Any) -> dict | None:
     return config_file(parts)
 
 
+def trained_data(data: Any) -> Any:
+    """The data spec a checkpoint's position depends on. The DataLoader's settings (``loader``: workers, pinning,
+    read-ahead; auto picks the workers by timing a read, so two launches may differ) change how the items are read,
+    not which or in what order, and are left out."""
+    return {k: v for k, v in data.items() if k != "loader"} if isinstance(data, dict) else data
+
+
 def checkpoint_layout(plan: Any) -> dict[str, Any]:
     """What a checkpoint depends on: a run resumes from it only with the same values. The data position counts
     global micro-batches (micro × dp samples) of this seed; the optimizer's hyperparameters come back with its state.
@@ -154,7 +161,7 @@ def checkpoint_layout(plan: Any) -> dict[str, Any]:
            "global_batch": plan.batch.global_size, "global_micro_batch": plan.batch.micro_size * plan.dims.dp,
            "grad_accum": plan.batch.grad_accum, "seed": plan.seed,
            "optimizer": {**dataclasses.asdict(plan.optimizer), "betas": list(plan.optimizer.betas)},
-           "model": plan.model, "data": plan.data}
+           "model": plan.model, "data": trained_data(plan.data)}
     if fmt != "dcp":
         out |= {"data_parallel": _data_parallel(plan.parts).name, "zero_stage": plan.zero_stage,
                 "world_size": plan.world_size,

@@ -1,6 +1,7 @@
 """trainer.resume names a run; what it cannot resume from is bad input (exit 2, the key named), found before any
 process starts."""
 
+import dataclasses
 import json
 import shutil
 
@@ -8,9 +9,11 @@ import pytest
 
 from launcher.cli import main
 from launcher.errors import ConfigError
-from launcher.facts.preflight import check_checkpoint_files
+from launcher.facts.preflight import check_checkpoint_files, check_resume
 from launcher.manifest import file_record, list_files
+from launcher.parallel.choose import checkpoint_layout
 from launcher.rundir import CheckpointDir, RunDir
+from tests.conftest import plan_of
 
 
 def _run(tmp_path, capsys, *overrides):
@@ -86,3 +89,20 @@ def test_a_checkpoint_written_before_manifests_resumes_when_its_trainer_file_is_
     with pytest.raises(ConfigError, match="trainer.resume_from=x: the checkpoint .* is damaged: trainer.0.pt is "
                                           "missing. Its ranks"):
         check_checkpoint_files(ckpt, meta, "trainer.resume_from=x")
+
+
+def test_the_loaders_settings_are_not_part_of_what_a_checkpoint_resumes_on(tmp_path, cpu_host):
+    """loader.num_workers=auto picks the workers by timing a read, so the run that saved and the one that resumes may
+    differ (CI's suite, under load): workers change how the items are read, not which or in what order. A checkpoint
+    whose checkpoint.json still lists the loader's settings (written before they were left out) resumes too; the
+    data itself still counts."""
+    plan = plan_of(["recipe=quickstart", "trainer.steps=8"], cpu_host)
+    data = {**plan.data, "loader": {"num_workers": 0, "pin_memory": False}}
+    saved_by = dataclasses.replace(plan, data={**data, "loader": {"num_workers": 2, "pin_memory": False}})
+    ckpt, meta = _written(RunDir(tmp_path / "run"), 4)
+    for written in (checkpoint_layout(saved_by), {**checkpoint_layout(saved_by), "data": saved_by.data}):
+        ckpt.meta.write_text(json.dumps({**meta, **written}))
+        check_resume(dataclasses.replace(plan, data=data, resume_from=str(ckpt.path)))
+    other = dataclasses.replace(plan, data={**data, "samples": -1}, resume_from=str(ckpt.path))
+    with pytest.raises(ConfigError, match="saved with data"):
+        check_resume(other)
