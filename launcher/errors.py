@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 class ConfigError(Exception):
@@ -26,6 +26,11 @@ def did_you_mean(word: str, candidates: Iterable[str], prefix: str = "", cutoff:
     """' Did you mean <prefix><the closest candidate>?', or '' when none is close enough."""
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=cutoff)
     return f" Did you mean {prefix}{close[0]}?" if close else ""
+
+
+def few(names: Sequence[str], shown: int = 4) -> str:
+    """The first ``shown`` names, then how many more there are: 'a, b, c, d and 3 more'."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def first_line(e: BaseException) -> str:

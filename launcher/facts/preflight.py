@@ -22,7 +22,7 @@ from rich.markup import escape
 
 from launcher.backends import BACKENDS
 from launcher.contract import Facts, ModelFacts, model_facts
-from launcher.errors import ConfigError, first_line
+from launcher.errors import ConfigError, few, first_line
 from launcher.manifest import manifest_problems
 from launcher.parallel.choose import checkpoint_layout, trained_data
 from launcher.plan import LaunchPlan
@@ -137,15 +137,11 @@ def _check_model_keys(plan: LaunchPlan, ckpt: CheckpointDir, state: dict[str, tu
              and hasattr(saved[f"model.{k}"], "size") and tuple(saved[f"model.{k}"].size) != held[k]]
     if not (missing or other):
         return
-    words = ([f"the model now holds {_first(missing)}, which the checkpoint does not"] if missing else []) + \
-            ([f"shapes differ: {_first(other)}"] if other else [])
+    words = ([f"the model now holds {few(missing, MAX_NAMED)}, which the checkpoint does not"] if missing else []) + \
+            ([f"shapes differ: {few(other, MAX_NAMED)}"] if other else [])
     raise ConfigError(f"{key}: the model's code changed since the checkpoint was saved: {'; '.join(words)}. Resume "
                       f"with the model's code as it was when the checkpoint was written, or start afresh without "
                       f"{key.split('=')[0]}.")
-
-
-def _first(names: list[str]) -> str:
-    return ", ".join(names[:MAX_NAMED]) + (f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else "")
 
 
 MAX_NAMED = 5

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
-from launcher.errors import ConfigError, did_you_mean
+from launcher.errors import ConfigError, did_you_mean, few
 from launcher.facts.model import gradient_facts, model_facts_on_meta, state_shapes
 from launcher.plain import to_plain
 from launcher.procfs import kernel_field
@@ -330,8 +330,7 @@ def _blamed(found: list[str], swap: Swap | None, build, loss_fn: Any, batch: Any
 def _swap_blamed(problem: str, swap: Swap, source: str) -> str:
     """The forward's failure when the model as written runs and only its tables outside the parts make it fail."""
     why = problem.split(": ", 2)[-1].split(". The model is called as")[0]
-    shown = [swap.names.get(n, n) for n in swap.shapes]
-    names = ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
+    names = few([swap.names.get(n, n) for n in swap.shapes])
     return (f"model ({source}): with its tables {names} outside the parallel parts (each nn.Embedding / "
             f"nn.EmbeddingBag swapped for a lookup into the table store, as the run's placement asks), its forward "
             f"fails on a batch of 2 dataset items, which it takes as written: {why}. The lookup takes every call "

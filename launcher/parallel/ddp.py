@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.errors import few
 from launcher.plan.intents import Intents, clip_config
 from launcher.parallel.part import DataParallelPart
 from launcher.plan.memory import state_floats
@@ -49,12 +50,10 @@ class ReplicatedDataParallel(DataParallelPart):
     def notes(self, i: Intents) -> list[str]:
         if not i.unused_params or self.config(i)["implementation"] != FLAT or i.sharding or i.dims.pp > 1:
             return []
-        names = ", ".join(i.unused_params[:4]) + (f" and {len(i.unused_params) - 4} more" if len(i.unused_params) > 4
-                                                   else "")
-        return [f"ddp: {names} got no gradient from the loss of the data's first items (built, not used by the "
-                f"forward): the gradients are averaged in {FLAT}, which takes a parameter without one as one process "
-                f"does (torch DistributedDataParallel would stop at the second step, 'Expected to have finished "
-                f"reduction in the prior iteration')"]
+        return [f"ddp: {few(i.unused_params)} got no gradient from the loss of the data's first items (built, not "
+                f"used by the forward): the gradients are averaged in {FLAT}, which takes a parameter without one as "
+                f"one process does (torch DistributedDataParallel would stop at the second step, 'Expected to have "
+                f"finished reduction in the prior iteration')"]
 
     def memory(self, i: Intents, params: int) -> tuple[Bytes, Bytes]:
         n = params * 4

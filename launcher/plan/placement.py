@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.errors import did_you_mean
+from launcher.errors import did_you_mean, few
 from launcher.plain import to_plain
 from launcher.plan.placement_types import DenseSettings, PlacementPlan, TablePlan
 from launcher.plan.registry import CPU_OPTIMIZERS, DENSE_OPTIMIZERS, TABLE_OPTIMIZERS, unknown
@@ -93,13 +93,9 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
                 "eps": (d.eps, "positive"), "betas[0]": (d.betas[0], "unit"), "betas[1]": (d.betas[1], "unit")})
     problems += _dense_problems(tables, wanted, host_device_mix, ps)
     if group_size == 1 and one_rank:
-        notes.append(f"ps tables {_few(one_rank)} on a group of 1 rank (world size / pipeline stages): it holds every "
+        notes.append(f"ps tables {few(one_rank)} on a group of 1 rank (world size / pipeline stages): it holds every "
                      f"row anyway, as a replicated host table (shards 1)")
     return tables, problems, notes
-
-
-def _few(names: list[str], shown: int = 4) -> str:
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _dense_problems(tables: list[TablePlan], wanted: dict[str, str], host_device_mix: int, ps: bool) -> list[str]:
@@ -120,7 +116,7 @@ def _dense_problems(tables: list[TablePlan], wanted: dict[str, str], host_device
         )
     dense_ps = [n for n in dense if n not in wanted]
     if dense_ps and ps:
-        which = "the tables are dense" if len(dense) == len(tables) else f"tables {_few(dense_ps)} are dense"
+        which = "the tables are dense" if len(dense) == len(tables) else f"tables {few(dense_ps)} are dense"
         problems.append(f"placement.ps=true splits each table's rows over the ranks, which needs sparse tables "
                         f"(lazy_adam or ftrl); {which}. Set tables.<name>.optimizer=lazy_adam, or placement.ps=false.")
     return problems
@@ -212,7 +208,7 @@ def follow_notes(tables: list[TablePlan], source: str) -> list[str]:
             groups.setdefault(f"{t.optimizer} ({settings_words(t)}) — {t.differs}", []).append(t.name)
     notes = []
     for how, names in groups.items():
-        notes.append(f"{'tables' if len(names) > 1 else 'table'} {_few(names)} follow{'' if len(names) > 1 else 's'} "
+        notes.append(f"{'tables' if len(names) > 1 else 'table'} {few(names)} follow{'' if len(names) > 1 else 's'} "
                      f"{source}: {how}")
     return notes
 
