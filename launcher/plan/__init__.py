@@ -29,6 +29,7 @@ from launcher.plan.pipeline import PipelinePlan
 from launcher.plan.placement import PlacementPlan, TablePlan
 from launcher.plan.prefetch import kernels_words, plan_prefetch
 from launcher.plan.ps import placed, plan_build, ps_fixes, stage_ranks
+from launcher.plan.registry import CPU_OPTIMIZERS
 from launcher.plan.ranks import RankPlan, omp_threads_kept, plan_ranks, rank_table, visible_devices
 from launcher.plan.rules import check_config
 from launcher.plan.script import check_script_ops
@@ -90,8 +91,11 @@ def _auto(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout 
     if d.problems or intents is None:
         raise ConfigError(list(dict.fromkeys(d.problems)))
     plan = _launch_plan(cfg, host, facts, layout, d, intents, parts)
+    kept = [] if c.offload_optimizer or not CPU_OPTIMIZERS[cfg.optimizer.cpu_impl].impl else [
+        f"optimizer.cpu_impl={cfg.optimizer.cpu_impl} is not used: placement=auto keeps the optimizer on the device, "
+        f"and the key chooses what steps it on the host (where auto moves it when the device is short)"]
     notes = tuple(dict.fromkeys((f"placement=auto chose, of {result.considered} layouts: "
-                                 + "; ".join(override_words(result.overrides)), *plan.notes)))  # the parts ran twice
+                                 + "; ".join(override_words(result.overrides)), *kept, *plan.notes)))  # parts ran twice
     optimizer = dataclasses.replace(plan.optimizer, target="cpu" if c.offload_optimizer else "device")
     return dataclasses.replace(plan, notes=notes, optimizer=optimizer, decisions=result.decisions,
                                auto=dict(result.overrides))

@@ -277,7 +277,7 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, d
         stage = 2
         notes.append("optimizer.target=CPU needs ZeRO (offload_optimizer): zero.stage 0 -> 2")
     cpu = CPU_OPTIMIZERS.get(o.cpu_impl)
-    if offload_opt and cpu is not None and cpu.impl and not DENSE_OPTIMIZERS.get(o.name, DENSE_OPTIMIZERS["sgd"]).ds_cpu_adam:
+    if cpu is not None and cpu.impl and not DENSE_OPTIMIZERS.get(o.name, DENSE_OPTIMIZERS["sgd"]).ds_cpu_adam:
         problems.append(f"optimizer.cpu_impl=deepspeed runs DeepSpeedCPUAdam, which needs optimizer.name=adam or "
                         f"adamw; got optimizer.name={o.name}. Set optimizer.cpu_impl=torch.")
     if not offload_opt and cpu is not None and cpu.impl and pl.mode != "auto":  # auto may put it on the host

@@ -99,6 +99,22 @@ def test_auto_shards_or_offloads_the_dense_part_when_only_that_fits(cpu_host):
     assert plan.zero_stage > 0 or plan.placement.offload or plan.recompute
 
 
+def test_auto_reports_a_cpu_impl_it_did_not_use_and_refuses_one_that_cannot_run(cpu_host):
+    """optimizer.cpu_impl=deepspeed says what steps the optimizer if auto moves it to the host: where auto keeps it on
+    the device, a note says the key was not used; with an optimizer DeepSpeedCPUAdam cannot run, it is refused
+    whatever auto would choose (it could never apply)."""
+    need = plan_of(["recipe=gpt", "placement=auto"], cpu_host).peak.peak("device")
+    ds = ["recipe=gpt", "placement=auto", "optimizer.cpu_impl=deepspeed"]
+    for share, where in ((1.0, "device"), (0.15, "host")):
+        plan = plan_of([*ds, f"cluster.device_memory_gb={need * share / 0.9 / GB}"], cpu_host)
+        assert plan.placement.optimizer_location == where
+        unused = [n for n in plan.notes if n.startswith("optimizer.cpu_impl=deepspeed is not used")]
+        assert len(unused) == (where == "device"), plan.notes
+    with pytest.raises(ConfigError, match="DeepSpeedCPUAdam, which needs optimizer.name=adam or adamw; got "
+                                          "optimizer.name=sgd"):
+        plan_of([*ds, "optimizer.name=sgd"], cpu_host)
+
+
 def test_auto_when_nothing_fits_exits_with_fixes_that_carry_numbers(cpu_host):
     with pytest.raises(ConfigError) as e:
         plan_of(["recipe=wide_deep", "placement=auto", "cluster.host_memory_gb=0.8"], cpu_host)
