@@ -29,6 +29,8 @@ from launcher.usercode.targets import HYDRA_KEYS, build_collate, import_targets,
 
 LABEL_SCAN = 256
 """Dataset items read to decide whether the labels are binary (eval.metrics=auto)."""
+COUNT_MAX = 1 << 16
+"""The most items of a stream the launcher counts (keeping only the first LABEL_SCAN): see _group_reach."""
 
 SHARDED_TORCHREC = "torchrec.distributed"
 """TorchRec's sharded modules (DistributedModelParallel, ShardedEmbeddingBagCollection) live under this package."""
@@ -149,7 +151,7 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
     for key in ("data", "eval_data", "val_data"):
         if checked.get(key) and not collate_problems:  # the train data's first LABEL_SCAN items, read once
             data[key], samples[key], more = dataset_facts(key, specs[key], source, keys, collate,
-                                                          LABEL_SCAN if key == "data" else 1)
+                                                          *((LABEL_SCAN, _group_reach(cfg)) if key == "data" else (1,)))
             problems += more
     model, more = _meta_model(specs["model"], source) if checked.get("model") else (None, [])
     problems += more
@@ -349,6 +351,18 @@ def _val_problems(validation: Any) -> list[str]:
             f"(with __len__ and __getitem__) here. Give one, or leave val_data out."]
 
 
+def _group_reach(cfg: DictConfig) -> int:
+    """How far the launcher counts a stream (no more than COUNT_MAX items): a global batch (batch.global_size), or
+    else a global micro-batch where batch.micro_size and the cluster's size are numbers; so that a stream shorter than
+    one is refused before launch (plan/draft.py), not by every rank."""
+    batch, nodes, nproc = cfg.batch, str(cfg.cluster.nnodes).split(":")[-1], str(cfg.cluster.nproc_per_node)
+    if isinstance(batch.global_size, int) and batch.global_size > 0:
+        return min(batch.global_size, COUNT_MAX)
+    if isinstance(batch.micro_size, int) and batch.micro_size > 0 and nodes.isdigit() and nproc.isdigit():
+        return min(batch.micro_size * int(nodes) * int(nproc), COUNT_MAX)
+    return 0
+
+
 def _data_facts(spec: dict[str, Any], train: Any, sample: Sample, evaluation: Any, batch: Any, labels: list,
                 scores: bool, output_line: str, validation: Any = None) -> DataFacts:
     """The data's facts: sizes (None for a stream), inputs, whether the labels are binary (AUC, accuracy) — each label
@@ -359,7 +373,6 @@ def _data_facts(spec: dict[str, Any], train: Any, sample: Sample, evaluation: An
     binary = scores and all(torch.is_tensor(y) and y.is_floating_point() and bool(((y == 0) | (y == 1)).all())
                             for y in labels)
     n_train = None if is_stream(train) else len(train)
-    ended = len(sample.items) if n_train is None and len(sample.items) < LABEL_SCAN else None  # read to its end
     n_eval = 0 if evaluation is None else None if is_stream(evaluation) else len(evaluation)
     inputs = f"keyword inputs {', '.join(batch[0])}" if isinstance(batch[0], Mapping) else f"{len(batch[0])} input(s)"
     seconds, share = sample.seconds, sample.cpu_share
@@ -373,4 +386,4 @@ def _data_facts(spec: dict[str, Any], train: Any, sample: Sample, evaluation: An
             f"{f'; val_data: {len(validation):,} items' if validation is not None else ''}")
     return DataFacts(train_samples=n_train, lines=(line, output_line) if output_line else (line,),
                      binary_labels=binary, eval_samples=n_eval, item_seconds=seconds, item_cpu_share=share,
-                     val_samples=len(validation) if validation is not None else 0, stream_items=ended)
+                     val_samples=len(validation) if validation is not None else 0, stream_items=sample.ended)

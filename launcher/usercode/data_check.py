@@ -83,12 +83,15 @@ class Sample:
     """Median wall seconds to read one item, after the first (which may warm caches); 0.0 with fewer than 2 items."""
     cpu_share: float
     """The share of that reading spent on a CPU (1.0 = all of it; low for reads that wait on disk or network)."""
+    ended: int | None = None
+    """A stream's length when it ended within what was read or counted (None: a map-style dataset, or a stream
+    that went on)."""
 
 
 def dataset_facts(key: str, spec: Mapping[str, Any], source: str, keys: Keys = ((), ""), collate: Any = None,
-                  count: int = 1) -> tuple[Any, Sample | None, list[str]]:
-    """(the built dataset, its first ``count`` items read once, problems): it builds, is map-style (len() and [i])
-    or iterable, and its first item batches and splits (item_problem)."""
+                  count: int = 1, count_to: int = 0) -> tuple[Any, Sample | None, list[str]]:
+    """(the built dataset, its first ``count`` items read once, a stream counted on to ``count_to`` items, problems):
+    it builds, is map-style (len() and [i]) or iterable, and its first item batches and splits (item_problem)."""
     from launcher.usercode.data import is_stream
 
     try:
@@ -96,7 +99,7 @@ def dataset_facts(key: str, spec: Mapping[str, Any], source: str, keys: Keys = (
     except Exception as e:  # noqa: BLE001
         return None, None, [f"{key} ({source}): building {spec['_target_']} failed: {first_words(e.__cause__ or e)}."]
     try:
-        sample = read_sample(ds, count)
+        sample = read_sample(ds, count, count_to)
     except Exception as e:  # noqa: BLE001
         kind = "reading the first items of the IterableDataset" if is_stream(ds) else "len() and [i]"
         return None, None, [f"{key} ({source}): {spec['_target_']} is not a Dataset the ranks can read ({kind}: "
@@ -110,9 +113,15 @@ def dataset_facts(key: str, spec: Mapping[str, Any], source: str, keys: Keys = (
     return ds, sample, []
 
 
-def read_sample(dataset: Any, count: int) -> Sample:
+COUNT_SECONDS = 10.0
+"""How long the launcher goes on counting a stream's items (read_sample's ``count_to``) before it lets the ranks find
+out whether an epoch holds a global micro-batch."""
+
+
+def read_sample(dataset: Any, count: int, count_to: int = 0) -> Sample:
     """The dataset's first ``count`` items (fewer when it has fewer), each read timed: by index, or by iterating a
-    stream once (in a random state of its own, as the ranks read it)."""
+    stream once (in a random state of its own, as the ranks read it). A stream is counted on, its items not kept, to
+    ``count_to`` items or COUNT_SECONDS: ``ended`` is its length when it ended by then."""
     import itertools
     import statistics
     import time
@@ -135,10 +144,26 @@ def read_sample(dataset: Any, count: int) -> Sample:
             items.append(item)
             last = now
         cpu = time.process_time() - cpu
+        ended = _count_on(source, len(items), count, count_to) if is_stream(dataset) else None
     if not walls:
-        return Sample(items, 0.0, 1.0)
+        return Sample(items, 0.0, 1.0, ended)
     wall = last - start
-    return Sample(items, statistics.median(walls), min(1.0, cpu / wall) if wall > 0 else 1.0)
+    return Sample(items, statistics.median(walls), min(1.0, cpu / wall) if wall > 0 else 1.0, ended)
+
+
+def _count_on(source: Any, read: int, count: int, count_to: int) -> int | None:
+    """A stream's length, counting on past the ``read`` items kept to ``count_to`` (None when it goes on)."""
+    import time
+
+    if read < count:
+        return read
+    deadline, end = time.monotonic() + COUNT_SECONDS, object()
+    for n in range(read, max(read, count_to)):
+        if next(source, end) is end:
+            return n
+        if time.monotonic() > deadline:
+            return None
+    return None
 
 
 def two_items(items: list[Any], keys: Keys, collate: Any = None) -> tuple[Any, Any]:

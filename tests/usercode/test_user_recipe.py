@@ -330,6 +330,10 @@ def test_a_stream_shorter_than_one_global_micro_batch_exits_2(project, cpu_host,
     assert not (project / "log_output").exists()
     plan(project, *stream, "batch.global_size=10", host=cpu_host)  # 10 items: one global micro-batch
     plan(project, stream[0], "data.n=1000", "batch.global_size=512", host=cpu_host)  # it did not end in the read
+    # Longer than the first items the launcher keeps (256): counted on to a global batch, without keeping them.
+    with pytest.raises(ConfigError, match=r"ended after 600 items when the launcher read it, fewer than one global "
+                                          r"micro-batch \(batch.micro_size 512 × dp 2 = 1024\)"):
+        plan(project, stream[0], "data.n=600", "batch.global_size=1024", host=cpu_host)
 
 
 def test_eval_keys_without_held_out_data_are_refused_by_name(project, cpu_host):
