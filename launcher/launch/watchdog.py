@@ -43,6 +43,9 @@ STACKS_WAIT_S = 3.0
 _STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a debugger", "D": "in uninterruptible I/O (D)",
            "Z": "exited, not reaped", "R": "running", "S": "sleeping (waiting)"}
 _STACK_HEADER = "most recent call first"
+WAITING_IN = ("torch/distributed", "torch/autograd")
+"""Where a stack shows a rank waiting in a collective: torch.distributed's calls, or a backward, where DDP's and
+FSDP's gradient collectives run (in the autograd engine, below any Python frame of theirs)."""
 
 
 @dataclass(frozen=True)
@@ -145,14 +148,14 @@ class Watchdog:
         stacks = self.ask_for_stacks(sorted(running), pids)
         steps = {r: self._beat[r][0].get("step", 0) if r in self._beat else 0 for r in sorted(overdue)}
         low = min(steps.values()) if steps else 0
-        outside = [r for r in stalled if stacks[r] and "torch/distributed" not in stacks[r]]
+        outside = [r for r in stalled if stacks[r] and not any(w in stacks[r] for w in WAITING_IN)]
         for ranks, why in (
             ([r for r in sorted(running) if states[r] in ("T", "t", "D")], "its process state"),
             ([r for r in sorted(running) if r in pids and not stacks[r]], "its silence: it did not answer the request for its stacks"),
             ([r for r in stalled if steps.get(r, low) == low] if len(set(steps.values())) > 1 else [],
              "its step: it is behind the others"),
-            (outside if len(outside) < len(stalled) else [], "its stack: outside torch.distributed while the others "
-                                                             "wait in a collective"),
+            (outside if len(outside) < len(stalled) else [], "its stack: outside torch.distributed and backward while "
+                                                             "the others wait in a collective"),
             (stalled, "elimination: no rank made progress (a deadlock? see the stacks)"),
         ):
             if ranks:

@@ -154,3 +154,46 @@ def test_a_rank_that_never_finishes_its_first_step_is_hung_after_the_first_steps
     assert stalls[0].limit_s == 1.0 and stalls[0].idle_s >= 1.0 and stalls[0].steps == {0: 0, 1: 0}
     assert stalls[0].to_dict()["before_first_step"] is True
     assert script.check({0, 1}) is None
+
+
+SLEEPS_IN_FORWARD = ("import faulthandler, pathlib, signal, sys, time\n"
+                     "faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)\n"
+                     "def forward():\n    pathlib.Path(sys.argv[1]).touch()\n    time.sleep(60)\n"
+                     "forward()\n")
+WAITS_IN_BACKWARD = ("import faulthandler, pathlib, signal, sys, time, torch\n"
+                     "faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)\n"
+                     "class Reduce(torch.autograd.Function):  # where DDP's bucket all-reduce waits: in the backward\n"
+                     "    @staticmethod\n    def forward(ctx, x):\n        return x * 1\n"
+                     "    @staticmethod\n    def backward(ctx, g):\n        pathlib.Path(sys.argv[1]).touch()\n        time.sleep(60)\n"
+                     "x = torch.ones(1, requires_grad=True)\n"
+                     "Reduce.apply(x).sum().backward()\n")
+
+
+def test_a_rank_outside_a_collective_is_named_when_its_peer_waits_in_the_backward(tmp_path):
+    """One rank sleeps in its forward, its peer waits in the backward (where torch DDP's gradient all-reduce waits
+    for it, below any Python frame of torch.distributed): the one in the forward is named by its stack, not both
+    by elimination."""
+    run = RunDir(tmp_path)
+    procs = {}
+    for r, code in enumerate((SLEEPS_IN_FORWARD, WAITS_IN_BACKWARD)):
+        run.rank(r).path.mkdir()
+        with open(run.rank(r).stderr, "w") as err:
+            procs[r] = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"in.{r}")], stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"in.{r}").exists() for r in procs):  # in the forward, in the backward
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs.values())
+            time.sleep(0.1)
+        dog = Watchdog({r: run.rank(r) for r in procs}, lambda: {r: p.pid for r, p in procs.items()},
+                       watchdog_s=0.2, period_s=0.0)
+        for r in procs:
+            _beat(run, r, 5)
+        assert dog.check({0, 1}) is None
+        time.sleep(0.3)
+        stall = dog.check({0, 1})
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+    assert "torch/autograd" in stall.stacks[1] and "torch/distributed" not in stall.stacks[1], stall.stacks[1]
+    assert stall.ranks == (0,) and stall.why.startswith("its stack: outside torch.distributed and backward"), stall
