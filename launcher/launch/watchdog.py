@@ -43,9 +43,16 @@ STACKS_WAIT_S = 3.0
 _STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a debugger", "D": "in uninterruptible I/O (D)",
            "Z": "exited, not reaped", "R": "running", "S": "sleeping (waiting)"}
 _STACK_HEADER = "most recent call first"
-WAITING_IN = ("torch/distributed", "torch/autograd")
+WAITING_IN = ("torch/distributed/", "torch/autograd/")
 """Where a stack shows a rank waiting in a collective: torch.distributed's calls, or a backward, where DDP's and
 FSDP's gradient collectives run (in the autograd engine, below any Python frame of theirs)."""
+ENTRY = "torch/distributed/elastic/"
+"""torch elastic's entry wrapper (``record``), at the bottom of every rank's stack: no collective."""
+
+
+def _waits(stack: str) -> bool:
+    """The stacks show a frame in a collective or a backward (WAITING_IN), torch elastic's entry wrapper apart."""
+    return any(w in line and ENTRY not in line for line in stack.splitlines() for w in WAITING_IN)
 
 
 @dataclass(frozen=True)
@@ -148,7 +155,7 @@ class Watchdog:
         stacks = self.ask_for_stacks(sorted(running), pids)
         steps = {r: self._beat[r][0].get("step", 0) if r in self._beat else 0 for r in sorted(overdue)}
         low = min(steps.values()) if steps else 0
-        outside = [r for r in stalled if stacks[r] and not any(w in stacks[r] for w in WAITING_IN)]
+        outside = [r for r in stalled if stacks[r] and not _waits(stacks[r])]
         for ranks, why in (
             ([r for r in sorted(running) if states[r] in ("T", "t", "D")], "its process state"),
             ([r for r in sorted(running) if r in pids and not stacks[r]], "its silence: it did not answer the request for its stacks"),

@@ -156,17 +156,20 @@ def test_a_rank_that_never_finishes_its_first_step_is_hung_after_the_first_steps
     assert script.check({0, 1}) is None
 
 
-SLEEPS_IN_FORWARD = ("import faulthandler, pathlib, signal, sys, time\n"
+ELASTIC_ENTRY = "from torch.distributed.elastic.multiprocessing.errors import record\n"
+"""A rank's entry, as torch elastic starts it: record() wraps it, so every rank's stack holds a torch.distributed
+frame at its bottom."""
+SLEEPS_IN_FORWARD = ("import faulthandler, pathlib, signal, sys, time\n" + ELASTIC_ENTRY +
                      "faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)\n"
                      "def forward():\n    pathlib.Path(sys.argv[1]).touch()\n    time.sleep(60)\n"
-                     "forward()\n")
-WAITS_IN_BACKWARD = ("import faulthandler, pathlib, signal, sys, time, torch\n"
+                     "record(forward)()\n")
+WAITS_IN_BACKWARD = ("import faulthandler, pathlib, signal, sys, time, torch\n" + ELASTIC_ENTRY +
                      "faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)\n"
                      "class Reduce(torch.autograd.Function):  # where DDP's bucket all-reduce waits: in the backward\n"
                      "    @staticmethod\n    def forward(ctx, x):\n        return x * 1\n"
                      "    @staticmethod\n    def backward(ctx, g):\n        pathlib.Path(sys.argv[1]).touch()\n        time.sleep(60)\n"
-                     "x = torch.ones(1, requires_grad=True)\n"
-                     "Reduce.apply(x).sum().backward()\n")
+                     "def step():\n    Reduce.apply(torch.ones(1, requires_grad=True)).sum().backward()\n"
+                     "record(step)()\n")
 
 
 def test_a_rank_outside_a_collective_is_named_when_its_peer_waits_in_the_backward(tmp_path):
@@ -195,5 +198,5 @@ def test_a_rank_outside_a_collective_is_named_when_its_peer_waits_in_the_backwar
         for p in procs.values():
             p.kill()
             p.wait()
-    assert "torch/autograd" in stall.stacks[1] and "torch/distributed" not in stall.stacks[1], stall.stacks[1]
+    assert all("torch/distributed/elastic" in stall.stacks[r] for r in procs), stall.stacks
     assert stall.ranks == (0,) and stall.why.startswith("its stack: outside torch.distributed and backward"), stall
