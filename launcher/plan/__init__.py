@@ -91,14 +91,15 @@ def _auto(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout 
     if d.problems or intents is None:
         raise ConfigError(list(dict.fromkeys(d.problems)))
     plan = _launch_plan(cfg, host, facts, layout, d, intents, parts)
+    chosen = {**result.overrides, "zero.stage": plan.zero_stage}  # the stage the parts run (CPU optimizer: ZeRO-2)
     kept = [] if c.offload_optimizer or not CPU_OPTIMIZERS[cfg.optimizer.cpu_impl].impl else [
         f"optimizer.cpu_impl={cfg.optimizer.cpu_impl} is not used: placement=auto keeps the optimizer on the device, "
         f"and the key chooses what steps it on the host (where auto moves it when the device is short)"]
     notes = tuple(dict.fromkeys((f"placement=auto chose, of {result.considered} layouts: "
-                                 + "; ".join(override_words(result.overrides)), *kept, *plan.notes)))  # parts ran twice
+                                 + "; ".join(override_words(chosen)), *kept, *plan.notes)))  # parts ran twice
     optimizer = dataclasses.replace(plan.optimizer, target="cpu" if c.offload_optimizer else "device")
     return dataclasses.replace(plan, notes=notes, optimizer=optimizer, decisions=result.decisions,
-                               auto=dict(result.overrides))
+                               auto=chosen)
 
 
 def _smoke_notes(cfg: DictConfig) -> list[str]:

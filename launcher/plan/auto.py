@@ -44,6 +44,8 @@ class Candidate:
     """Tables whose rows are split over the ranks (a table moved to the host and then split is here only)."""
     host_modules: tuple[str, ...] = ()
     """Dense modules on the host (placement.modules): tried only when nothing fits without."""
+    runs_zero: int = -1
+    """The ZeRO stage the parts run it at (a CPU optimizer asked with zero.stage=0 runs ZeRO-2); -1: zero."""
 
     @property
     def changes(self) -> int:
@@ -55,7 +57,8 @@ class Candidate:
         params = ", parameters on the host" if self.offload_params else ""
         rec = "recompute all" if self.recompute else "no recompute"
         modules = f", {', '.join(self.host_modules)} on the host" if self.host_modules else ""
-        return f"zero.stage={self.zero} ({self.data_parallel}), optimizer on the {where}{params}, {rec}{modules}"
+        stage = self.zero if self.runs_zero < 0 else self.runs_zero
+        return f"zero.stage={stage} ({self.data_parallel}), optimizer on the {where}{params}, {rec}{modules}"
 
     def overrides(self, tables: tuple[str, ...]) -> dict[str, Any]:
         host, ps = set(self.host_tables), set(self.ps_tables)
@@ -198,12 +201,12 @@ def choose(evaluate, layouts, movable, b: Budget, cost_input, owned: dict[str, l
            fixed: dict[str, str] | None = None, sharding: Sharding | None = None,
            modules: tuple[tuple[str, int, int], ...] = ()) -> AutoResult:
     """The best fitting candidate. ``evaluate(zero, offload_opt, offload_params, recompute, hosted)`` -> (MemoryPlan
-    with every movable table on the device, data-parallel part name, seconds its engine adds to a step) or None when
-    the parts cannot run it; ``owned``: the terms that move with each table (the same objects in every evaluation);
-    ``fixed``: tables the user placed (name -> host|device|ps), kept there; ``sharding``: the tables auto may split
-    over the ranks when a host cannot hold a copy per rank (None: none); ``modules``: (name, parameters, input +
-    output floats per sample) of the dense modules auto may put on the host, largest first, the k largest tried
-    (k = 1, 2, ...) only when no layout fits without."""
+    with every movable table on the device, data-parallel part name, seconds its engine adds to a step, the ZeRO
+    stage it runs at) or None when the parts cannot run it; ``owned``: the terms that move with each table (the same
+    objects in every evaluation); ``fixed``: tables the user placed (name -> host|device|ps), kept there;
+    ``sharding``: the tables auto may split over the ranks when a host cannot hold a copy per rank (None: none);
+    ``modules``: (name, parameters, input + output floats per sample) of the dense modules auto may put on the host,
+    largest first, the k largest tried (k = 1, 2, ...) only when no layout fits without."""
     fixed = fixed or {}
     pinned = tuple(n for n, where in fixed.items() if where == "host")
     pinned_ps = tuple(n for n, where in fixed.items() if where == "ps")
@@ -216,7 +219,7 @@ def choose(evaluate, layouts, movable, b: Budget, cost_input, owned: dict[str, l
             got = evaluate(z, opt, par, rec, hosted)
             if got is None:
                 continue
-            mem, dp_name, overhead = got
+            mem, dp_name, overhead, runs_zero = got
             mem, host_tables = move_tables(mem, b, movable, owned)
             mem, split = shard_tables(mem, b, sharding)
             ps_tables = pinned_ps + split
@@ -224,7 +227,7 @@ def choose(evaluate, layouts, movable, b: Budget, cost_input, owned: dict[str, l
             seconds = overhead + step_time(ci, z, opt, par, bool(rec), host_tables + ps_tables, ps_tables,
                                            tuple((p, io) for _, p, io in hosted))
             out.append(Candidate(z, opt, par, rec, host_tables, mem, seconds, dp_name, ps_tables,
-                                 tuple(m[0] for m in hosted)))
+                                 tuple(m[0] for m in hosted), runs_zero))
         return out
 
     cands = candidates()

@@ -52,7 +52,7 @@ def search(cfg: DictConfig, host, facts, placement, intents, sizes, nproc: int) 
             return None
         seen.add(key)
         terms = None if intents.dims.pp > 1 else tables
-        return rules.rank_memory(i, parts, where, mm, terms)[2], run.data_parallel, run.step_overhead_s
+        return rules.rank_memory(i, parts, where, mm, terms)[2], run.data_parallel, run.step_overhead_s, run.zero
 
     dense = max(0, placement.dense_params) // max(1, intents.dims.pp * intents.dims.tp)
     lookups = dict(facts.lookups or {})

@@ -110,6 +110,9 @@ def test_auto_reports_a_cpu_impl_it_did_not_use_and_refuses_one_that_cannot_run(
         assert plan.placement.optimizer_location == where
         unused = [n for n in plan.notes if n.startswith("optimizer.cpu_impl=deepspeed is not used")]
         assert len(unused) == (where == "device"), plan.notes
+    # the choice is told at the stage the parts run: a CPU optimizer asked with ZeRO-0 runs ZeRO-2
+    assert plan.zero_stage == 2 and plan.auto["zero.stage"] == 2 and "zero.stage=2; optimizer.target=CPU" in plan.notes[0]
+    assert plan.decisions[0].startswith("dense: zero.stage=2 (deepspeed), optimizer on the host"), plan.decisions
     with pytest.raises(ConfigError, match="DeepSpeedCPUAdam, which needs optimizer.name=adam or adamw; got "
                                           "optimizer.name=sgd"):
         plan_of([*ds, "optimizer.name=sgd"], cpu_host)
