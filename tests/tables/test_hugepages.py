@@ -19,33 +19,30 @@ MODE = huge_pages_mode()
 ROWS, DIM = 1 << 16, 64  # 16 MiB of fp32: whole huge pages inside it wherever it lands
 
 
-def _huge_kib(start: int, end: int) -> int:
-    """AnonHugePages (KiB) of this process's mappings that overlap [start, end)."""
-    total, inside = 0, False
+def _fields(start: int, end: int, name: str) -> list[list[str]]:
+    """The values of /proc/self/smaps field ``name`` (e.g. AnonHugePages:) of this process's mappings that overlap
+    [start, end)."""
+    out, inside = [], False
     with open("/proc/self/smaps") as f:
         for line in f:
-            head = line.split()[0]
+            head, *rest = line.split()
             if "-" in head and not head.endswith(":"):
                 lo, hi = (int(x, 16) for x in head.split("-"))
                 inside = lo < end and hi > start
-            elif inside and head == "AnonHugePages:":
-                total += int(line.split()[1])
-    return total
+            elif inside and head == name:
+                out.append(rest)
+    return out
+
+
+def _huge_kib(start: int, end: int) -> int:
+    """AnonHugePages (KiB) of this process's mappings that overlap [start, end)."""
+    return sum(int(kib) for kib, *_ in _fields(start, end, "AnonHugePages:"))
 
 
 def _advised(start: int, end: int) -> bool:
     """A mapping of this process inside [start, end) is advised MADV_HUGEPAGE (VmFlags hg): the whole huge pages of
     the block, split off as a mapping of their own."""
-    flags, inside = [], False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo < end and hi > start
-            elif inside and head == "VmFlags:":
-                flags.append("hg" in line.split()[1:])
-    return any(flags)
+    return any("hg" in flags for flags in _fields(start, end, "VmFlags:"))
 
 
 def _fallbacks() -> int:
