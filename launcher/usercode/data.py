@@ -110,6 +110,13 @@ class MapData:
         keys = [(0, i) for i in order[dp_rank:total:dp_size]]
         yield from self._batches("eval", self.eval, 0, keys, micro_size, False)
 
+    def held_out_items(self, split: str, dp_rank: int, dp_size: int) -> int | None:
+        """How many of the items eval_batches (split test) or val_batches (val) deal rank ``dp_rank`` are the held-out
+        set's own, in the order dealt: the rest repeat its first items as padding, to be run but not scored. None for
+        a stream (nothing is padded)."""
+        held = self.val if split == "val" else self.eval
+        return None if held is None or is_stream(held) else len(range(dp_rank, len(held), dp_size))
+
 
 class StreamData:
     """The data source of an iterable train Dataset; its held-out data may be map-style or iterable."""
@@ -130,3 +137,5 @@ class StreamData:
         """As MapData's: its held-out data may be map-style or iterable."""
         yield from MapData(None, self.eval, self._keys, self._collate, self._settings).eval_batches(
             dp_rank, dp_size, micro_size, count)
+
+    held_out_items = MapData.held_out_items  # its held-out data may be map-style (padded) or a stream

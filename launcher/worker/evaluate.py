@@ -47,6 +47,14 @@ def _outputs(trainer, batch) -> tuple[torch.Tensor | None, torch.Tensor]:
     return (out[:len(labels)] if out is not None else None), labels
 
 
+def _first(tree, keep: int, rows: int):
+    """``tree`` (an output or a batch: any nesting of tensors) with its first ``keep`` rows of every tensor that has
+    ``rows`` rows."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t[:keep] if torch.is_tensor(t) and t.dim() > 0 and len(t) == rows else t, tree)
+
+
 @torch.no_grad()
 def evaluate(trainer, split: str = "test") -> dict:
     """Mean loss over the held-out samples of ``split`` (test: the data's eval_batches; val: its val_batches); with
@@ -60,11 +68,16 @@ def evaluate(trainer, split: str = "test") -> dict:
     knows_truth = hasattr(data, "true_logits")
     held_out = data.val_batches if split == "val" else data.eval_batches
     batches = held_out(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches)
+    real = data.held_out_items(split, dp.rank, dp.size) if hasattr(data, "held_out_items") else None
     for batch in itertools.islice(batches, plan.eval_max_batches or None):
         trainer.alive()
         out, y = _outputs(trainer, batch)
-        if out is None:
+        keep = len(y) if real is None else max(0, min(len(y), real))  # padding runs (collective) but is not scored
+        real = None if real is None else real - len(y)
+        if out is None or keep == 0:
             continue
+        if keep < len(y):
+            out, y, batch = _first(out, keep, len(y)), y[:keep], _first(batch, keep, len(y))
         sums += torch.stack([trainer.loss_fn(out, y).float() * len(y), sums.new_tensor(float(len(y)))])
         if plan.eval_metrics == "binary":
             outputs.append(select_output(out, plan.model_output).float().cpu().flatten())

@@ -65,12 +65,16 @@ def test_optimizer_on_cpu_matches_the_device_optimizer(project):
 
 
 def test_two_ranks_match_one_process(project, host_tables):
-    one = train(project, "one", ["placement.host_device_mix=1", "cluster.nproc_per_node=1"])
+    odd = "eval_data.n=4999"  # 2 ranks are dealt 2,500 items each: the padded one is run, not scored
+    one = train(project, "one", ["placement.host_device_mix=1", "cluster.nproc_per_node=1", odd])
     assert_close(losses(one), losses(host_tables), rel=1e-5)
     # a layer built and never called: torch DDP would stop at the second step; the flat all-reduce trains as one does
-    unused = train(project, "unused", ["placement.host_device_mix=1", "model._target_=my_ctr.extra.Unused"])
+    unused = train(project, "unused", ["placement.host_device_mix=1", "model._target_=my_ctr.extra.Unused", odd])
     assert json.loads((unused / "plan.json").read_text())["parts"][0]["config"]["implementation"] == FLAT
     assert_close(losses(one), losses(unused), rel=1e-5)
+    evals = [json.loads((run / "summary.json").read_text())["eval"] for run in (one, unused)]
+    assert evals[0]["n"] == evals[1]["n"] == 4999, evals
+    assert all(abs(evals[0][k] - evals[1][k]) <= 1e-5 for k in ("loss", "auc", "logloss", "accuracy")), evals
 
 
 def run_script(project: Path, name: str, overrides: list[str]) -> dict:
