@@ -35,8 +35,9 @@ class DataFacts:
     """Numbers a trained model is measured against, e.g. {entropy_floor, uniform_loss} (nats per token)."""
     lines: tuple[str, ...] = ()
     """What to tell the user about the data before the plan."""
-    binary_labels: bool = False
-    """The labels seen are all 0 or 1: eval.metrics=auto becomes binary (AUC, accuracy)."""
+    binary_labels: bool | None = None
+    """The labels are 0/1 floats with one score of the model each: eval.metrics=auto becomes binary (AUC, accuracy);
+    False: they are not (eval.metrics=binary is refused); None: not known."""
     eval_samples: int | None = None
     """Held-out samples; None = the data source decides (endless data: eval.batches), 0 = none (no evaluation)."""
     val_samples: int = 0
@@ -94,6 +95,9 @@ class ModelFacts:
     single_item: str = ""
     """Why a micro-batch of one item fails the model or its loss (BatchNorm training on one value per channel, a
     squeeze() that drops the batch dimension), found on the first item alone; '' = it does not, or not checked."""
+    sparse_grads: tuple[str, ...] = ()
+    """Embeddings built with sparse=True (module paths): inside the parts, their gradients are sparse tensors, which
+    only some optimizers take (DenseOptimizer.sparse_grads)."""
     state: dict[str, tuple[int, ...]] | None = None
     """The model's state dict on the meta device, name -> shape (a tied weight under its first name only), which a
     checkpoint to resume from must hold; None when not gathered (a built-in recipe: its config says its shapes)."""

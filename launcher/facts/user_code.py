@@ -17,7 +17,7 @@ from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
 from launcher.errors import ConfigError, did_you_mean, few
-from launcher.facts.model import gradient_facts, model_facts_on_meta, state_shapes
+from launcher.facts.model import dtype_problems, gradient_facts, model_facts_on_meta, state_shapes
 from launcher.plain import to_plain
 from launcher.procfs import kernel_field
 from launcher.plan.placement import takes_tables_out
@@ -154,7 +154,7 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
                                                           *((LABEL_SCAN, _group_reach(cfg)) if key == "data" else (1,)))
             problems += more
     model, more = _meta_model(specs["model"], source) if checked.get("model") else (None, [])
-    problems += more
+    problems += more + (dtype_problems(model, cfg.precision, source) if model is not None else [])
     loss_fn, more = _loss(specs["loss"], source) if checked.get("loss") else (None, [])
     problems += more
     batch, labels, more = _first_batches(samples.get("data"), keys, collate, source)
@@ -232,8 +232,11 @@ def _meta_model(spec: dict[str, Any], source: str) -> tuple[nn.Module | None, li
         with torch.device("meta"):
             model = instantiate(spec, _convert_="all")
     except Exception as e:  # noqa: BLE001
+        cuda = "cuda" in str(e.__cause__ or e).lower()  # .cuda() / .to("cuda") in its constructor
         return None, [f"model ({source}): building {spec['_target_']} on the meta device failed: "
-                      f"{first_words(e.__cause__ or e)}."]
+                      f"{first_words(e.__cause__ or e)}." + (" Build the model where it is made (no .cuda(), "
+                      ".to('cuda') or device='cuda' in its constructor): hetero-launch puts each rank's model on its "
+                      "device (cluster.device)." if cuda else "")]
     if not isinstance(model, nn.Module):
         return None, [f"model._target_={spec['_target_']} ({source}) built a {type(model).__name__}, not a "
                       f"torch.nn.Module."]
@@ -370,8 +373,8 @@ def _data_facts(spec: dict[str, Any], train: Any, sample: Sample, evaluation: An
     and how long an item takes to read (loader.num_workers=auto)."""
     from launcher.usercode.data import is_stream
 
-    binary = scores and all(torch.is_tensor(y) and y.is_floating_point() and bool(((y == 0) | (y == 1)).all())
-                            for y in labels)
+    binary = None if not output_line else scores and all(  # no line: the forward check could not run
+        torch.is_tensor(y) and y.is_floating_point() and bool(((y == 0) | (y == 1)).all()) for y in labels)
     n_train = None if is_stream(train) else len(train)
     n_eval = 0 if evaluation is None else None if is_stream(evaluation) else len(evaluation)
     inputs = f"keyword inputs {', '.join(batch[0])}" if isinstance(batch[0], Mapping) else f"{len(batch[0])} input(s)"

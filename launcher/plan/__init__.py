@@ -26,7 +26,7 @@ from launcher.plan.memory import Bytes, MemoryEstimate, state_floats
 from launcher.plan.nodes import planned_nodes, store_notes
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.pipeline import PipelinePlan
-from launcher.plan.placement import PlacementPlan, TablePlan
+from launcher.plan.placement import PlacementPlan, TablePlan, sparse_grad_problems
 from launcher.plan.prefetch import kernels_words, plan_prefetch
 from launcher.plan.ps import placed, plan_build, ps_fixes, stage_ranks
 from launcher.plan.registry import CPU_OPTIMIZERS
@@ -121,7 +121,9 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     placement, prefetch_problems = plan_prefetch(cfg.placement.prefetch, placement, dims, zero, d.device_type)
     placement = dataclasses.replace(placement, kernels_words=kernels_words(placement, host.table_kernels,
                                                                                 d.device_type))
-    d.problems += prefetch_problems + composition_problems(placement.modules, cfg)
+    d.problems += prefetch_problems + composition_problems(placement.modules, cfg) + sparse_grad_problems(
+        facts.model.sparse_grads if facts.model is not None else (), placement.tables, cfg.optimizer.name,
+        cfg.optimizer.weight_decay)
     budget = budget_of(cfg.cluster.device_memory_gb, cfg.cluster.host_memory_gb, cfg.placement.reserve,
                        host.host_memory, host.device_memory, d.device_type, d.nproc)
     mm = rules.model_memory(d.sizes, facts, d.nproc)
@@ -199,6 +201,11 @@ def _eval_metrics(cfg: DictConfig, data_facts, notes: list[str], problems: list[
                      f"held-out Dataset), or remove eval.{k}." for k, v in unread.items()]
         if not unread and cfg.eval.batches > 0:
             notes.append("no eval_data: no evaluation (give eval_data: {_target_: ...} for a held-out set)")
+    if cfg.eval.metrics == "binary" and data_facts.binary_labels is False:
+        problems.append(f"eval.metrics=binary: AUC, log loss and accuracy score one output of the model per label, "
+                        f"each label 0 or 1 (a float), and recipe {cfg.recipe.name}'s are not (integer classes, "
+                        f"regression targets, or several scores per label). Set eval.metrics=loss, or auto (binary "
+                        f"only where the labels are).")
     if cfg.eval.metrics != "auto":
         return cfg.eval.metrics
     return "binary" if data_facts.binary_labels else "loss"

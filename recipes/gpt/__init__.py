@@ -65,7 +65,8 @@ class GPTRecipe:
             return DataFacts()  # problems() names the bad values (a huge skew only overflows the floor's math)
         floor = markov.entropy_floor(data.vocab_size, data.seq_len, data.candidates, data.skew)
         return DataFacts(reference={"entropy_floor": round(floor, 6),
-                                    "uniform_loss": round(markov.uniform_loss(data.vocab_size), 6)})
+                                    "uniform_loss": round(markov.uniform_loss(data.vocab_size), 6)},
+                         binary_labels=False)
 
     def model_spec(self, model: ModelConfig, facts: DataFacts) -> dict:
         return asdict(model)

@@ -45,7 +45,7 @@ class MnistMlp:
         """Generated images every rank holds whole: float32 pixels and int64 labels."""
         per = data.side * data.side * 4 + 8
         return DataFacts(train_samples=data.samples, eval_samples=data.eval_samples,
-                         resident_bytes=(data.samples + data.eval_samples) * per)
+                         resident_bytes=(data.samples + data.eval_samples) * per, binary_labels=False)
 
     def model_spec(self, model: ModelConfig, facts: DataFacts) -> dict:
         return asdict(model)

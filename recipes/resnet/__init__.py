@@ -46,7 +46,7 @@ class ResNetRecipe:
     data_configs = {"images": DataConfig}
 
     def data_facts(self, data: DataConfig) -> DataFacts:
-        return DataFacts()  # an endless stream
+        return DataFacts(binary_labels=False)  # an endless stream of labelled images
 
     def model_spec(self, model: ModelConfig, facts: DataFacts) -> dict:
         return asdict(model)

@@ -71,3 +71,12 @@ def test_what_cannot_work_is_refused_naming_the_key(csv, cpu_host, more, says):
 def test_early_stopping_on_data_without_a_validation_split_is_refused(cpu_host):
     with pytest.raises(ConfigError, match="needs a validation split to watch"):
         plan_of(["recipe=wide_deep", "trainer.early_stop.patience=2"], cpu_host)
+
+
+@pytest.mark.parametrize("recipe", ["quickstart", "mnist_mlp"])
+def test_binary_metrics_on_labels_that_are_not_clicks_are_refused(cpu_host, recipe):
+    """quickstart's regression targets, mnist_mlp's digit classes: AUC and accuracy on them would be numbers of no
+    meaning (an eval that said auc=0.025 on quickstart)."""
+    with pytest.raises(ConfigError, match=rf"eval.metrics=binary: .* recipe {recipe}'s are not"):
+        plan_of([f"recipe={recipe}", "eval.metrics=binary"], cpu_host)
+    assert plan_of([f"recipe={recipe}"], cpu_host).eval_metrics == "loss"
