@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
 from torch import nn
 
 from launcher.contract import ModelFacts
+from launcher.errors import few
 from launcher.facts.layer_sizes import layer_sizes
 from launcher.tables import movable
 from launcher.usercode.forward_check import unused_parameters
@@ -24,10 +26,12 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
     names_of: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(p), []).append(name)
-    tables, kept_inside, kept = {}, [], []
+    tables, kept_inside, kept, sparse = {}, [], [], []
     for path, m in model.named_modules():
         if not isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
             continue
+        if m.sparse:
+            sparse.append(path)
         why = movable(m)
         if not why and len(names_of.get(id(m.weight), [])) > 1:
             others = [n for n in names_of[id(m.weight)] if n != path + '.weight']
@@ -53,7 +57,20 @@ def model_facts_on_meta(model: nn.Module) -> ModelFacts:
     return ModelFacts(tables=tables, dense_params=dense, layers=layers, layer_params=layer_params, tied=tied,
                       layer_paths={n: n for n in layers}, lines=tuple(lines), kept=tuple(kept),
                       aliases=tuple(aliases.items()), modules=module_params(model, set(tables)),
-                      module_io=linear_io(model))
+                      module_io=linear_io(model), sparse_grads=tuple(sparse))
+
+
+def dtype_problems(model: nn.Module, precision: str, source: str) -> list[str]:
+    """A model whose parameters are floats other than float32 under precision=fp32: the ranks hand it the batch's
+    floats as float32 (what precision= says), so a float64 layer fails on them in every rank."""
+    odd = [(n, p.dtype) for n, p in model.named_parameters() if p.is_floating_point() and p.dtype != torch.float32]
+    if precision != "fp32" or not odd:
+        return []
+    names = few([n for n, _ in odd])
+    return [f"model ({source}): its parameters {names} are {odd[0][1]}, and precision=fp32 trains in float32: the "
+            f"ranks hand the model every float of the batch as float32, which its {odd[0][1]} layers would not take. "
+            f"Build the model in float32 (remove its .double() / .to(dtype) / dtype= arguments): precision= sets "
+            f"the training dtype (fp32, or bf16 / fp16 for mixed precision)."]
 
 
 def module_params(model: nn.Module, tables: set[str]) -> dict[str, int]:

@@ -306,3 +306,24 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, d
     )
     return plan, stage, problems, notes
 
+
+
+def sparse_grad_problems(sparse: tuple[str, ...], tables: tuple[TablePlan, ...], optimizer: str,
+                         weight_decay: float) -> list[str]:
+    """Embeddings built with sparse=True that train inside the parts, where optimizer.name's torch class cannot take
+    their sparse gradients (nor torch's SGD with a weight decay): every rank would fail at its first step."""
+    outside = {t.name for t in tables if t.outside}
+    inside = [p for p in sparse if p not in outside]
+    spec = DENSE_OPTIMIZERS.get(optimizer)
+    if not inside or spec is None or (spec.sparse_grads and not weight_decay):
+        return []
+    it, its, is_ = ("it", "its", "is") if len(inside) == 1 else ("them", "their", "are")
+    which = f"optimizer.name={optimizer}" + (f" with optimizer.weight_decay={weight_decay}" if spec.sparse_grads else "")
+    takers = ", ".join(n for n, s in DENSE_OPTIMIZERS.items() if s.sparse_grads)
+    movable = [p for p in inside if p in {t.name for t in tables}]
+    out = (f"train {it} outside the parts with a row-sparse optimizer (tables.{movable[0]}.optimizer=lazy_adam on the "
+           f"device, or placement.host_device_mix=1: every table on the host), " if movable else "")
+    return [f"model: {few(inside)} {is_} built with sparse=True, so inside the parallel parts {its} gradients are "
+            f"sparse, which {which} ({spec.impl}) cannot take: every rank would fail at its first step. Either {out}"
+            f"set optimizer.name to one that takes sparse gradients ({takers}; optimizer.weight_decay=0), or build "
+            f"{it} with sparse=False."]

@@ -28,12 +28,14 @@ class DenseOptimizer:
     """DeepSpeed's ZeRO has tested it as a client optimizer (else zero_allow_untested_optimizer is emitted)."""
     ds_cpu_adam: bool
     """optimizer.cpu_impl=deepspeed can run it (DeepSpeedCPUAdam: Adam or AdamW)."""
+    sparse_grads: bool = False
+    """The torch class takes sparse gradients (an nn.Embedding(sparse=True) trained inside the parts)."""
 
 
 DENSE_OPTIMIZERS: dict[str, DenseOptimizer] = {
-    "sgd": DenseOptimizer("torch.optim.SGD", ("lr", "weight_decay"), 0, False, False, False),
+    "sgd": DenseOptimizer("torch.optim.SGD", ("lr", "weight_decay"), 0, False, False, False, True),
     # MindSpore's Momentum: v = m*v + g; p -= lr*v (torch SGD with dampening 0)
-    "momentum": DenseOptimizer("torch.optim.SGD", ("lr", "momentum", "weight_decay"), 1, False, False, False),
+    "momentum": DenseOptimizer("torch.optim.SGD", ("lr", "momentum", "weight_decay"), 1, False, False, False, True),
     "adam": DenseOptimizer("torch.optim.Adam", ("lr", "betas", "eps", "weight_decay"), 2, True, True, True),
     "adamw": DenseOptimizer("torch.optim.AdamW", ("lr", "betas", "eps", "weight_decay"), 2, True, True, True),
 }

@@ -102,6 +102,48 @@ class Staged(nn.Module):
 
     def forward(self, user, item, dense):
         return self.out(self.hidden(self.features(user, item, dense)))
+
+
+class Double(Unused):
+    """The page's Net in float64 (its data's dense features then arrive as float32, cast by the run's precision)."""
+
+    def __init__(self, users: int, items: int, dim: int = 8, dense: int = 4, hidden: int = 64):
+        super().__init__(users, items, dim, dense, hidden)
+        self.double()
+
+
+class SparseGrads(Unused):
+    """The page's Net with its user table giving sparse gradients (nn.Embedding(sparse=True))."""
+
+    def __init__(self, users: int, items: int, dim: int = 8, dense: int = 4, hidden: int = 64):
+        super().__init__(users, items, dim, dense, hidden)
+        self.net.user_emb = nn.Embedding(users, dim, sparse=True)
+
+
+class OnCuda(Unused):
+    """The page's Net moved to the GPU in its constructor, as a script written for one GPU does."""
+
+    def __init__(self, users: int, items: int, dim: int = 8, dense: int = 4, hidden: int = 64):
+        super().__init__(users, items, dim, dense, hidden)
+        self.to("cuda")
+
+
+class TwoClasses(Unused):
+    """Two scores an item, for CrossEntropyLoss over the integer labels of IntClicks."""
+
+    def __init__(self, users: int, items: int, dim: int = 8, dense: int = 4, hidden: int = 64):
+        super().__init__(users, items, dim, dense, hidden)
+        self.net.mlp[-1] = nn.Linear(hidden, 2)
+''',
+    "my_ctr/int_clicks.py": '''from my_ctr.data import Clicks
+
+
+class IntClicks(Clicks):
+    """The page's clicks with integer class labels (0 or 1 as int64), as CrossEntropyLoss takes them."""
+
+    def __getitem__(self, i):
+        user, item, dense, label = super().__getitem__(i)
+        return user, item, dense, label.long()
 ''',
 }
 

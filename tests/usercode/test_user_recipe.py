@@ -4,6 +4,7 @@ the meta device, planned by intent; each mistake a user makes reported by name b
 import os
 
 import pytest
+import torch
 
 from launcher.errors import ConfigError
 from tests.conftest import plan_of, run_cli
@@ -80,6 +81,43 @@ def test_a_dotted_table_path_is_one_key(project, cpu_host):
 def test_each_mistake_is_named(project, cpu_host, overrides, message):
     with pytest.raises(ConfigError, match=message):
         plan(project, *overrides, host=cpu_host)
+
+
+def test_what_every_rank_would_fail_on_is_refused_before_launch(project, cpu_host):
+    """A float64 model (the ranks hand it float32 floats), sparse gradients inside the parts with an optimizer that
+    cannot take them, binary metrics on integer class labels: each worked as a plain torch loop or a dry run, then
+    failed in every rank."""
+    with pytest.raises(ConfigError, match=r"model \(conf/recipe/my_ctr.yaml\): its parameters net.user_emb.weight, "
+                                          r"net.item_emb.weight, .* are torch.float64, and precision=fp32 trains in "
+                                          r"float32.* Build the model in float32"):
+        plan(project, "model._target_=my_ctr.extra.Double", host=cpu_host)
+    sparse = "model._target_=my_ctr.extra.SparseGrads"
+    with pytest.raises(ConfigError, match=r"model: net.user_emb is built with sparse=True, .* optimizer.name=adam "
+                                          r"\(torch.optim.Adam\) cannot take.*tables.net.user_emb.optimizer="
+                                          r"lazy_adam .* optimizer.name to one that takes sparse gradients \(sgd, "
+                                          r"momentum; optimizer.weight_decay=0\), or build it with sparse=False"):
+        plan(project, sparse, host=cpu_host)
+    with pytest.raises(ConfigError, match=r"optimizer.name=sgd with optimizer.weight_decay=0.01 \(torch.optim.SGD\) "
+                                          r"cannot take"):
+        plan(project, sparse, "optimizer.name=sgd", "optimizer.weight_decay=0.01", host=cpu_host)
+    for fix in ("optimizer.name=sgd", "tables.net.user_emb.optimizer=lazy_adam", "placement.host_device_mix=1"):
+        plan(project, sparse, fix, host=cpu_host)
+    classes = ["model._target_=my_ctr.extra.TwoClasses", "data._target_=my_ctr.int_clicks.IntClicks",
+               "eval_data._target_=my_ctr.int_clicks.IntClicks", "loss._target_=torch.nn.CrossEntropyLoss"]
+    assert plan(project, *classes, host=cpu_host).eval_metrics == "loss"  # auto
+    with pytest.raises(ConfigError, match=r"eval.metrics=binary: AUC, log loss and accuracy score one output of the "
+                                          r"model per label, each label 0 or 1 \(a float\), and recipe my_ctr's are "
+                                          r"not .* Set eval.metrics=loss"):
+        plan(project, *classes, "eval.metrics=binary", host=cpu_host)
+    assert plan(project, "eval.metrics=binary", host=cpu_host).eval_metrics == "binary"  # its 0/1 clicks
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the model's .to('cuda') works where CUDA is")
+def test_a_model_that_moves_itself_to_cuda_is_told_to_leave_it_to_the_launcher(project, cpu_host):
+    with pytest.raises(ConfigError, match=r"building my_ctr.extra.OnCuda on the meta device failed: .*CUDA.* Build "
+                                          r"the model where it is made \(no .cuda\(\), .to\('cuda'\) or "
+                                          r"device='cuda' in its constructor\)"):
+        plan(project, "model._target_=my_ctr.extra.OnCuda", host=cpu_host)
 
 
 @pytest.mark.parametrize("model, why", [("Frozen", r"all [\d,]+ are frozen: requires_grad=False"),
