@@ -251,6 +251,18 @@ def plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: Draft) -> None
     if cfg.debug.fail_rank >= d.world:
         d.problems.append(f"debug.fail_rank={cfg.debug.fail_rank} is not a rank of this run (world size {d.world}). "
                           f"Set debug.fail_rank to 0 .. {d.world - 1}, or -1 (off).")
+    d.notes += _fail_notes(cfg.debug.fail_rank, cfg.debug.fail_step, d.steps)
+
+
+def _fail_notes(rank: int, step: int, steps: int) -> list[str]:
+    """debug.fail_* set where no failure comes of it (a sweep over debug.fail_rank=-1,1 keeps its fail_step)."""
+    if (rank == -1) != (step == -1):
+        on, off = (f"debug.fail_step={step}", "debug.fail_rank") if rank == -1 else (f"debug.fail_rank={rank}",
+                                                                                      "debug.fail_step")
+        return [f"{on}: no failure is injected, as {off}=-1 (a failure needs both: the rank and the step)"]
+    if 0 < steps < step:
+        return [f"debug.fail_step={step}: no failure is injected, as the run ends at step {steps}"]
+    return []
 
 
 def _user_recipe_keys(cfg: DictConfig) -> list[str]:

@@ -191,3 +191,17 @@ def test_switching_the_optimizer_leaves_the_recipes_own_settings_aside(cpu_host)
     assert plan.optimizer.name == "adam" and plan.optimizer.momentum == 0.0
     with pytest.raises(ConfigError, match=r"optimizer.momentum=0.5: optimizer.name=adam"):
         plan_of(["recipe=quickstart", "optimizer.name=adam", "optimizer.momentum=0.5"], cpu_host)
+
+
+def test_debug_failure_keys_that_inject_nothing_are_reported(cpu_host):
+    """debug.fail_step without debug.fail_rank (or the other way round), or after the last step, injects nothing: the
+    plan says so (a sweep over debug.fail_rank=-1,1 keeps one fail_step, so it is a note, not a refusal)."""
+    notes = lambda *o: [n for n in plan_of(["recipe=quickstart", "smoke=true", *o], cpu_host).notes  # noqa: E731
+                        if n.startswith("debug.")]
+    assert notes("debug.fail_step=5") == [
+        "debug.fail_step=5: no failure is injected, as debug.fail_rank=-1 (a failure needs both: the rank and the step)"]
+    assert notes("debug.fail_rank=0") == [
+        "debug.fail_rank=0: no failure is injected, as debug.fail_step=-1 (a failure needs both: the rank and the step)"]
+    assert notes("debug.fail_rank=0", "debug.fail_step=5") == [
+        "debug.fail_step=5: no failure is injected, as the run ends at step 2"]
+    assert notes("debug.fail_rank=0", "debug.fail_step=2") == notes() == []
