@@ -307,7 +307,6 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, d
     return plan, stage, problems, notes
 
 
-
 def sparse_grad_problems(sparse: tuple[str, ...], tables: tuple[TablePlan, ...], optimizer: str,
                          weight_decay: float) -> list[str]:
     """Embeddings built with sparse=True that train inside the parts, where optimizer.name's torch class cannot take
