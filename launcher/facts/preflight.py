@@ -93,11 +93,11 @@ def check_resume(plan: LaunchPlan, given: str = "", model: ModelFacts | None = N
     """trainer.resume_from must be a checkpoint dir a run wrote, saved from the same recipe, engine and layout, with
     every file as it was written, and (``model``: a user's model built on meta) holding every tensor of the model as
     its code builds it now. ``given``: the key the user gave when it was not trainer.resume_from (e.g.
-    ``trainer.resume=latest``), named where the files are damaged."""
+    ``trainer.resume=latest``), which each refusal names."""
     if not plan.resume_from:
         return
     ckpt = CheckpointDir(plan.resume_from)
-    key = f"trainer.resume_from={plan.resume_from}"
+    key = f"{given} (its checkpoint {plan.resume_from})" if given else f"trainer.resume_from={plan.resume_from}"
     if not ckpt.meta.is_file():
         raise ConfigError(f"{key}: not a checkpoint dir (no {ckpt.meta.name} in it). Give one of a run's "
                           f"log_output/<run>/checkpoints/step<N> folders, or leave trainer.resume_from empty.")

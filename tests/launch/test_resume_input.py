@@ -106,3 +106,5 @@ def test_the_loaders_settings_are_not_part_of_what_a_checkpoint_resumes_on(tmp_p
     other = dataclasses.replace(plan, data={**data, "samples": -1}, resume_from=str(ckpt.path))
     with pytest.raises(ConfigError, match="saved with data"):
         check_resume(other)
+    with pytest.raises(ConfigError, match=rf"trainer.resume=latest \(its checkpoint {ckpt.path}\): saved with data"):
+        check_resume(other, "trainer.resume=latest")  # the key the user gave, not the one the launcher set
