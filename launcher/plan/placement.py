@@ -311,7 +311,7 @@ def sparse_grad_problems(sparse: tuple[str, ...], tables: tuple[TablePlan, ...],
                          weight_decay: float) -> list[str]:
     """Embeddings built with sparse=True that train inside the parts, where optimizer.name's torch class cannot take
     their sparse gradients (nor torch's SGD with a weight decay): every rank would fail at its first step."""
-    outside = {t.name for t in tables if t.outside}
+    names, outside = {t.name for t in tables}, {t.name for t in tables if t.outside}
     inside = [p for p in sparse if p not in outside]
     spec = DENSE_OPTIMIZERS.get(optimizer)
     if not inside or spec is None or (spec.sparse_grads and not weight_decay):
@@ -319,7 +319,7 @@ def sparse_grad_problems(sparse: tuple[str, ...], tables: tuple[TablePlan, ...],
     it, its, is_ = ("it", "its", "is") if len(inside) == 1 else ("them", "their", "are")
     which = f"optimizer.name={optimizer}" + (f" with optimizer.weight_decay={weight_decay}" if spec.sparse_grads else "")
     takers = ", ".join(n for n, s in DENSE_OPTIMIZERS.items() if s.sparse_grads)
-    movable = [p for p in inside if p in {t.name for t in tables}]
+    movable = [p for p in inside if p in names]
     out = (f"train {it} outside the parts with a row-sparse optimizer (tables.{movable[0]}.optimizer=lazy_adam on the "
            f"device, or placement.host_device_mix=1: every table on the host), " if movable else "")
     return [f"model: {few(inside)} {is_} built with sparse=True, so inside the parallel parts {its} gradients are "

@@ -4,6 +4,7 @@ over the dp group."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 import torch.distributed as dist
@@ -68,12 +69,13 @@ def evaluate(trainer, split: str = "test") -> dict:
     knows_truth = hasattr(data, "true_logits")
     held_out = data.val_batches if split == "val" else data.eval_batches
     batches = held_out(dp.rank, dp.size, plan.batch.micro_size, plan.eval_batches)
-    real = data.held_out_items(split, dp.rank, dp.size) if hasattr(data, "held_out_items") else None
+    own = data.held_out_items(split, dp.rank, dp.size) if hasattr(data, "held_out_items") else None
+    left = math.inf if own is None else own  # this rank's items not yet scored; the padding after them is not
     for batch in itertools.islice(batches, plan.eval_max_batches or None):
         trainer.alive()
         out, y = _outputs(trainer, batch)
-        keep = len(y) if real is None else max(0, min(len(y), real))  # padding runs (collective) but is not scored
-        real = None if real is None else real - len(y)
+        keep = max(0, min(len(y), left))  # padding runs (the forwards are collective) but is not scored
+        left -= len(y)
         if out is None or keep == 0:
             continue
         if keep < len(y):
