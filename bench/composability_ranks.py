@@ -35,8 +35,8 @@ from launcher.worker.train import build_trainer
 
 MESHES: dict = {}
 """One mesh per shape, made once: a recipe rank makes one, this process runs ~80 plans, and every mesh's gloo groups
-keep their threads (made afresh per plan: 900 threads a rank and a load average of 600 on 2 cores). A group cannot be
-destroyed after its plan: DTensor's caches hand an equal mesh's group names to the next plan of that shape."""
+keep their threads (made afresh per plan: 900 threads a rank and a load average of 600 on 2 cores). Destroying a
+plan's groups after it ran was tried: a later tensor-parallel plan then asked for a destroyed group by name."""
 
 
 def run_plan(plan: LaunchPlan, rank: int, steps: int) -> dict:
