@@ -11,7 +11,8 @@ CPU 0.64-0.71× a fresh start's, 4 ranks 0.40× (docs/running.md#how-the-ranks-s
 What a rank would have had from a fresh interpreter, it has here too:
 - the variables read when torch is imported (OMP_NUM_THREADS, PYTHONUNBUFFERED, ...): the forkserver starts with
   the variables every local rank shares (``shared``), then elastic sets each rank's own;
-- its own session, and death with the launcher: the forkserver ends when the launcher's end closes its pipe, and a
+- its own session, and death with the launcher: the forkserver ends when the launcher's end closes its pipe or the
+  launcher dies (its parent-death signal, asked for before it imports torch), and a
   rank asks for SIGKILL when its parent (the forkserver) ends (launcher/worker/warm.py); the forkserver has a
   session of its own too, so a signal to the launcher's process group is the launcher's alone, which stops the
   ranks as on any signal (launcher/worker/forkserver_session.py);
@@ -29,6 +30,8 @@ from contextlib import contextmanager
 from multiprocessing import forkserver, resource_tracker
 
 from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, start_processes
+
+from launcher.worker.forkserver_session import PARENT_ENV
 
 PRELOAD = ["launcher.worker.forkserver_session", "launcher.worker.warm"]
 """Modules the forkserver imports once: first its own session (out of the launcher's process group, which a Ctrl-C or
@@ -79,7 +82,7 @@ def ensure_forkserver(env: dict[str, str]) -> None:
     with _blocked(TRACKER_SPARED):  # the tracker keeps the mask it starts with: they stay pending there, unseen
         resource_tracker.ensure_running()  # with the launcher's own variables: it is no process of the run
     forkserver.set_forkserver_preload(PRELOAD)
-    with _environ(env):
+    with _environ({**env, PARENT_ENV: str(os.getpid())}):  # it dies with this process (forkserver_session.py)
         forkserver.ensure_running()
     _started_with = env
 

@@ -8,6 +8,11 @@ session of its own the forkserver only ends when the launcher does (its "alive" 
 stops it; the launcher stops the ranks on the signal as on a signal to its pid alone, the forkserver reports and
 reaps them, and the launcher returns once they are gone (launcher/launch/supervise.py).
 
+It also asks the kernel for SIGKILL when the launcher dies (``lifeline.die_with_parent``; the launcher's pid comes in
+``PARENT_ENV``, taken out of the environment so that no rank inherits it): a launcher killed outright (SIGKILL, the
+OOM killer) while the forkserver still imports torch would otherwise leave it importing for seconds before it read
+its pipe's end. Its ranks then die by their own parent-death signal.
+
 Listed before ``launcher.worker.warm`` (launcher/backends/warm_start.py): it runs within the forkserver's first
 moments, before the seconds of importing torch. It acts only in a forkserver (anywhere else importing it does
 nothing)."""
@@ -15,13 +20,25 @@ nothing)."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+
+PARENT_ENV = "HL_FORKSERVER_PARENT"
+"""The launcher's pid, in the forkserver's environment when it starts (launcher/backends/warm_start.py)."""
 
 
 def leave_session() -> None:
-    """A new session for this process, when it is a forkserver (not already a group leader: setsid would fail)."""
-    if sys.argv[:1] == ["-c"] and "multiprocessing.forkserver" in sys.modules and os.getpgid(0) != os.getpid():
+    """A new session for this process, when it is a forkserver (not already a group leader: setsid would fail), and
+    death with the launcher that started it."""
+    if sys.argv[:1] != ["-c"] or "multiprocessing.forkserver" not in sys.modules:
+        return
+    if os.getpgid(0) != os.getpid():
         os.setsid()
+    parent = os.environ.pop(PARENT_ENV, "")
+    if parent.isdigit():
+        from launcher import lifeline
+
+        lifeline.die_with_parent(int(parent), signal.SIGKILL)
 
 
 leave_session()

@@ -36,6 +36,9 @@ __all__ = ["start_rank"]
 
 PR_SET_NAME = 15
 """prctl option: the calling thread's name (the process's, for its main thread)."""
+FORKSERVER = os.getpid()
+"""The forkserver's pid (this module is its preload): a rank's parent. A rank that finds another parent when it asks
+for the parent-death signal was orphaned as it started (the forkserver died with its launcher) and ends at once."""
 
 
 def start_rank(run_dir: str) -> None:
@@ -47,7 +50,7 @@ def start_rank(run_dir: str) -> None:
     if alive is not None:
         os.close(alive)
         forkserver._forkserver._forkserver_alive_fd = None
-    lifeline.die_with_parent(os.getppid(), signal.SIGKILL)
+    lifeline.die_with_parent(FORKSERVER, signal.SIGKILL)
     # multiprocessing made this process's default start method the forkserver's (its spawn preparation sets it):
     # back to the platform's, which a fresh interpreter has (a DataLoader's workers are forked from the rank).
     multiprocessing.set_start_method(None, force=True)

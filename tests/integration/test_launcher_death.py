@@ -44,6 +44,9 @@ def test_a_launcher_killed_mid_run_leaves_no_process_of_its_job(tmp_path, launch
 
 
 def test_a_launcher_killed_as_its_ranks_start_leaves_none_waiting(tmp_path):
+    # the run's first process is the warm start's forkserver, still importing torch: it dies with the launcher at
+    # once (its parent-death signal), not when it is done importing and reads its pipe's end (7.6-9.7 s here, and
+    # over 10 s beside the suite's other worker)
     launcher = subprocess.Popen([sys.executable, "-m", "launcher.cli", "recipe=quickstart", "trainer.steps=1000000"],
                                 cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest, deadline = tmp_path / "log_output" / "latest", time.monotonic() + 120
@@ -52,5 +55,5 @@ def test_a_launcher_killed_as_its_ranks_start_leaves_none_waiting(tmp_path):
         time.sleep(0.01)
     launcher.send_signal(signal.SIGKILL)
     launcher.wait(timeout=30)
-    assert _left_after(latest.resolve()) == []
+    assert _left_after(latest.resolve(), within_s=3) == []
     assert not (latest / "rank.0" / "metrics.jsonl").exists()  # killed before its first step: it never trained
