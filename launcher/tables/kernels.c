@@ -441,10 +441,24 @@ int64_t hl_gather(const float *table, int64_t table_rows, const int64_t *rows, i
     return 0;
 }
 
-/* 1 when every one of the n values is finite, else 0. */
-int64_t hl_all_finite(const float *x, int64_t n) {
+/* 1 when every value of the ``count`` arrays (array a: n[a] values) is finite, else 0: the arrays in chunks of
+ * 2^16 values over the threads (one call for a step's tables: 26 calls of the single-array check cost 0.8 ms of
+ * Python on this VM, and ran on one thread). */
+#define FINITE_CHUNK (1 << 16)
+int64_t hl_all_finite(int64_t count, const float *const *x, const int64_t *n, int threads) {
+    int64_t chunks = 0;
+    for (int64_t a = 0; a < count; ++a) chunks += (n[a] + FINITE_CHUNK - 1) / FINITE_CHUNK;
     int ok = 1;
-    for (int64_t i = 0; i < n; ++i) ok &= isfinite(x[i]) != 0;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(& : ok) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+        int64_t a = 0, first = c;
+        while (first >= (n[a] + FINITE_CHUNK - 1) / FINITE_CHUNK) first -= (n[a++] + FINITE_CHUNK - 1) / FINITE_CHUNK;
+        const float *v = x[a] + first * FINITE_CHUNK;
+        const int64_t m = n[a] - first * FINITE_CHUNK < FINITE_CHUNK ? n[a] - first * FINITE_CHUNK : FINITE_CHUNK;
+        int here = 1;
+        for (int64_t i = 0; i < m; ++i) here &= isfinite(v[i]) != 0;
+        ok &= here;
+    }
     return ok;
 }
 

@@ -40,7 +40,7 @@ SIGNATURES = {
     "hl_adagrad": [PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, ctypes.c_int, PTR, PTR, ctypes.c_int],
     "hl_coalesce_many": [I64, PTR, PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, ctypes.c_int],
     "hl_gather": [PTR, I64, PTR, I64, I64, PTR, ctypes.c_int],
-    "hl_all_finite": [PTR, I64],
+    "hl_all_finite": [I64, PTR, PTR, ctypes.c_int],
     "hl_pool_many": [I64, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I64, PTR, I64, PTR, ctypes.c_int],
 }
 
@@ -158,11 +158,14 @@ def pool_many(tables: list[torch.Tensor], keys: list[int], ids: torch.Tensor, of
     return out, [bool(x) for x in single]
 
 
-def all_finite(x: torch.Tensor) -> bool:
-    """Whether every value of ``x`` is finite (one pass, no temporary)."""
-    if usable(x) and x.dtype == torch.float32:
-        return bool(_lib.hl_all_finite(x.data_ptr(), x.numel()))
-    return bool(torch.isfinite(x).all())
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every value of every one of ``tensors`` is finite: the fp32 ones the kernels take in one call over the
+    rank's threads (no temporary), any other with torch."""
+    fast = [t for t in tensors if t.dtype == torch.float32 and t.numel() and usable(t)]
+    if fast and not _lib.hl_all_finite(len(fast), _pointers(fast), _int64s([t.numel() for t in fast]), threads()):
+        return False
+    taken = {id(t) for t in fast}
+    return all(bool(torch.isfinite(t).all()) for t in tensors if id(t) not in taken)
 
 
 def threads() -> int:

@@ -239,7 +239,7 @@ class ReplicatedTables:
         local, shares = self._local()
         dims = [t.plan.dim for t in self.tables.values()]
         reduced = reduce_tables(local, dims, shares, group=self.dp_group, device=self.compute)
-        if not all(kernels.all_finite(r[1]) for r in reduced if r is not None):
+        if not kernels.all_finite([r[1] for r in reduced if r is not None]):
             self.skipped_steps += 1  # the same reduced values on every rank: every rank decides the same
             return False
         self._settle()  # the last update's writes are in: this one reads those rows

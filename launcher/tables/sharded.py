@@ -182,7 +182,7 @@ class ShardedTables:
             rows, grads = coalesce(torch.cat([r for r, _ in parts]), torch.cat([g for _, g in parts]),
                                    any_order=True)
             updates[name] = (rows, grads / self.size)
-        finite = all(kernels.all_finite(g) for _, g in updates.values())
+        finite = kernels.all_finite([g for _, g in updates.values()])
         bad = self._reduce_sum(torch.tensor([0 if finite else 1], device=self.comm_device))
         if int(bad.item()):
             self.skipped_steps += 1

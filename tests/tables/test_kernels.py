@@ -166,7 +166,20 @@ def test_gather_is_index_select_and_refuses_an_id_out_of_range():
     assert torch.equal(kernels.gather(table, rows), torch.index_select(table, 0, rows))
     with pytest.raises(IndexError):
         kernels.gather(table, torch.tensor([0, -1]))
-    assert kernels.all_finite(table) and not kernels.all_finite(torch.tensor([1.0, float("nan")]))
+    assert kernels.all_finite([table]) and not kernels.all_finite([torch.tensor([1.0, float("nan")])])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_all_finite_finds_one_bad_value_in_any_tensor_and_chunk(threads, monkeypatch):
+    monkeypatch.setattr(kernels, "threads", lambda: threads)
+    tensors = [torch.zeros(n) for n in (5, (1 << 16) * 3 + 7, 1 << 16, 3)] + [torch.zeros(4, dtype=torch.float64)]
+    assert kernels.all_finite(tensors) and kernels.all_finite([])
+    for t in range(len(tensors)):
+        for at in {0, tensors[t].numel() // 2, tensors[t].numel() - 1}:
+            for bad in (float("nan"), float("inf"), -float("inf")):
+                tensors[t][at] = bad
+                assert not kernels.all_finite(tensors), (t, at, bad)
+                tensors[t][at] = 0.0
 
 
 def test_rowwise_adagrad_keeps_one_state_a_row_and_the_planner_counts_it():
