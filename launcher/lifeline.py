@@ -18,11 +18,14 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+"""prctl option: the signal this process gets when its parent (the thread that started it) ends."""
+FORKSERVER_PARENT_ENV = "HL_FORKSERVER_PARENT"
+"""The launcher's pid, in the warm start's forkserver's environment when it starts (launcher/backends/warm_start.py),
+so that the forkserver asks for this signal against it (launcher/worker/forkserver_session.py)."""
 LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 """Signals that end a run as interrupted (every rank stopped, the summary written; exit 128 + the signal), as SIGINT
 does: each an exception in the launcher (launcher/launch/__init__.py), not its death. SIGUSR1/2 too, which Slurm's
 --signal sends before a time limit (the launcher's own default would be to die on the spot, its ranks left)."""
-"""prctl option: the signal this process gets when its parent (the thread that started it) ends."""
 
 
 def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:

@@ -31,7 +31,7 @@ from multiprocessing import forkserver, resource_tracker
 
 from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, start_processes
 
-from launcher.worker.forkserver_session import PARENT_ENV
+from launcher.lifeline import FORKSERVER_PARENT_ENV
 
 PRELOAD = ["launcher.worker.forkserver_session", "launcher.worker.warm"]
 """Modules the forkserver imports once: first its own session (out of the launcher's process group, which a Ctrl-C or
@@ -82,7 +82,7 @@ def ensure_forkserver(env: dict[str, str]) -> None:
     with _blocked(TRACKER_SPARED):  # the tracker keeps the mask it starts with: they stay pending there, unseen
         resource_tracker.ensure_running()  # with the launcher's own variables: it is no process of the run
     forkserver.set_forkserver_preload(PRELOAD)
-    with _environ({**env, PARENT_ENV: str(os.getpid())}):  # it dies with this process (forkserver_session.py)
+    with _environ({**env, FORKSERVER_PARENT_ENV: str(os.getpid())}):  # it dies with this process (forkserver_session.py)
         forkserver.ensure_running()
     _started_with = env
 

@@ -445,16 +445,18 @@ int64_t hl_gather(const float *table, int64_t table_rows, const int64_t *rows, i
  * 2^16 values over the threads (one call for a step's tables: 26 calls of the single-array check cost 0.8 ms of
  * Python on this VM, and ran on one thread). */
 #define FINITE_CHUNK (1 << 16)
+static inline int64_t chunks_of(int64_t n) { return (n + FINITE_CHUNK - 1) / FINITE_CHUNK; }
+
 int64_t hl_all_finite(int64_t count, const float *const *x, const int64_t *n, int threads) {
     int64_t chunks = 0;
-    for (int64_t a = 0; a < count; ++a) chunks += (n[a] + FINITE_CHUNK - 1) / FINITE_CHUNK;
+    for (int64_t a = 0; a < count; ++a) chunks += chunks_of(n[a]);
     int ok = 1;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(& : ok) if (chunks > 1)
     for (int64_t c = 0; c < chunks; ++c) {
-        int64_t a = 0, first = c;
-        while (first >= (n[a] + FINITE_CHUNK - 1) / FINITE_CHUNK) first -= (n[a++] + FINITE_CHUNK - 1) / FINITE_CHUNK;
+        int64_t a = 0, first = c; /* chunk c is array a's chunk ``first`` */
+        while (first >= chunks_of(n[a])) first -= chunks_of(n[a++]);
         const float *v = x[a] + first * FINITE_CHUNK;
-        const int64_t m = n[a] - first * FINITE_CHUNK < FINITE_CHUNK ? n[a] - first * FINITE_CHUNK : FINITE_CHUNK;
+        const int64_t left = n[a] - first * FINITE_CHUNK, m = left < FINITE_CHUNK ? left : FINITE_CHUNK;
         int here = 1;
         for (int64_t i = 0; i < m; ++i) here &= isfinite(v[i]) != 0;
         ok &= here;

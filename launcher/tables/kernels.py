@@ -161,11 +161,12 @@ def pool_many(tables: list[torch.Tensor], keys: list[int], ids: torch.Tensor, of
 def all_finite(tensors: list[torch.Tensor]) -> bool:
     """Whether every value of every one of ``tensors`` is finite: the fp32 ones the kernels take in one call over the
     rank's threads (no temporary), any other with torch."""
-    fast = [t for t in tensors if t.dtype == torch.float32 and t.numel() and usable(t)]
+    fast, other = [], []
+    for t in tensors:
+        (fast if t.dtype == torch.float32 and t.numel() and usable(t) else other).append(t)
     if fast and not _lib.hl_all_finite(len(fast), _pointers(fast), _int64s([t.numel() for t in fast]), threads()):
         return False
-    taken = {id(t) for t in fast}
-    return all(bool(torch.isfinite(t).all()) for t in tensors if id(t) not in taken)
+    return all(bool(torch.isfinite(t).all()) for t in other)
 
 
 def threads() -> int:

@@ -9,7 +9,7 @@ stops it; the launcher stops the ranks on the signal as on a signal to its pid a
 reaps them, and the launcher returns once they are gone (launcher/launch/supervise.py).
 
 It also asks the kernel for SIGKILL when the launcher dies (``lifeline.die_with_parent``; the launcher's pid comes in
-``PARENT_ENV``, taken out of the environment so that no rank inherits it): a launcher killed outright (SIGKILL, the
+``lifeline.FORKSERVER_PARENT_ENV``, taken out of the environment so that no rank inherits it): a launcher killed outright (SIGKILL, the
 OOM killer) while the forkserver still imports torch would otherwise leave it importing for seconds before it read
 its pipe's end. Its ranks then die by their own parent-death signal.
 
@@ -23,8 +23,7 @@ import os
 import signal
 import sys
 
-PARENT_ENV = "HL_FORKSERVER_PARENT"
-"""The launcher's pid, in the forkserver's environment when it starts (launcher/backends/warm_start.py)."""
+from launcher import lifeline  # imports nothing heavy
 
 
 def leave_session() -> None:
@@ -34,10 +33,8 @@ def leave_session() -> None:
         return
     if os.getpgid(0) != os.getpid():
         os.setsid()
-    parent = os.environ.pop(PARENT_ENV, "")
+    parent = os.environ.pop(lifeline.FORKSERVER_PARENT_ENV, "")
     if parent.isdigit():
-        from launcher import lifeline
-
         lifeline.die_with_parent(int(parent), signal.SIGKILL)
 
 
