@@ -127,10 +127,12 @@ def test_a_value_hydra_s_grammar_cannot_read_gets_a_hint_to_quote_it():
 
 @pytest.mark.parametrize("target, says", [
     ("launcher.recipes.wide_deep.model.Nope", "launcher.recipes.wide_deep.model defines no Nope"),
-    ("nope.Nope", "no module nope"),
+    ("nope.Nope", "importing it fails with ModuleNotFoundError: No module named 'nope'"),
     ("Nope", "'Nope' is no dotted path"),
+    ("mine.Net", "importing it fails with ModuleNotFoundError: No module named 'no_such_package_hl'"),  # inside it
 ])
 def test_a_built_in_recipes_target_that_names_nothing_exits_2_before_any_rank(cli, tmp_path, target, says):
+    (tmp_path / "mine.py").write_text("import no_such_package_hl\nNet = None\n")  # its source defines Net
     res = cli(["recipe=wide_deep", "dry_run=true", f"model._target_={target}"], tmp_path)
     assert res.returncode == 2 and f"model._target_={target}: {says}" in res.stdout + res.stderr
     ok = cli(["recipe=wide_deep", "dry_run=true", "model._target_=launcher.recipes.wide_deep.model.WideDeep"], tmp_path)

@@ -358,14 +358,26 @@ def _activations(recipe, cfg: DictConfig, data):
 
 
 def _check_targets(cfg: DictConfig, recipe: str) -> None:
-    """A built-in recipe's model._target_ and data._target_ name a class or function that exists (read from its
-    module's source, not imported: the launcher does not import torch for a built-in recipe), before any rank would
-    fail on it."""
-    from launcher.usercode.targets import defined
+    """A built-in recipe's model._target_ and data._target_ name a class or function that exists, before any rank
+    would fail on it. The recipe's own (under ``launcher.``) is read from its module's source, not imported: the
+    launcher does not import torch for a built-in recipe. Any other is your code (or a package's): imported here, as
+    each rank will, so that an import it makes that fails (a module only your shell's path had, a missing package)
+    stops the launch, not a rank."""
+    from launcher.usercode.data_check import first_words
+    from launcher.usercode.targets import defined, import_targets
 
-    problems = [f"{key}._target_={node._target_}: {why}. Give an importable class (the recipe's own is "
-                f"launcher.recipes.{recipe}.<module>.<Class>), or leave {key}._target_ out."
-                for key, node in (("model", cfg.model), ("data", cfg.data))
-                if (why := defined(str(node.get("_target_", ""))))]
+    fix = (f"Give an importable class (the recipe's own is launcher.recipes.{recipe}.<module>.<Class>), or leave "
+           f"{{key}}._target_ out.")
+    problems = []
+    for key, node in (("model", cfg.model), ("data", cfg.data)):
+        target = str(node.get("_target_", ""))
+        if target.startswith("launcher.") or "." not in target:
+            why = defined(target)
+            problems += [f"{key}._target_={target}: {why}. {fix.format(key=key)}"] if why else []
+            continue
+        spec = OmegaConf.to_container(node, resolve=True) if target else {}
+        problems += [f"{k}._target_={t}: importing it fails with {first_words(e)}. Check the dotted path and that its "
+                     f"module imports in the folder you run from. {fix.format(key=key)}"
+                     for k, t, e in import_targets(spec, key)]
     if problems:
         raise ConfigError(problems)

@@ -3,13 +3,17 @@ launcher.max_restarts=2), two "nodes" of 2 ranks each as launcher processes on l
 checkpoints in one shared folder (trainer.checkpoint_dir). One scenario per table placement, shared by every
 assertion: node B's launcher is SIGKILLed mid-run (its ranks die with it) -> node A meets the rendezvous again alone,
 plans for a world of 2 (the global batch kept: each rank's micro-batch doubled), resumes from the newest checkpoint and goes on;
-node C starts mid-run (A's ranks held with SIGSTOP meanwhile, so that the world of 2 is still running when C comes)
--> it waits at the rendezvous, A sees it waiting and restarts to admit it; A and C finish as a
-world of 4 with exit 0. The losses of A's world-2 attempt equal a fresh 2-rank run resumed from the same checkpoint."""
+node C starts mid-run -> it waits at the rendezvous, A sees it waiting and restarts to admit it; A and C finish as a
+world of 4 with exit 0. The losses of A's world-2 attempt equal a fresh 2-rank run resumed from the same checkpoint.
+
+The world of 2 must still run when C comes, whatever the machine's load. Its ranks hold themselves: the model is a
+user's model (wide_deep's, by ``model._target_``) whose forward, in a world of 2 (only A's ranks, after B is lost, run
+in one) and with HOLD_ENV set (the nodes, not the reference run), writes a marker and waits after HOLD_AFTER
+micro-batches until its launcher ends it to admit C. A hold from the test (SIGSTOP once 5 steps were logged) lost the
+race on a loaded machine: the world of 2 trained all its steps first."""
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +27,27 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.integration
 
 STEPS, EVERY = 150, 10
+HOLD_ENV, HOLD_AFTER = "HL_TEST_HOLD_DIR", 6
+HELD_MODEL = f"""
+import os, time
+from launcher.recipes.wide_deep.model import WideDeep
+
+
+class HeldWideDeep(WideDeep):
+    \"\"\"wide_deep's model; in a world of 2 (node A's ranks after B is lost) its forward waits after {HOLD_AFTER} micro-batches.\"\"\"
+
+    calls = 0
+
+    def forward(self, *state):
+        hold = os.environ.get("{HOLD_ENV}")
+        if hold and os.environ.get("WORLD_SIZE") == "2" and self.training:
+            HeldWideDeep.calls += 1
+            if HeldWideDeep.calls > {HOLD_AFTER}:
+                open(os.path.join(hold, "held." + os.environ["RANK"]), "w").close()
+                while True:  # until the launcher's SIGTERM to admit node C
+                    time.sleep(0.1)
+        return super().forward(*state)
+"""
 
 
 def _free_port() -> int:
@@ -69,19 +94,11 @@ def _steps(metrics: Path) -> dict[int, float]:
     return out
 
 
-def _hold(run: Path, timeout_s: float = 60) -> None:
-    """SIGSTOP to each rank of the node's current world (its rank.N/pid). A pid whose process is gone belongs to a
-    world that just ended (a loaded machine can see one more restart); the next world's ranks write theirs."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            for pid_file in run.glob("rank.*/pid"):
-                os.kill(int(pid_file.read_text().split()[1]), signal.SIGSTOP)
-            return
-        except ProcessLookupError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+def _node_dir(cwd: Path) -> Path:
+    """A node's (or the reference run's) folder, with the held model importable from it (its current directory)."""
+    cwd.mkdir()
+    (cwd / "held_model.py").write_text(HELD_MODEL)
+    return cwd
 
 
 def _node_steps(run: Path) -> dict[int, float]:
@@ -93,18 +110,21 @@ def _node_steps(run: Path) -> dict[int, float]:
 def _scenario(tmp_path: Path, placement: list[str]) -> dict:
     """Run the scenario once; what the assertions read."""
     port, shared = _free_port(), tmp_path / "shared_ckpt"
-    args = ["recipe=wide_deep", "smoke=true", f"trainer.steps={STEPS}", "trainer.log_every=1", "eval.batches=0",
+    args = ["recipe=wide_deep", "model._target_=held_model.HeldWideDeep", "smoke=true", f"trainer.steps={STEPS}", "trainer.log_every=1", "eval.batches=0",
             f"trainer.checkpoint_every={EVERY}", f"trainer.checkpoint_dir={shared}", *placement,
             "cluster.launch=elastic", "cluster.nnodes=1:2", "cluster.nproc_per_node=2", "launcher.max_restarts=2",
             f"cluster.rdzv_endpoint=127.0.0.1:{port}", f"cluster.rdzv_id=t{port}", "cluster.local_addr=127.0.0.1",
             "cluster.rdzv_timeout_s=120", "+cluster.rdzv_conf.last_call_timeout=2",
             "+cluster.rdzv_conf.keep_alive_interval=1", "+cluster.rdzv_conf.keep_alive_max_attempt=3"]
 
+    hold = tmp_path / "held"
+    hold.mkdir()
+
     def node(name: str) -> subprocess.Popen:
-        cwd = tmp_path / name
-        cwd.mkdir()
+        cwd = _node_dir(tmp_path / name)
         return subprocess.Popen([sys.executable, "-m", "launcher.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+                                stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "COLUMNS": "200", HOLD_ENV: str(hold)})
 
     first = [node("a"), node("b")]  # together: both are in the first round (its last call is 2 s)
     _wait("the rendezvous", lambda: _listening(port), first)
@@ -116,9 +136,7 @@ def _scenario(tmp_path: Path, placement: list[str]) -> dict:
     t_kill = time.time()
     b.kill()  # the launcher, SIGKILL: its ranks die with it (lifeline)
     b.communicate()
-    _wait("node a's world of 2", lambda: (run_a / "attempt.0").exists()
-          and len(_node_steps(run_a)) >= 5, [a])
-    _hold(run_a)  # held mid-run while node c starts (the launcher sends SIGCONT with its SIGTERM to admit c)
+    _wait("node a's world of 2 to hold", lambda: len(list(hold.glob("held.*"))) == 2, [a])
     c = node("c")
     outs = {n: p.communicate(timeout=300) for n, p in (("a", a), ("c", c))}
     for n, p in (("a", a), ("c", c)):
@@ -132,9 +150,8 @@ def _fresh_two_rank_losses(tmp_path: Path, sc: dict, step: int, until: int, plac
     """A one-node run of 2 ranks resumed from the checkpoint the world of 2 resumed from, with that world's batch, to
     step ``until`` (the last the world of 2 logged: a step's loss does not depend on how many follow it)."""
     plan = json.loads((sc["run_a"] / "attempt.1" / "plan.json").read_text())
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    res = run_cli(["recipe=wide_deep", "smoke=true", f"trainer.steps={until}", "trainer.log_every=1",
+    ref = _node_dir(tmp_path / "ref")
+    res = run_cli(["recipe=wide_deep", "model._target_=held_model.HeldWideDeep", "smoke=true", f"trainer.steps={until}", "trainer.log_every=1",
                    "eval.batches=0", "trainer.checkpoint_every=-1", *placement, "cluster.nproc_per_node=2",
                    f"batch.global_size={plan['batch']['global_size']}", f"batch.micro_size={plan['batch']['micro_size']}",
                    f"batch.grad_accum={plan['batch']['grad_accum']}",
@@ -162,7 +179,7 @@ def _check(tmp_path: Path, placement: list[str]) -> None:
     assert plans[0]["batch"]["global_size"] == plans[1]["batch"]["global_size"]
     assert plans[1]["batch"]["micro_size"] == 2 * plans[0]["batch"]["micro_size"]  # the same global micro-batch
     world2 = _steps(sc["run_a"] / "attempt.1" / "rank.0" / "metrics.jsonl")
-    assert min(world2) == resumed + 1 and len(world2) >= 5
+    assert min(world2) == resumed + 1 and len(world2) == HOLD_AFTER // plans[1]["batch"]["grad_accum"]
     fresh = _fresh_two_rank_losses(tmp_path, sc, resumed, max(world2), placement)
     assert sorted(fresh) == sorted(world2), (sorted(fresh), sorted(world2))
     worst = max(abs(world2[s] - fresh[s]) for s in world2)
