@@ -163,7 +163,10 @@ def render() -> str:
             "Each built-in recipe types its own `model` keys and, per `data=` option, its `data` keys (stored in "
             "Hydra's ConfigStore as `schema/model/<recipe>` and `schema/data/<option>`). A recipe in your own folder "
             "has no such schema: its `model`, `data`, `eval_data` and `loss` keys are its constructors' arguments, "
-            "checked against their signatures before launch.", ""]
+            "checked against their signatures before launch. A built-in recipe's `model._target_` (or "
+            "`data._target_`) may name your own class with the same arguments (`recipe=wide_deep "
+            "model._target_=my_pkg.MyWideDeep`, a subclass of the recipe's): a module outside `launcher.` is imported "
+            "before launch, so one that does not import stops with exit 2, not in the ranks.", ""]
     for name, recipe in RECIPES.items():
         out += [f"### recipe={name}: `model`", "", *_table(schema_keys(recipe.model_config, "model.")), ""]
         for option, node in recipe.data_configs.items():
