@@ -129,11 +129,64 @@ def test_a_value_hydra_s_grammar_cannot_read_gets_a_hint_to_quote_it():
     ("launcher.recipes.wide_deep.model.Nope", "launcher.recipes.wide_deep.model defines no Nope"),
     ("nope.Nope", "importing it fails with ModuleNotFoundError: No module named 'nope'"),
     ("Nope", "'Nope' is no dotted path"),
-    ("mine.Net", "importing it fails with ModuleNotFoundError: No module named 'no_such_package_hl'"),  # inside it
+    ("broken_hl.Net", "importing it fails with ModuleNotFoundError: No module named 'no_such_package_hl'"),  # inside it
 ])
 def test_a_built_in_recipes_target_that_names_nothing_exits_2_before_any_rank(cli, tmp_path, target, says):
-    (tmp_path / "mine.py").write_text("import no_such_package_hl\nNet = None\n")  # its source defines Net
+    (tmp_path / "broken_hl.py").write_text("import no_such_package_hl\nNet = None\n")  # its source defines Net
     res = cli(["recipe=wide_deep", "dry_run=true", f"model._target_={target}"], tmp_path)
     assert res.returncode == 2 and f"model._target_={target}: {says}" in res.stdout + res.stderr
     ok = cli(["recipe=wide_deep", "dry_run=true", "model._target_=launcher.recipes.wide_deep.model.WideDeep"], tmp_path)
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+REPLACEMENTS = '''
+from torch import nn
+from launcher.recipes.wide_deep.data import SyntheticCTR
+from launcher.recipes.wide_deep.model import WideDeep
+
+
+class Sub(WideDeep):
+    pass
+
+
+class SmallTable(WideDeep):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.deep_embedding = nn.Embedding(10, 3)
+        del self.wide_embedding
+
+
+class Rows(SyntheticCTR):
+    pass
+
+
+class NoBatches:
+    def __init__(self, **kw):
+        pass
+'''
+
+
+@pytest.mark.parametrize("override, says", [
+    ("model._target_=torch.nn.Linear", "model._target_=torch.nn.Linear does not take recipe wide_deep's model "
+     "arguments (num_dense, num_sparse, rows_per_table, field_sizes, embed_dim, hidden): it has no argument num_dense, "
+     "num_sparse, rows_per_table, field_sizes, embed_dim, hidden; it needs in_features, out_features, which the "
+     "recipe does not give."),
+    ("model._target_=launcher.recipes.gpt.model.GPT", "it needs vocab_size, seq_len, layers, width"),
+    ("model._target_=replacements_hl.SmallTable", "model._target_=replacements_hl.SmallTable has a (10, 3) weight at deep_embedding, where "
+     "recipe wide_deep places a (2600, 4) table"),
+    ("model._target_=replacements_hl.SmallTable", "has no module with a weight at wide_embedding"),
+    ("data._target_=replacements_hl.NoBatches", "data._target_=replacements_hl.NoBatches has no method train_batches, eval_batches"),
+    ("data._target_=launcher.recipes.gpt.data.MarkovTokens", "it needs vocab_size, seq_len, candidates, skew"),
+])
+def test_a_built_in_recipes_replaced_target_that_does_not_fit_it_exits_2_before_any_rank(cli, tmp_path, override,
+                                                                                          says):
+    (tmp_path / "replacements_hl.py").write_text(REPLACEMENTS)
+    res = cli(["recipe=wide_deep", "smoke=true", "dry_run=true", override], tmp_path)
+    assert res.returncode == 2 and says in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+def test_a_subclass_of_a_built_in_recipes_model_or_data_is_taken(cli, tmp_path):
+    (tmp_path / "replacements_hl.py").write_text(REPLACEMENTS)
+    res = cli(["recipe=wide_deep", "smoke=true", "dry_run=true", "model._target_=replacements_hl.Sub", "data._target_=replacements_hl.Rows"],
+              tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -23,6 +23,7 @@ from rich.markup import escape
 from launcher.backends import BACKENDS
 from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError, few, first_line
+from launcher.facts.recipe_targets import check_names, check_replaced
 from launcher.manifest import manifest_problems
 from launcher.parallel.choose import checkpoint_layout, trained_data
 from launcher.plan import LaunchPlan
@@ -261,8 +262,9 @@ def _recipe_facts(cfg: DictConfig, recipe: Any, config_dir: str | None, estimate
             raise ConfigError(f"val_data is for recipes in your own folder; recipe {recipe.name} brings its own data "
                               f"(data=tabular: data.val_fraction holds out a validation split). Remove val_data.")
         _check_loss_arguments(cfg, recipe.name)
-        _check_targets(cfg, recipe.name)
+        check_names(cfg, recipe.name)
         data = recipe.data_facts(OmegaConf.to_object(cfg.data))
+        check_replaced(cfg, recipe, data)
         _check_sync_batchnorm(cfg, lambda: recipe.model_spec(OmegaConf.to_object(cfg.model), data),
                               f"recipe {recipe.name}")
         model = _layers(recipe, cfg, data) if cfg.parallel.pipeline_stages > 1 else None
@@ -355,29 +357,3 @@ def _activations(recipe, cfg: DictConfig, data):
             return activation_facts(recipe, spec, batch)
     except Exception:  # noqa: BLE001 - bad sizes the recipe's checks name; the plan then shows no estimate
         return None
-
-
-def _check_targets(cfg: DictConfig, recipe: str) -> None:
-    """A built-in recipe's model._target_ and data._target_ name a class or function that exists, before any rank
-    would fail on it. The recipe's own (under ``launcher.``) is read from its module's source, not imported: the
-    launcher does not import torch for a built-in recipe. Any other is your code (or a package's): imported here, as
-    each rank will, so that an import it makes that fails (a module only your shell's path had, a missing package)
-    stops the launch, not a rank."""
-    from launcher.usercode.data_check import first_words
-    from launcher.usercode.targets import defined, import_targets
-
-    fix = (f"Give an importable class (the recipe's own is launcher.recipes.{recipe}.<module>.<Class>), or leave "
-           f"{{key}}._target_ out.")
-    problems = []
-    for key, node in (("model", cfg.model), ("data", cfg.data)):
-        target = str(node.get("_target_", ""))
-        if target.startswith("launcher.") or "." not in target:
-            why = defined(target)
-            problems += [f"{key}._target_={target}: {why}. {fix.format(key=key)}"] if why else []
-            continue
-        spec = OmegaConf.to_container(node, resolve=True) if target else {}
-        problems += [f"{k}._target_={t}: importing it fails with {first_words(e)}. Check the dotted path and that its "
-                     f"module imports in the folder you run from. {fix.format(key=key)}"
-                     for k, t, e in import_targets(spec, key)]
-    if problems:
-        raise ConfigError(problems)

@@ -164,9 +164,11 @@ def render() -> str:
             "Hydra's ConfigStore as `schema/model/<recipe>` and `schema/data/<option>`). A recipe in your own folder "
             "has no such schema: its `model`, `data`, `eval_data` and `loss` keys are its constructors' arguments, "
             "checked against their signatures before launch. A built-in recipe's `model._target_` (or "
-            "`data._target_`) may name your own class with the same arguments (`recipe=wide_deep "
-            "model._target_=my_pkg.MyWideDeep`, a subclass of the recipe's): a module outside `launcher.` is imported "
-            "before launch, so one that does not import stops with exit 2, not in the ranks.", ""]
+            "`data._target_`) may name your own class that the recipe can use in place of its own (`recipe=wide_deep "
+            "model._target_=my_pkg.MyWideDeep`, a subclass of the recipe's): before launch it is imported, its "
+            "constructor must take the recipe's arguments, a model built on the meta device must have the recipe's "
+            "tables (name and shape) and layers, and a data class the methods the ranks call (`train_batches`, "
+            "`eval_batches`); anything else stops with exit 2, not in the ranks.", ""]
     for name, recipe in RECIPES.items():
         out += [f"### recipe={name}: `model`", "", *_table(schema_keys(recipe.model_config, "model.")), ""]
         for option, node in recipe.data_configs.items():
