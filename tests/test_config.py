@@ -172,10 +172,11 @@ class NoBatches:
      "num_sparse, rows_per_table, field_sizes, embed_dim, hidden; it needs in_features, out_features, which the "
      "recipe does not give."),
     ("model._target_=launcher.recipes.gpt.model.GPT", "it needs vocab_size, seq_len, layers, width"),
-    ("model._target_=replacements_hl.SmallTable", "model._target_=replacements_hl.SmallTable has a (10, 3) weight at deep_embedding, where "
-     "recipe wide_deep places a (2600, 4) table"),
+    ("model._target_=replacements_hl.SmallTable", "model._target_=replacements_hl.SmallTable has a (10, 3) weight at "
+     "deep_embedding, where recipe wide_deep places a (2600, 4) table"),
     ("model._target_=replacements_hl.SmallTable", "has no module with a weight at wide_embedding"),
-    ("data._target_=replacements_hl.NoBatches", "data._target_=replacements_hl.NoBatches has no method train_batches, eval_batches"),
+    ("data._target_=replacements_hl.NoBatches",
+     "data._target_=replacements_hl.NoBatches has no method train_batches, eval_batches"),
     ("data._target_=launcher.recipes.gpt.data.MarkovTokens", "it needs vocab_size, seq_len, candidates, skew"),
 ])
 def test_a_built_in_recipes_replaced_target_that_does_not_fit_it_exits_2_before_any_rank(cli, tmp_path, override,
@@ -187,6 +188,6 @@ def test_a_built_in_recipes_replaced_target_that_does_not_fit_it_exits_2_before_
 
 def test_a_subclass_of_a_built_in_recipes_model_or_data_is_taken(cli, tmp_path):
     (tmp_path / "replacements_hl.py").write_text(REPLACEMENTS)
-    res = cli(["recipe=wide_deep", "smoke=true", "dry_run=true", "model._target_=replacements_hl.Sub", "data._target_=replacements_hl.Rows"],
-              tmp_path)
+    res = cli(["recipe=wide_deep", "smoke=true", "dry_run=true", "model._target_=replacements_hl.Sub",
+               "data._target_=replacements_hl.Rows"], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr

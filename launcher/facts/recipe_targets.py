@@ -1,11 +1,12 @@
 """A built-in recipe's ``model._target_`` and ``data._target_``, checked before any rank would build them.
 
 The recipe's own classes are read from their modules' source, not imported: a dry run of a built-in recipe does not
-import torch. A target you put in their place (``recipe=wide_deep model._target_=my_pkg.MyWideDeep``) is your code or
-a package's, and each rank will build it with the recipe's arguments and use it the recipe's way. So it is imported
-here, its constructor is checked against the arguments the ranks give it, a model is built on the meta device and
-must have the tables and layers the recipe places and cuts by name, and a data class must have the methods the worker
-calls (``launcher.contract.DataSource``). Each problem is refused with exit 2, not met by every rank."""
+import torch. A target you put in their place (``recipe=wide_deep model._target_=my_pkg.MyWideDeep``) is your code or a
+package's, and each rank will build it with the recipe's arguments and use it the recipe's way. So it is imported here,
+its constructor is checked against the arguments the ranks give it, a model is built on the meta device and must have
+the tables and layers the recipe places and cuts by name, and a data class must have the methods the worker calls
+(``launcher.contract.DataSource``; a function that builds the data is taken on its arguments). Each problem is refused
+with exit 2, not met by every rank."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def check_replaced(cfg: DictConfig, recipe: Any, data_facts: Any) -> None:
     if target := replaced(cfg.data):
         cls = locate(target)
         problems += _arguments("data", target, cls, OmegaConf.to_container(cfg.data, resolve=True), recipe.name)
-        missing = [m for m in DATA_METHODS if not callable(getattr(cls, m, None))]
+        missing = [m for m in DATA_METHODS if isinstance(cls, type) and not callable(getattr(cls, m, None))]
         problems += [f"data._target_={target} has no method {', '.join(missing)}: recipe {recipe.name}'s ranks "
                      f"read their batches through them (launcher.contract.DataSource). Give a class that has them "
                      f"(a subclass of the recipe's own), or leave data._target_ out."] if missing else []

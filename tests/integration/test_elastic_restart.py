@@ -28,13 +28,14 @@ pytestmark = pytest.mark.integration
 
 STEPS, EVERY = 150, 10
 HOLD_ENV, HOLD_AFTER = "HL_TEST_HOLD_DIR", 6
+HELD = ["recipe=wide_deep", "model._target_=held_model.HeldWideDeep", "smoke=true"]
 HELD_MODEL = f"""
 import os, time
 from launcher.recipes.wide_deep.model import WideDeep
 
 
 class HeldWideDeep(WideDeep):
-    \"\"\"wide_deep's model; in a world of 2 (node A's ranks after B is lost) its forward waits after {HOLD_AFTER} micro-batches.\"\"\"
+    \"\"\"wide_deep's model; in a world of 2 (node A after B is lost) it waits after {HOLD_AFTER} micro-batches.\"\"\"
 
     calls = 0
 
@@ -110,7 +111,7 @@ def _node_steps(run: Path) -> dict[int, float]:
 def _scenario(tmp_path: Path, placement: list[str]) -> dict:
     """Run the scenario once; what the assertions read."""
     port, shared = _free_port(), tmp_path / "shared_ckpt"
-    args = ["recipe=wide_deep", "model._target_=held_model.HeldWideDeep", "smoke=true", f"trainer.steps={STEPS}", "trainer.log_every=1", "eval.batches=0",
+    args = [*HELD, f"trainer.steps={STEPS}", "trainer.log_every=1", "eval.batches=0",
             f"trainer.checkpoint_every={EVERY}", f"trainer.checkpoint_dir={shared}", *placement,
             "cluster.launch=elastic", "cluster.nnodes=1:2", "cluster.nproc_per_node=2", "launcher.max_restarts=2",
             f"cluster.rdzv_endpoint=127.0.0.1:{port}", f"cluster.rdzv_id=t{port}", "cluster.local_addr=127.0.0.1",
@@ -151,7 +152,7 @@ def _fresh_two_rank_losses(tmp_path: Path, sc: dict, step: int, until: int, plac
     step ``until`` (the last the world of 2 logged: a step's loss does not depend on how many follow it)."""
     plan = json.loads((sc["run_a"] / "attempt.1" / "plan.json").read_text())
     ref = _node_dir(tmp_path / "ref")
-    res = run_cli(["recipe=wide_deep", "model._target_=held_model.HeldWideDeep", "smoke=true", f"trainer.steps={until}", "trainer.log_every=1",
+    res = run_cli([*HELD, f"trainer.steps={until}", "trainer.log_every=1",
                    "eval.batches=0", "trainer.checkpoint_every=-1", *placement, "cluster.nproc_per_node=2",
                    f"batch.global_size={plan['batch']['global_size']}", f"batch.micro_size={plan['batch']['micro_size']}",
                    f"batch.grad_accum={plan['batch']['grad_accum']}",
