@@ -9,7 +9,7 @@ recipe at the same global batch and micro-batches with the same data-parallel pa
 tables and recompute (only the layout is taken away: tensor parallel, pipeline stages, the other ranks), launched
 the same way in one 1-rank job.
 
-    .venv/bin/python bench/composability.py [--recipes gpt wide_deep] [--steps 3] [--json bench/results/matrix.json]
+    .venv/bin/python bench/composability.py [--recipes gpt wide_deep] [--steps 3] [--triples] [--json PATH]
 
 Prints the matrix (markdown: per combination the parts it ran on, the worst relative loss difference against one
 process, whether every rank holds the parameters, optimizer states and tables its plan estimates: a part that did
@@ -61,10 +61,11 @@ another part (DeepSpeed's ZeRO-0 BF16_Optimizer accumulates micro-batch gradient
 unsharded gradients in bf16) the spread is 7.9e-3: that is a difference of method, not of layout."""
 
 
-def combinations() -> list[tuple[str, ...]]:
+def combinations(size: int = 2) -> list[tuple[str, ...]]:
+    """Each intent alone and every pair (``size`` 2), or every triple (``size`` 3); never two ZeRO stages."""
     names = list(INTENTS)
-    pairs = [p for p in itertools.combinations(names, 2) if not all(n.startswith("ZeRO") for n in p)]
-    return [(n,) for n in names] + pairs
+    some = [c for c in itertools.combinations(names, size) if sum(n.startswith("ZeRO") for n in c) <= 1]
+    return [(n,) for n in names] + some if size == 2 else some
 
 
 ONE_PROCESS = ["parallel.pipeline_stages=1", "parallel.tp=1"]
@@ -245,10 +246,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipes", nargs="+", default=["gpt", "wide_deep"])
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "matrix.json")
+    ap.add_argument("--triples", action="store_true", help="every triple of intents instead of each alone and pairs")
+    ap.add_argument("--json", type=Path, default=None, help="default: bench/results/matrix.json (matrix3.json)")
     args = ap.parse_args()
+    args.json = args.json or ROOT / "bench" / "results" / ("matrix3.json" if args.triples else "matrix.json")
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(args.recipes, args.steps, Path(tmp))
+        result = run(args.recipes, args.steps, Path(tmp), combos=combinations(3 if args.triples else 2))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
     print(table(result))
