@@ -20,7 +20,8 @@ from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config_files import check_recipe_file, quoted_path, user_recipes, yaml_problem
-from launcher.config_overrides import competing_keys, hydra_keys, launcher_set_keys, optimizer_stands_aside, quote_hint
+from launcher.config_overrides import (competing_keys, data_option, hydra_keys, launcher_set_keys, optimizer_stands_aside,
+                                       quote_hint)
 from launcher.errors import ConfigError, did_you_mean, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -49,6 +50,10 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         raise ConfigError(refused)
     chosen = [o.value() for o in parsed if o.key_or_group == "recipe"]
     register_schemas([c for c in chosen if c in RECIPES])
+    drop, refused = data_option(parsed, [RECIPES[c] for c in chosen if isinstance(c, str) and c in RECIPES])
+    if refused:
+        raise ConfigError(refused)
+    overrides, parsed = [o for o in overrides if o not in drop], [o for o in parsed if o.input_line not in drop]
     users = user_recipes(config_dir)
     clash = sorted(set(users) & set(RECIPES))
     if clash:

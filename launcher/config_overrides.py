@@ -1,8 +1,12 @@
 """What the command line's overrides may not do, checked as the config is composed (launcher/config.py): set Hydra's
 own run settings (which hetero-launch does not use), leave a competing pair (steps and epochs) undecided, set a key
-the launcher fills in itself, or hold a value Hydra's grammar cannot read unquoted."""
+the launcher fills in itself, pick data a built-in recipe does not have, or hold a value Hydra's grammar cannot read
+unquoted."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -132,3 +136,27 @@ def launcher_set_keys(parsed, smoke: bool) -> list[str]:
             out.append(f"{key}={o.value()}: the smoke profile is read by smoke=true only, so without it this does "
                        f"nothing. Add smoke=true, or remove it.")
     return out
+
+
+def data_option(parsed, recipes: Sequence[Any]) -> tuple[list[str], list[str]]:
+    """(lines to drop, problems) for ``data=<option>`` against the chosen built-in recipe's data options (its
+    ``data_configs``; the configuration reference lists them as "recipe=gpt, data=markov"). Hydra's ``data`` group
+    holds only the options with a file of their own (wide_deep's); a recipe with one option has it built in, so
+    ``data=<that option>`` selects what the recipe already uses (dropped here: Hydra has no such file), and an
+    option the recipe does not have is named with the recipe's own, not Hydra's "No match in the defaults list"."""
+    if len(recipes) != 1:
+        return [], []
+    recipe = recipes[0]
+    options = list(recipe.data_configs)
+    drop, problems = [], []
+    for o in parsed:
+        value = o.value()
+        if o.key_or_group != "data" or not isinstance(value, str):
+            continue
+        if value not in options:
+            pick = "one of them" if len(options) > 1 else "it"
+            problems.append(f"data={value}: recipe {recipe.name} has no data {value}; its data: "
+                            f"{', '.join(options)}. Pick {pick}, or leave data= out (the recipe's own).")
+        elif len(options) == 1:
+            drop.append(o.input_line)
+    return drop, problems

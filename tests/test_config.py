@@ -191,3 +191,20 @@ def test_a_subclass_of_a_built_in_recipes_model_or_data_is_taken(cli, tmp_path):
     res = cli(["recipe=wide_deep", "smoke=true", "dry_run=true", "model._target_=replacements_hl.Sub",
                "data._target_=replacements_hl.Rows"], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("recipe, option, says", [
+    ("gpt", "tabular", "data=tabular: recipe gpt has no data tabular; its data: markov. Pick it, or leave data= out"),
+    ("wide_deep", "markov", "data=markov: recipe wide_deep has no data markov; its data: synthetic_ctr, tabular. Pick "
+     "one of them"),
+    ("quickstart", "nope", "data=nope: recipe quickstart has no data nope; its data: quickstart."),
+])
+def test_data_a_recipe_does_not_have_is_named_with_the_recipes_own(cli, tmp_path, recipe, option, says):
+    res = cli([f"recipe={recipe}", f"data={option}", "dry_run=true"], tmp_path)
+    assert res.returncode == 2 and says in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("recipe, option", [("gpt", "markov"), ("resnet", "images"), ("wide_deep", "synthetic_ctr")])
+def test_a_recipes_own_data_option_as_the_configuration_reference_names_it_is_taken(cli, tmp_path, recipe, option):
+    res = cli([f"recipe={recipe}", f"data={option}", "dry_run=true"], tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
