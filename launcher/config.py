@@ -19,9 +19,9 @@ from hydra.errors import HydraException
 from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher.config_files import check_recipe_file, quoted_path, user_recipes, yaml_problem
-from launcher.config_overrides import (competing_keys, data_option, hydra_keys, launcher_set_keys, optimizer_stands_aside,
-                                       quote_hint)
+from launcher.config_files import check_recipe_file, group_options, quoted_path, user_recipes, yaml_problem
+from launcher.config_overrides import (competing_keys, data_option, group_values, hydra_keys, launcher_set_keys,
+                                       optimizer_stands_aside, quote_hint)
 from launcher.errors import ConfigError, did_you_mean, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -48,13 +48,15 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
                           f"{quote_hint(given)}") from None
     if refused := hydra_keys(parsed, tuple(HYDRA_QUIET)):
         raise ConfigError(refused)
-    chosen = [o.value() for o in parsed if o.key_or_group == "recipe"]
+    users = user_recipes(config_dir)
+    chosen = [o.value() for o in parsed if o.key_or_group == "recipe" and isinstance(o.value(), str)]
+    if refused := group_values(parsed, group_options(users, [RECIPES[c] for c in chosen if c in RECIPES])):
+        raise ConfigError(refused)
     register_schemas([c for c in chosen if c in RECIPES])
-    drop, refused = data_option(parsed, [RECIPES[c] for c in chosen if isinstance(c, str) and c in RECIPES])
+    drop, refused = data_option(parsed, [RECIPES[c] for c in chosen if c in RECIPES])
     if refused:
         raise ConfigError(refused)
     overrides, parsed = [o for o in overrides if o not in drop], [o for o in parsed if o.input_line not in drop]
-    users = user_recipes(config_dir)
     clash = sorted(set(users) & set(RECIPES))
     if clash:
         raise ConfigError(f"--config-dir {config_dir}: recipe/{clash[0]}.yaml has the name of a built-in recipe. "

@@ -71,3 +71,17 @@ def user_recipes(config_dir: str | None) -> list[str]:
         raise ConfigError(f"--config-dir {config_dir}: no such directory (relative paths start at {Path.cwd()}). "
                           f"Give the folder that holds recipe/<name>.yaml, e.g. --config-dir conf.")
     return sorted(p.stem for p in (root / "recipe").glob("*.yaml"))
+
+
+def group_options(users: list[str], recipes: list) -> dict[str, list[str]]:
+    """The options of each config group of the package's conf/ (its folders of YAML files), the user's recipes among
+    recipe's, and as data's the chosen built-in recipe's own (its data_configs) when one is chosen."""
+    import launcher.conf
+
+    root = Path(launcher.conf.__path__[0])
+    groups = {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(root.iterdir())
+              if d.is_dir() and d.name != "hydra" and not d.name.startswith("_")}
+    groups["recipe"] = sorted({*groups.get("recipe", []), *users})
+    if len(recipes) == 1:
+        groups["data"] = list(recipes[0].data_configs)
+    return groups

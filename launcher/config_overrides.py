@@ -160,3 +160,19 @@ def data_option(parsed, recipes: Sequence[Any]) -> tuple[list[str], list[str]]:
         elif len(options) == 1:
             drop.append(o.input_line)
     return drop, problems
+
+
+def group_values(parsed, options: dict[str, list[str]]) -> list[str]:
+    """A config group's override (``recipe=``, ``data=``, ``parallel=``, ``placement=``: ``options`` maps each to its
+    options) picks one option by name. Hydra reads ``null``, a list or a mapping there too and then fails with a
+    ValueError or TypeError of its own (a list would merge several options: none of ours composes that way)."""
+    problems = []
+    for o in parsed:
+        if o.key_or_group not in options or isinstance(o.value(), str) or not isinstance(o.value(), (list, dict,
+                                                                                                     type(None))):
+            continue  # one option by name, or a sweep (-m recipe=a,b) the multirun expands
+        group, named = o.key_or_group, options[o.key_or_group]
+        leave = "" if group == "recipe" else f", or leave {group}= out"
+        problems.append(f"{o.input_line.lstrip('+~')}: {group}= picks one option by its name; {group}'s options: "
+                        f"{', '.join(named) or 'none'}. Give one, e.g. {group}={named[0] if named else '<name>'}{leave}.")
+    return problems

@@ -208,3 +208,24 @@ def test_data_a_recipe_does_not_have_is_named_with_the_recipes_own(cli, tmp_path
 def test_a_recipes_own_data_option_as_the_configuration_reference_names_it_is_taken(cli, tmp_path, recipe, option):
     res = cli([f"recipe={recipe}", f"data={option}", "dry_run=true"], tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("lines, says", [
+    (["recipe=null"], "recipe=null: recipe= picks one option by its name; recipe's options: gpt, mnist_mlp, quickstart, "
+                      "resnet, wide_deep. Give one, e.g. recipe=gpt."),
+    (["recipe=[gpt]"], "recipe=[gpt]: recipe= picks one option by its name"),
+    (["recipe={a:1}"], "recipe={a:1}: recipe= picks one option by its name"),
+    (["recipe=gpt", "parallel=null"], "parallel=null: parallel= picks one option by its name; parallel's options: "
+                                      "semi_auto. Give one, e.g. parallel=semi_auto, or leave parallel= out."),
+    (["recipe=gpt", "placement={a:1}"], "placement={a:1}: placement= picks one option by its name"),
+    (["recipe=wide_deep", "data=[synthetic_ctr,tabular]"], "data's options: synthetic_ctr, tabular."),
+    (["recipe=gpt", "data=null"], "data's options: markov."),
+])
+def test_a_config_group_given_null_a_list_or_a_mapping_exits_2_naming_its_options(cli, tmp_path, lines, says):
+    res = cli([*lines, "dry_run=true"], tmp_path)  # Hydra raised ValueError / TypeError here
+    assert res.returncode == 2 and says in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+def test_a_sweep_over_a_glob_exits_2_with_the_forms_a_sweep_takes(cli, tmp_path):
+    res = cli(["-m", "recipe=glob(*)", "dry_run=true"], tmp_path)  # Hydra raised "ConfigLoader is not set"
+    assert res.returncode == 2 and "could not expand the sweep: recipe=glob(*). A sweep takes key=a,b" in res.stderr

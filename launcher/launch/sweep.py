@@ -50,7 +50,10 @@ def expand_jobs(overrides: list[str]) -> list[list[str]]:
         if not o.is_sweep_override():
             values[key] = [f"{key}={o.get_value_element_as_str()}"]
         elif o.is_discrete_sweep():
-            values[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+            try:
+                values[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+            except HydraException:  # glob() lists a group's options through a sweeper's config loader
+                raise ConfigError(f"could not expand the sweep: {o.input_line}. {SWEEP_FORMS}") from None
         else:
             raise ConfigError(f"could not expand the sweep: {o.input_line} is a range to search, not a list of "
                               f"values. {SWEEP_FORMS}")
@@ -131,8 +134,8 @@ def run_sweep(overrides: list[str], config_dir: str | None, console: Console) ->
     for key in ("output.run_name", "output.log_dir"):
         values = {o.split("=", 1)[1] for job in jobs_overrides for o in job if o.lstrip("+").startswith(key + "=")}
         if key == "output.run_name" and values:
-            raise ConfigError(f"output.run_name with -m: each job's run dir is <sweep dir>/<job number>. Drop "
-                              f"output.run_name (output.log_dir picks where the sweep dir goes).")
+            raise ConfigError("output.run_name with -m: each job's run dir is <sweep dir>/<job number>. Drop "
+                              "output.run_name (output.log_dir picks where the sweep dir goes).")
         if len(values) > 1:
             raise ConfigError(f"output.log_dir takes one value in a sweep (got {', '.join(sorted(values))}): all "
                               f"jobs go into one sweep dir. Give one output.log_dir.")
