@@ -226,6 +226,13 @@ VALUE_CASES: list[tuple[str, str, str, st.SearchStrategy[str], tuple[str, ...], 
     ("root", Q, "recipe", st.sampled_from(["quickstrat", "../quickstart", "quickstart/..", "QUICKSTART", "x"]), (),
      "recipe"),
     ("root", Q, "parallel", st.sampled_from(["semi_autp", "nosuch"]), (), "parallel"),
+    # a config group takes one option by name: not null, a list or a mapping (Hydra raised there), nor another
+    # recipe's data
+    ("root", "", "recipe", st.sampled_from(["null", "[quickstart]", "{a:1}", "[]"]), (), "recipe"),
+    ("root", Q, "parallel", st.sampled_from(["null", "[semi_auto]", "{a:1}"]), (), "parallel"),
+    ("root", Q, "placement", st.sampled_from(["null", "[auto]", "{a:1}"]), (), "placement"),
+    ("data", WD, "data", st.sampled_from(["null", "[tabular]", "{a:1}", "markov", "images"]), (), "data"),
+    ("data", GPT, "data", st.sampled_from(["null", "tabular", "[markov]", "synthetic_ctr"]), (), "data"),
     ("root", Q, "recipe.name", _WORDS.filter(lambda w: w != "quickstart"), (), None),
     ("root", "", "script", st.sampled_from(["/nonexistent/train.py", "no_such.py", "/", "."]), (), None),
     ("root", "", "script", st.just("/nonexistent/train.py"), ("smoke=true",), "smoke"),
@@ -233,7 +240,7 @@ VALUE_CASES: list[tuple[str, str, str, st.SearchStrategy[str], tuple[str, ...], 
 
 
 def _value_case(section, recipe, key, values, extra, names) -> st.SearchStrategy[Bad]:
-    prefix = st.sampled_from(["", "", "++"]) if key not in ("recipe", "parallel", "data") else st.just("")
+    prefix = st.sampled_from(["", "", "++"]) if key not in ("recipe", "parallel", "placement", "data") else st.just("")
     return st.builds(lambda p, v: Bad(section, recipe, f"{p}{key}={v}", names or key, extra), prefix, values)
 
 
