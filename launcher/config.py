@@ -20,8 +20,9 @@ from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config_files import check_recipe_file, group_options, quoted_path, user_recipes, yaml_problem
-from launcher.config_overrides import (competing_keys, data_option, group_values, hydra_keys, launcher_set_keys,
-                                       optimizer_stands_aside, quote_hint)
+from launcher.config_overrides import (competing_keys, data_option, deletions, group_values, hydra_keys,
+                                       launcher_set_keys, optimizer_stands_aside, quote_hint, sharding_override,
+                                       table_path_override)
 from launcher.errors import ConfigError, did_you_mean, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -50,7 +51,8 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         raise ConfigError(refused)
     users = user_recipes(config_dir)
     chosen = [o.value() for o in parsed if o.key_or_group == "recipe" and isinstance(o.value(), str)]
-    if refused := group_values(parsed, group_options(users, [RECIPES[c] for c in chosen if c in RECIPES])):
+    groups = group_options(users, [RECIPES[c] for c in chosen if c in RECIPES])
+    if refused := group_values(parsed, groups):
         raise ConfigError(refused)
     register_schemas([c for c in chosen if c in RECIPES])
     drop, refused = data_option(parsed, [RECIPES[c] for c in chosen if c in RECIPES])
@@ -76,6 +78,9 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         if script_mode and chosen:
             raise ConfigError(f"script= and recipe={chosen[0]} were both given: a run is either your own script or a "
                               f"recipe. Drop one of them.")
+        if refused := deletions(parsed, lambda: _base_or_none([*search, *(o.input_line for o in parsed
+                                                                            if not o.is_delete())], bases), groups):
+            raise ConfigError(refused)
         try:
             cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])  # the usual case: all is well
         except yaml.YAMLError as e:  # a config file (the user's recipe, most likely) that is not YAML
@@ -143,34 +148,6 @@ def _compose_smoke(cfg: DictConfig, overrides: Sequence[str], search: list[str],
                           f"{first_line(e)}. Fix smoke_profile (in the recipe's file, or where you set it).") from None
     smoke.smoke_changes = smoke_changes(cfg, smoke, list(settings))
     return smoke
-
-
-def table_path_override(line: str) -> str:
-    """A table's key is its module path, which may hold dots (``towers.0.item_emb``), or its name. Hydra would read
-    ``placement.tables.towers.0.item_emb=host`` as nested keys, and refuses a new key of a typed dict given field by
-    field (``+tables.t1.optimizer=ftrl``); ``placement.tables.<path>=v`` becomes ``+placement.tables={<path>: v}``
-    and ``tables.<path>.<field>=v`` becomes ``+tables={<path>: {<field>: v}}``, which Hydra merges (``+`` or not)."""
-    key, eq, value = line.partition("=")
-    bare = key.lstrip("+~")
-    if not eq or key.startswith("~"):
-        return line
-    if bare.startswith("placement.tables.") and len(bare) > len("placement.tables."):
-        return f"+placement.tables={{{bare[len('placement.tables.'):]}: {value}}}"
-    if bare.startswith("tables.") and bare.count(".") >= 2:
-        path, _, leaf = bare[len("tables."):].rpartition(".")
-        if leaf in TableConfig.__dataclass_fields__:  # merged into the table's entry, or a new entry
-            return f"+tables={{{path}: {{{leaf}: {value}}}}}"
-        return f"+tables={{{bare[len('tables.'):]}: {value}}}"  # tables.<dotted path>={optimizer: ftrl, ...}
-    return line
-
-
-def sharding_override(line: str) -> str:
-    """Operators are keys the schema cannot list: ``parallel.sharding={fc1: [[2,4],[4,1]]}`` and
-    ``parallel.sharding.fc1=[[2,4],[4,1]]`` become Hydra's appends (``+...``), merged into the strategies a config
-    file gave (parallel=semi_auto's)."""
-    if line.startswith("parallel.sharding=") or line.startswith("parallel.sharding."):
-        return "+" + line
-    return line
 
 
 def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), search: Sequence[str] = (),
@@ -306,6 +283,13 @@ def _compose_once(lines: list[str], bases: dict[tuple[str, ...], DictConfig | Co
     if isinstance(bases[key], ConfigError):
         raise ConfigError(bases[key].problems)
     return bases[key]
+
+
+def _base_or_none(lines: list[str], bases: dict) -> DictConfig | None:
+    try:
+        return _compose_once(lines, bases)
+    except ConfigError:
+        return None
 
 
 def _compose(lines: list[str]) -> DictConfig:

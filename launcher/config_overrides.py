@@ -12,6 +12,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from launcher.schema import TableConfig
+
 HYDRA_HINTS = {"hydra.run.dir": "a run's files go to output.log_dir/<run name>: set output.log_dir={v} (and "
                                  "output.run_name=<name> to name the run's own folder)",
                "hydra.sweep.dir": "a sweep's runs go to output.log_dir/sweep-<date>-<time>/<job>: set "
@@ -168,11 +170,65 @@ def group_values(parsed, options: dict[str, list[str]]) -> list[str]:
     ValueError or TypeError of its own (a list would merge several options: none of ours composes that way)."""
     problems = []
     for o in parsed:
-        if o.key_or_group not in options or isinstance(o.value(), str) or not isinstance(o.value(), (list, dict,
-                                                                                                     type(None))):
+        if (o.key_or_group not in options or o.is_delete() or isinstance(o.value(), str)
+                or not isinstance(o.value(), (list, dict, type(None)))):
             continue  # one option by name, or a sweep (-m recipe=a,b) the multirun expands
         group, named = o.key_or_group, options[o.key_or_group]
         leave = "" if group == "recipe" else f", or leave {group}= out"
         problems.append(f"{o.input_line.lstrip('+~')}: {group}= picks one option by its name; {group}'s options: "
                         f"{', '.join(named) or 'none'}. Give one, e.g. {group}={named[0] if named else '<name>'}{leave}.")
     return problems
+
+
+def deletions(parsed, base_of, groups) -> list[str]:
+    """``~key`` removes a key, Hydra's way. Only a key of an open mapping can go (your recipe's model arguments, an
+    entry you added). A config group is left out by not choosing it. A key of the typed schema always has a value
+    (its default when not set) that the launcher reads: removing it crashed the launcher (``~trainer``) or got Hydra's
+    "Error merging override". ``base_of()``: the config composed without the deletions (None when it does not compose:
+    its problems are reported the usual way)."""
+    deletes = [o for o in parsed if o.is_delete()]
+    base = base_of() if deletes else None
+    problems = []
+    for o in deletes:
+        key = o.key_or_group
+        if key in groups:
+            problems.append(f"~{key}: {key} is a config group, left out by not choosing it. Remove ~{key} (and any "
+                            f"{key}=<option>).")
+            continue
+        parent_key, _, leaf = key.rpartition(".")
+        parent = OmegaConf.select(base, parent_key, default=None) if base is not None and parent_key else base
+        if (isinstance(parent, DictConfig) and OmegaConf.get_type(parent) not in (dict, None)
+                and leaf in parent.keys()):
+            now = OmegaConf.to_container(parent, resolve=False)[leaf]
+            shown = "a section" if isinstance(now, (dict, list)) else f"now {now!r}"
+            problems.append(f"~{key}: {key} is a key of the config's schema, so it always has a value ({shown}) and "
+                            f"cannot be removed. Set {key}=<value> to change it, or leave ~{key} out.")
+    return problems
+
+
+def table_path_override(line: str) -> str:
+    """A table's key is its module path, which may hold dots (``towers.0.item_emb``), or its name. Hydra would read
+    ``placement.tables.towers.0.item_emb=host`` as nested keys, and refuses a new key of a typed dict given field by
+    field (``+tables.t1.optimizer=ftrl``); ``placement.tables.<path>=v`` becomes ``+placement.tables={<path>: v}``
+    and ``tables.<path>.<field>=v`` becomes ``+tables={<path>: {<field>: v}}``, which Hydra merges (``+`` or not)."""
+    key, eq, value = line.partition("=")
+    bare = key.lstrip("+~")
+    if not eq or key.startswith("~"):
+        return line
+    if bare.startswith("placement.tables.") and len(bare) > len("placement.tables."):
+        return f"+placement.tables={{{bare[len('placement.tables.'):]}: {value}}}"
+    if bare.startswith("tables.") and bare.count(".") >= 2:
+        path, _, leaf = bare[len("tables."):].rpartition(".")
+        if leaf in TableConfig.__dataclass_fields__:  # merged into the table's entry, or a new entry
+            return f"+tables={{{path}: {{{leaf}: {value}}}}}"
+        return f"+tables={{{bare[len('tables.'):]}: {value}}}"  # tables.<dotted path>={optimizer: ftrl, ...}
+    return line
+
+
+def sharding_override(line: str) -> str:
+    """Operators are keys the schema cannot list: ``parallel.sharding={fc1: [[2,4],[4,1]]}`` and
+    ``parallel.sharding.fc1=[[2,4],[4,1]]`` become Hydra's appends (``+...``), merged into the strategies a config
+    file gave (parallel=semi_auto's)."""
+    if line.startswith("parallel.sharding=") or line.startswith("parallel.sharding."):
+        return "+" + line
+    return line

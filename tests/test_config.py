@@ -229,3 +229,19 @@ def test_a_config_group_given_null_a_list_or_a_mapping_exits_2_naming_its_option
 def test_a_sweep_over_a_glob_exits_2_with_the_forms_a_sweep_takes(cli, tmp_path):
     res = cli(["-m", "recipe=glob(*)", "dry_run=true"], tmp_path)  # Hydra raised "ConfigLoader is not set"
     assert res.returncode == 2 and "could not expand the sweep: recipe=glob(*). A sweep takes key=a,b" in res.stderr
+
+
+@pytest.mark.parametrize("lines, says", [
+    (["recipe=gpt", "~trainer"], "~trainer: trainer is a key of the config's schema, so it always has a value (a "
+                                 "section) and cannot be removed."),  # the launcher raised ConfigAttributeError
+    (["recipe=wide_deep", "~tables"], "~tables: tables is a key of the config's schema"),
+    (["recipe=gpt", "~loss"], "~loss: loss is a key of the config's schema"),
+    (["recipe=gpt", "~trainer.steps"], "~trainer.steps: trainer.steps is a key of the config's schema, so it always "
+                                       "has a value (now 1000) and cannot be removed. Set trainer.steps=<value> to "
+                                       "change it, or leave ~trainer.steps out."),  # Hydra: "Error merging override"
+    (["recipe=gpt", "~model.width"], "~model.width: model.width is a key of the config's schema"),
+    (["recipe=gpt", "~data"], "~data: data is a config group, left out by not choosing it."),
+])
+def test_removing_a_key_of_the_schema_exits_2_naming_it(cli, tmp_path, lines, says):
+    res = cli([*lines, "dry_run=true"], tmp_path)
+    assert res.returncode == 2 and says in res.stdout + res.stderr, res.stdout + res.stderr
