@@ -78,8 +78,8 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         if script_mode and chosen:
             raise ConfigError(f"script= and recipe={chosen[0]} were both given: a run is either your own script or a "
                               f"recipe. Drop one of them.")
-        if refused := deletions(parsed, lambda: _base_or_none([*search, *(o.input_line for o in parsed
-                                                                            if not o.is_delete())], bases), groups):
+        if refused := deletions(parsed, lambda: _base_or_none([*search, *(o.input_line for o in parsed if not (
+                o.is_delete() or o.is_add()))], bases), groups):
             raise ConfigError(refused)
         try:
             cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])  # the usual case: all is well

@@ -164,6 +164,24 @@ def data_option(parsed, recipes: Sequence[Any]) -> tuple[list[str], list[str]]:
     return drop, problems
 
 
+def _appends(parsed, base: DictConfig | None, groups) -> list[str]:
+    """``+key=value`` adds a key; where one with a plain value is there already, Hydra said only "Could not append to
+    config". Into a mapping that is there, or a key that is null, ``+`` merges (``+tables={...}``, ``+val_data=...``)."""
+    problems = []
+    for o in parsed:
+        key = o.key_or_group
+        if not o.is_add() or base is None or key in groups:
+            continue
+        parent_key, _, leaf = key.rpartition(".")
+        parent = OmegaConf.select(base, parent_key, default=None) if parent_key else base
+        here = OmegaConf.select(base, key, default=None, throw_on_resolution_failure=False, throw_on_missing=False)
+        if isinstance(parent, DictConfig) and leaf in parent.keys() and not (here is None or OmegaConf.is_config(here)):
+            value = o.input_line.partition("=")[2]
+            problems.append(f"{o.input_line}: {key} is there already (+ adds a key that is not); write {key}={value} "
+                            f"to set it.")
+    return problems
+
+
 def group_values(parsed, options: dict[str, list[str]]) -> list[str]:
     """A config group's override (``recipe=``, ``data=``, ``parallel=``, ``placement=``: ``options`` maps each to its
     options) picks one option by name. Hydra reads ``null``, a list or a mapping there too and then fails with a
@@ -175,8 +193,9 @@ def group_values(parsed, options: dict[str, list[str]]) -> list[str]:
             continue  # one option by name, or a sweep (-m recipe=a,b) the multirun expands
         group, named = o.key_or_group, options[o.key_or_group]
         leave = "" if group == "recipe" else f", or leave {group}= out"
+        example = named[0] if named else "<name>"
         problems.append(f"{o.input_line.lstrip('+~')}: {group}= picks one option by its name; {group}'s options: "
-                        f"{', '.join(named) or 'none'}. Give one, e.g. {group}={named[0] if named else '<name>'}{leave}.")
+                        f"{', '.join(named) or 'none'}. Give one, e.g. {group}={example}{leave}.")
     return problems
 
 
@@ -187,8 +206,8 @@ def deletions(parsed, base_of, groups) -> list[str]:
     "Error merging override". ``base_of()``: the config composed without the deletions (None when it does not compose:
     its problems are reported the usual way)."""
     deletes = [o for o in parsed if o.is_delete()]
-    base = base_of() if deletes else None
-    problems = []
+    base = base_of() if deletes or any(o.is_add() for o in parsed) else None
+    problems = _appends(parsed, base, groups)
     for o in deletes:
         key = o.key_or_group
         if key in groups:

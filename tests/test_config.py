@@ -245,3 +245,11 @@ def test_a_sweep_over_a_glob_exits_2_with_the_forms_a_sweep_takes(cli, tmp_path)
 def test_removing_a_key_of_the_schema_exits_2_naming_it(cli, tmp_path, lines, says):
     res = cli([*lines, "dry_run=true"], tmp_path)
     assert res.returncode == 2 and says in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+def test_adding_a_key_that_is_there_exits_2_with_the_line_that_sets_it(cli, tmp_path):
+    res = cli(["recipe=gpt", "+trainer.steps=5", "dry_run=true"], tmp_path)  # Hydra: "Could not append to config"
+    assert res.returncode == 2 and ("+trainer.steps=5: trainer.steps is there already (+ adds a key that is not); "
+                                    "write trainer.steps=5 to set it.") in res.stderr, res.stderr
+    merged = cli(["recipe=wide_deep", "+tables.deep_embedding.lr=0.1", "dry_run=true"], tmp_path)  # into a mapping
+    assert merged.returncode == 0, merged.stdout + merged.stderr
