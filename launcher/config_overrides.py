@@ -166,7 +166,7 @@ def data_option(parsed, recipes: Sequence[Any]) -> tuple[list[str], list[str]]:
 
 def _appends(parsed, base: DictConfig | None, groups) -> list[str]:
     """``+key=value`` adds a key; where one with a plain value is there already, Hydra said only "Could not append to
-    config". Into a mapping that is there, or a key that is null, ``+`` merges (``+tables={...}``, ``+val_data=...``)."""
+    config". Into a mapping that is there, or onto a null key, ``+`` merges (``+tables={...}``, ``+val_data=...``)."""
     problems = []
     for o in parsed:
         key = o.key_or_group
