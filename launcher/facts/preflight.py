@@ -38,6 +38,10 @@ def check_script(cfg: DictConfig) -> None:
     """The script is a file that Python can compile: a syntax error is refused here, as ``python script.py`` refuses
     it before running a line, not by every rank (a compiled .pyc or a zip application runs as it is)."""
     path = Path(cfg.script)
+    if path.is_dir():
+        inside = path / "__main__.py"
+        raise ConfigError(f"script={cfg.script} is a folder, not a Python script. Give the script in it: "
+                          f"script={inside if inside.is_file() else path / '<script>.py'}.")
     if not path.is_file():
         raise ConfigError(
             f"script={cfg.script}: no such file (relative paths start at {Path.cwd()}). "

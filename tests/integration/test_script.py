@@ -48,6 +48,11 @@ def test_missing_script_is_refused_before_anything_starts(tmp_path, cli):
     res = cli(["script=nope/train.py"], tmp_path)
     assert res.returncode == 2 and "script=nope/train.py: no such file" in res.stderr
     assert not (tmp_path / "log_output").exists()
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text("print(1)\n")  # `python app` runs it; the ranks run one file
+    res = cli(["script=app"], tmp_path)
+    assert res.returncode == 2 and ("script=app is a folder, not a Python script. Give the script in it: "
+                                    "script=app/__main__.py.") in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("source, words", [
