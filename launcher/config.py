@@ -20,7 +20,7 @@ from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config_files import check_recipe_file, group_options, quoted_path, user_recipes, yaml_problem
-from launcher.config_overrides import (competing_keys, data_option, deletions, group_values, hydra_keys,
+from launcher.config_overrides import (appends, competing_keys, data_option, deletions, group_values, hydra_keys,
                                        launcher_set_keys, optimizer_stands_aside, quote_hint, sharding_override,
                                        table_path_override)
 from launcher.errors import ConfigError, did_you_mean, first_line
@@ -51,11 +51,12 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         raise ConfigError(refused)
     users = user_recipes(config_dir)
     chosen = [o.value() for o in parsed if o.key_or_group == "recipe" and isinstance(o.value(), str)]
-    groups = group_options(users, [RECIPES[c] for c in chosen if c in RECIPES])
+    built_in = [RECIPES[c] for c in chosen if c in RECIPES]
+    groups = group_options(users, built_in)
     if refused := group_values(parsed, groups):
         raise ConfigError(refused)
-    register_schemas([c for c in chosen if c in RECIPES])
-    drop, refused = data_option(parsed, [RECIPES[c] for c in chosen if c in RECIPES])
+    register_schemas([r.name for r in built_in])
+    drop, refused = data_option(parsed, built_in)
     if refused:
         raise ConfigError(refused)
     overrides, parsed = [o for o in overrides if o not in drop], [o for o in parsed if o.input_line not in drop]
@@ -78,8 +79,8 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         if script_mode and chosen:
             raise ConfigError(f"script= and recipe={chosen[0]} were both given: a run is either your own script or a "
                               f"recipe. Drop one of them.")
-        if refused := deletions(parsed, lambda: _base_or_none([*search, *(o.input_line for o in parsed if not (
-                o.is_delete() or o.is_add()))], bases), groups):
+        if refused := deletions(parsed, lambda: _base_or_none([*search, *(o.input_line for o in parsed
+                                                                            if not o.is_delete())], bases), groups):
             raise ConfigError(refused)
         try:
             cfg = compose(config_name=CONFIG_NAME, overrides=[*search, *overrides])  # the usual case: all is well
@@ -181,7 +182,7 @@ def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), searc
         if o.key_or_group in groups or o.key_or_group.startswith("hydra"):
             continue
         problems += _check_value_override(base, o.key_or_group, o.value(), o.input_line, o.is_delete())
-    return problems
+    return problems + appends(parsed, base, groups)
 
 
 def _key_overrides(parsed) -> Iterator:

@@ -4,6 +4,7 @@ file, line and column (Hydra's own message is a traceback of its loader)."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -74,14 +75,20 @@ def user_recipes(config_dir: str | None) -> list[str]:
 
 
 def group_options(users: list[str], recipes: list) -> dict[str, list[str]]:
-    """The options of each config group of the package's conf/ (its folders of YAML files), the user's recipes among
-    recipe's, and as data's the chosen built-in recipe's own (its data_configs) when one is chosen."""
-    import launcher.conf
-
-    root = Path(launcher.conf.__path__[0])
-    groups = {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(root.iterdir())
-              if d.is_dir() and d.name != "hydra" and not d.name.startswith("_")}
+    """The options of each config group of the package's conf/ (_package_groups), the user's recipes among recipe's,
+    and as data's the chosen built-in recipe's own (its data_configs) when one is chosen."""
+    groups = dict(_package_groups())
     groups["recipe"] = sorted({*groups.get("recipe", []), *users})
     if len(recipes) == 1:
         groups["data"] = list(recipes[0].data_configs)
     return groups
+
+
+@functools.cache
+def _package_groups() -> dict[str, list[str]]:
+    """The package's conf/ groups and their options (its folders of YAML files), read once per process."""
+    import launcher.conf
+
+    root = Path(launcher.conf.__path__[0])
+    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(root.iterdir())
+            if d.is_dir() and d.name != "hydra" and not d.name.startswith("_")}

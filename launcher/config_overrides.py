@@ -164,13 +164,14 @@ def data_option(parsed, recipes: Sequence[Any]) -> tuple[list[str], list[str]]:
     return drop, problems
 
 
-def _appends(parsed, base: DictConfig | None, groups) -> list[str]:
+def appends(parsed, base: DictConfig, groups) -> list[str]:
     """``+key=value`` adds a key; where one with a plain value is there already, Hydra said only "Could not append to
-    config". Into a mapping that is there, or onto a null key, ``+`` merges (``+tables={...}``, ``+val_data=...``)."""
+    config" (checked once composing failed, against the config of the group choices alone). Into a mapping that is
+    there, or onto a null key, ``+`` merges (``+tables={...}``, ``+val_data=...``)."""
     problems = []
     for o in parsed:
         key = o.key_or_group
-        if not o.is_add() or base is None or key in groups:
+        if not o.is_add() or key in groups:
             continue
         parent_key, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(base, parent_key, default=None) if parent_key else base
@@ -206,8 +207,8 @@ def deletions(parsed, base_of, groups) -> list[str]:
     "Error merging override". ``base_of()``: the config composed without the deletions (None when it does not compose:
     its problems are reported the usual way)."""
     deletes = [o for o in parsed if o.is_delete()]
-    base = base_of() if deletes or any(o.is_add() for o in parsed) else None
-    problems = _appends(parsed, base, groups)
+    base = base_of() if deletes else None
+    problems = []
     for o in deletes:
         key = o.key_or_group
         if key in groups:

@@ -41,6 +41,11 @@ def first_line(e: BaseException) -> str:
     return text[0].rstrip(".") if text else type(e).__name__
 
 
+def first_words(e: BaseException) -> str:
+    """``Type: first line`` of an exception (first_line with the exception's type in front)."""
+    return f"{type(e).__name__}: {first_line(e)}" if str(e).strip() else type(e).__name__
+
+
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 """C0 control characters but newline and tab, DEL, C1 control characters, and the bidirectional overrides and
 isolates (which reorder the text shown around them)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.errors import ConfigError, first_line
+from launcher.errors import ConfigError, first_words
 
 DATA_METHODS = ("train_batches", "eval_batches")
 """What the worker calls on the object a built-in recipe's data._target_ builds (launcher.contract.DataSource)."""
@@ -35,16 +35,11 @@ def check_names(cfg: DictConfig, recipe: str) -> None:
             problems += [f"{key}._target_={target}: {why}. {fix.format(key=key)}"] if why else []
             continue
         spec = OmegaConf.to_container(node, resolve=True) if target else {}
-        problems += [f"{k}._target_={t}: importing it fails with {_why(e)}. Check the dotted path and that its "
+        problems += [f"{k}._target_={t}: importing it fails with {first_words(e)}. Check the dotted path and that its "
                      f"module imports in the folder you run from. {fix.format(key=key)}"
                      for k, t, e in import_targets(spec, key)]
     if problems:
         raise ConfigError(problems)
-
-
-def _why(e: BaseException) -> str:
-    """``Type: first line`` of an exception (as launcher.usercode.data_check.first_words, which imports torch)."""
-    return f"{type(e).__name__}: {first_line(e)}" if str(e).strip() else type(e).__name__
 
 
 def replaced(node: DictConfig) -> str | None:
@@ -113,7 +108,7 @@ def _model_fits(recipe: Any, spec: dict, target: str) -> list[str]:
             warnings.simplefilter("ignore")
             model = instantiate(spec, _convert_="all")
     except Exception as e:  # noqa: BLE001 - the user's constructor may raise anything
-        return [f"model._target_={target}: building it with recipe {recipe.name}'s arguments fails with {_why(e)}. "
+        return [f"model._target_={target}: building it with recipe {recipe.name}'s arguments fails with {first_words(e)}. "
                 f"{fix}"]
     problems = []
     for name, (rows, dim) in recipe.tables(spec).items():

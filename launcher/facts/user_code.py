@@ -16,13 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
-from launcher.errors import ConfigError, did_you_mean, few
+from launcher.errors import ConfigError, did_you_mean, few, first_words
 from launcher.facts.model import dtype_problems, gradient_facts, model_facts_on_meta, state_shapes
 from launcher.plain import to_plain
 from launcher.procfs import kernel_field
 from launcher.plan.placement import takes_tables_out
 from launcher.plan.table_keys import resolve_aliases
-from launcher.usercode.data_check import Sample, dataset_facts, first_words, item_labels, one_item, two_items
+from launcher.usercode.data_check import Sample, dataset_facts, item_labels, one_item, two_items
 from launcher.usercode.forward_check import CPU_CHECK_PARAMS, Swap, check_model_and_loss, cpu_model, swap_tables
 from launcher.facts.pipeline_cut import check_pipeline, with_outside
 from launcher.usercode.targets import HYDRA_KEYS, build_collate, import_targets, locate

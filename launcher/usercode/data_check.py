@@ -9,16 +9,11 @@ from typing import Any
 
 from hydra.utils import instantiate
 
-from launcher.errors import first_line
+from launcher.errors import first_words
 from launcher.usercode.items import split_item
 
 Keys = tuple[tuple[str, ...], str]
 """(data_inputs, data_label)."""
-
-
-def first_words(e: BaseException) -> str:
-    """``Type: first line`` of an exception (errors.first_line with the exception's type in front)."""
-    return f"{type(e).__name__}: {first_line(e)}" if str(e).strip() else type(e).__name__
 
 
 def collate_of(collate: Any):

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from launcher.errors import first_words
 from launcher.module_paths import held_module, set_module
 from launcher.tables.hashing import IdHash
 from launcher.tables.lookup import lookup_for
-from launcher.usercode.data_check import first_words
 from launcher.usercode.items import call, describe_output, move_to, select_output
 
 CPU_CHECK_PARAMS = 50_000_000
