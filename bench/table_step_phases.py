@@ -6,7 +6,8 @@ into its parts, the thread counts interleaved in one process.
 Parts, as ReplicatedTables.step runs them on one rank (no exchange): ``coalesce`` (``_local``: the step's lookups
 grouped and summed per row, one kernel call), ``finite`` (the finiteness check of every table's sums, one call),
 ``finite per table`` (the same check called once per table, as before 2026-12-01: timed for comparison, not part of
-the step), ``update`` (each table's optimizer kernel, one call per table) and ``step`` (the three parts of the step).
+the step), ``update`` (every table's optimizer update: one kernel call for all the tables since the evening of
+2026-12-01, one call a table before) and ``step`` (the three parts of the step).
 Each round times ``--steps`` steps per thread count (the forward, backward and collect before each untimed) and
 keeps the median; the table shows the median of the rounds' medians and the speed-up of 2 threads over 1. Appends
 to bench/results/table_step_phases.txt. Not a test: numbers depend on the machine.
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tbe_bench  # noqa: E402  (bench/ is not a package)
 
 from launcher.tables import kernels  # noqa: E402
+from launcher.tables.sparse_optim import step_all  # noqa: E402
 
 PARTS = ("coalesce", "finite", "finite per table", "update", "step")
 
@@ -45,9 +47,8 @@ def timed_steps(step, store, data: list[torch.Tensor], grad: torch.Tensor, warmu
         each = all(kernels.all_finite([s]) for s in sums)
         t3 = time.perf_counter()
         assert finite and each
-        for t, r in zip(store.tables.values(), local):
-            if r is not None:
-                t.optimizer.step(r[0], r[1].contiguous())
+        step_all([(t.optimizer, r[0], r[1].contiguous())
+                  for t, r in zip(store.tables.values(), local) if r is not None])
         t4 = time.perf_counter()
         if i >= warmup:
             for part, ms in zip(PARTS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, (t2 - t0) + (t4 - t3))):

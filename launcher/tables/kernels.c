@@ -4,8 +4,8 @@
  * in one pass what the torch path does in several calls (torch's per-call cost, not memory bandwidth, bounds a step
  * of many small tables): hl_coalesce sums a lookup's gradients per row (a radix sort of its ids, then each row's
  * values added in index order: torch.unique's rows and index_add_'s sums bit for bit), and hl_<optimizer> updates
- * the unique rows of one table and its states, rows spread over OpenMP threads (each row is written by one thread)
- * and the next rows prefetched, as FBGEMM's CPU kernels do.
+ * the unique rows and states of every table a step updates with that optimizer in one call, all their rows spread
+ * over OpenMP threads (each row is written by one thread) and the next rows prefetched, as FBGEMM's CPU kernels do.
  *
  * Every update reads a row's weight and states and writes the new values either in place (out == NULL) or into
  * ``out`` arrays of (n, ...) values (the deferred writes of placement.prefetch): the same arithmetic either way.
@@ -243,41 +243,57 @@ static int64_t check_rows(const int64_t *rows, int64_t n, int64_t limit) {
     return 0;
 }
 
+/* One table's update (kernels.py Job, its fields in this order): the table ``w`` (table_rows x d) and up to two
+ * states, the ``n`` unique rows to update and their gradients ``g`` (n x d), the optimizer's constants ``c`` and
+ * flags. Each new value goes in place (o == NULL) or into row i of an (n, ...) output (the deferred writes of
+ * placement.prefetch): the same arithmetic either way. */
+typedef struct {
+    float *w, *s1, *s2;
+    float *ow, *o1, *o2;
+    const int64_t *rows;
+    const float *g;
+    int64_t table_rows, n, d;
+    float c[8];
+    int32_t flag[2];
+} Job;
+
+/* Where row i of a job's (rows, width) tensor ``t`` goes: its output row, or the row itself. */
+static inline float *dest(const Job *j, float *t, float *o, int64_t i, int64_t width) {
+    return o ? o + i * width : t + j->rows[i] * width;
+}
+
 /* torch.optim.SGD's step on rows (SparseSGD): L2 decay, then momentum (buffer = grad on the first step), Nesterov.
- * ``undamped`` = 1 - dampening, computed in double as torch's alpha is. */
-KERNEL int64_t hl_sgd(float *w, float *buf, int64_t table_rows, const int64_t *rows, int64_t n, const float *g, int64_t d,
-               float lr, float momentum, float undamped, int nesterov, float decay, int first, float *out_w,
-               float *out_buf, int threads) {
-    int64_t bad = check_rows(rows, n, table_rows);
-    if (bad) return bad;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-        if (i + PREFETCH_AHEAD < n) {
-            prefetch_row(w, rows[i + PREFETCH_AHEAD], d);
-            if (buf) prefetch_row(buf, rows[i + PREFETCH_AHEAD], d);
-        }
-        float *wr = w + rows[i] * d, *ow = out_w ? out_w + i * d : wr;
-        float *br = buf ? buf + rows[i] * d : NULL, *ob = buf ? (out_buf ? out_buf + i * d : br) : NULL;
-        const float *gr = g + i * d;
-        for (int64_t j = 0; j < d; ++j) {
-            float gj = gr[j], wj = wr[j];
-            if (decay != 0.0f) gj = fmaf(decay, wj, gj);
-            if (buf) {
-                float b = first ? gj : fmaf(undamped, gj, br[j] * momentum);
-                ob[j] = b;
-                gj = nesterov ? fmaf(momentum, b, gj) : b;
-            }
-            ow[j] = fmaf(-lr, gj, wj);
-        }
+ * c: lr, momentum, undamped (1 - dampening, computed in double as torch's alpha is), decay; flag: nesterov, first. */
+static inline void sgd_row(const Job *job, int64_t i) {
+    const int64_t d = job->d;
+    float *buf = job->s1;
+    if (i + PREFETCH_AHEAD < job->n) {
+        prefetch_row(job->w, job->rows[i + PREFETCH_AHEAD], d);
+        if (buf) prefetch_row(buf, job->rows[i + PREFETCH_AHEAD], d);
     }
-    return 0;
+    const float lr = job->c[0], momentum = job->c[1], undamped = job->c[2], decay = job->c[3];
+    const int nesterov = job->flag[0], first = job->flag[1];
+    const float *wr = job->w + job->rows[i] * d, *gr = job->g + i * d;
+    float *ow = dest(job, job->w, job->ow, i, d);
+    const float *br = buf ? buf + job->rows[i] * d : NULL;
+    float *ob = buf ? dest(job, buf, job->o1, i, d) : NULL;
+    for (int64_t j = 0; j < d; ++j) {
+        float gj = gr[j], wj = wr[j];
+        if (decay != 0.0f) gj = fmaf(decay, wj, gj);
+        if (buf) {
+            float b = first ? gj : fmaf(undamped, gj, br[j] * momentum);
+            ob[j] = b;
+            gj = nesterov ? fmaf(momentum, b, gj) : b;
+        }
+        ow[j] = fmaf(-lr, gj, wj);
+    }
 }
 
 /* One row of lazy Adam; ``l2``, ``decoupled`` and ``low`` (w1 < 0.5: torch.lerp's branch) are constants at each call,
  * so each of the loop's versions has no branch and vectorizes. */
-static inline void adam_row(const float *wr, const float *mr, const float *gr, float *ow, float *om, int64_t d,
-                            float w1, float beta2, float w2, float eps, float decay, float keep, float step_size,
-                            const int l2, const int decoupled, const int low) {
+static inline void adam_values(const float *wr, const float *mr, const float *gr, float *ow, float *om, int64_t d,
+                               float w1, float beta2, float w2, float eps, float decay, float keep, float step_size,
+                               const int l2, const int decoupled, const int low) {
 #pragma GCC ivdep /* a row is read, then written at the same index: no carried dependency */
     for (int64_t j = 0; j < d; ++j) {
         float wj = wr[j], gj = gr[j];
@@ -292,39 +308,33 @@ static inline void adam_row(const float *wr, const float *mr, const float *gr, f
     }
 }
 
-/* Lazy Adam (LazyAdam): moments interleaved per row as (2, d); ``step_size`` = lr * sqrt(1 - b2^t) / (1 - b1^t).
- * The constants come computed in double, as torch's Python scalars are: w1 = 1 - beta1, w2 = 1 - beta2,
- * keep = 1 - lr * decay (decoupled decay). */
-KERNEL int64_t hl_lazy_adam(float *w, float *moments, int64_t table_rows, const int64_t *rows, int64_t n,
-                            const float *g, int64_t d, float w1, float beta2, float w2, float eps, float decay,
-                            int decoupled, float keep, float step_size, float *out_w, float *out_m, int threads) {
-    int64_t bad = check_rows(rows, n, table_rows);
-    if (bad) return bad;
-    int l2 = decay != 0.0f && !decoupled, dec = decay != 0.0f && decoupled, low = w1 < 0.5f;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-        if (i + PREFETCH_AHEAD < n) {
-            prefetch_row(w, rows[i + PREFETCH_AHEAD], d);
-            prefetch_row(moments, rows[i + PREFETCH_AHEAD], 2 * d);
-        }
-        float *wr = w + rows[i] * d, *ow = out_w ? out_w + i * d : wr;
-        float *mr = moments + rows[i] * 2 * d, *om = out_m ? out_m + i * 2 * d : mr;
-        const float *gr = g + i * d;
-        if (low && !l2 && !dec)
-            adam_row(wr, mr, gr, ow, om, d, w1, beta2, w2, eps, decay, keep, step_size, 0, 0, 1);
-        else if (low && l2)
-            adam_row(wr, mr, gr, ow, om, d, w1, beta2, w2, eps, decay, keep, step_size, 1, 0, 1);
-        else if (low)
-            adam_row(wr, mr, gr, ow, om, d, w1, beta2, w2, eps, decay, keep, step_size, 0, 1, 1);
-        else
-            adam_row(wr, mr, gr, ow, om, d, w1, beta2, w2, eps, decay, keep, step_size, l2, dec, 0);
+/* Lazy Adam (LazyAdam): moments interleaved per row as (2, d). c: w1 = 1 - beta1, beta2, w2 = 1 - beta2, eps, decay,
+ * keep = 1 - lr * decay (decoupled decay), step_size = lr * sqrt(1 - b2^t) / (1 - b1^t), each computed in double as
+ * torch's Python scalars are; flag: decoupled. */
+static inline void adam_row(const Job *job, int64_t i) {
+    const int64_t d = job->d;
+    if (i + PREFETCH_AHEAD < job->n) {
+        prefetch_row(job->w, job->rows[i + PREFETCH_AHEAD], d);
+        prefetch_row(job->s1, job->rows[i + PREFETCH_AHEAD], 2 * d);
     }
-    return 0;
+    const float *c = job->c, decay = c[4];
+    const int decoupled = job->flag[0], l2 = decay != 0.0f && !decoupled, dec = decay != 0.0f && decoupled;
+    const int low = c[0] < 0.5f;
+    const float *wr = job->w + job->rows[i] * d, *mr = job->s1 + job->rows[i] * 2 * d, *gr = job->g + i * d;
+    float *ow = dest(job, job->w, job->ow, i, d), *om = dest(job, job->s1, job->o1, i, 2 * d);
+    if (low && !l2 && !dec)
+        adam_values(wr, mr, gr, ow, om, d, c[0], c[1], c[2], c[3], decay, c[5], c[6], 0, 0, 1);
+    else if (low && l2)
+        adam_values(wr, mr, gr, ow, om, d, c[0], c[1], c[2], c[3], decay, c[5], c[6], 1, 0, 1);
+    else if (low)
+        adam_values(wr, mr, gr, ow, om, d, c[0], c[1], c[2], c[3], decay, c[5], c[6], 0, 1, 1);
+    else
+        adam_values(wr, mr, gr, ow, om, d, c[0], c[1], c[2], c[3], decay, c[5], c[6], l2, dec, 0);
 }
 
 /* One row of FTRL; ``root`` (p = 0.5: sqrt, as torch's pow takes it) is a constant at each call. */
-static inline void ftrl_row(const float *wr, const float *nr, const float *zr, const float *gr, float *ow, float *on,
-                            float *oz, int64_t d, float lr, float l1, float l2, float p, const int root) {
+static inline void ftrl_values(const float *wr, const float *nr, const float *zr, const float *gr, float *ow,
+                               float *on, float *oz, int64_t d, float lr, float l1, float l2, float p, const int root) {
 #pragma GCC ivdep /* a row is read, then written at the same index: no carried dependency */
     for (int64_t j = 0; j < d; ++j) {
         float gj = gr[j], wj = wr[j], nj = nr[j], zj = zr[j];
@@ -340,29 +350,22 @@ static inline void ftrl_row(const float *wr, const float *nr, const float *zr, c
     }
 }
 
-/* FTRL-Proximal (SparseFTRL), p = -lr_power. */
-KERNEL int64_t hl_ftrl(float *w, float *accum, float *linear, int64_t table_rows, const int64_t *rows, int64_t n,
-                       const float *g, int64_t d, float lr, float l1, float l2, float p, float *out_w, float *out_n,
-                       float *out_z, int threads) {
-    int64_t bad = check_rows(rows, n, table_rows);
-    if (bad) return bad;
-    int root = p == 0.5f;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-        if (i + PREFETCH_AHEAD < n) {
-            prefetch_row(w, rows[i + PREFETCH_AHEAD], d);
-            prefetch_row(accum, rows[i + PREFETCH_AHEAD], d);
-            prefetch_row(linear, rows[i + PREFETCH_AHEAD], d);
-        }
-        int64_t at = rows[i] * d;
-        float *ow = out_w ? out_w + i * d : w + at, *on = out_n ? out_n + i * d : accum + at;
-        float *oz = out_z ? out_z + i * d : linear + at;
-        if (root)
-            ftrl_row(w + at, accum + at, linear + at, g + i * d, ow, on, oz, d, lr, l1, l2, p, 1);
-        else
-            ftrl_row(w + at, accum + at, linear + at, g + i * d, ow, on, oz, d, lr, l1, l2, p, 0);
+/* FTRL-Proximal (SparseFTRL): states accum (n) and linear (z). c: lr, l1, l2, p = -lr_power. */
+static inline void ftrl_row(const Job *job, int64_t i) {
+    const int64_t d = job->d, at = job->rows[i] * d;
+    if (i + PREFETCH_AHEAD < job->n) {
+        const int64_t ahead = job->rows[i + PREFETCH_AHEAD];
+        prefetch_row(job->w, ahead, d);
+        prefetch_row(job->s1, ahead, d);
+        prefetch_row(job->s2, ahead, d);
     }
-    return 0;
+    const float *c = job->c;
+    float *ow = dest(job, job->w, job->ow, i, d), *on = dest(job, job->s1, job->o1, i, d);
+    float *oz = dest(job, job->s2, job->o2, i, d);
+    if (c[3] == 0.5f)
+        ftrl_values(job->w + at, job->s1 + at, job->s2 + at, job->g + i * d, ow, on, oz, d, c[0], c[1], c[2], c[3], 1);
+    else
+        ftrl_values(job->w + at, job->s1 + at, job->s2 + at, job->g + i * d, ow, on, oz, d, c[0], c[1], c[2], c[3], 0);
 }
 
 /* The sum of a row's squared gradients (L2 decay added first): eight running sums, added pairwise at the end, so
@@ -390,42 +393,72 @@ static inline float row_squares(const float *wr, const float *gr, int64_t d, flo
 }
 
 /* Adagrad (torch.optim.Adagrad without lr_decay; FBGEMM's EXACT_ADAGRAD): state += g^2, w -= lr g / (sqrt(state) +
- * eps). ``rowwise``: one state per row, += mean(g^2) (FBGEMM's EXACT_ROWWISE_ADAGRAD). L2 decay into g first. */
-KERNEL int64_t hl_adagrad(float *w, float *state, int64_t table_rows, const int64_t *rows, int64_t n, const float *g,
-                   int64_t d, float lr, float eps, float decay, int rowwise, float *out_w, float *out_s,
-                   int threads) {
-    int64_t bad = check_rows(rows, n, table_rows);
-    if (bad) return bad;
-    int64_t width = rowwise ? 1 : d;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-        if (i + PREFETCH_AHEAD < n) {
-            prefetch_row(w, rows[i + PREFETCH_AHEAD], d);
-            prefetch_row(state, rows[i + PREFETCH_AHEAD], width);
-        }
-        float *wr = w + rows[i] * d, *ow = out_w ? out_w + i * d : wr;
-        float *sr = state + rows[i] * width, *os = out_s ? out_s + i * width : sr;
-        const float *gr = g + i * d;
-        if (rowwise) {
-            float s = sr[0] + row_squares(wr, gr, d, decay) / (float)d;
-            float mult = lr / (sqrtf(s) + eps);
-            if (decay == 0.0f) {
-                for (int64_t j = 0; j < d; ++j) ow[j] = wr[j] - mult * gr[j];
-            } else {
-                for (int64_t j = 0; j < d; ++j) ow[j] = wr[j] - mult * fmaf(decay, wr[j], gr[j]);
-            }
-            os[0] = s;
+ * eps). flag rowwise: one state per row, += mean(g^2) (FBGEMM's EXACT_ROWWISE_ADAGRAD). L2 decay into g first.
+ * c: lr, eps, decay. */
+static inline void adagrad_row(const Job *job, int64_t i) {
+    const int64_t d = job->d, width = job->flag[0] ? 1 : d;
+    if (i + PREFETCH_AHEAD < job->n) {
+        prefetch_row(job->w, job->rows[i + PREFETCH_AHEAD], d);
+        prefetch_row(job->s1, job->rows[i + PREFETCH_AHEAD], width);
+    }
+    const float lr = job->c[0], eps = job->c[1], decay = job->c[2];
+    const float *wr = job->w + job->rows[i] * d, *sr = job->s1 + job->rows[i] * width, *gr = job->g + i * d;
+    float *ow = dest(job, job->w, job->ow, i, d), *os = dest(job, job->s1, job->o1, i, width);
+    if (job->flag[0]) {
+        float s = sr[0] + row_squares(wr, gr, d, decay) / (float)d;
+        float mult = lr / (sqrtf(s) + eps);
+        if (decay == 0.0f) {
+            for (int64_t j = 0; j < d; ++j) ow[j] = wr[j] - mult * gr[j];
         } else {
-            for (int64_t j = 0; j < d; ++j) {
-                float wj = wr[j], gj = decay != 0.0f ? fmaf(decay, wj, gr[j]) : gr[j];
-                float s = fmaf(gj, gj, sr[j]);
-                os[j] = s;
-                ow[j] = fmaf(-lr, gj / (sqrtf(s) + eps), wj);
-            }
+            for (int64_t j = 0; j < d; ++j) ow[j] = wr[j] - mult * fmaf(decay, wr[j], gr[j]);
+        }
+        os[0] = s;
+    } else {
+        for (int64_t j = 0; j < d; ++j) {
+            float wj = wr[j], gj = decay != 0.0f ? fmaf(decay, wj, gr[j]) : gr[j];
+            float s = fmaf(gj, gj, sr[j]);
+            os[j] = s;
+            ow[j] = fmaf(-lr, gj / (sqrtf(s) + eps), wj);
         }
     }
-    return 0;
 }
+
+/* Rows of all jobs together below which the threads are not woken (a few microseconds each time). */
+#define UPDATE_SPREAD_MIN 256
+
+/* hl_<name>: the updates of ``count`` tables at once, the ``row`` of each of their rows. Every job's rows are checked
+ * first (nothing is written when one is out of range: -(i + 1) for the i-th row of all the jobs' rows in order),
+ * then all the rows, one job's after another, split over the threads in equal contiguous shares (one wake-up for a
+ * step's tables: one call per table cost ~10 us of Python and a wake-up each, most of a step of 26 small tables at
+ * two threads). Each row is written by one thread: the result does not depend on the thread count. */
+#define UPDATE_MANY(name, row)                                                                                    \
+    KERNEL int64_t hl_##name(int64_t count, const Job *jobs, int threads) {                                       \
+        int64_t start[count + 1];                                                                                 \
+        start[0] = 0;                                                                                             \
+        for (int64_t k = 0; k < count; ++k) {                                                                     \
+            int64_t bad = check_rows(jobs[k].rows, jobs[k].n, jobs[k].table_rows);                                \
+            if (bad) return bad - start[k];                                                                       \
+            start[k + 1] = start[k] + jobs[k].n;                                                                  \
+        }                                                                                                         \
+        const int64_t total = start[count];                                                                       \
+        _Pragma("omp parallel num_threads(threads) if (total >= UPDATE_SPREAD_MIN)")                              \
+        {                                                                                                         \
+            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();                                   \
+            const int64_t lo = total * t / nt, hi = total * (t + 1) / nt;                                         \
+            for (int64_t k = 0, at = lo; at < hi; ++k) {                                                          \
+                if (start[k + 1] <= at) continue;                                                                 \
+                const int64_t end = (hi < start[k + 1] ? hi : start[k + 1]) - start[k];                           \
+                for (int64_t i = at - start[k]; i < end; ++i) row(&jobs[k], i);                                   \
+                at = start[k + 1];                                                                                \
+            }                                                                                                     \
+        }                                                                                                         \
+        return 0;                                                                                                 \
+    }
+
+UPDATE_MANY(sgd, sgd_row)
+UPDATE_MANY(lazy_adam, adam_row)
+UPDATE_MANY(ftrl, ftrl_row)
+UPDATE_MANY(adagrad, adagrad_row)
 
 /* out[i] = table[rows[i]] (n rows of d values), rows prefetched ahead, spread over threads: the forward gather of a
  * host table. -(i + 1) when rows[i] is not in [0, table_rows). */

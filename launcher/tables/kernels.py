@@ -4,7 +4,9 @@
 Why C: a step of many small host tables is bound by torch's cost per call (~10 us each, ~30 calls per table), not
 by memory: the coalesce of a lookup's gradients (torch: a sort, a fill, an index_add_) and a row-sparse optimizer's
 update (a gather, a few element-wise ops, a scatter per state) are one pass each here, over rows prefetched ahead,
-the update spread over the rank's intra-op threads (bench/tbe_bench.py measures both paths against FBGEMM's TBE).
+spread over the rank's intra-op threads; a step's coalesces are one call, and so are its updates with one optimizer
+(``update_many``: every table's rows one range over the threads), so the cost per table is a few microseconds of
+Python (bench/tbe_bench.py measures both paths against FBGEMM's TBE).
 
 ``available()`` says whether the kernels loaded, and ``why_not()`` why not (no C compiler, a failed build):
 the stores then use the torch ops, with the same results (tests/tables/test_kernels.py holds the two paths to each
@@ -15,6 +17,7 @@ Only fp32 tables on the host (or a CPU "device") with int64 rows take the kernel
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import subprocess
 from pathlib import Path
@@ -31,13 +34,24 @@ _why = ""
 _tried = False
 
 F32, I64, PTR = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
+
+
+class Job(ctypes.Structure):
+    """One table's update, as kernels.c's Job: the table, up to two states, where their new values go (None: in
+    place), the unique rows and their gradients, the optimizer's constants and flags (their meaning: each
+    optimizer's row function in kernels.c)."""
+
+    _fields_ = [("w", PTR), ("s1", PTR), ("s2", PTR), ("ow", PTR), ("o1", PTR), ("o2", PTR), ("rows", PTR), ("g", PTR),
+                ("table_rows", I64), ("n", I64), ("d", I64), *((f"c{i}", F32) for i in range(8)),
+                ("flag0", ctypes.c_int32), ("flag1", ctypes.c_int32)]
+    """(The constants are fields c0..c7, not an array: filling an array field from a tuple costs 1 us more a job.)"""
+
+
+UPDATES = ("sgd", "lazy_adam", "ftrl", "adagrad")
+"""The update kernels: hl_<name>(count, jobs, threads)."""
+
 SIGNATURES = {
-    "hl_sgd": [PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, ctypes.c_int, F32, ctypes.c_int, PTR, PTR,
-               ctypes.c_int],
-    "hl_lazy_adam": [PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, F32, F32, ctypes.c_int, F32, F32, PTR, PTR,
-                     ctypes.c_int],
-    "hl_ftrl": [PTR, PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, F32, PTR, PTR, PTR, ctypes.c_int],
-    "hl_adagrad": [PTR, PTR, I64, PTR, I64, PTR, I64, F32, F32, F32, ctypes.c_int, PTR, PTR, ctypes.c_int],
+    **{f"hl_{name}": [I64, ctypes.POINTER(Job), ctypes.c_int] for name in UPDATES},
     "hl_coalesce_many": [I64, PTR, PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, ctypes.c_int],
     "hl_gather": [PTR, I64, PTR, I64, I64, PTR, ctypes.c_int],
     "hl_all_finite": [I64, PTR, PTR, ctypes.c_int],
@@ -80,8 +94,12 @@ def kernel_name() -> str:
 
 def usable(*tensors: torch.Tensor) -> bool:
     """The kernels take these: loaded, every tensor on the CPU, contiguous, fp32 or int64."""
-    return available() and all(t.device.type == "cpu" and t.is_contiguous() and t.dtype in (torch.float32, torch.int64)
-                               for t in tensors)
+    if _lib is None and not available():
+        return False
+    for t in tensors:
+        if not (t.is_cpu and t.is_contiguous() and (t.dtype is torch.float32 or t.dtype is torch.int64)):
+            return False
+    return True
 
 
 def _check(result: int, rows: torch.Tensor, limit: int) -> None:
@@ -92,9 +110,9 @@ def _check(result: int, rows: torch.Tensor, limit: int) -> None:
 
 def coalescable(rows: torch.Tensor, values: torch.Tensor) -> bool:
     """``coalesce`` takes these: int64 rows, fp32 (n, d) values whose rows may lie apart (a column slice) on the CPU."""
-    return (available() and rows.device.type == values.device.type == "cpu" and rows.dtype == torch.int64
-            and rows.is_contiguous() and rows.dim() == 1 and values.dtype == torch.float32 and values.dim() == 2
-            and values.stride(1) == 1 and len(rows) == len(values))
+    return (available() and rows.is_cpu and values.is_cpu and rows.dtype is torch.int64 and rows.dim() == 1
+            and rows.is_contiguous() and values.dtype is torch.float32 and values.dim() == 2
+            and values.stride(1) == 1 and rows.shape[0] == values.shape[0])
 
 
 def coalesce(rows: torch.Tensor, values: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,21 +131,29 @@ def _int64s(values: list[int]) -> ctypes.Array:
 def coalesce_many(parts: list[tuple[torch.Tensor, torch.Tensor]],
                   limit: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``coalesce`` of each (rows, values) of ``parts`` (each ``coalescable``), in one call: the parts spread over the
-    rank's threads, consecutive parts with the same rows tensor sorted once (kernels.c hl_coalesce_many)."""
+    rank's threads, consecutive parts with the same rows tensor sorted once (kernels.c hl_coalesce_many). The
+    results are views of two buffers (one allocation each for all the parts, not two a part)."""
     count = len(parts)
-    unique = [torch.empty(len(r), dtype=torch.int64) for r, _ in parts]
-    sums = [v.new_empty(v.shape) for _, v in parts]
+    sizes = [r.shape[0] for r, _ in parts]
+    dims = [v.shape[1] for _, v in parts]
+    at_rows, at_values = list(itertools.accumulate(sizes, initial=0)), [0]
+    for n, d in zip(sizes, dims):
+        at_values.append(at_values[-1] + n * d)
+    unique, sums = torch.empty(at_rows[-1], dtype=torch.int64), torch.empty(at_values[-1])
+    u0, s0 = unique.data_ptr(), sums.data_ptr()
     found = (ctypes.c_int64 * count)()
-    ok = _lib.hl_coalesce_many(count, _pointers([r for r, _ in parts]), _int64s([len(r) for r, _ in parts]),
-                               _pointers([v for _, v in parts]), _int64s([v.shape[1] for _, v in parts]),
-                               _int64s([v.stride(0) for _, v in parts]), limit, _pointers(unique), _pointers(sums),
+    ok = _lib.hl_coalesce_many(count, _pointers([r for r, _ in parts]), _int64s(sizes),
+                               _pointers([v for _, v in parts]), _int64s(dims),
+                               _int64s([v.stride(0) for _, v in parts]), limit,
+                               _int64s([u0 + 8 * a for a in at_rows[:-1]]),
+                               _int64s([s0 + 4 * a for a in at_values[:-1]]),
                                found, threads())
     if ok < 0:
         raise MemoryError("the table kernels could not allocate the coalesce's scratch")
     out = []
-    for (rows, _), u, s, k in zip(parts, unique, sums, found):
+    for (rows, _), a, b, d, k in zip(parts, at_rows, at_values, dims, found):
         _check(k, rows, limit)
-        out.append((u[:k], s[:k]))
+        out.append((unique[a:a + k], sums[b:b + k * d].view(k, d)))
     return out
 
 
@@ -173,8 +199,25 @@ def threads() -> int:
     return torch.get_num_threads()
 
 
-def run(name: str, rows: torch.Tensor, limit: int, *args) -> None:
-    """Call kernel ``name`` (rows checked against ``limit`` inside it); tensors among ``args`` pass as pointers."""
-    fn = getattr(_lib, f"hl_{name}")
-    converted = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
-    _check(fn(*converted), rows, limit)
+def job(rows: torch.Tensor, grads: torch.Tensor, tensors: tuple[torch.Tensor | None, ...],
+        out: tuple[torch.Tensor | None, ...], constants: tuple[float, ...], flag0: int = 0, flag1: int = 0) -> Job:
+    """The Job of one table's update: ``tensors`` the table and its states (None: none), ``out`` where their new
+    values go (None or empty: in place), rows and grads (n, d) ``usable``, up to 8 constants and 2 flags. The
+    caller keeps the tensors alive until the update ran."""
+    at = [None if t is None else t.data_ptr() for t in tensors] + [None] * (3 - len(tensors))
+    to = [None if t is None else t.data_ptr() for t in out] + [None] * (3 - len(out))
+    return Job(*at, *to, rows.data_ptr(), grads.data_ptr(), tensors[0].shape[0], rows.shape[0], grads.shape[1],
+               *constants, flag0=flag0, flag1=flag1)
+
+
+def update_many(name: str, jobs: list[tuple[Job, torch.Tensor]]) -> None:
+    """Run update kernel ``name`` (one of UPDATES) on every (job, its rows tensor) in one call, their rows spread
+    over the rank's threads as one range. IndexError, before anything is written, for a row out of its table."""
+    array = (Job * len(jobs))(*(j for j, _ in jobs))
+    bad = getattr(_lib, f"hl_{name}")(len(jobs), array, threads())
+    if bad:  # -(i + 1) for the i-th row of all the jobs' rows in order
+        at = -bad - 1
+        for one, rows in jobs:
+            if at < one.n:
+                _check(-at - 1, rows, one.table_rows)  # raises
+            at -= one.n

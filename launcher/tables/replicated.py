@@ -26,6 +26,7 @@ from launcher.plan.registry import TABLE_OPTIMIZERS
 import launcher.tables.kernels as kernels
 from launcher.tables.prefetch import Ahead
 from launcher.tables.sparse_comm import coalesce, coalesce_all, reduce_tables
+from launcher.tables.sparse_optim import step_all
 from launcher.tables.transfer import device_to_host, gather_to_device
 
 HOST = torch.device("cpu")
@@ -243,15 +244,16 @@ class ReplicatedTables:
             self.skipped_steps += 1  # the same reduced values on every rank: every rank decides the same
             return False
         self._settle()  # the last update's writes are in: this one reads those rows
-        writes = []
+        writes, steps = [], []
         for name, t, r in zip(self.tables, self.tables.values(), reduced):
             if r is None:
                 continue
             rows, grads = r[0].to(t.weight.device), device_to_host(r[1], t.weight.device).contiguous()
             if self._ahead is None or name not in self._ahead.tables or not hasattr(t.optimizer, "updates"):
-                t.optimizer.step(rows, grads)  # (torch's SparseAdam writes its step itself)
+                steps.append((t.optimizer, rows, grads))  # (torch's SparseAdam writes its step itself)
             else:
                 writes.append((name, rows, t.optimizer.updates(rows, grads)))
+        step_all(steps)  # the tables on the C kernels: one call per kernel
         if self._ahead is not None:
             self._ahead.update(writes)
         return True

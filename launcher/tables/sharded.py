@@ -35,6 +35,7 @@ from launcher.tables.partition import RowPartition
 from launcher.tables.ps_comm import Route, bytes_sent, fetch, push, route
 from launcher.tables.replicated import HOST, build_table_optimizer, row_grads, table_digest
 from launcher.tables.sparse_comm import coalesce
+from launcher.tables.sparse_optim import step_all
 from launcher.tables.transfer import host_to_device
 
 
@@ -187,8 +188,7 @@ class ShardedTables:
         if int(bad.item()):
             self.skipped_steps += 1
             return False
-        for name, (rows, grads) in updates.items():
-            self.tables[name].optimizer.step(rows, grads.contiguous())
+        step_all([(self.tables[name].optimizer, rows, grads.contiguous()) for name, (rows, grads) in updates.items()])
         return True
 
     def discard(self) -> None:

@@ -65,24 +65,24 @@ def write_rows(rows: torch.Tensor, updates: list[tuple[torch.Tensor, torch.Tenso
 
 class RowUpdate:
     """What the row-sparse optimizers below share: ``step`` and ``updates`` run the optimizer's C kernel
-    (``_kernel(rows, grads, *out)``; out None: in place) when it takes these tensors (``fused``), else its torch ops
-    (``_torch_updates``). ``_tensors``: the table and its states, in the order the kernel writes them."""
+    (kernels.c hl_<KIND>, on ``_job(rows, grads, out)``; out None: in place) when it takes these tensors
+    (``fused``), else its torch ops (``_torch_updates``). ``_tensors``: the table and its states, in the order the
+    kernel writes them. ``step_all`` steps many tables in one kernel call."""
+
+    KIND = ""
 
     def _tensors(self) -> tuple[torch.Tensor | None, ...]:
         raise NotImplementedError
 
-    def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
+    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
+        """The kernel's Job of this step (counted as a step: a step count moves here)."""
         raise NotImplementedError
 
     def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         raise NotImplementedError
 
     def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        tensors = self._tensors()
-        if fused(rows, grads, *tensors):
-            self._kernel(rows, grads, *([None] * len(tensors)))
-        else:
-            write_rows(rows, self._torch_updates(rows, grads))
+        step_all([(self, rows, grads)])
 
     @torch.no_grad()
     def updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -91,12 +91,29 @@ class RowUpdate:
         if not fused(rows, grads, *tensors):
             return self._torch_updates(rows, grads)
         out = outputs(len(rows), *tensors)
-        self._kernel(rows, grads, *out)
+        kernels.update_many(self.KIND, [(self._job(rows, grads, tuple(out)), rows)])
         return [(t, o) for t, o in zip(tensors, out) if t is not None]
+
+
+def step_all(steps: list[tuple[object, torch.Tensor, torch.Tensor]]) -> None:
+    """Each (optimizer, rows, grads)'s ``step``: the steps the C kernels take in one call per kernel (every table's
+    rows spread over the rank's threads as one range), any other one by one."""
+    batched: dict[str, list[tuple[kernels.Job, torch.Tensor]]] = {}
+    for optimizer, rows, grads in steps:
+        if isinstance(optimizer, RowUpdate) and fused(rows, grads, *optimizer._tensors()):
+            batched.setdefault(optimizer.KIND, []).append((optimizer._job(rows, grads, ()), rows))
+        elif isinstance(optimizer, RowUpdate):
+            write_rows(rows, optimizer._torch_updates(rows, grads))
+        else:
+            optimizer.step(rows, grads)
+    for kind, jobs in batched.items():
+        kernels.update_many(kind, jobs)
 
 
 class SparseFTRL(RowUpdate):
     """FTRL-Proximal over the rows of one table. ``step(rows, grads)`` takes coalesced (unique) rows."""
+
+    KIND = "ftrl"
 
     def __init__(
         self,
@@ -127,10 +144,8 @@ class SparseFTRL(RowUpdate):
     def _tensors(self) -> tuple[torch.Tensor | None, ...]:
         return self.weight, self.accum, self.linear
 
-    def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
-        kernels.run("ftrl", rows, len(self.weight), self.weight, self.accum, self.linear, len(self.weight), rows,
-                    len(rows), grads, grads.shape[1], self.lr, self.l1, self.l2, -self.lr_power, *out,
-                    kernels.threads())
+    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
+        return kernels.job(rows, grads, self._tensors(), out, (self.lr, self.l1, self.l2, -self.lr_power))
 
     @torch.no_grad()
     def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -149,6 +164,8 @@ class LazyAdam(RowUpdate):
     """Row-fused lazy Adam: ``step(rows, grads)`` with coalesced rows; moments in one (rows, 2, dim) tensor. Weight
     decay applies to the rows a step updates only (rows no batch touched keep their values, as with every lazy
     optimizer): decoupled as AdamW's, or as Adam's L2 term in the gradient."""
+
+    KIND = "lazy_adam"
 
     def __init__(self, weight: torch.Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, decoupled_decay: bool = True):
@@ -172,12 +189,12 @@ class LazyAdam(RowUpdate):
     def _tensors(self) -> tuple[torch.Tensor | None, ...]:
         return self.weight, self.moments
 
-    def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
+    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
         self.steps += 1
         step_size = self.lr * math.sqrt(1 - self.beta2**self.steps) / (1 - self.beta1**self.steps)
-        kernels.run("lazy_adam", rows, len(self.weight), self.weight, self.moments, len(self.weight), rows, len(rows),
-                    grads, grads.shape[1], 1 - self.beta1, self.beta2, 1 - self.beta2, self.eps, self.weight_decay,
-                    int(self.decoupled_decay), 1 - self.lr * self.weight_decay, step_size, *out, kernels.threads())
+        return kernels.job(rows, grads, self._tensors(), out,
+                           (1 - self.beta1, self.beta2, 1 - self.beta2, self.eps, self.weight_decay,
+                            1 - self.lr * self.weight_decay, step_size), int(self.decoupled_decay))
 
     @torch.no_grad()
     def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -203,6 +220,8 @@ class SparseSGD(RowUpdate):
     """torch.optim.SGD (momentum, dampening, Nesterov, L2 weight decay) on the rows ``step(rows, grads)`` names, in
     torch's order of operations: with every row stepping every step it is torch's SGD bit for bit. The momentum
     buffer starts as the first step's gradient, as torch's (rows without one start at zero there too)."""
+
+    KIND = "sgd"
 
     def __init__(self, weight: torch.Tensor, lr: float, momentum: float = 0.0, dampening: float = 0.0,
                  nesterov: bool = False, weight_decay: float = 0.0) -> None:
@@ -232,11 +251,11 @@ class SparseSGD(RowUpdate):
     def _tensors(self) -> tuple[torch.Tensor | None, ...]:
         return self.weight, self.buffer
 
-    def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
+    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
         self.steps += 1
-        kernels.run("sgd", rows, len(self.weight), self.weight, self.buffer, len(self.weight), rows, len(rows), grads,
-                    grads.shape[1], self.lr, self.momentum, 1 - self.dampening, int(self.nesterov), self.weight_decay,
-                    int(self.steps == 1), *out, kernels.threads())
+        return kernels.job(rows, grads, self._tensors(), out,
+                           (self.lr, self.momentum, 1 - self.dampening, self.weight_decay),
+                           int(self.nesterov), int(self.steps == 1))
 
     @torch.no_grad()
     def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -263,6 +282,8 @@ class SparseAdagrad(RowUpdate):
     the smallest state a table can have, 4 bytes a row. Rows no batch touches keep their state, as torch's dense
     Adagrad does for a zero gradient."""
 
+    KIND = "adagrad"
+
     def __init__(self, weight: torch.Tensor, lr: float, eps: float = 1e-8, weight_decay: float = 0.0,
                  initial_accumulator: float = 0.0, rowwise: bool = False) -> None:
         if lr <= 0 or eps <= 0 or weight_decay < 0 or initial_accumulator < 0:
@@ -285,10 +306,9 @@ class SparseAdagrad(RowUpdate):
     def _tensors(self) -> tuple[torch.Tensor | None, ...]:
         return self.weight, self.state
 
-    def _kernel(self, rows: torch.Tensor, grads: torch.Tensor, *out: torch.Tensor | None) -> None:
-        kernels.run("adagrad", rows, len(self.weight), self.weight, self.state, len(self.weight), rows, len(rows),
-                    grads, grads.shape[1], self.lr, self.eps, self.weight_decay, int(self.rowwise), *out,
-                    kernels.threads())
+    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
+        return kernels.job(rows, grads, self._tensors(), out, (self.lr, self.eps, self.weight_decay),
+                           int(self.rowwise))
 
     @torch.no_grad()
     def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
