@@ -21,8 +21,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config_files import check_recipe_file, group_options, quoted_path, user_recipes, yaml_problem
 from launcher.config_overrides import (appends, competing_keys, data_option, deletions, group_values, hydra_keys,
-                                       launcher_set_keys, optimizer_stands_aside, quote_hint, sharding_override,
-                                       table_path_override)
+                                       launcher_set_keys, optimizer_stands_aside, quote_hint, section_given_value,
+                                       sections_given_values, sharding_override, table_path_override)
 from launcher.errors import ConfigError, did_you_mean, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -98,8 +98,10 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
                 problems = _diagnose(parsed, script_mode, users, search, bases) or [first_line(error)]
                 raise ConfigError([_as_given(p, said) for p in problems]) from None
         optimizer_stands_aside(cfg, parsed)
+        chosen_only = [*search, *(o.input_line for o in parsed if o.key_or_group in groups)]
         added = (_added_unknown_keys(cfg, parsed) + _numbers_as_bools(cfg, parsed) + competing_keys(cfg, parsed)
-                 + launcher_set_keys(parsed, bool(cfg.smoke)))
+                 + launcher_set_keys(parsed, bool(cfg.smoke))
+                 + sections_given_values(parsed, groups, lambda: _base_or_none(chosen_only, bases)))
         if added:
             raise ConfigError(added)
         if cfg.smoke:
@@ -337,7 +339,9 @@ def _check_value_override(base: DictConfig, key: str, value, line: str, delete: 
         if not exists:
             return [f"{line}: {first_line(e)}; {key.rpartition('.')[0] or 'the config'} takes values of another "
                     f"type (docs/configuration.md)."]
-        return [f"{line}: {first_line(e)}. Current value: {key}={OmegaConf.select(base, key)!r}; give one of that type."]
+        now = OmegaConf.select(base, key)
+        return [section_given_value(line, key, now) or f"{line}: {first_line(e)}. Current value: {key}={now!r}; give "
+                f"one of that type."]
     return []  # an append the schema forbids, Hydra reports
 
 

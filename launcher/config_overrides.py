@@ -183,6 +183,38 @@ def appends(parsed, base: DictConfig, groups) -> list[str]:
     return problems
 
 
+OPEN_SECTIONS = ("model", "data", "loss", "eval_data", "val_data")
+"""The recipe's sections of any shape (a ``_target_`` and its arguments): composing takes a single value there."""
+
+
+def section_given_value(line: str, key: str, section: Any) -> str | None:
+    """The problem of ``key=value`` (a single value, or a list) where ``key`` is a section of keys in the config
+    without it (``section``: what is there), or None when it is not a section."""
+    if not isinstance(section, DictConfig):
+        return None
+    keys = [str(k) for k in section.keys()]
+    example = next((k for k in keys if k != "_target_"), "<key>")
+    other = f", or another class: {key}._target_=<module.Class>" if "_target_" in keys else ""
+    listed = f"; its keys: {', '.join(keys)}" if keys else ""
+    return (f"{line.lstrip('+')}: {key} is a section of keys, not a single value{listed}. Set one key at a time, e.g. "
+            f"{key}.{example}=<value>{other}.")
+
+
+def sections_given_values(parsed, groups, base_of) -> list[str]:
+    """``model=foo``: a recipe section of any shape (OPEN_SECTIONS, or a mapping inside one) given a single value
+    composes, and then failed far from the cause (an interpolation into it: "node `model` is not a container").
+    ``base_of()``: the config without the key overrides, composed only when one such override is given."""
+    given = [o for o in parsed if not o.is_delete() and o.key_or_group not in groups
+             and o.key_or_group.split(".")[0] in OPEN_SECTIONS and not isinstance(o.value(), (dict, type(None)))]
+    base = base_of() if given else None
+    problems = []
+    for o in given if base is not None else ():
+        here = OmegaConf.select(base, o.key_or_group, default=None, throw_on_resolution_failure=False,
+                                throw_on_missing=False)
+        problems += [p for p in [section_given_value(o.input_line, o.key_or_group, here)] if p]
+    return problems
+
+
 def group_values(parsed, options: dict[str, list[str]]) -> list[str]:
     """A config group's override (``recipe=``, ``data=``, ``parallel=``, ``placement=``: ``options`` maps each to its
     options) picks one option by name. Hydra reads ``null``, a list or a mapping there too and then fails with a

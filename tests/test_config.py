@@ -247,6 +247,24 @@ def test_removing_a_key_of_the_schema_exits_2_naming_it(cli, tmp_path, lines, sa
     assert res.returncode == 2 and says in res.stdout + res.stderr, res.stdout + res.stderr
 
 
+@pytest.mark.parametrize("lines, says, fine", [
+    # composed, then failed on an interpolation into it: "node `model` is not a container"
+    (["recipe=wide_deep", "model=foo"], "model=foo: model is a section of keys, not a single value; its keys: "
+                                        "_target_, num_dense, ", "model.hidden=[32]"),
+    (["recipe=gpt", "model=[1,2]"], "model=[1,2]: model is a section of keys",
+     "model._target_=launcher.recipes.gpt.model.GPT"),
+    # Hydra's "Invalid type assigned: int is not a subclass of TrainerConfig"
+    (["recipe=gpt", "trainer=5"], "trainer=5: trainer is a section of keys, not a single value; its keys: steps, ",
+     "trainer.steps=5"),
+    (["recipe=quickstart", "optimizer=adam"], "optimizer=adam: optimizer is a section of keys", "optimizer.name=adam"),
+])
+def test_a_single_value_for_a_section_names_its_keys(lines, says, fine):
+    with pytest.raises(ConfigError) as e:
+        compose_config(lines)
+    assert says in e.value.render() and "Set one key at a time, e.g. " in e.value.render(), e.value.render()
+    compose_config([lines[0], fine])  # a key of the section, or its class, is still taken
+
+
 def test_adding_a_key_that_is_there_exits_2_with_the_line_that_sets_it(cli, tmp_path):
     res = cli(["recipe=gpt", "+trainer.steps=5", "dry_run=true"], tmp_path)  # Hydra: "Could not append to config"
     assert res.returncode == 2 and ("+trainer.steps=5: trainer.steps is there already (+ adds a key that is not); "
