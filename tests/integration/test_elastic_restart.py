@@ -6,11 +6,13 @@ plans for a world of 2 (the global batch kept: each rank's micro-batch doubled),
 node C starts mid-run -> it waits at the rendezvous, A sees it waiting and restarts to admit it; A and C finish as a
 world of 4 with exit 0. The losses of A's world-2 attempt equal a fresh 2-rank run resumed from the same checkpoint.
 
-The world of 2 must still run when C comes, whatever the machine's load. Its ranks hold themselves: the model is a
-user's model (wide_deep's, by ``model._target_``) whose forward, in a world of 2 (only A's ranks, after B is lost, run
-in one) and with HOLD_ENV set (the nodes, not the reference run), writes a marker and waits after HOLD_AFTER
-micro-batches until its launcher ends it to admit C. A hold from the test (SIGSTOP once 5 steps were logged) lost the
-race on a loaded machine: the world of 2 trained all its steps first."""
+Each world holds itself where the test acts, whatever the machine's load: the model is a user's model (wide_deep's,
+by ``model._target_``) whose forward, with HOLD_ENV set (the nodes, not the reference run), writes a marker and waits
+until its launcher ends it. In the first world of 4, rank 0 waits once the first checkpoint is complete (the test then
+kills B: the world's other ranks, waiting for rank 0 and B's ranks in a collective, fail; A restarts). In a world of
+2 (only A's ranks, after B is lost, run in one) every rank waits after HOLD_AFTER micro-batches, until A's launcher
+ends them to admit C. Holds from the test lost races on a loaded machine: a SIGSTOP once 5 steps were logged came
+after the world of 2 had trained all its steps, and the world of 4 had to be slower than the test's polling."""
 
 import json
 import os
@@ -27,26 +29,35 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.integration
 
 STEPS, EVERY = 150, 10
-HOLD_ENV, HOLD_AFTER = "HL_TEST_HOLD_DIR", 6
+HOLD_ENV, CKPT_ENV, HOLD_AFTER = "HL_TEST_HOLD_DIR", "HL_TEST_CKPT_DIR", 6
 HELD = ["recipe=wide_deep", "model._target_=held_model.HeldWideDeep", "smoke=true"]
 HELD_MODEL = f"""
-import os, time
+import glob, os, time
 from launcher.recipes.wide_deep.model import WideDeep
 
 
+def _hold(marker):
+    open(marker, "w").close()
+    while True:  # until the launcher ends this rank (a restart)
+        time.sleep(0.1)
+
+
 class HeldWideDeep(WideDeep):
-    \"\"\"wide_deep's model; in a world of 2 (node A after B is lost) it waits after {HOLD_AFTER} micro-batches.\"\"\"
+    \"\"\"wide_deep's model; rank 0 of the first world of 4 waits once a checkpoint is complete, and a world of 2 (node
+    A after B is lost) waits after {HOLD_AFTER} micro-batches.\"\"\"
 
     calls = 0
 
     def forward(self, *state):
-        hold = os.environ.get("{HOLD_ENV}")
-        if hold and os.environ.get("WORLD_SIZE") == "2" and self.training:
+        hold, world, rank = os.environ.get("{HOLD_ENV}"), os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
+        if hold and self.training and world == "4" and rank == "0":
+            done = glob.glob(os.path.join(os.environ["{CKPT_ENV}"], "step*", "checkpoint.json"))
+            if done and not os.path.exists(os.path.join(hold, "held4")):
+                _hold(os.path.join(hold, "held4"))
+        if hold and self.training and world == "2":
             HeldWideDeep.calls += 1
             if HeldWideDeep.calls > {HOLD_AFTER}:
-                open(os.path.join(hold, "held." + os.environ["RANK"]), "w").close()
-                while True:  # until the launcher's SIGTERM to admit node C
-                    time.sleep(0.1)
+                _hold(os.path.join(hold, "held." + rank))
         return super().forward(*state)
 """
 
@@ -125,15 +136,14 @@ def _scenario(tmp_path: Path, placement: list[str]) -> dict:
         cwd = _node_dir(tmp_path / name)
         return subprocess.Popen([sys.executable, "-m", "launcher.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "COLUMNS": "200", HOLD_ENV: str(hold)})
+                                env={**os.environ, "COLUMNS": "200", HOLD_ENV: str(hold), CKPT_ENV: str(shared)})
 
     first = [node("a"), node("b")]  # together: both are in the first round (its last call is 2 s)
     _wait("the rendezvous", lambda: _listening(port), first)
     # the launcher that hosts the rendezvous' store at the endpoint must live (torch's c10d backend): it is "a"
     a, b = sorted(first, key=lambda p: not _listens(p.pid, port))
     run_a = tmp_path / ("a" if a is first[0] else "b") / "log_output" / "latest"
-    _wait("a checkpoint of the world of 4", lambda: any(shared.glob("step*/checkpoint.json"))
-          and max(_node_steps(run_a), default=0) >= EVERY + 3, [a, b])
+    _wait("the world of 4 to hold after its first checkpoint", lambda: (hold / "held4").exists(), [a, b])
     t_kill = time.time()
     b.kill()  # the launcher, SIGKILL: its ranks die with it (lifeline)
     b.communicate()
