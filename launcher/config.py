@@ -184,7 +184,7 @@ def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), searc
         if o.key_or_group in groups or o.key_or_group.startswith("hydra"):
             continue
         problems += _check_value_override(base, o.key_or_group, o.value(), o.input_line, o.is_delete())
-    return problems + appends(parsed, base, groups)
+    return list(dict.fromkeys(problems + appends(parsed, base, groups)))  # a problem both checks find, once
 
 
 def _key_overrides(parsed) -> Iterator:

@@ -165,9 +165,10 @@ def data_option(parsed, recipes: Sequence[Any]) -> tuple[list[str], list[str]]:
 
 
 def appends(parsed, base: DictConfig, groups) -> list[str]:
-    """``+key=value`` adds a key; where one with a plain value is there already, Hydra said only "Could not append to
-    config" (checked once composing failed, against the config of the group choices alone). Into a mapping that is
-    there, or onto a null key, ``+`` merges (``+tables={...}``, ``+val_data=...``)."""
+    """``+key=value`` adds a key; where one with a plain value is there already, or a single value onto a section of
+    keys, Hydra said only "Could not append to config" (checked once composing failed, against the config of the
+    group choices alone). A mapping into a mapping that is there, or anything onto a null key, ``+`` merges
+    (``+tables={...}``, ``+val_data=...``)."""
     problems = []
     for o in parsed:
         key = o.key_or_group
@@ -176,10 +177,14 @@ def appends(parsed, base: DictConfig, groups) -> list[str]:
         parent_key, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(base, parent_key, default=None) if parent_key else base
         here = OmegaConf.select(base, key, default=None, throw_on_resolution_failure=False, throw_on_missing=False)
-        if isinstance(parent, DictConfig) and leaf in parent.keys() and not (here is None or OmegaConf.is_config(here)):
+        if not (isinstance(parent, DictConfig) and leaf in parent.keys()):
+            continue
+        if not (here is None or OmegaConf.is_config(here)):
             value = o.input_line.partition("=")[2]
             problems.append(f"{o.input_line}: {key} is there already (+ adds a key that is not); write {key}={value} "
                             f"to set it.")
+        elif not isinstance(o.value(), dict) and (single := section_given_value(o.input_line, key, here)):
+            problems.append(single)  # +model=foo: Hydra's "Could not append to config"
     return problems
 
 
@@ -196,7 +201,7 @@ def section_given_value(line: str, key: str, section: Any) -> str | None:
     example = next((k for k in keys if k != "_target_"), "<key>")
     other = f", or another class: {key}._target_=<module.Class>" if "_target_" in keys else ""
     listed = f"; its keys: {', '.join(keys)}" if keys else ""
-    return (f"{line.lstrip('+')}: {key} is a section of keys, not a single value{listed}. Set one key at a time, e.g. "
+    return (f"{line}: {key} is a section of keys, not a single value{listed}. Set one key at a time, e.g. "
             f"{key}.{example}=<value>{other}.")
 
 
@@ -217,12 +222,12 @@ def sections_given_values(parsed, groups, base_of) -> list[str]:
 
 def group_values(parsed, options: dict[str, list[str]]) -> list[str]:
     """A config group's override (``recipe=``, ``data=``, ``parallel=``, ``placement=``: ``options`` maps each to its
-    options) picks one option by name. Hydra reads ``null``, a list or a mapping there too and then fails with a
-    ValueError or TypeError of its own (a list would merge several options: none of ours composes that way)."""
+    options) picks one option by name. Hydra reads ``null``, a number, a boolean, a list or a mapping there too and
+    then fails with a ValueError or TypeError of its own (a list would merge several options: none of ours composes
+    that way)."""
     problems = []
     for o in parsed:
-        if (o.key_or_group not in options or o.is_delete() or isinstance(o.value(), str)
-                or not isinstance(o.value(), (list, dict, type(None)))):
+        if o.key_or_group not in options or o.is_delete() or isinstance(o.value(), str) or o.is_sweep_override():
             continue  # one option by name, or a sweep (-m recipe=a,b) the multirun expands
         group, named = o.key_or_group, options[o.key_or_group]
         leave = "" if group == "recipe" else f", or leave {group}= out"

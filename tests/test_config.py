@@ -220,8 +220,12 @@ def test_a_recipes_own_data_option_as_the_configuration_reference_names_it_is_ta
     (["recipe=gpt", "placement={a:1}"], "placement={a:1}: placement= picks one option by its name"),
     (["recipe=wide_deep", "data=[synthetic_ctr,tabular]"], "data's options: synthetic_ctr, tabular."),
     (["recipe=gpt", "data=null"], "data's options: markov."),
+    (["recipe=1"], "recipe=1: recipe= picks one option by its name; recipe's options: "),  # Hydra: ValueError "Got int"
+    (["recipe=gpt", "placement=1"], "placement=1: placement= picks one option by its name"),
+    (["recipe=gpt", "parallel=true"], "parallel=true: parallel= picks one option by its name"),
+    (["recipe=wide_deep", "data=2.5"], "data=2.5: data= picks one option by its name; data's options: synthetic_ctr"),
 ])
-def test_a_config_group_given_null_a_list_or_a_mapping_exits_2_naming_its_options(cli, tmp_path, lines, says):
+def test_a_config_group_given_anything_but_a_name_exits_2_naming_its_options(cli, tmp_path, lines, says):
     res = cli([*lines, "dry_run=true"], tmp_path)  # Hydra raised ValueError / TypeError here
     assert res.returncode == 2 and says in res.stdout + res.stderr, res.stdout + res.stderr
 
@@ -257,6 +261,8 @@ def test_removing_a_key_of_the_schema_exits_2_naming_it(cli, tmp_path, lines, sa
     (["recipe=gpt", "trainer=5"], "trainer=5: trainer is a section of keys, not a single value; its keys: steps, ",
      "trainer.steps=5"),
     (["recipe=quickstart", "optimizer=adam"], "optimizer=adam: optimizer is a section of keys", "optimizer.name=adam"),
+    (["recipe=quickstart", "+model=foo"], "+model=foo: model is a section of keys", "model.hidden=8"),  # Hydra: "Could
+    (["recipe=gpt", "++trainer=5"], "++trainer=5: trainer is a section of keys", "++trainer.steps=5"),  # not append"
 ])
 def test_a_single_value_for_a_section_names_its_keys(lines, says, fine):
     with pytest.raises(ConfigError) as e:

@@ -56,6 +56,8 @@ _WORDS = st.from_regex(r"[a-z][a-z0-9_]{0,11}", fullmatch=True).filter(
 NOT_INT = st.sampled_from(["abc", "1.5", "-2.5", "[1,2]", "{a:1}", "true", "1e3x", "null", "''"])
 NOT_FLOAT = st.sampled_from(["abc", "[0.1]", "{a:1}", "true", "null", "1..2", "''"])
 NOT_BOOL = st.sampled_from(["maybe", "2", "-1", "1.5", "[true]", "{a:1}", "null", "truee"])
+NOT_A_NAME = ["1", "-3", "2.5", "true", "false"]
+"""Values Hydra reads as a number or a boolean, not a name (of a config group's option)."""
 NON_FINITE = st.sampled_from(["nan", "inf", "-inf", "1e400", "-1e400"])
 HUGE_INT = st.sampled_from([str(2**64), str(10**30), str(-(2**64))])
 
@@ -226,13 +228,17 @@ VALUE_CASES: list[tuple[str, str, str, st.SearchStrategy[str], tuple[str, ...], 
     ("root", Q, "recipe", st.sampled_from(["quickstrat", "../quickstart", "quickstart/..", "QUICKSTART", "x"]), (),
      "recipe"),
     ("root", Q, "parallel", st.sampled_from(["semi_autp", "nosuch"]), (), "parallel"),
-    # a config group takes one option by name: not null, a list or a mapping (Hydra raised there), nor another
-    # recipe's data
-    ("root", "", "recipe", st.sampled_from(["null", "[quickstart]", "{a:1}", "[]"]), (), "recipe"),
-    ("root", Q, "parallel", st.sampled_from(["null", "[semi_auto]", "{a:1}"]), (), "parallel"),
-    ("root", Q, "placement", st.sampled_from(["null", "[auto]", "{a:1}"]), (), "placement"),
-    ("data", WD, "data", st.sampled_from(["null", "[tabular]", "{a:1}", "markov", "images"]), (), "data"),
-    ("data", GPT, "data", st.sampled_from(["null", "tabular", "[markov]", "synthetic_ctr"]), (), "data"),
+    # a config group takes one option by name: not null, a number, a boolean, a list or a mapping (Hydra raised
+    # there), nor another recipe's data
+    ("root", "", "recipe", st.sampled_from(["null", "[quickstart]", "{a:1}", "[]", *NOT_A_NAME]), (), "recipe"),
+    ("root", Q, "parallel", st.sampled_from(["null", "[semi_auto]", "{a:1}", *NOT_A_NAME]), (), "parallel"),
+    ("root", Q, "placement", st.sampled_from(["null", "[auto]", "{a:1}", *NOT_A_NAME]), (), "placement"),
+    ("data", WD, "data", st.sampled_from(["null", "[tabular]", "{a:1}", "markov", "images", *NOT_A_NAME]), (), "data"),
+    ("data", GPT, "data", st.sampled_from(["null", "tabular", "[markov]", "synthetic_ctr", *NOT_A_NAME]), (), "data"),
+    # a section of keys takes its keys one at a time, not a single value (model=foo failed on an interpolation
+    # into it; trainer=5 got Hydra's "int is not a subclass of TrainerConfig")
+    *(("root", Q, section, st.sampled_from(["foo", "[1,2]", *NOT_A_NAME]), (), section)
+      for section in ("model", "trainer", "optimizer", "batch", "eval", "cluster", "zero", "parallel.stages")),
     ("root", Q, "recipe.name", _WORDS.filter(lambda w: w != "quickstart"), (), None),
     ("root", "", "script", st.sampled_from(["/nonexistent/train.py", "no_such.py", "/", "."]), (), None),
     ("root", "", "script", st.just("/nonexistent/train.py"), ("smoke=true",), "smoke"),
