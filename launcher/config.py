@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher.config_files import check_recipe_file, group_options, quoted_path, user_recipes, yaml_problem
 from launcher.config_overrides import (appends, competing_keys, data_option, deletions, group_values, hydra_keys,
                                        launcher_set_keys, optimizer_stands_aside, quote_hint, section_given_value,
-                                       sections_given_values, sharding_override, table_path_override)
+                                       sections_given_values, shapeless, sharding_override, table_path_override)
 from launcher.errors import ConfigError, did_you_mean, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -47,7 +47,7 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     except HydraException as e:
         raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value."
                           f"{quote_hint(given)}") from None
-    if refused := hydra_keys(parsed, tuple(HYDRA_QUIET)):
+    if refused := hydra_keys(parsed, tuple(HYDRA_QUIET)) or shapeless(parsed):
         raise ConfigError(refused)
     users = user_recipes(config_dir)
     chosen = [o.value() for o in parsed if o.key_or_group == "recipe" and isinstance(o.value(), str)]

@@ -220,6 +220,20 @@ def sections_given_values(parsed, groups, base_of) -> list[str]:
     return problems
 
 
+def shapeless(parsed) -> list[str]:
+    """Overrides Hydra parses but cannot use: no key before the ``=`` (``=5``; Hydra raised "Config group override
+    must be a string or a list"), or ``recipe=`` twice with different recipes (a run trains one: the launcher would
+    plan the first and Hydra compose the last)."""
+    problems = [f"{o.input_line}: nothing before the '='. An override is key=value, e.g. trainer.steps=5."
+                for o in parsed if not o.key_or_group.lstrip("+~")]
+    recipes = list(dict.fromkeys(o.value() for o in parsed
+                                 if o.key_or_group == "recipe" and isinstance(o.value(), str)))
+    if len(recipes) > 1:
+        problems.append(f"recipe= was given {len(recipes)} times ({', '.join(recipes)}): a run trains one recipe. "
+                        f"Keep one recipe=<name> (or sweep them: -m recipe={','.join(recipes)}).")
+    return problems
+
+
 def group_values(parsed, options: dict[str, list[str]]) -> list[str]:
     """A config group's override (``recipe=``, ``data=``, ``parallel=``, ``placement=``: ``options`` maps each to its
     options) picks one option by name. Hydra reads ``null``, a number, a boolean, a list or a mapping there too and

@@ -271,6 +271,20 @@ def test_a_single_value_for_a_section_names_its_keys(lines, says, fine):
     compose_config([lines[0], fine])  # a key of the section, or its class, is still taken
 
 
+@pytest.mark.parametrize("lines, says", [
+    (["recipe=gpt", "=5"], "=5: nothing before the '='. An override is key=value"),  # Hydra raised a ValueError
+    (["recipe=gpt", "+=3"], "+=3: nothing before the '='."),
+    # the launcher planned wide_deep and Hydra composed gpt: "its file sets recipe.name=gpt"
+    (["recipe=wide_deep", "trainer.steps=5", "recipe=gpt"], "recipe= was given 2 times (wide_deep, gpt): a run "
+                                                            "trains one recipe."),
+])
+def test_an_override_without_a_key_or_a_second_recipe_is_refused(lines, says):
+    with pytest.raises(ConfigError) as e:
+        compose_config(lines)
+    assert says in e.value.render(), e.value.render()
+    assert compose_config(["recipe=gpt", "recipe=gpt"]).recipe.name == "gpt"  # the same one twice is one recipe
+
+
 def test_adding_a_key_that_is_there_exits_2_with_the_line_that_sets_it(cli, tmp_path):
     res = cli(["recipe=gpt", "+trainer.steps=5", "dry_run=true"], tmp_path)  # Hydra: "Could not append to config"
     assert res.returncode == 2 and ("+trainer.steps=5: trainer.steps is there already (+ adds a key that is not); "
