@@ -22,7 +22,8 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher.config_files import check_recipe_file, group_options, quoted_path, user_recipes, yaml_problem
 from launcher.config_overrides import (appends, competing_keys, data_option, deletions, group_values, hydra_keys,
                                        launcher_set_keys, optimizer_stands_aside, quote_hint, section_given_value,
-                                       sections_given_values, shapeless, sharding_override, table_path_override)
+                                       sections_given_values, shapeless, sharding_override, table_path_override,
+                                       unparsable)
 from launcher.errors import ConfigError, did_you_mean, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -45,15 +46,15 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
-        raise ConfigError(f"could not parse the command line: {e}. Overrides look like key=value."
-                          f"{quote_hint(given)}") from None
-    if refused := hydra_keys(parsed, tuple(HYDRA_QUIET)) or shapeless(parsed):
+        raise ConfigError(unparsable(given, list(RECIPES)) or f"could not parse the command line: {e}. Overrides "
+                          f"look like key=value.{quote_hint(given)}") from None
+    if refused := hydra_keys(parsed, tuple(HYDRA_QUIET)):
         raise ConfigError(refused)
     users = user_recipes(config_dir)
     chosen = [o.value() for o in parsed if o.key_or_group == "recipe" and isinstance(o.value(), str)]
     built_in = [RECIPES[c] for c in chosen if c in RECIPES]
     groups = group_options(users, built_in)
-    if refused := group_values(parsed, groups):
+    if refused := shapeless(parsed, groups) or group_values(parsed, groups):
         raise ConfigError(refused)
     register_schemas([r.name for r in built_in])
     drop, refused = data_option(parsed, built_in)

@@ -38,6 +38,37 @@ def quote_hint(overrides: list[str]) -> str:
     return ""
 
 
+def unparsable(given: list[str], recipes: Sequence[str]) -> list[str]:
+    """For a command line Hydra's grammar cannot read: what each word that is not an override was likely meant as
+    (a recipe's bare name, argparse's --key value, key value, key = value), said as the override to write."""
+    problems, skip = [], 0
+    for i, word in enumerate(given):
+        after = given[i + 1] if i + 1 < len(given) else None
+        if skip or "=" in word and not word.startswith("-"):
+            skip = max(skip - 1, 0)
+            continue
+        value = after if after is not None and "=" not in after and not after.startswith("-") else None
+        if word.startswith("-") and word not in ("-m", "--multirun"):
+            key, _, inline = word.lstrip("-").partition("=")
+            shown = f"{word} {value}" if value and not inline else word
+            problems.append(f"{shown}: hetero-launch takes Hydra's key=value overrides, not --options. Write "
+                            f"{key}={inline or value or '<value>'} (the full key: docs/configuration.md).")
+            skip = 1 if value and not inline else 0
+        elif after is not None and (after == "=" or after.startswith("=")):
+            rest = after[1:] or (given[i + 2] if i + 2 < len(given) else "<value>")
+            problems.append(f"{word} {after}{'' if after[1:] else ' ' + rest}: no spaces around '='. Write "
+                            f"{word}={rest}.")
+            skip = 1 if after[1:] else 2
+        elif word in recipes:
+            problems.append(f"{word}: a recipe is chosen by key. Write recipe={word}.")
+        elif value is not None:
+            problems.append(f"{word} {value}: an override is one word, key=value. Write {word}={value}.")
+            skip = 1
+        else:
+            problems.append(f"{word}: not an override (key=value). Write {word}=<value>, or leave it out.")
+    return problems
+
+
 def hydra_keys(parsed, quiet: tuple[str, ...] = ()) -> list[str]:
     """Hydra's own settings on the command line (hydra.run.dir, hydra/launcher=...): hetero-launch composes the config
     with Hydra's compose API and runs the job itself, so they would do nothing. hydra.searchpath (more config folders)
@@ -220,10 +251,10 @@ def sections_given_values(parsed, groups, base_of) -> list[str]:
     return problems
 
 
-def shapeless(parsed) -> list[str]:
+def shapeless(parsed, groups) -> list[str]:
     """Overrides Hydra parses but cannot use: no key before the ``=`` (``=5``; Hydra raised "Config group override
-    must be a string or a list"), or ``recipe=`` twice with different recipes (a run trains one: the launcher would
-    plan the first and Hydra compose the last)."""
+    must be a string or a list"), ``recipe=`` twice with different recipes (a run trains one: the launcher would
+    plan the first and Hydra compose the last), or a sweep without -m (sweeps expand before this: launch/sweep.py)."""
     problems = [f"{o.input_line}: nothing before the '='. An override is key=value, e.g. trainer.steps=5."
                 for o in parsed if not o.key_or_group.lstrip("+~")]
     recipes = list(dict.fromkeys(o.value() for o in parsed
@@ -231,6 +262,11 @@ def shapeless(parsed) -> list[str]:
     if len(recipes) > 1:
         problems.append(f"recipe= was given {len(recipes)} times ({', '.join(recipes)}): a run trains one recipe. "
                         f"Keep one recipe=<name> (or sweep them: -m recipe={','.join(recipes)}).")
+    for o in parsed:
+        if o.is_sweep_override():  # Hydra: "Ambiguous value for argument"
+            as_list = "" if o.key_or_group in groups else f" A list is written in brackets: {o.key_or_group}=[...]."
+            problems.append(f"{o.input_line}: a value with commas (or a range) is a sweep, which runs with -m: "
+                            f"hetero-launch -m {o.input_line} <the other overrides>.{as_list}")
     return problems
 
 

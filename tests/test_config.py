@@ -285,6 +285,27 @@ def test_an_override_without_a_key_or_a_second_recipe_is_refused(lines, says):
     assert compose_config(["recipe=gpt", "recipe=gpt"]).recipe.name == "gpt"  # the same one twice is one recipe
 
 
+@pytest.mark.parametrize("lines, says", [  # Hydra's grammar: "Error parsing override", "LexerNoViableAltException"
+    (["wide_deep"], "wide_deep: a recipe is chosen by key. Write recipe=wide_deep."),
+    (["--recipe", "gpt"], "--recipe gpt: hetero-launch takes Hydra's key=value overrides, not --options. Write "
+                          "recipe=gpt"),
+    (["recipe=gpt", "--trainer.steps=5"], "Write trainer.steps=5"),
+    (["recipe=gpt", "trainer.steps", "5"], "trainer.steps 5: an override is one word, key=value. Write "
+                                           "trainer.steps=5."),
+    (["recipe", "=", "gpt"], "recipe = gpt: no spaces around '='. Write recipe=gpt."),
+    (["recipe", "=gpt"], "recipe =gpt: no spaces around '='. Write recipe=gpt."),
+    (["recipe=gpt", "foo"], "foo: not an override (key=value). Write foo=<value>, or leave it out."),
+    # parsed, then Hydra's "Ambiguous value for argument"
+    (["recipe=gpt,wide_deep"], "recipe=gpt,wide_deep: a value with commas (or a range) is a sweep, which runs with "
+                               "-m: hetero-launch -m recipe=gpt,wide_deep <the other overrides>."),
+    (["recipe=gpt", "model.width=8,16"], "A list is written in brackets: model.width=[...]."),
+])
+def test_a_word_that_is_not_an_override_is_said_as_the_override_to_write(lines, says):
+    with pytest.raises(ConfigError) as e:
+        compose_config(lines)
+    assert says in e.value.render(), e.value.render()
+
+
 def test_adding_a_key_that_is_there_exits_2_with_the_line_that_sets_it(cli, tmp_path):
     res = cli(["recipe=gpt", "+trainer.steps=5", "dry_run=true"], tmp_path)  # Hydra: "Could not append to config"
     assert res.returncode == 2 and ("+trainer.steps=5: trainer.steps is there already (+ adds a key that is not); "
