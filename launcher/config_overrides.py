@@ -1,7 +1,9 @@
 """What the command line's overrides may not do, checked as the config is composed (launcher/config.py): set Hydra's
 own run settings (which hetero-launch does not use), leave a competing pair (steps and epochs) undecided, set a key
-the launcher fills in itself, pick data a built-in recipe does not have, or hold a value Hydra's grammar cannot read
-unquoted."""
+the launcher fills in itself, pick data a built-in recipe does not have, give a config group anything but an
+option's name or a section of keys a single value, remove a key of the schema, or hold a value Hydra's grammar cannot
+read unquoted; and words that are not overrides at all (``--steps 5``, ``key = value``), said as the override to
+write."""
 
 from __future__ import annotations
 
