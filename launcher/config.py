@@ -20,10 +20,10 @@ from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config_files import check_recipe_file, group_options, quoted_path, user_recipes, yaml_problem
-from launcher.config_overrides import (appends, competing_keys, data_option, deletions, group_values, hydra_keys,
-                                       launcher_set_keys, optimizer_stands_aside, quote_hint, section_given_value,
-                                       sections_given_values, shapeless, sharding_override, table_path_override,
-                                       unparsable)
+from launcher.config_overrides import (OPEN_SECTIONS, appends, competing_keys, data_option, deletions, group_values,
+                                       hydra_keys, launcher_set_keys, optimizer_stands_aside, quote_hint,
+                                       section_given_value, sections_given_values, shapeless, sharding_override,
+                                       table_path_override, unparsable)
 from launcher.errors import ConfigError, did_you_mean, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -183,6 +183,10 @@ def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), searc
     base = _compose_once([*search, *group_lines], {} if bases is None else bases)
     for o in parsed:
         if o.key_or_group in groups or o.key_or_group.startswith("hydra"):
+            continue
+        if script_mode and o.key_or_group.lstrip("+~").split(".")[0] in OPEN_SECTIONS:  # the sections are unset
+            problems.append(f"{o.input_line} with script=: a script builds its own model, data and loss, and nothing "
+                            f"in it reads this key. Remove it (pass the value to your script after --).")
             continue
         problems += _check_value_override(base, o.key_or_group, o.value(), o.input_line, o.is_delete())
     return list(dict.fromkeys(problems + appends(parsed, base, groups)))  # a problem both checks find, once

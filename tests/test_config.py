@@ -306,6 +306,15 @@ def test_a_word_that_is_not_an_override_is_said_as_the_override_to_write(lines, 
     assert says in e.value.render(), e.value.render()
 
 
+@pytest.mark.parametrize("line", ["model.hidden=3", "data.path=x.csv", "loss._target_=torch.nn.MSELoss"])
+def test_a_recipe_sections_key_with_a_script_says_the_script_brings_its_own(line, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(ConfigError) as e:  # before: "model.hidden: no such key (value 3)."
+        compose_config([f"script={script}", line])
+    assert f"{line} with script=: a script builds its own model, data and loss" in e.value.render(), e.value.render()
+
+
 def test_adding_a_key_that_is_there_exits_2_with_the_line_that_sets_it(cli, tmp_path):
     res = cli(["recipe=gpt", "+trainer.steps=5", "dry_run=true"], tmp_path)  # Hydra: "Could not append to config"
     assert res.returncode == 2 and ("+trainer.steps=5: trainer.steps is there already (+ adds a key that is not); "
