@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tbe_bench  # noqa: E402  (bench/ is not a package)
 
 from launcher.tables import kernels  # noqa: E402
-from launcher.tables.sparse_optim import step_all  # noqa: E402
+from launcher.tables.row_update import step_all  # noqa: E402
 
 PARTS = ("coalesce", "finite", "finite per table", "update", "step")
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from launcher.tables.sparse_optim import write_rows
+from launcher.tables.row_update import write_rows
 from launcher.tables.transfer import PinnedRing, gather_to_device, host_to_device
 
 

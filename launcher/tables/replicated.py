@@ -26,7 +26,7 @@ from launcher.plan.registry import TABLE_OPTIMIZERS
 import launcher.tables.kernels as kernels
 from launcher.tables.prefetch import Ahead
 from launcher.tables.sparse_comm import coalesce, coalesce_all, reduce_tables
-from launcher.tables.sparse_optim import step_all
+from launcher.tables.row_update import step_all
 from launcher.tables.transfer import device_to_host, gather_to_device
 
 HOST = torch.device("cpu")

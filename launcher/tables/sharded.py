@@ -35,7 +35,7 @@ from launcher.tables.partition import RowPartition
 from launcher.tables.ps_comm import Route, bytes_sent, fetch, push, route
 from launcher.tables.replicated import HOST, build_table_optimizer, row_grads, table_digest
 from launcher.tables.sparse_comm import coalesce
-from launcher.tables.sparse_optim import step_all
+from launcher.tables.row_update import step_all
 from launcher.tables.transfer import host_to_device
 
 

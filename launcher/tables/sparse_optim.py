@@ -22,8 +22,9 @@
 ``dense_settings`` reads a user's torch optimizer for runtime.prepare(): which twin its tables get.
 
 Each optimizer's ``step`` and ``updates`` run on the fused C kernels of launcher/tables/kernels.c when they loaded
-(one pass over the rows, prefetched, over the rank's threads), else on the torch ops written here: the same
-arithmetic (tests/tables/test_kernels.py holds them to each other).
+(one pass over the rows, prefetched, over the rank's threads; launcher/tables/row_update.py: ``step_all`` steps a
+store's tables in one call per kernel), else on the torch ops written here: the same arithmetic
+(tests/tables/test_kernels.py holds them to each other).
 
 ``state_dict()`` returns references to the live state tensors, as torch's optimizers do: deep-copy it to keep a
 snapshot while training goes on.
@@ -38,76 +39,7 @@ import torch
 from launcher.plan.placement import DenseSettings
 import launcher.tables.hugepages as hugepages
 import launcher.tables.kernels as kernels
-
-
-def fused(rows: torch.Tensor, grads: torch.Tensor, *tables: torch.Tensor | None) -> bool:
-    """Whether this update runs on the C kernels (launcher/tables/kernels.py): loaded, and every tensor fp32 / int64,
-    contiguous, on the CPU."""
-    return kernels.usable(rows, grads, *(t for t in tables if t is not None))
-
-
-def outputs(n: int, *like: torch.Tensor | None) -> list[torch.Tensor | None]:
-    """Per table-shaped tensor, an empty (n, ...) tensor for a kernel's deferred values (None stays None)."""
-    return [None if t is None else t.new_empty(n, *t.shape[1:]) for t in like]
-
-
-def write_rows(rows: torch.Tensor, updates: list[tuple[torch.Tensor, torch.Tensor]],
-               index: torch.Tensor | None = None) -> None:
-    """Write an optimizer's ``updates`` (each (table-shaped tensor, its new values of ``rows``)) into place: all of
-    them, or only the positions ``index`` of rows. The update's arithmetic is done by then, so writing it in two parts
-    (launcher/tables/prefetch.py writes the rows the next micro-batches need first) gives the same tables bit for bit.
-    """
-    if index is not None:
-        rows = rows.index_select(0, index)
-    for target, values in updates:
-        target.index_copy_(0, rows, values if index is None else values.index_select(0, index))
-
-
-class RowUpdate:
-    """What the row-sparse optimizers below share: ``step`` and ``updates`` run the optimizer's C kernel
-    (kernels.c hl_<KIND>, on ``_job(rows, grads, out)``; out None: in place) when it takes these tensors
-    (``fused``), else its torch ops (``_torch_updates``). ``_tensors``: the table and its states, in the order the
-    kernel writes them. ``step_all`` steps many tables in one kernel call."""
-
-    KIND = ""
-
-    def _tensors(self) -> tuple[torch.Tensor | None, ...]:
-        raise NotImplementedError
-
-    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
-        """The kernel's Job of this step (counted as a step: a step count moves here)."""
-        raise NotImplementedError
-
-    def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        raise NotImplementedError
-
-    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        step_all([(self, rows, grads)])
-
-    @torch.no_grad()
-    def updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each (table-shaped tensor, its new values of ``rows``): the step, not yet written."""
-        tensors = self._tensors()
-        if not fused(rows, grads, *tensors):
-            return self._torch_updates(rows, grads)
-        out = outputs(len(rows), *tensors)
-        kernels.update_many(self.KIND, [(self._job(rows, grads, tuple(out)), rows)])
-        return [(t, o) for t, o in zip(tensors, out) if t is not None]
-
-
-def step_all(steps: list[tuple[object, torch.Tensor, torch.Tensor]]) -> None:
-    """Each (optimizer, rows, grads)'s ``step``: the steps the C kernels take in one call per kernel (every table's
-    rows spread over the rank's threads as one range), any other one by one."""
-    batched: dict[str, list[tuple[kernels.Job, torch.Tensor]]] = {}
-    for optimizer, rows, grads in steps:
-        if isinstance(optimizer, RowUpdate) and fused(rows, grads, *optimizer._tensors()):
-            batched.setdefault(optimizer.KIND, []).append((optimizer._job(rows, grads, ()), rows))
-        elif isinstance(optimizer, RowUpdate):
-            write_rows(rows, optimizer._torch_updates(rows, grads))
-        else:
-            optimizer.step(rows, grads)
-    for kind, jobs in batched.items():
-        kernels.update_many(kind, jobs)
+from launcher.tables.row_update import RowUpdate
 
 
 class SparseFTRL(RowUpdate):
@@ -190,11 +122,14 @@ class LazyAdam(RowUpdate):
         return self.weight, self.moments
 
     def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
-        self.steps += 1
-        step_size = self.lr * math.sqrt(1 - self.beta2**self.steps) / (1 - self.beta1**self.steps)
+        t = self.steps + 1
+        step_size = self.lr * math.sqrt(1 - self.beta2**t) / (1 - self.beta1**t)
         return kernels.job(rows, grads, self._tensors(), out,
                            (1 - self.beta1, self.beta2, 1 - self.beta2, self.eps, self.weight_decay,
                             1 - self.lr * self.weight_decay, step_size), int(self.decoupled_decay))
+
+    def _counted(self) -> None:
+        self.steps += 1
 
     @torch.no_grad()
     def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -252,10 +187,12 @@ class SparseSGD(RowUpdate):
         return self.weight, self.buffer
 
     def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
-        self.steps += 1
         return kernels.job(rows, grads, self._tensors(), out,
                            (self.lr, self.momentum, 1 - self.dampening, self.weight_decay),
-                           int(self.nesterov), int(self.steps == 1))
+                           int(self.nesterov), int(self.steps == 0))
+
+    def _counted(self) -> None:
+        self.steps += 1
 
     @torch.no_grad()
     def _torch_updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

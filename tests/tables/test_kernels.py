@@ -13,8 +13,8 @@ import launcher.tables.kernels as kernels
 from launcher.plan import TablePlan
 from launcher.plan.registry import TABLE_OPTIMIZERS, table_state_bytes
 from launcher.tables import build_tables
-from launcher.tables.sparse_optim import (LazyAdam, RowwiseAdagrad, SparseAdagrad, SparseAdam, SparseFTRL,
-                                          SparseSGD, step_all, write_rows)
+from launcher.tables.row_update import step_all, write_rows
+from launcher.tables.sparse_optim import LazyAdam, RowwiseAdagrad, SparseAdagrad, SparseAdam, SparseFTRL, SparseSGD
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"the C kernels did not load: {kernels.why_not()}")
 
@@ -82,7 +82,7 @@ def test_deferred_updates_are_the_in_place_step_bit_for_bit(name):
 def test_many_tables_stepped_in_one_call_are_each_stepped_alone(threads, monkeypatch):
     """``step_all``: every optimizer's tables (dims 7 and 16, torch's SparseAdam among them), each kernel's in one
     call with their rows split over the threads across tables, write what each table's own step writes; a row out
-    of range in one table is refused before any table of that call is written."""
+    of range in one table is refused before any table of that call is written or any step count moves."""
     monkeypatch.setattr(kernels, "threads", lambda: threads)
     g = torch.Generator().manual_seed(3)
     makers = [*OPTIMIZERS.values(), lambda w: SparseAdam(w, lr=0.01)]
@@ -98,13 +98,14 @@ def test_many_tables_stepped_in_one_call_are_each_stepped_alone(threads, monkeyp
     for a, b in zip(alone, together):
         for got, want in zip(_state(b), _state(a)):
             assert torch.equal(got, want)
-    before = [_state(opt) for opt in together[:4]]
+    before, counts = [_state(opt) for opt in together[:4]], [opt.steps for opt in together[:4]]  # SGDs, lazy Adam
     bad = [(opt, torch.tensor([1, 2, 400 if i == 2 else 3]), torch.ones(3, d))
            for i, (opt, (_, d)) in enumerate(zip(together[:4], shapes))]
     with pytest.raises(IndexError, match="index 400 is out of bounds for a table of 400 rows"):
         step_all(bad)
     for opt, was in zip(together[:4], before):
         assert all(torch.equal(x, y) for x, y in zip(_state(opt), was))
+    assert [opt.steps for opt in together[:4]] == counts  # a refused step moves no step count either
 
 
 def test_adagrad_is_torchs_when_every_row_steps():
