@@ -34,7 +34,7 @@ def write_rows(rows: torch.Tensor, updates: list[tuple[torch.Tensor, torch.Tenso
 
 
 class RowUpdate:
-    """What the row-sparse optimizers below share: ``step`` and ``updates`` run the optimizer's C kernel
+    """What the row-sparse optimizers of sparse_optim.py share: ``step`` and ``updates`` run the optimizer's C kernel
     (kernels.c hl_<KIND>, on ``_job(rows, grads, out)``; out None: in place) when it takes these tensors
     (``fused``), else its torch ops (``_torch_updates``). ``_tensors``: the table and its states, in the order the
     kernel writes them. ``step_all`` steps many tables in one kernel call."""
