@@ -54,7 +54,7 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     chosen = [o.value() for o in parsed if o.key_or_group == "recipe" and isinstance(o.value(), str)]
     built_in = [RECIPES[c] for c in chosen if c in RECIPES]
     groups = group_options(users, built_in)
-    if refused := shapeless(parsed, groups) or group_values(parsed, groups):
+    if refused := shapeless(parsed, groups, chosen) or group_values(parsed, groups):
         raise ConfigError(refused)
     register_schemas([r.name for r in built_in])
     drop, refused = data_option(parsed, built_in)
@@ -184,9 +184,11 @@ def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), searc
     for o in parsed:
         if o.key_or_group in groups or o.key_or_group.startswith("hydra"):
             continue
-        if script_mode and o.key_or_group.lstrip("+~").split(".")[0] in OPEN_SECTIONS:  # the sections are unset
-            problems.append(f"{o.input_line} with script=: a script builds its own model, data and loss, and nothing "
-                            f"in it reads this key. Remove it (pass the value to your script after --).")
+        key = o.key_or_group.lstrip("+~")
+        if script_mode and key.split(".")[0] in OPEN_SECTIONS:  # unset with a script: no key of theirs composes
+            from launcher.plan.script_keys import refusal, verdict  # as the plan refuses trainer.steps= there
+
+            problems.append(refusal(o.input_line, verdict(key, "plain")))
             continue
         problems += _check_value_override(base, o.key_or_group, o.value(), o.input_line, o.is_delete())
     return list(dict.fromkeys(problems + appends(parsed, base, groups)))  # a problem both checks find, once

@@ -312,7 +312,8 @@ def test_a_recipe_sections_key_with_a_script_says_the_script_brings_its_own(line
     script.write_text("print('hi')\n")
     with pytest.raises(ConfigError) as e:  # before: "model.hidden: no such key (value 3)."
         compose_config([f"script={script}", line])
-    assert f"{line} with script=: a script builds its own model, data and loss" in e.value.render(), e.value.render()
+    assert f"{line} with script=: a script builds its own model, data, optimizer and loop, and nothing in it reads " \
+           "this key" in e.value.render(), e.value.render()
 
 
 def test_adding_a_key_that_is_there_exits_2_with_the_line_that_sets_it(cli, tmp_path):

@@ -36,6 +36,10 @@ UPWARD = {
         "optimizer.name=<other> on the command line sets the recipe's settings the chosen optimizer does not take "
         "aside as the config is composed (where the command line is known); which ones is the optimizer registry's "
         "(pure, torch-free) to say",
+    "launcher.config -> launcher.plan.script_keys":
+        "with script=, a key of the recipe's model, data or loss cannot compose (the sections are unset); it is "
+        "refused in the words the plan's verdict table gives every other key a script does not read (a failed "
+        "compose only)",
 }
 """The imports that run up the layer order, each with why (the issue that asked for this held them at 4 or fewer)."""
 

@@ -125,6 +125,11 @@ def intents_set(cfg: DictConfig) -> list[str]:
     return [f"{k}={v}" for k, v in changed_keys(cfg).items() if verdict(k, "plain") == _PLAIN]
 
 
+def refusal(shown: str, said: str) -> str:
+    """The problem of ``shown`` (key=value as given) whose verdict ``said`` is "refuse: why"."""
+    return f"{shown} with script=: {said[len('refuse: '):]}."
+
+
 def script_key_verdicts(cfg: DictConfig, kind: str) -> tuple[list[str], list[dict[str, str]]]:
     """(problems, not applied) of a script= job of this kind: each key set to other than its default whose verdict
     refuses it here, or reports it (as {"key", "value", "why"})."""
@@ -133,7 +138,7 @@ def script_key_verdicts(cfg: DictConfig, kind: str) -> tuple[list[str], list[dic
         v = verdict(key, kind)
         shown = f"{key}={OmegaConf.to_container(value) if isinstance(value, DictConfig) else value}"
         if v.startswith("refuse: "):
-            problems.append(f"{shown} with script=: {v[len('refuse: '):]}.")
+            problems.append(refusal(shown, v))
         elif v.startswith("report: "):
             reported.append({"key": key, "value": str(value), "why": v[len("report: "):]})
     return problems, reported
