@@ -253,14 +253,14 @@ def sections_given_values(parsed, groups, base_of) -> list[str]:
     return problems
 
 
-def shapeless(parsed, groups) -> list[str]:
+def shapeless(parsed, groups, chosen: Sequence[str]) -> list[str]:
     """Overrides Hydra parses but cannot use: no key before the ``=`` (``=5``; Hydra raised "Config group override
-    must be a string or a list"), ``recipe=`` twice with different recipes (a run trains one: the launcher would
-    plan the first and Hydra compose the last), or a sweep without -m (sweeps expand before this: launch/sweep.py)."""
+    must be a string or a list"), ``recipe=`` twice with different recipes (``chosen``, in the order given: a run
+    trains one; the launcher would plan the first and Hydra compose the last), or a sweep without -m (sweeps expand
+    before this: launch/sweep.py)."""
     problems = [f"{o.input_line}: nothing before the '='. An override is key=value, e.g. trainer.steps=5."
                 for o in parsed if not o.key_or_group.lstrip("+~")]
-    recipes = list(dict.fromkeys(o.value() for o in parsed
-                                 if o.key_or_group == "recipe" and isinstance(o.value(), str)))
+    recipes = list(dict.fromkeys(chosen))
     if len(recipes) > 1:
         problems.append(f"recipe= was given {len(recipes)} times ({', '.join(recipes)}): a run trains one recipe. "
                         f"Keep one recipe=<name> (or sweep them: -m recipe={','.join(recipes)}).")

@@ -108,8 +108,8 @@ def _model_fits(recipe: Any, spec: dict, target: str) -> list[str]:
             warnings.simplefilter("ignore")
             model = instantiate(spec, _convert_="all")
     except Exception as e:  # noqa: BLE001 - the user's constructor may raise anything
-        return [f"model._target_={target}: building it with recipe {recipe.name}'s arguments fails with {first_words(e)}. "
-                f"{fix}"]
+        return [f"model._target_={target}: building it with recipe {recipe.name}'s arguments fails with "
+                f"{first_words(e)}. {fix}"]
     problems = []
     for name, (rows, dim) in recipe.tables(spec).items():
         weight = getattr(_submodule(model, name), "weight", None)

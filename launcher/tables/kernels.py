@@ -94,7 +94,7 @@ def kernel_name() -> str:
 
 def usable(*tensors: torch.Tensor) -> bool:
     """The kernels take these: loaded, every tensor on the CPU, contiguous, fp32 or int64."""
-    if _lib is None and not available():
+    if not available():
         return False
     for t in tensors:
         if not (t.is_cpu and t.is_contiguous() and (t.dtype is torch.float32 or t.dtype is torch.int64)):
