@@ -26,7 +26,7 @@ from launcher.plan.registry import TABLE_OPTIMIZERS
 import launcher.tables.kernels as kernels
 from launcher.tables.prefetch import Ahead
 from launcher.tables.sparse_comm import coalesce, coalesce_all, reduce_tables
-from launcher.tables.row_update import step_all
+from launcher.tables.row_update import RowUpdate, step_all, updates_all
 from launcher.tables.transfer import device_to_host, gather_to_device
 
 HOST = torch.device("cpu")
@@ -244,18 +244,20 @@ class ReplicatedTables:
             self.skipped_steps += 1  # the same reduced values on every rank: every rank decides the same
             return False
         self._settle()  # the last update's writes are in: this one reads those rows
-        writes, steps = [], []
+        deferred, names, steps = [], [], []
         for name, t, r in zip(self.tables, self.tables.values(), reduced):
             if r is None:
                 continue
             rows, grads = r[0].to(t.weight.device), device_to_host(r[1], t.weight.device).contiguous()
-            if self._ahead is None or name not in self._ahead.tables or not hasattr(t.optimizer, "updates"):
+            if self._ahead is None or name not in self._ahead.tables or not isinstance(t.optimizer, RowUpdate):
                 steps.append((t.optimizer, rows, grads))  # (torch's SparseAdam writes its step itself)
             else:
-                writes.append((name, rows, t.optimizer.updates(rows, grads)))
+                deferred.append((t.optimizer, rows, grads))
+                names.append(name)
         step_all(steps)  # the tables on the C kernels: one call per kernel
-        if self._ahead is not None:
-            self._ahead.update(writes)
+        if self._ahead is not None:  # computed here, written by the prefetch thread
+            news = updates_all(deferred)
+            self._ahead.update([(name, rows, new) for name, (_, rows, _), new in zip(names, deferred, news)])
         return True
 
     def discard(self) -> None:

@@ -1,7 +1,8 @@
 """What the row-sparse table optimizers (launcher/tables/sparse_optim.py) share: ``RowUpdate``, an optimizer whose
 step runs on its C kernel (launcher/tables/kernels.c) when the kernels take its tensors, else on its torch ops;
-``step_all``, the steps of a store's tables in one kernel call per optimizer kind; and ``write_rows``, the deferred
-writes of placement.prefetch (launcher/tables/prefetch.py)."""
+``step_all``, the steps of a store's tables in one kernel call per optimizer kind; ``updates_all``, the same steps
+computed but not written (placement.prefetch writes them: launcher/tables/prefetch.py), one call per kind as well;
+and ``write_rows``, which writes them."""
 
 from __future__ import annotations
 
@@ -58,16 +59,9 @@ class RowUpdate:
     def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
         step_all([(self, rows, grads)])
 
-    @torch.no_grad()
     def updates(self, rows: torch.Tensor, grads: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each (table-shaped tensor, its new values of ``rows``): the step, not yet written."""
-        tensors = self._tensors()
-        if not fused(rows, grads, *tensors):
-            return self._torch_updates(rows, grads)
-        out = outputs(len(rows), *tensors)
-        kernels.update_many(self.KIND, [(self._job(rows, grads, tuple(out)), rows)])
-        self._counted()
-        return [(t, o) for t, o in zip(tensors, out) if t is not None]
+        return updates_all([(self, rows, grads)])[0]
 
 
 def step_all(steps: list[tuple[object, torch.Tensor, torch.Tensor]]) -> None:
@@ -85,3 +79,26 @@ def step_all(steps: list[tuple[object, torch.Tensor, torch.Tensor]]) -> None:
         kernels.update_many(kind, [(job, rows) for _, job, rows in calls])
         for optimizer, _, _ in calls:
             optimizer._counted()
+
+
+@torch.no_grad()
+def updates_all(steps: list[tuple[RowUpdate, torch.Tensor, torch.Tensor]]
+                ) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Each (optimizer, rows, grads)'s ``updates``, in order: the steps the C kernels take in one call per kernel, their
+    new values in fresh (rows, ...) tensors, any other on its torch ops."""
+    out: list = [None] * len(steps)
+    batched: dict[str, list] = {}
+    for at, (optimizer, rows, grads) in enumerate(steps):
+        tensors = optimizer._tensors()
+        if fused(rows, grads, *tensors):
+            new = outputs(len(rows), *tensors)
+            job = optimizer._job(rows, grads, tuple(new))
+            batched.setdefault(optimizer.KIND, []).append((at, optimizer, job, rows, tensors, new))
+        else:
+            out[at] = optimizer._torch_updates(rows, grads)
+    for kind, calls in batched.items():
+        kernels.update_many(kind, [(job, rows) for _, _, job, rows, _, _ in calls])
+        for at, optimizer, _, _, tensors, new in calls:
+            optimizer._counted()
+            out[at] = [(t, v) for t, v in zip(tensors, new) if t is not None]
+    return out

@@ -13,7 +13,7 @@ import launcher.tables.kernels as kernels
 from launcher.plan import TablePlan
 from launcher.plan.registry import TABLE_OPTIMIZERS, table_state_bytes
 from launcher.tables import build_tables
-from launcher.tables.row_update import step_all, write_rows
+from launcher.tables.row_update import step_all, updates_all, write_rows
 from launcher.tables.sparse_optim import LazyAdam, RowwiseAdagrad, SparseAdagrad, SparseAdam, SparseFTRL, SparseSGD
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"the C kernels did not load: {kernels.why_not()}")
@@ -81,8 +81,9 @@ def test_deferred_updates_are_the_in_place_step_bit_for_bit(name):
 @pytest.mark.parametrize("threads", [1, 2, 5])
 def test_many_tables_stepped_in_one_call_are_each_stepped_alone(threads, monkeypatch):
     """``step_all``: every optimizer's tables (dims 7 and 16, torch's SparseAdam among them), each kernel's in one
-    call with their rows split over the threads across tables, write what each table's own step writes; a row out
-    of range in one table is refused before any table of that call is written or any step count moves."""
+    call with their rows split over the threads across tables, write what each table's own step writes, and so do
+    ``updates_all``'s deferred values (placement.prefetch's) once written; a row out of range in one table is refused
+    before any table of that call is written or any step count moves."""
     monkeypatch.setattr(kernels, "threads", lambda: threads)
     g = torch.Generator().manual_seed(3)
     makers = [*OPTIMIZERS.values(), lambda w: SparseAdam(w, lr=0.01)]
@@ -90,19 +91,30 @@ def test_many_tables_stepped_in_one_call_are_each_stepped_alone(threads, monkeyp
     starts = [torch.randn(*s, generator=g) for s in shapes]
     alone = [make(w.clone()) for make, w in zip(makers, starts)]
     together = [make(w.clone()) for make, w in zip(makers, starts)]
+    deferred = [make(w.clone()) for make, w in zip(makers[:-1], starts)]  # (torch's SparseAdam writes its own step)
     for _ in range(3):
         batch = [(torch.randperm(400, generator=g)[:150], torch.randn(150, d, generator=g)) for _, d in shapes]
         for opt, (rows, grads) in zip(alone, batch):
             opt.step(rows, grads)
         step_all([(opt, rows, grads) for opt, (rows, grads) in zip(together, batch)])
+        news = updates_all([(opt, rows, grads) for opt, (rows, grads) in zip(deferred, batch)])
+        assert len(news) == len(deferred)
+        for (rows, _), new in zip(batch, news):
+            write_rows(rows, new)
     for a, b in zip(alone, together):
         for got, want in zip(_state(b), _state(a)):
             assert torch.equal(got, want)
+    for a, b in zip(alone, deferred):
+        for got, want in zip(_state(b), _state(a)):
+            assert torch.equal(got, want)
+        assert getattr(b, "steps", None) == getattr(a, "steps", None)
     before, counts = [_state(opt) for opt in together[:4]], [opt.steps for opt in together[:4]]  # SGDs, lazy Adam
     bad = [(opt, torch.tensor([1, 2, 400 if i == 2 else 3]), torch.ones(3, d))
            for i, (opt, (_, d)) in enumerate(zip(together[:4], shapes))]
     with pytest.raises(IndexError, match="index 400 is out of bounds for a table of 400 rows"):
         step_all(bad)
+    with pytest.raises(IndexError, match="index 400 is out of bounds for a table of 400 rows"):
+        updates_all(bad)
     for opt, was in zip(together[:4], before):
         assert all(torch.equal(x, y) for x, y in zip(_state(opt), was))
     assert [opt.steps for opt in together[:4]] == counts  # a refused step moves no step count either
