@@ -122,6 +122,18 @@ static int64_t sum_sorted(const int64_t *sorted, const int32_t *order, int64_t k
     return u + 1 - at;
 }
 
+/* ok[a] &= whether every value of rows [from, to) of ``s``'s sums array a is finite, for each of its arrays: the
+ * finiteness check of a step's gradients, fused into the coalesce that just wrote them (still in cache). */
+static void finite_rows(const Sums *s, int64_t from, int64_t to, int *ok) {
+    for (int64_t a = 0; a < s->m; ++a) {
+        const float *v = s->sums[a] + from * s->d[a];
+        const int64_t n = (to - from) * s->d[a];
+        int here = 1;
+        for (int64_t i = 0; i < n; ++i) here &= isfinite(v[i]) != 0;
+        ok[a] &= here;
+    }
+}
+
 /* Sum each of ``s``'s arrays per row of ``ids`` (n). ``scratch`` holds 2n int64 and 2n int32. Writes the distinct
  * rows in ascending order (an update then walks the table in address order: about half the time of the order the
  * ids came in, measured) and their sums, each row's values added in index order (the sums of torch's index_add_ bit
@@ -146,7 +158,7 @@ static int64_t hl_coalesce(const int64_t *ids, int64_t n, int64_t rows, void *sc
  * bits into ``threads`` ranges of about n / threads ids each (the first pass of a radix sort from the top), each
  * range sorted and summed by one thread into its place, the ranges' rows ascending one after another. */
 static int64_t coalesce_split(const int64_t *ids, int64_t n, int64_t rows, void *scratch, const Sums *s,
-                              int threads) {
+                              int threads, int *finite) { /* finite: s->m flags, each 1 on entry */
     int64_t *keys = scratch, *keys2 = keys + n;
     int32_t *idx = (int32_t *)(keys2 + n), *idx2 = idx + n;
     int bits;
@@ -167,6 +179,7 @@ static int64_t coalesce_split(const int64_t *ids, int64_t n, int64_t rows, void 
     kept[0] = 0;
     const int64_t *sorted[threads];
     const int32_t *order[threads];
+    int ok[threads][s->m]; /* each thread's finiteness of its rows, per array */
 #pragma omp parallel num_threads(threads)
     {
         int64_t next[1 << RADIX];
@@ -188,10 +201,15 @@ static int64_t coalesce_split(const int64_t *ids, int64_t n, int64_t rows, void 
             int64_t at = 0;
             for (int u = 0; u <= t; ++u) at += kept[u];
             sum_sorted(sorted[t], order[t], start[cut[t + 1]] - start[cut[t]], s, at);
+            for (int64_t a = 0; a < s->m; ++a) ok[t][a] = 1;
+            finite_rows(s, at, at + kept[t + 1], ok[t]);
         }
     }
     int64_t k = 0;
-    for (int t = 1; t <= threads; ++t) k += kept[t];
+    for (int t = 0; t < threads; ++t) {
+        k += kept[t + 1];
+        for (int64_t a = 0; a < s->m; ++a) finite[a] &= ok[t][a];
+    }
     return k;
 }
 
@@ -199,25 +217,32 @@ static int64_t coalesce_split(const int64_t *ids, int64_t n, int64_t rows, void 
  * ``found`` (over ``threads`` threads when more than 1); 1 when its scratch could not be had, else 0. */
 static int coalesce_run(int64_t first, int64_t m, const int64_t *const *ids, const int64_t *n,
                         const float *const *values, const int64_t *d, const int64_t *stride, int64_t rows,
-                        int64_t *const *unique, float *const *sums, int64_t *found, int threads) {
+                        int64_t *const *unique, float *const *sums, int64_t *found, int64_t *finite, int threads) {
     const Sums s = {m, values + first, d + first, stride + first, unique + first, sums + first};
     void *scratch = malloc((size_t)n[first] * (2 * sizeof(int64_t) + 2 * sizeof(int32_t)) + 1);
     if (!scratch) return 1;
-    int64_t k = threads > 1 ? coalesce_split(ids[first], n[first], rows, scratch, &s, threads)
+    int ok[m];
+    for (int64_t a = 0; a < m; ++a) ok[a] = 1;
+    int64_t k = threads > 1 ? coalesce_split(ids[first], n[first], rows, scratch, &s, threads, ok)
                             : hl_coalesce(ids[first], n[first], rows, scratch, &s);
+    if (threads <= 1 && k >= 0) finite_rows(&s, 0, k, ok);
     free(scratch);
-    for (int64_t a = first; a < first + m; ++a) found[a] = k;
+    for (int64_t a = 0; a < m; ++a) {
+        found[first + a] = k;
+        finite[first + a] = k >= 0 && ok[a];
+    }
     return 0;
 }
 
 /* hl_coalesce of ``count`` lookups at once: consecutive parts with the same ids (one tensor: tables looked up
  * together) sorted once, the runs spread over threads (each one's sums still added in index order), or, when there
  * are fewer runs than threads, each one of SPLIT_MIN ids or more split over them in turn (``coalesce_split``):
- * found[t] = part t's distinct rows, or -(i + 1) for an id out of range. 0, or -1 when scratch could not be had. */
+ * found[t] = part t's distinct rows, or -(i + 1) for an id out of range; finite[t] = 1 when every value of part t's
+ * sums is finite (``finite_rows``), else 0. 0, or -1 when scratch could not be had. */
 #define SPLIT_MIN (1 << 14)
 int64_t hl_coalesce_many(int64_t count, const int64_t *const *ids, const int64_t *n, const float *const *values,
                          const int64_t *d, const int64_t *stride, int64_t rows, int64_t *const *unique,
-                         float *const *sums, int64_t *found, int threads) {
+                         float *const *sums, int64_t *found, int64_t *finite, int threads) {
     int64_t starts[count + 1], runs = 0;
     for (int64_t t = 0; t < count; ++t)
         if (t == 0 || ids[t] != ids[t - 1] || n[t] != n[t - 1]) starts[runs++] = t;
@@ -226,13 +251,13 @@ int64_t hl_coalesce_many(int64_t count, const int64_t *const *ids, const int64_t
     if (runs < threads) {
         for (int64_t r = 0; r < runs; ++r)
             failed |= coalesce_run(starts[r], starts[r + 1] - starts[r], ids, n, values, d, stride, rows, unique,
-                                   sums, found, n[starts[r]] >= SPLIT_MIN ? threads : 1);
+                                   sums, found, finite, n[starts[r]] >= SPLIT_MIN ? threads : 1);
         return failed ? -1 : 0;
     }
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(| : failed)
     for (int64_t r = 0; r < runs; ++r)
         failed |= coalesce_run(starts[r], starts[r + 1] - starts[r], ids, n, values, d, stride, rows, unique, sums,
-                               found, 1);
+                               found, finite, 1);
     return failed ? -1 : 0;
 }
 

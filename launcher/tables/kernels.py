@@ -52,7 +52,7 @@ UPDATES = ("sgd", "lazy_adam", "ftrl", "adagrad")
 
 SIGNATURES = {
     **{f"hl_{name}": [I64, ctypes.POINTER(Job), ctypes.c_int] for name in UPDATES},
-    "hl_coalesce_many": [I64, PTR, PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, ctypes.c_int],
+    "hl_coalesce_many": [I64, PTR, PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, PTR, ctypes.c_int],
     "hl_gather": [PTR, I64, PTR, I64, I64, PTR, ctypes.c_int],
     "hl_all_finite": [I64, PTR, PTR, ctypes.c_int],
     "hl_pool_many": [I64, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I64, PTR, I64, PTR, ctypes.c_int],
@@ -133,6 +133,13 @@ def coalesce_many(parts: list[tuple[torch.Tensor, torch.Tensor]],
     """``coalesce`` of each (rows, values) of ``parts`` (each ``coalescable``), in one call: the parts spread over the
     rank's threads, consecutive parts with the same rows tensor sorted once (kernels.c hl_coalesce_many). The
     results are views of two buffers (one allocation each for all the parts, not two a part)."""
+    return coalesce_checked(parts, limit)[0]
+
+
+def coalesce_checked(parts: list[tuple[torch.Tensor, torch.Tensor]],
+                     limit: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[bool]]:
+    """``coalesce_many``, and per part whether every value of its sums is finite: the finiteness check of a step's
+    gradients made by the same call, on sums it just wrote (one pass less over them, and no call of its own)."""
     count = len(parts)
     sizes = [r.shape[0] for r, _ in parts]
     dims = [v.shape[1] for _, v in parts]
@@ -141,20 +148,20 @@ def coalesce_many(parts: list[tuple[torch.Tensor, torch.Tensor]],
         at_values.append(at_values[-1] + n * d)
     unique, sums = torch.empty(at_rows[-1], dtype=torch.int64), torch.empty(at_values[-1])
     u0, s0 = unique.data_ptr(), sums.data_ptr()
-    found = (ctypes.c_int64 * count)()
+    found, finite = (ctypes.c_int64 * count)(), (ctypes.c_int64 * count)()
     ok = _lib.hl_coalesce_many(count, _pointers([r for r, _ in parts]), _int64s(sizes),
                                _pointers([v for _, v in parts]), _int64s(dims),
                                _int64s([v.stride(0) for _, v in parts]), limit,
                                _int64s([u0 + 8 * a for a in at_rows[:-1]]),
                                _int64s([s0 + 4 * a for a in at_values[:-1]]),
-                               found, threads())
+                               found, finite, threads())
     if ok < 0:
         raise MemoryError("the table kernels could not allocate the coalesce's scratch")
     out = []
     for (rows, _), a, b, d, k in zip(parts, at_rows, at_values, dims, found):
         _check(k, rows, limit)
         out.append((unique[a:a + k], sums[b:b + k * d].view(k, d)))
-    return out
+    return out, [bool(f) for f in finite]
 
 
 def gather(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

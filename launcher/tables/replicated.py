@@ -25,7 +25,7 @@ from launcher.plan.placement import TablePlan
 from launcher.plan.registry import TABLE_OPTIMIZERS
 import launcher.tables.kernels as kernels
 from launcher.tables.prefetch import Ahead
-from launcher.tables.sparse_comm import coalesce, coalesce_all, reduce_tables
+from launcher.tables.sparse_comm import coalesce, coalesce_all, group_size, reduce_tables
 from launcher.tables.row_update import RowUpdate, step_all, updates_all
 from launcher.tables.transfer import device_to_host, gather_to_device
 
@@ -201,9 +201,11 @@ class ReplicatedTables:
         if self._ahead is not None:
             self._ahead.done()
 
-    def _local(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor] | None], list[int]]:
-        """This rank's coalesced gradient of each table (None: none), and which earlier table each shares its rows
-        with (tables that were always looked up together: one coalesce)."""
+    def _local(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor] | None], list[int], bool | None]:
+        """This rank's coalesced gradient of each table (None: none), which earlier table each shares its rows
+        with (tables that were always looked up together: one coalesce), and whether every value of them is finite
+        where the coalesce's kernel call checked them all (False where it found one that is not; None: not all
+        checked)."""
         names = list(self.tables)
         parts: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         shares = [-1] * len(names)
@@ -211,7 +213,8 @@ class ReplicatedTables:
         for group, entries in self._grads.items():
             rows = _cat([r for r, _ in entries])
             each += [(rows, _cat([g[j] for _, g in entries]), self._known.get(group)) for j in range(len(group))]
-        summed = iter(coalesce_all(each))
+        coalesced, checked = coalesce_all(each)
+        summed = iter(coalesced)
         for group in self._grads:
             for name in group:
                 parts.setdefault(name, []).append(next(summed))
@@ -227,20 +230,24 @@ class ReplicatedTables:
                 local.append(None)
             elif len(got) == 1:
                 local.append((got[0][0], got[0][1].contiguous()))
-            else:  # looked up in several groups: one gradient per table
+            else:  # looked up in several groups: one gradient per table (summed here, not checked)
                 local.append(coalesce(torch.cat([r for r, _ in got]), torch.cat([v for _, v in got]),
                                       any_order=True))
+                checked.append(None)
         self._grads.clear()
         self._known.clear()
-        return local, shares
+        finite = False if False in checked else None if None in checked else True
+        return local, shares, finite
 
     def step(self) -> bool:
         """With prefetch, a host table's update is computed here and written by the prefetch thread
         (launcher/tables/prefetch.py), the rows the queued micro-batches need first, then gathered for them."""
-        local, shares = self._local()
+        local, shares, finite = self._local()
         dims = [t.plan.dim for t in self.tables.values()]
         reduced = reduce_tables(local, dims, shares, group=self.dp_group, device=self.compute)
-        if not kernels.all_finite([r[1] for r in reduced if r is not None]):
+        if finite is None or group_size(self.dp_group) > 1:  # (one rank: its sums are the reduced ones)
+            finite = kernels.all_finite([r[1] for r in reduced if r is not None])
+        if not finite:
             self.skipped_steps += 1  # the same reduced values on every rank: every rank decides the same
             return False
         self._settle()  # the last update's writes are in: this one reads those rows

@@ -42,14 +42,18 @@ def coalesce(rows: torch.Tensor, values: torch.Tensor, known: tuple[torch.Tensor
 
 
 def coalesce_all(parts: list[tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]]
-                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[bool | None]]:
     """``coalesce(rows, values, known, any_order=True)`` of each part, those the C kernels take in one call (spread
-    over the rank's threads), the others one by one. Consecutive parts with the same ``rows`` tensor (tables looked
-    up with one ids tensor) have their rows sorted once: by the kernels, or on the CPU by one torch.unique."""
+    over the rank's threads), the others one by one; and per part whether its sums are all finite, where the kernels
+    checked them in that call (None: not checked). Consecutive parts with the same ``rows`` tensor (tables looked up
+    with one ids tensor) have their rows sorted once: by the kernels, or on the CPU by one torch.unique."""
     fused = [i for i, (r, v, k) in enumerate(parts) if k is None and r.numel() and kernels.coalescable(r, v)]
     out: list = [None] * len(parts)
-    for i, got in zip(fused, kernels.coalesce_many([parts[i][:2] for i in fused], 1 << 62) if fused else []):
-        out[i] = got
+    finite: list[bool | None] = [None] * len(parts)
+    if fused:
+        got, checked = kernels.coalesce_checked([parts[i][:2] for i in fused], 1 << 62)
+        for i, one, ok in zip(fused, got, checked):
+            out[i], finite[i] = one, ok
     last: tuple[torch.Tensor, Any] | None = None  # the previous part's rows and their (unique, inverse)
     for i, (rows, values, known) in enumerate(parts):
         if out[i] is None:
@@ -58,7 +62,7 @@ def coalesce_all(parts: list[tuple[torch.Tensor, torch.Tensor, tuple[torch.Tenso
                     last = rows, torch.unique(rows, sorted=True, return_inverse=True)
                 known = last[1]
             out[i] = coalesce(rows, values, known, any_order=True)
-    return out
+    return out, finite
 
 
 def _all_gather(t: torch.Tensor, group, world: int) -> list[torch.Tensor]:
@@ -72,13 +76,18 @@ def _padded(parts: list[torch.Tensor], length: int, like: torch.Tensor) -> torch
     return torch.cat([flat, flat.new_zeros(length - flat.numel())])
 
 
+def group_size(group=None) -> int:
+    """How many ranks ``group`` has (1 without a process group)."""
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
 def reduce_tables(local: list[tuple[torch.Tensor, torch.Tensor] | None], dims: list[int], shares: list[int],
                   group=None, device: torch.device | None = None) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
     """The mean over ``group`` of each table's row-sparse gradient. ``local[t]``: this rank's coalesced (rows,
     values (rows, dims[t])) of table t, or None; ``shares[t]``: an earlier table whose rows table t's are on this
     rank (-1: none). Returns per table its (rows, mean values), coalesced, or None when no rank had any."""
     device = device or torch.device("cpu")
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    world = group_size(group)
     if world == 1:  # each table's gradient is coalesced already: nothing to exchange, nothing to sum
         return list(local)
     n_tables = len(local)
@@ -103,7 +112,7 @@ def reduce_tables(local: list[tuple[torch.Tensor, torch.Tensor] | None], dims: l
         if rows.numel() == 0:
             continue
         each = [(rows, torch.cat([rank_values[t] for _, rank_values in per_rank]), None) for t in members]
-        for t, (unique, summed) in zip(members, coalesce_all(each)):  # the members' rows sorted once
+        for t, (unique, summed) in zip(members, coalesce_all(each)[0]):  # the members' rows sorted once
             out[t] = (unique, summed / world)
     return out
 

@@ -202,6 +202,35 @@ def test_tables_looked_up_with_one_ids_tensor_are_sorted_once_each_its_own_sums(
         assert torch.equal(s, torch.zeros(len(want_u), values.shape[1]).index_add_(0, inverse, values.contiguous()))
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("n", [300, 40_000])
+@pytest.mark.parametrize("runs", ["several", "one"])  # runs spread over the threads; at 40,000 ids, one run split
+def test_the_coalesce_says_which_parts_sums_are_not_all_finite(runs, n, threads, monkeypatch):
+    """``coalesce_checked``: the finiteness check a step makes of its gradients, made by the coalesce on the sums it
+    wrote, part by part (parts sharing one ids tensor too), in any thread's share of a split run: a nan, an inf, and
+    finite values whose sum overflows are found where they are, and nowhere else; the sums are coalesce_many's."""
+    g = torch.Generator().manual_seed(4)
+    rows = torch.randint(0, 5000, (n,), generator=g)
+    wide = torch.randn(n, 2 * DIM, generator=g)
+    parts = [(rows, wide[:, :DIM]), (rows, wide[:, DIM:]), (rows.clone(), torch.randn(n, 3, generator=g)),
+             (torch.randint(0, 5000, (n,), generator=g), torch.randn(n, DIM, generator=g))]
+    parts = parts if runs == "several" else parts[:2]
+    monkeypatch.setattr(kernels, "threads", lambda: threads)
+    sums, finite = kernels.coalesce_checked(parts, 5000)
+    assert finite == [True] * len(parts)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(sums, kernels.coalesce_many(parts, 5000)))
+    order = torch.argsort(rows)
+    values, counts = torch.unique(rows, return_counts=True)
+    twice = (rows == values[counts > 1][-1]).nonzero().flatten()[:2]  # two ids of one row, high in the order
+    for part, at, bad in ((1, order[-1], float("nan")), (0, order[0], float("-inf")), (len(parts) - 1, n // 2,
+                          float("inf")), (0, twice, 3e38)):  # the last: two finite values whose sum is not
+        broken = [(r, v.clone()) for r, v in parts]
+        broken[part][1][at, 1] = bad
+        assert torch.isfinite(broken[part][1]).all() == (bad == 3e38)
+        _, finite = kernels.coalesce_checked(broken, 5000)
+        assert finite == [p != part for p in range(len(parts))], (part, at, bad, finite)
+
+
 def test_gather_is_index_select_and_refuses_an_id_out_of_range():
     table = torch.randn(ROWS, DIM)
     rows = torch.randint(0, ROWS, (300,))
