@@ -157,11 +157,14 @@ def coalesce_checked(parts: list[tuple[torch.Tensor, torch.Tensor]],
                                found, finite, threads())
     if ok < 0:
         raise MemoryError("the table kernels could not allocate the coalesce's scratch")
-    out = []
-    for (rows, _), a, b, d, k in zip(parts, at_rows, at_values, dims, found):
+    for (rows, _), k in zip(parts, found):
         _check(k, rows, limit)
-        out.append((unique[a:a + k], sums[b:b + k * d].view(k, d)))
-    return out, [bool(f) for f in finite]
+    kept = [x for k, n in zip(found, sizes) for x in (k, n - k)]  # each part's rows, then the room it left
+    if len(set(dims)) == 1 and dims[0]:  # one split each (a view a part, made in one call)
+        out = zip(unique.split(kept)[::2], sums.view(-1, dims[0]).split(kept)[::2])
+    else:
+        out = zip(unique.split(kept)[::2], (sums[b:b + k * d].view(k, d) for b, d, k in zip(at_values, dims, found)))
+    return list(out), [bool(f) for f in finite]
 
 
 def gather(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
