@@ -25,7 +25,8 @@ from launcher.plan.table_keys import resolve_aliases
 from launcher.usercode.data_check import Sample, dataset_facts, item_labels, one_item, two_items
 from launcher.usercode.forward_check import CPU_CHECK_PARAMS, Swap, check_model_and_loss, cpu_model, swap_tables
 from launcher.facts.pipeline_cut import check_pipeline, with_outside
-from launcher.usercode.targets import HYDRA_KEYS, build_collate, import_targets, locate
+from launcher.usercode.targets import (HYDRA_KEYS, SPEC_SECTIONS, build_collate, import_targets, locate,
+                                       spec_shape_problems)
 
 LABEL_SCAN = 256
 """Dataset items read to decide whether the labels are binary (eval.metrics=auto)."""
@@ -133,11 +134,11 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
     (launcher.facts.preflight.wants_activations). Last, (bytes, what): the resident memory importing the recipe's
     packages added (Facts.imports)."""
     before = kernel_field("/proc/self/status", "VmRSS")
-    specs = {key: OmegaConf.to_container(node, resolve=True) for key, node in
-             (("model", cfg.model), ("data", cfg.data), ("eval_data", cfg.eval_data), ("val_data", cfg.val_data),
-              ("loss", cfg.loss))
-             if node is not None}
-    problems: list[str] = []
+    sections = {key: cfg[key] for key in SPEC_SECTIONS}
+    problems = spec_shape_problems(sections, source)
+    if problems:
+        raise ConfigError(problems)
+    specs = {key: OmegaConf.to_container(node, resolve=True) for key, node in sections.items() if node is not None}
     checked = {}
     for key, spec in specs.items():
         cls, found = check_target(key, spec, source)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
@@ -31,6 +31,37 @@ def locate(path: str) -> Any:
             obj = getattr(obj, attr)
         return obj
     return importlib.import_module(path)
+
+
+SPEC_SECTIONS = {"model": "my_project.model.Net", "data": "my_project.data.Clicks",
+                 "eval_data": "my_project.data.Clicks", "val_data": "my_project.data.Clicks",
+                 "loss": "torch.nn.BCEWithLogitsLoss"}
+"""A user recipe's sections that are _target_ specs, each with the class an example names; eval_data and val_data
+may be null (none)."""
+
+
+def spec_shape_problems(sections: Mapping[str, Any], source: str) -> list[str]:
+    """Each of a user recipe's ``sections`` (key -> its value as composed) that is no _target_ spec: null where one
+    is needed, a string, a list or a number where a mapping is, a ``_target_`` that is no dotted path. Said with the
+    form to write, before anything reads them."""
+    problems = []
+    for key, node in sections.items():
+        example = SPEC_SECTIONS.get(key, "my_project.Thing")
+        form = f"{key}: {{_target_: <module.Class>, <its arguments>...}} (e.g. {key}: {{_target_: {example}}})"
+        if node is None:
+            if key in ("model", "data", "loss"):
+                problems.append(f"{key} ({source}) is null: a recipe of your own needs its {key}, a mapping with a "
+                                f"_target_ (the dotted path of a class) and the class's arguments: {form}.")
+        elif not isinstance(node, Mapping):
+            given = node if isinstance(node, str) else list(node) if isinstance(node, Sequence) else node
+            shown = f"{key}: {{_target_: {node}}}" if isinstance(node, str) and "." in node else form
+            problems.append(f"{key}: {given!r} ({source}) is a {type(given).__name__}, where a recipe of your own "
+                            f"takes a mapping with a _target_ (the dotted path of a class) and its arguments. "
+                            f"Write {shown}, or {key}._target_=<module.Class> on the command line.")
+        elif "_target_" in node and not (isinstance(node["_target_"], str) and node["_target_"]):
+            problems.append(f"{key}._target_={node['_target_']!r} ({source}) is no dotted path: give the class's as "
+                            f"a string, e.g. {key}._target_={example}.")
+    return problems
 
 
 def nested_targets(spec: Any, key: str) -> list[tuple[str, str]]:

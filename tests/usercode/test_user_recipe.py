@@ -77,6 +77,12 @@ def test_a_dotted_table_path_is_one_key(project, cpu_host):
                          r"nan_at. Its arguments: users, items, dim, dense, hidden.$"),  # no did-you-mean _target_
     (["model.dim=abc"], r"model.dim='abc' \(model in conf/recipe/my_ctr.yaml\): my_ctr.model.Net\(\) takes an int for "
                         r"dim, not a str. Give an integer, e.g. model.dim=16."),
+    (["model=null"], r"model \(conf/recipe/my_ctr.yaml\) is null: a recipe of your own needs its model, a mapping "
+                     r"with a _target_"),
+    (["loss=null"], r"loss \(conf/recipe/my_ctr.yaml\) is null: .* \(e.g. loss: \{_target_: torch.nn.BCEWithLogitsLoss\}\)"),
+    (["model._target_=5"], r"model._target_=5 \(conf/recipe/my_ctr.yaml\) is no dotted path: give the class's as a "
+                           r"string, e.g. model._target_=my_project.model.Net."),
+    (["data._target_=null"], r"data._target_=None \(conf/recipe/my_ctr.yaml\) is no dotted path"),
 ])
 def test_each_mistake_is_named(project, cpu_host, overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -206,6 +212,28 @@ def test_hydra_flags_see_the_users_config_tree(project, cli):
     res = cli(["--config-dir", "conf", "recipe=my_ctr", "--cfg", "job"], project)
     assert res.returncode == 0, res.stderr
     assert "_target_: my_ctr.model.Net" in res.stdout and "eval_data:" in res.stdout
+
+
+@pytest.mark.parametrize("line, said", [
+    ("model: my_ctr.model.Net", "model: 'my_ctr.model.Net' (conf/recipe/my_ctr.yaml) is a str, where a recipe of your "
+                                "own takes a mapping with a _target_ (the dotted path of a class) and its arguments. "
+                                "Write model: {_target_: my_ctr.model.Net}, or model._target_=<module.Class> on the "
+                                "command line."),
+    ("model: [1, 2]", "model: [1, 2] (conf/recipe/my_ctr.yaml) is a list, where a recipe of your own takes a mapping"),
+    ("model: null", "model (conf/recipe/my_ctr.yaml) is null"),
+    ("model: {_target_: null}", "model._target_=None (conf/recipe/my_ctr.yaml) is no dotted path"),
+])
+def test_a_section_that_is_no_target_spec_in_the_file_is_named(project, tmp_path, cli, line, said):
+    """A section written as a string, a list or null (a newcomer's ``model: my_pkg.Net``), or a _target_ that is no
+    string: the form to write, exit 2 (each was a traceback in the launcher, exit 1)."""
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    lines = (project / "conf" / "recipe" / "my_ctr.yaml").read_text().splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("model:"))
+    end = next(i for i in range(at + 1, len(lines)) if not lines[i].startswith(" "))  # the section's indented lines
+    (tmp_path / "conf" / "recipe" / "my_ctr.yaml").write_text("\n".join(lines[:at] + [line] + lines[end:]) + "\n")
+    res = cli(["--config-dir", "conf", "recipe=my_ctr", "dry_run=true"], tmp_path)
+    out = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 2 and said in out and "Traceback" not in out, out[-2000:]
 
 
 def test_a_recipe_file_without_the_package_header_is_named(project, tmp_path, cli):
