@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -28,9 +29,9 @@ def check_recipe_file(path: Path, shown: str) -> None:
                           f"as UTF-8.") from None
     except OSError as e:
         raise ConfigError(f"{shown}: cannot be read ({e.strerror}). Make it a readable file.") from None
-    if "@package _global_" not in text:
-        raise ConfigError(f"{shown}: its first line must be `# @package _global_` (a recipe sets sections at the root "
-                          f"of the config: model, data, loss, trainer, ...). Add that line.")
+    header = package_header(text)
+    if header != "_global_":
+        raise ConfigError(f"{shown}: {_header_problem(text, header)}")
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -40,6 +41,41 @@ def check_recipe_file(path: Path, shown: str) -> None:
         raise ConfigError(f"{shown}: the file holds a {kind}, not a mapping of sections. Write it as `key: value` "
                           f"lines at the root: recipe: {{name: {path.stem}}}, model: {{_target_: ...}}, data: ..., "
                           f"loss: ....")
+    if isinstance(doc, dict) and "hydra" in doc:
+        from launcher.config_overrides import hydra_section
+
+        raise ConfigError([f"{shown}: {line}" for line in hydra_section(doc["hydra"])])
+
+
+def package_header(text: str) -> str | None:
+    """The package a config file's header sets, read as Hydra reads it (hydra/plugins/config_source.py
+    ``_get_header_dict``): its first lines that are ``# @key value`` comments, blank lines skipped, up to the first
+    other line; None when they set none."""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if not re.match(r"^#\s*@", line):
+            return None
+        words = line.lstrip("#").split()
+        if len(words) == 2 and words[0] == "@package":
+            return words[1]
+    return None
+
+
+def _header_problem(text: str, header: str | None) -> str:
+    """Why a recipe file's header is not Hydra's ``# @package _global_``, and the fix."""
+    need = ("(a recipe sets sections at the root of the config: model, data, loss, trainer, ...; Hydra reads the "
+            "header from the file's first lines only)")
+    if text.startswith("\ufeff"):
+        return (f"it starts with a byte-order mark (U+FEFF, which some editors write), so Hydra does not see its first "
+                f"line as `# @package _global_` {need}. Save the file as UTF-8 without BOM.")
+    if header is not None:
+        return f"its header sets `@package {header}`; a recipe's is `# @package _global_` {need}. Write that instead."
+    if re.search(r"^\s*#\s*@package\s+_global_\s*$", text, re.M):
+        return (f"`# @package _global_` is in it but not at its top, where Hydra reads it {need}: a line before it "
+                f"that is no `# @...` comment ends the header. Move it to the first line.")
+    return f"its first line must be `# @package _global_` {need}. Add that line."
 
 
 def yaml_problem(e: yaml.YAMLError, name: str | None = None) -> str:

@@ -81,11 +81,23 @@ def hydra_keys(parsed, quiet: tuple[str, ...] = ()) -> list[str]:
         if not key.startswith(("hydra.", "hydra/")) or key == "hydra.searchpath" or \
                 f"{key}={o.value()}" in quiet:
             continue
-        value = o.value()
-        hint = HYDRA_HINTS.get(key, "remove it").format(v=value)
-        out.append(f"{key}={value}: Hydra's own run settings do nothing here (hetero-launch composes the config "
-                   f"with Hydra and runs the job itself): {hint}.")
+        out.append(hydra_setting(key, o.value()))
     return out
+
+
+def hydra_setting(key: str, value: Any) -> str:
+    """Why Hydra's own run setting ``key`` does nothing here, and what the user wants instead."""
+    hint = HYDRA_HINTS.get(key, "remove it").format(v=value)
+    return (f"{key}={value}: Hydra's own run settings do nothing here (hetero-launch composes the config with Hydra "
+            f"and runs the job itself): {hint}.")
+
+
+def hydra_section(section: Any, key: str = "hydra") -> list[str]:
+    """``hydra_setting`` of each setting of a ``hydra:`` section written in a recipe file (where a Hydra app keeps
+    them): every one, since a recipe is no primary config and Hydra reads none of it."""
+    if isinstance(section, dict) and section:
+        return [line for k, v in section.items() for line in hydra_section(v, f"{key}.{k}")]
+    return [hydra_setting(key, section)]
 
 
 COMPETING = (

@@ -244,6 +244,37 @@ def test_a_recipe_file_without_the_package_header_is_named(project, tmp_path, cl
     assert res.returncode == 2 and "its first line must be `# @package _global_`" in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("before, after, said", [
+    ("\ufeff# @package _global_\n", "", "it starts with a byte-order mark (U+FEFF, which some editors write)"),
+    ("# my recipe\n\n# @package _global_\n", "", "`# @package _global_` is in it but not at its top, where Hydra reads"),
+    ("", "# @package _global_\n", "`# @package _global_` is in it but not at its top"),
+    ("# @package model\n", "", "its header sets `@package model`; a recipe's is `# @package _global_`"),
+])
+def test_a_package_header_hydra_would_not_read_is_named(project, tmp_path, cli, before, after, said):
+    """The header where Hydra reads it (its first `# @` lines): a byte-order mark or a comment before it, or the line
+    at the file's end, made Hydra put the file under recipe. and say "Key 'recipe' not in 'RecipeConfig'"."""
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    text = (project / "conf" / "recipe" / "my_ctr.yaml").read_text().replace("# @package _global_\n", "")
+    (tmp_path / "conf" / "recipe" / "my_ctr.yaml").write_text(before + text + after, encoding="utf-8")
+    res = cli(["--config-dir", "conf", "recipe=my_ctr"], tmp_path)
+    out = " ".join(res.stderr.split())
+    assert res.returncode == 2 and f"conf/recipe/my_ctr.yaml: {said}" in out, out
+
+
+def test_a_hydra_section_in_a_recipe_file_is_refused_as_on_the_command_line(project, tmp_path, cli):
+    """Hydra reads a hydra: section from its primary config only, never from a recipe: it did nothing, silently."""
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    text = (project / "conf" / "recipe" / "my_ctr.yaml").read_text()
+    (tmp_path / "conf" / "recipe" / "my_ctr.yaml").write_text(text + "hydra: {run: {dir: outs}, job: {chdir: true}}\n")
+    res = cli(["--config-dir", "conf", "recipe=my_ctr"], tmp_path)
+    out = " ".join(res.stderr.split())
+    assert res.returncode == 2, out
+    assert ("conf/recipe/my_ctr.yaml: hydra.run.dir=outs: Hydra's own run settings do nothing here (hetero-launch "
+            "composes the config with Hydra and runs the job itself): a run's files go to output.log_dir/<run name>: "
+            "set output.log_dir=outs") in out
+    assert "conf/recipe/my_ctr.yaml: hydra.job.chdir=True: Hydra's own run settings do nothing here" in out
+
+
 def test_a_config_dir_with_a_comma_in_its_path(project, tmp_path, cpu_host):
     import shutil
 
