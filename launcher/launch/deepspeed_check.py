@@ -81,6 +81,12 @@ def check_with_deepspeed(config: dict[str, Any], dp: int, source: str) -> None:
     counts one rank, so train_batch_size is divided by ``dp``; our batch solver checked global = micro × accum × dp);
     ConfigError with its message, or naming a top-level key it never read."""
     probe = _Reads({**config, "train_batch_size": config["train_batch_size"] // dp})
+    problems = _scalar_problems(config)
+    if not problems:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            problems = _scheduler_problems(config.get("scheduler"))
+    if problems:
+        raise ConfigError([f"deepspeed.config {source}: {p}" for p in problems])
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             # imported here only (the plan imports no deepspeed); its accelerator and config messages kept off the
@@ -101,6 +107,53 @@ def check_with_deepspeed(config: dict[str, Any], dp: int, source: str) -> None:
                  for k in unread]
         raise ConfigError(f"deepspeed.config {source}: DeepSpeed never reads {', '.join(hints)}: it would be "
                           f"ignored silently. Remove or correct it.")
+
+
+SCALARS = {"steps_per_print": int, "wall_clock_breakdown": bool, "memory_breakdown": bool, "dump_state": bool,
+           "prescale_gradients": bool, "gradient_predivide_factor": float}
+"""Top-level values DeepSpeedConfig takes as they are and the engine then computes with (``step % steps_per_print``):
+a wrong type failed in every rank at its first step."""
+
+
+def _scalar_problems(config: dict[str, Any]) -> list[str]:
+    out = []
+    for key, kind in SCALARS.items():
+        value = config.get(key)
+        fits = isinstance(value, bool) if kind is bool else isinstance(value, (int, float) if kind is float else int) \
+            and not isinstance(value, bool)
+        if key in config and not fits:
+            out.append(f"{key}={json.dumps(value)} is no {kind.__name__}, which DeepSpeed's engine computes with. "
+                       f"Give {'true or false' if kind is bool else 'a number'}, or remove it.")
+    return out
+
+
+def _scheduler_problems(section: Any) -> list[str]:
+    """The scheduler DeepSpeed's engine would build from ``scheduler`` (engine._scheduler_from_config: a class of
+    deepspeed.runtime.lr_schedules or torch.optim.lr_scheduler, called with the optimizer and ``params``), checked
+    before launch: it asserted, or raised a TypeError for a misspelt argument, in every rank."""
+    if not isinstance(section, dict) or section.get("type") is None:
+        return []
+    import inspect
+
+    import torch.optim.lr_scheduler as torch_schedules
+    from deepspeed.runtime import lr_schedules
+
+    name, params = section["type"], section.get("params") or {}
+    found = [getattr(m, name) for m in (lr_schedules, torch_schedules) if isinstance(name, str) and hasattr(m, name)]
+    if not found or not inspect.isclass(found[0]):
+        close = difflib.get_close_matches(str(name), list(lr_schedules.VALID_LR_SCHEDULES), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return [f"scheduler.type={name} is no scheduler DeepSpeed builds{hint}: one of "
+                f"{', '.join(lr_schedules.VALID_LR_SCHEDULES)}, or a torch.optim.lr_scheduler class."]
+    if not isinstance(params, dict):
+        return [f"scheduler.params is a {type(params).__name__}: give a mapping of {name}'s arguments."]
+    signature = inspect.signature(found[0])
+    try:
+        signature.bind(None, **params)
+    except TypeError as e:
+        args = [a for a in list(signature.parameters)[1:] if a not in ("args", "kwargs")]
+        return [f"scheduler.params: {name} does not take them ({e}). Its arguments: {', '.join(args)}."]
+    return []
 
 
 def _said(e: Exception) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,6 +166,13 @@ def adopt(cfg: Any, file: dict[str, Any], source: str, is_set: Callable[[str], b
                 notes.append(f"{key.ours}={_show(ours)} from deepspeed.config {source} ({key.file}={_show(value)})")
         elif key.file.startswith("optimizer.") and current != ours:
             problems.append(conflict(key.file, value, source, f"{key.ours}={_show(current)}", key))
+    section = file.get("optimizer")
+    for dotted, value in leaves(section, "optimizer") if isinstance(section, dict) else ():
+        if dotted not in BY_FILE and value != {}:
+            known = ", ".join(k.file for k in INTENT_KEYS if k.file.startswith("optimizer."))
+            problems.append(f"deepspeed.config: {dotted}={_show(value)} in {source} would do nothing: the ranks give "
+                            f"DeepSpeed a torch optimizer built from optimizer.* (this file's optimizer section is "
+                            f"read from {known} only). Remove it.")
     for dotted, ours in RESOLVED_AUTO.items():
         if lookup(file, dotted) == "auto":
             if ours == "trainer.steps" and cfg.trainer.epochs > 0:
@@ -180,12 +186,21 @@ def adopt(cfg: Any, file: dict[str, Any], source: str, is_set: Callable[[str], b
     return notes, problems
 
 
+def refused(key: IntentKey | None, value: Any) -> bool:
+    """Whether ``value`` is one ``adopt`` refuses for ``key`` (it said why: nothing more to say of it)."""
+    if key is None:
+        return False
+    try:
+        return key.to_ours(value) is ValueError
+    except (ValueError, TypeError):
+        return True
+
+
 def conflict(file_key: str, value: Any, source: str, ours: str, key: IntentKey | None) -> str:
     """The message of a file key that disagrees with an intent: both sides and the fix."""
     fix = f"remove {file_key} from {source}"
-    if key is not None:
-        with suppress(ValueError, TypeError):
-            fix += f", or set {key.ours}={_show(key.to_ours(value))}"
+    if key is not None and not refused(key, value):
+        fix += f", or set {key.ours}={_show(key.to_ours(value))}"
     return (f"deepspeed.config: {file_key}={_show(value)} in {source} conflicts with {ours}. Make them agree: {fix} "
             f"(a key of ours left unset takes the file's value).")
 
@@ -202,6 +217,8 @@ def merge(compiled: dict[str, Any], file: dict[str, Any], owned: dict[str, tuple
     for dotted, value in leaves(file):
         if dotted.split(".")[0] in NO_EFFECT or dotted.startswith("optimizer.") or value == {}:
             continue  # an empty section ({}) sets nothing: DeepSpeed's defaults, or what we compiled
+        if value != "auto" and refused(BY_FILE.get(dotted), value):
+            continue  # adopt said why
         if dotted in owned:
             mine, ours = owned[dotted]
             if value != "auto" and (value != mine or isinstance(value, bool) != isinstance(mine, bool)):

@@ -87,6 +87,28 @@ def test_the_optimizer_section_becomes_ours_and_is_not_emitted(cpu_host):
     assert "optimizer" not in engine_config(plan)
 
 
+def test_optimizer_params_with_no_key_of_ours_are_refused_by_name(cpu_host):
+    """The ranks give DeepSpeed a torch optimizer built from optimizer.*: an optimizer param of the file that no key
+    of ours takes (amsgrad, a typo) was dropped silently."""
+    file = {"optimizer": {"type": "AdamW", "params": {"lr": 0.005, "amsgrad": True, "fooo": 1}}}
+    with pytest.raises(ConfigError) as e:
+        plan_of([*GPT, inline(file)], cpu_host)
+    said = " ".join(" ".join(e.value.problems).split())
+    assert "optimizer.params.amsgrad=true in the inline config would do nothing: the ranks give DeepSpeed a torch " \
+           "optimizer built from optimizer.*" in said and "optimizer.params.fooo=1 in the inline config" in said
+    assert "optimizer.params.lr" in said and "Remove it." in said
+
+
+def test_a_refused_offload_is_said_once_with_a_fix_that_can_be_written(cpu_host):
+    with pytest.raises(ConfigError) as e:
+        plan_of([*GPT, inline({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})], cpu_host)
+    assert len(e.value.problems) == 1 and "nvme is not planned" in e.value.problems[0], e.value.problems
+    assert "<class" not in " ".join(e.value.problems)
+    with pytest.raises(ConfigError) as e:
+        plan_of([*GPT, inline({"zero_optimization": {"stage": 5}})], cpu_host)
+    assert len(e.value.problems) == 1 and "zero_optimization.stage=5" in e.value.problems[0], e.value.problems
+
+
 def test_keys_that_would_do_nothing_are_refused(cpu_host):
     with pytest.raises(ConfigError, match="zero_optimization.overlap_comm in the inline config would do nothing: the "
                                           "run's data-parallel part is ddp, not deepspeed"):
@@ -108,6 +130,26 @@ def test_deepspeeds_parser_checks_the_merged_config(cpu_host):
     bad["zero_optimization"]["overlap_com"] = True
     with pytest.raises(ConfigError, match="DeepSpeed's parser refuses .*overlap_com"):
         check_with_deepspeed(bad, plan.dims.dp, "ds.json")
+
+
+@pytest.mark.parametrize("extra, said", [
+    ({"scheduler": {"type": "WarmupLRR", "params": {}}}, r"scheduler.type=WarmupLRR is no scheduler DeepSpeed builds "
+                                                         r"\(did you mean WarmupLR\?\): one of LRRangeTest, OneCycle"),
+    ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_stepz": 3}}},
+     r"scheduler.params: WarmupLR does not take them \(.*warmup_num_stepz.*\). Its arguments: warmup_min_lr"),
+    ({"scheduler": {"type": "StepLR", "params": {"gamma": 0.5}}},  # torch's, without its required step_size
+     r"scheduler.params: StepLR does not take them \(missing a required argument: 'step_size'\)"),
+    ({"steps_per_print": "x"}, r'steps_per_print="x" is no int, which DeepSpeed\'s engine computes with'),
+    ({"wall_clock_breakdown": "yes"}, r'wall_clock_breakdown="yes" is no bool'),
+])
+def test_what_the_engine_would_fail_on_in_every_rank_is_refused(cpu_host, extra, said):
+    """DeepSpeedConfig keeps the scheduler and these values as given; the engine built the scheduler (an assert, a
+    TypeError) or computed with them (step % steps_per_print) in every rank."""
+    plan = plan_of([*GPT, inline(EXAMPLE)], cpu_host)
+    check_with_deepspeed({**engine_config(plan), "scheduler": {"type": "StepLR", "params": {"step_size": 2}}},
+                         plan.dims.dp, "ds.json")  # torch's own scheduler, as DeepSpeed takes it
+    with pytest.raises(ConfigError, match=said):
+        check_with_deepspeed({**engine_config(plan), **extra}, plan.dims.dp, "ds.json")
 
 
 def test_the_file_is_read_before_planning(tmp_path, monkeypatch):
