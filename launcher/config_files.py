@@ -104,10 +104,33 @@ def user_recipes(config_dir: str | None) -> list[str]:
     if config_dir is None:
         return []
     root = Path(config_dir)
+    if root.is_file():
+        raise ConfigError(f"--config-dir {config_dir}: a file, not a folder. Give the folder that holds "
+                          f"recipe/<name>.yaml, e.g. --config-dir {root.parent / 'conf' if root.suffix else 'conf'}.")
     if not root.is_dir():
         raise ConfigError(f"--config-dir {config_dir}: no such directory (relative paths start at {Path.cwd()}). "
                           f"Give the folder that holds recipe/<name>.yaml, e.g. --config-dir conf.")
-    return sorted(p.stem for p in (root / "recipe").glob("*.yaml"))
+    found = sorted(p.stem for p in (root / "recipe").glob("*.yaml"))
+    if not found and (misplaced := _misplaced(root, config_dir)):
+        raise ConfigError(f"--config-dir {config_dir}: no recipe/<name>.yaml in it, where hetero-launch reads your "
+                          f"recipes; {misplaced}")
+    return found
+
+
+def _misplaced(root: Path, given: str) -> str:
+    """Where recipes in a config dir without recipe/*.yaml are instead, and the fix ('' when none are)."""
+    here = [p.name for p in sorted(root.glob("*.y*ml")) if "@package _global_" in p.read_text(errors="replace")]
+    if here and root.name == "recipe":
+        return (f"{', '.join(here)} lie in the recipe/ folder itself: give the folder above it, --config-dir "
+                f"{root.parent}.")
+    if here:
+        return f"{', '.join(here)} lie in it directly: move them into {Path(given) / 'recipe'}/."
+    if any((root / "recipes").glob("*.y*ml")):
+        return f"it has recipes/ (plural): rename that folder to {Path(given) / 'recipe'} (Hydra's group name)."
+    yml = [p.name for p in sorted((root / "recipe").glob("*.yml"))]
+    if yml:
+        return f"{', '.join(yml)} end in .yml: rename them to .yaml (Hydra reads .yaml files only)."
+    return ""
 
 
 def group_options(users: list[str], recipes: list) -> dict[str, list[str]]:

@@ -10,14 +10,47 @@ import dataclasses
 from typing import Any
 
 import torch
+from hydra.utils import instantiate
 from torch import nn
 
 from launcher.contract import ModelFacts
-from launcher.errors import few
+from launcher.errors import few, first_words
 from launcher.facts.layer_sizes import layer_sizes
 from launcher.tables import movable
 from launcher.usercode.forward_check import unused_parameters
 from launcher.usercode.recipe import units
+
+
+SHARDED_TORCHREC = "torchrec.distributed"
+"""TorchRec's sharded modules (DistributedModelParallel, ShardedEmbeddingBagCollection) live under this package."""
+
+
+def meta_model(spec: dict[str, Any], source: str) -> tuple[nn.Module | None, list[str]]:
+    """(a user recipe's model built from its ``spec`` on the meta device, problems naming ``source``)."""
+    if str(spec["_target_"]).startswith(SHARDED_TORCHREC):
+        return None, [f"model._target_={spec['_target_']} ({source}): a sharded TorchRec module shards and places its "
+                      f"tables itself, in a process group it needs at construction. Give the unsharded model (its "
+                      f"EmbeddingBagCollection / EmbeddingCollection inside): hetero-launch places its tables "
+                      f"(placement.host_device_mix, placement.ps, placement.tables.<name>). To run "
+                      f"DistributedModelParallel yourself, use a script= job."]
+    try:
+        with torch.device("meta"):
+            model = instantiate(spec, _convert_="all")
+    except Exception as e:  # noqa: BLE001
+        said = str(e.__cause__ or e).lower()
+        cuda, meta = "cuda" in said, "meta" in said  # .cuda() in its constructor; a parameter's value read there
+        return None, [f"model ({source}): building {spec['_target_']}{' on the meta device' if meta or cuda else ''} "
+                      f"failed: "
+                      f"{first_words(e.__cause__ or e)}." + (" Build the model where it is made (no .cuda(), "
+                      ".to('cuda') or device='cuda' in its constructor): hetero-launch puts each rank's model on its "
+                      "device (cluster.device)." if cuda else " The launcher builds the model on the meta device "
+                      "(shapes, no memory) to plan it before any rank starts, and a meta tensor has no values: read "
+                      "no parameter's value in the constructor (.item(), .numpy(), .tolist(), float(tensor)); keep it "
+                      "a tensor, or compute it in forward." if meta else "")]
+    if not isinstance(model, nn.Module):
+        return None, [f"model._target_={spec['_target_']} ({source}) built a {type(model).__name__}, not a "
+                      f"torch.nn.Module."]
+    return model, []
 
 
 def model_facts_on_meta(model: nn.Module) -> ModelFacts:

@@ -82,9 +82,12 @@ def resume_checkpoint(cfg: DictConfig) -> str:
         raise ConfigError(f"{key}: {path} cannot be followed ({e}): a symlink that leads back to itself. Give a run "
                           f"dir itself, trainer.resume=log_output/<run>; remove the link (rm {path}) if it is "
                           f"log_dir's latest.") from None
+    if not run.plan.is_file() and resume == "latest":
+        raise ConfigError(f"{key}: output.log_dir={cfg.output.log_dir} holds no run to resume ({path} is no run "
+                          f"dir). Start the run without trainer.resume, give the run dir to resume "
+                          f"(trainer.resume=<log dir>/<run>), or set output.log_dir to the folder its runs are in.")
     if not run.plan.is_file():
-        where = f"{cfg.output.log_dir}/latest" if resume == "latest" else str(path)
-        raise ConfigError(f"{key}: {where} is not a run dir (no {run.plan.name} in it). Give a run dir such as "
+        raise ConfigError(f"{key}: {path} is not a run dir (no {run.plan.name} in it). Give a run dir such as "
                           f"log_output/<run>, or latest for output.log_dir's newest run.")
     newest = run.newest_checkpoint()
     if newest is None:

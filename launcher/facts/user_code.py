@@ -17,7 +17,7 @@ from torch import nn
 
 from launcher.contract import DataFacts, ModelFacts
 from launcher.errors import ConfigError, did_you_mean, few, first_words
-from launcher.facts.model import dtype_problems, gradient_facts, model_facts_on_meta, state_shapes
+from launcher.facts.model import dtype_problems, gradient_facts, meta_model, model_facts_on_meta, state_shapes
 from launcher.plain import to_plain
 from launcher.procfs import kernel_field
 from launcher.plan.placement import takes_tables_out
@@ -33,10 +33,6 @@ LABEL_SCAN = 256
 COUNT_MAX = 1 << 16
 """The most items of a stream the launcher counts (keeping only the first LABEL_SCAN): see _group_reach."""
 
-SHARDED_TORCHREC = "torchrec.distributed"
-"""TorchRec's sharded modules (DistributedModelParallel, ShardedEmbeddingBagCollection) live under this package."""
-
-
 def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple[Any, list[str]]:
     """(the class, problems) for ``spec``'s ``_target_``: it imports, and its constructor takes the spec's keys."""
     where = f"{key} in {source}"
@@ -50,6 +46,10 @@ def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple
                       f"and that its package is in the folder you run from (or next to --config-dir)."
                       for k, t, e in failed]
     cls = locate(target)
+    if inspect.ismodule(cls):
+        found = [n for n, v in vars(cls).items() if inspect.isclass(v) and v.__module__ == cls.__name__]
+        return None, [f"{key}._target_={target} ({where}) is a module, not a class or function: give the one in it "
+                      f"to build, e.g. {key}._target_={target}.{found[0] if found else '<Class>'}."]
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
@@ -154,7 +154,7 @@ def inspect_user_recipe(cfg: DictConfig, source: str,
             data[key], samples[key], more = dataset_facts(key, specs[key], source, keys, collate,
                                                           *((LABEL_SCAN, _group_reach(cfg)) if key == "data" else (1,)))
             problems += more
-    model, more = _meta_model(specs["model"], source) if checked.get("model") else (None, [])
+    model, more = meta_model(specs["model"], source) if checked.get("model") else (None, [])
     problems += more + (dtype_problems(model, cfg.precision, source) if model is not None else [])
     loss_fn, more = _loss(specs["loss"], source) if checked.get("loss") else (None, [])
     problems += more
@@ -219,29 +219,6 @@ def _collate(cfg: DictConfig, source: str) -> tuple[Any, list[str]]:
         return None, [f"loader.collate_fn={shown} ({source}): {first_words(e.__cause__ or e)}. Give a function by its "
                       f"dotted path (loader.collate_fn=my_project.data.collate), or {{_target_: ..., ...}} with its "
                       f"arguments."]
-
-
-def _meta_model(spec: dict[str, Any], source: str) -> tuple[nn.Module | None, list[str]]:
-    """(the model built on the meta device, problems)."""
-    if str(spec["_target_"]).startswith(SHARDED_TORCHREC):
-        return None, [f"model._target_={spec['_target_']} ({source}): a sharded TorchRec module shards and places its "
-                      f"tables itself, in a process group it needs at construction. Give the unsharded model (its "
-                      f"EmbeddingBagCollection / EmbeddingCollection inside): hetero-launch places its tables "
-                      f"(placement.host_device_mix, placement.ps, placement.tables.<name>). To run "
-                      f"DistributedModelParallel yourself, use a script= job."]
-    try:
-        with torch.device("meta"):
-            model = instantiate(spec, _convert_="all")
-    except Exception as e:  # noqa: BLE001
-        cuda = "cuda" in str(e.__cause__ or e).lower()  # .cuda() / .to("cuda") in its constructor
-        return None, [f"model ({source}): building {spec['_target_']} on the meta device failed: "
-                      f"{first_words(e.__cause__ or e)}." + (" Build the model where it is made (no .cuda(), "
-                      ".to('cuda') or device='cuda' in its constructor): hetero-launch puts each rank's model on its "
-                      "device (cluster.device)." if cuda else "")]
-    if not isinstance(model, nn.Module):
-        return None, [f"model._target_={spec['_target_']} ({source}) built a {type(model).__name__}, not a "
-                      f"torch.nn.Module."]
-    return model, []
 
 
 def _loss(spec: dict[str, Any], source: str) -> tuple[Any, list[str]]:

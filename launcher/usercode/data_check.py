@@ -111,12 +111,17 @@ def dataset_facts(key: str, spec: Mapping[str, Any], source: str, keys: Keys = (
 COUNT_SECONDS = 10.0
 """How long the launcher goes on counting a stream's items (read_sample's ``count_to``) before it lets the ranks find
 out whether an epoch holds a global micro-batch."""
+READ_SECONDS = 10.0
+"""How long the launcher reads a dataset's first items (read_sample's ``count``) before it makes do with those it has
+(two at least: the checks batch two): a dataset that reads from a slow store (1 s an item) would keep the launcher
+silent for minutes before anything starts, a dry run too."""
 
 
 def read_sample(dataset: Any, count: int, count_to: int = 0) -> Sample:
-    """The dataset's first ``count`` items (fewer when it has fewer), each read timed: by index, or by iterating a
-    stream once (in a random state of its own, as the ranks read it). A stream is counted on, its items not kept, to
-    ``count_to`` items or COUNT_SECONDS: ``ended`` is its length when it ended by then."""
+    """The dataset's first ``count`` items (fewer when it has fewer, or when reading them took READ_SECONDS), each
+    read timed: by index, or by iterating a stream once (in a random state of its own, as the ranks read it). A
+    stream is counted on, its items not kept, to ``count_to`` items or COUNT_SECONDS: ``ended`` is its length when it
+    ended by then (None also when the reading stopped at READ_SECONDS)."""
     import itertools
     import statistics
     import time
@@ -128,8 +133,8 @@ def read_sample(dataset: Any, count: int, count_to: int = 0) -> Sample:
         source = iter(dataset) if is_stream(dataset) else (dataset[i] for i in range(min(count, len(dataset))))
         items: list[Any] = []
         walls: list[float] = []
-        start = last = time.perf_counter()
-        cpu = 0.0
+        start = last = begun = time.perf_counter()
+        cpu, cut = 0.0, False
         for item in itertools.islice(source, count):
             now = time.perf_counter()
             if items:
@@ -138,8 +143,11 @@ def read_sample(dataset: Any, count: int, count_to: int = 0) -> Sample:
                 start, cpu = now, time.process_time()
             items.append(item)
             last = now
+            if len(items) >= 2 and now - begun > READ_SECONDS and len(items) < count:
+                cut = True  # enough to check; the ranks read the rest
+                break
         cpu = time.process_time() - cpu
-        ended = _count_on(source, len(items), count, count_to) if is_stream(dataset) else None
+        ended = _count_on(source, len(items), count, count_to) if is_stream(dataset) and not cut else None
     if not walls:
         return Sample(items, 0.0, 1.0, ended)
     wall = last - start

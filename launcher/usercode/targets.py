@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -18,7 +19,8 @@ HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
 
 
 def locate(path: str) -> Any:
-    """The object at a dotted path (``pkg.module.Class``); raises ImportError/AttributeError as Python would."""
+    """The object at a dotted path (``pkg.module.Class``); raises ImportError/AttributeError as Python would. A path
+    that names a module (``pkg.module``, which its package need not import) is that module."""
     parts = path.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         try:
@@ -27,8 +29,13 @@ def locate(path: str) -> Any:
             if e.name and ".".join(parts[:cut]).startswith(e.name):
                 continue  # a shorter prefix may be the module
             raise
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            if cut == len(parts) - 1 and _is_module(path):
+                return importlib.import_module(path)  # the whole path is a module of the package
+            raise
         return obj
     return importlib.import_module(path)
 
@@ -62,6 +69,13 @@ def spec_shape_problems(sections: Mapping[str, Any], source: str) -> list[str]:
             problems.append(f"{key}._target_={node['_target_']!r} ({source}) is no dotted path: give the class's as "
                             f"a string, e.g. {key}._target_={example}.")
     return problems
+
+
+def _is_module(path: str) -> bool:
+    try:
+        return importlib.util.find_spec(path) is not None
+    except (ImportError, ValueError):  # its parent is a module, not a package
+        return False
 
 
 def nested_targets(spec: Any, key: str) -> list[tuple[str, str]]:

@@ -128,6 +128,15 @@ class OnCuda(Unused):
         self.to("cuda")
 
 
+class ReadsAValue(Unused):
+    """The page's Net whose constructor reads a parameter's value (a scale from its first weights): plain torch builds
+    it, the meta device has no values."""
+
+    def __init__(self, users: int, items: int, dim: int = 8, dense: int = 4, hidden: int = 64):
+        super().__init__(users, items, dim, dense, hidden)
+        self.scale = float(self.net.mlp[0].weight.abs().max().item()) + 1.0
+
+
 class TwoClasses(Unused):
     """Two scores an item, for CrossEntropyLoss over the integer labels of IntClicks."""
 

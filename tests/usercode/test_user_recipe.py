@@ -83,6 +83,9 @@ def test_a_dotted_table_path_is_one_key(project, cpu_host):
     (["model._target_=5"], r"model._target_=5 \(conf/recipe/my_ctr.yaml\) is no dotted path: give the class's as a "
                            r"string, e.g. model._target_=my_project.model.Net."),
     (["data._target_=null"], r"data._target_=None \(conf/recipe/my_ctr.yaml\) is no dotted path"),
+    (["model._target_=my_ctr.model"], r"model._target_=my_ctr.model \(model in conf/recipe/my_ctr.yaml\) is a module, "
+                                      r"not a class or function: give the one in it to build, e.g. "
+                                      r"model._target_=my_ctr.model.\w+"),
 ])
 def test_each_mistake_is_named(project, cpu_host, overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -124,6 +127,14 @@ def test_a_model_that_moves_itself_to_cuda_is_told_to_leave_it_to_the_launcher(p
                                           r"the model where it is made \(no .cuda\(\), .to\('cuda'\) or "
                                           r"device='cuda' in its constructor\)"):
         plan(project, "model._target_=my_ctr.extra.OnCuda", host=cpu_host)
+
+
+def test_a_model_that_reads_a_parameters_value_in_its_constructor_is_told_why_and_what_to_do(project, cpu_host):
+    with pytest.raises(ConfigError, match=r"building my_ctr.extra.ReadsAValue on the meta device failed: .*meta.* The "
+                                          r"launcher builds the model on the meta device \(shapes, no memory\) to plan "
+                                          r"it before any rank starts, and a meta tensor has no values: read no "
+                                          r"parameter's value in the constructor \(.item\(\)"):
+        plan(project, "model._target_=my_ctr.extra.ReadsAValue", host=cpu_host)
 
 
 @pytest.mark.parametrize("model, why", [("Frozen", r"all [\d,]+ are frozen: requires_grad=False"),
@@ -206,6 +217,28 @@ def test_config_dir_mistakes(project, tmp_path, cli):
     (tmp_path / "conf" / "recipe" / "gpt.yaml").write_text("# @package _global_\nrecipe: {name: gpt}\n")
     res = cli(["--config-dir", "conf", "recipe=gpt"], tmp_path)
     assert res.returncode == 2 and "has the name of a built-in recipe" in res.stderr
+
+
+def test_a_config_dir_whose_recipes_are_elsewhere_says_where(project, tmp_path, cli):
+    """--config-dir at the recipe/ folder itself, a recipes/ folder, .yml files, a file: each said with its fix
+    (each said "no such recipe" with only the built-in recipes, and with a built-in recipe did nothing)."""
+    text = (project / "conf" / "recipe" / "my_ctr.yaml").read_text()
+    for where, name in (("a/conf/recipe", "my_ctr.yaml"), ("b/conf/recipes", "my_ctr.yaml"),
+                        ("c/conf/recipe", "my_ctr.yml")):
+        (tmp_path / where).mkdir(parents=True)
+        (tmp_path / where / name).write_text(text)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "conf.yaml").write_text("x: 1\n")
+    for config_dir, said in (("a/conf/recipe", "--config-dir a/conf/recipe: no recipe/<name>.yaml in it, where "
+                                                "hetero-launch reads your recipes; my_ctr.yaml lie in the recipe/ "
+                                                "folder itself: give the folder above it, --config-dir a/conf."),
+                             ("b/conf", "it has recipes/ (plural): rename that folder to b/conf/recipe"),
+                             ("c/conf", "my_ctr.yml end in .yml: rename them to .yaml"),
+                             ("d/conf.yaml", "--config-dir d/conf.yaml: a file, not a folder.")):
+        for recipe in ("my_ctr", "quickstart"):
+            res = cli(["--config-dir", config_dir, f"recipe={recipe}", "dry_run=true"], tmp_path)
+            out = " ".join(res.stderr.split())
+            assert res.returncode == 2 and said in out, (config_dir, recipe, out)
 
 
 def test_hydra_flags_see_the_users_config_tree(project, cli):
