@@ -19,7 +19,8 @@ from hydra.errors import HydraException
 from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher.config_files import check_recipe_file, group_options, quoted_path, user_recipes, yaml_problem
+from launcher.config_files import (check_recipe_file, composition_problem, config_dir_of, group_options,
+                                   search_line, user_recipes, yaml_problem)
 from launcher.config_overrides import (OPEN_SECTIONS, appends, competing_keys, data_option, deletions, group_values,
                                        hydra_keys, launcher_set_keys, optimizer_stands_aside, quote_hint,
                                        section_given_value, sections_given_values, shapeless, sharding_override,
@@ -68,8 +69,7 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
     for name in chosen:
         if name in users:
             check_recipe_file(Path(config_dir) / "recipe" / f"{name}.yaml", f"{config_dir}/recipe/{name}.yaml")
-    search = ([f"hydra.searchpath=['file://{quoted_path(Path(config_dir).resolve())}']"] if config_dir is not None
-              else [])
+    search = [search_line(config_dir)] if config_dir is not None else []
     search += [q for q in HYDRA_QUIET if not any(o.key_or_group == q.split("=")[0] for o in parsed)]
     script_mode = any(o.key_or_group == "script" for o in parsed)  # a user's own script: no recipe
     bases: dict[tuple[str, ...], DictConfig | ConfigError] = {}  # _compose_once's, for this call's Hydra
@@ -308,7 +308,7 @@ def _compose(lines: list[str]) -> DictConfig:
     except yaml.YAMLError as e:
         raise ConfigError(yaml_problem(e)) from None
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(first_line(e)) from None
+        raise ConfigError(composition_problem(e, config_dir_of(lines)) or first_line(e)) from None
 
 
 def _table_entries(value) -> list[str]:

@@ -11,12 +11,30 @@ from pathlib import Path
 
 import yaml
 
-from launcher.errors import ConfigError, first_line
+from launcher.errors import ConfigError, did_you_mean, first_line
 
 
 def quoted_path(path: Path) -> str:
     """A path inside a quoted Hydra override value (commas, spaces and brackets are safe there)."""
     return str(path).replace("\\", "\\\\").replace("'", "\\'")
+
+
+SEARCH = "hydra.searchpath=['file://"
+
+
+def search_line(config_dir: str) -> str:
+    """The override that adds the user's config folder to Hydra's search path (read back by ``config_dir_of``)."""
+    return f"{SEARCH}{quoted_path(Path(config_dir).resolve())}']"
+
+
+def config_dir_of(lines: list[str]) -> str | None:
+    """The user's config folder a ``search_line`` among ``lines`` adds, as the user would type it from here."""
+    for line in lines:
+        if line.startswith(SEARCH) and line.endswith("']"):
+            path = line[len(SEARCH):-2].replace("\\'", "'").replace("\\\\", "\\")
+            rel = os.path.relpath(path)
+            return rel if not rel.startswith("..") else path
+    return None
 
 
 def check_recipe_file(path: Path, shown: str) -> None:
@@ -151,3 +169,36 @@ def _package_groups() -> dict[str, list[str]]:
     root = Path(launcher.conf.__path__[0])
     return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(root.iterdir())
             if d.is_dir() and d.name != "hydra" and not d.name.startswith("_")}
+
+
+def composition_problem(error: BaseException, config_dir: str | None) -> str:
+    """Hydra's error composing a recipe file of the user's folder ("In 'recipe/x': ConfigKeyError raised while
+    composing config: ... full_key: trainer.stepz") as one sentence naming the file, the key and the fix, as the same
+    mistake on the command line is said; '' when the error is not about such a file."""
+    found = re.match(r"In '(recipe/[^']+)': (.*)", str(error), re.S)
+    if config_dir is None or not found or not (Path(config_dir) / f"{found.group(1)}.yaml").is_file():
+        return ""
+    shown, said = f"{config_dir}/{found.group(1)}.yaml", found.group(2)
+    key = re.search(r"full_key: (\S+)", said)
+    if said.startswith("ConfigKeyError") and key:
+        return f"{shown}: {key.group(1)}: no such key.{_close_key(key.group(1))} Correct it, or remove it from the file."
+    if said.startswith("ValidationError") and key:
+        why = said.split("\n")[1].strip().rstrip(".")
+        return f"{shown}: {key.group(1)}: {why}. Correct the value in the file."
+    if missing := re.match(r"Could not (?:load|find) '([^']+)'", said):
+        return (f"{shown}: its defaults list names {missing.group(1)}, which is no config file: neither "
+                f"{config_dir}/{missing.group(1)}.yaml nor one of hetero-launch's own. Correct the name, or remove "
+                f"the entry.")
+    return f"{shown}: {said.splitlines()[0].rstrip('.')}."
+
+
+def _close_key(key: str) -> str:
+    """' Did you mean <the schema's closest key beside it>?' ('' when none is close)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from launcher.schema import HeteroConfig
+
+    parent, _, leaf = key.rpartition(".")
+    base = OmegaConf.structured(HeteroConfig)
+    node = OmegaConf.select(base, parent, default=None) if parent else base
+    return did_you_mean(leaf, list(node.keys()) if isinstance(node, DictConfig) else [], f"{parent}." if parent else "")

@@ -294,6 +294,27 @@ def test_a_package_header_hydra_would_not_read_is_named(project, tmp_path, cli, 
     assert res.returncode == 2 and f"conf/recipe/my_ctr.yaml: {said}" in out, out
 
 
+@pytest.mark.parametrize("edit, said", [
+    (("trainer: {", "trainer: {stepz: 3, "), "conf/recipe/my_ctr.yaml: trainer.stepz: no such key. Did you mean "
+                                            "trainer.steps? Correct it, or remove it from the file."),
+    (("trainer: {steps: 100}", "trainer: {steps: ten}"), "conf/recipe/my_ctr.yaml: trainer.steps: Value 'ten' of type 'str' "
+                                              "could not be converted to Integer. Correct the value in the file."),
+    (("recipe: {", "defaults: [my_base, _self_]\nrecipe: {"),
+     "conf/recipe/my_ctr.yaml: its defaults list names recipe/my_base, which is no config file: neither "
+     "conf/recipe/my_base.yaml nor one of hetero-launch's own."),
+])
+def test_a_mistake_inside_the_recipe_file_names_the_file_and_the_key(project, tmp_path, cli, edit, said):
+    """The mistakes the command line gets a did-you-mean for, written in the file: Hydra's words were "In
+    'recipe/my_ctr': ConfigKeyError raised while composing config: Key 'stepz' not in 'TrainerConfig'"."""
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    text = (project / "conf" / "recipe" / "my_ctr.yaml").read_text()
+    assert edit[0] in text
+    (tmp_path / "conf" / "recipe" / "my_ctr.yaml").write_text(text.replace(edit[0], edit[1], 1))
+    res = cli(["--config-dir", "conf", "recipe=my_ctr"], tmp_path)
+    out = " ".join(res.stderr.split())
+    assert res.returncode == 2 and said in out, out
+
+
 def test_a_hydra_section_in_a_recipe_file_is_refused_as_on_the_command_line(project, tmp_path, cli):
     """Hydra reads a hydra: section from its primary config only, never from a recipe: it did nothing, silently."""
     (tmp_path / "conf" / "recipe").mkdir(parents=True)
