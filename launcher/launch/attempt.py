@@ -169,6 +169,7 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
     names the same first failure."""
     from launcher.launch.ops import RankBuildWatch
     from launcher.launch.progress import ProgressView
+    from launcher.launch.quiet import QuietScriptWatch
     from launcher.launch.supervise import supervise
     from launcher.launch.tee import RankTee, streamed_ranks
     from launcher.launch.watchdog import Watchdog
@@ -180,12 +181,14 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
     other_failed = nodes.should_stop if nodes is not None else None  # a failure elsewhere, or a host to admit
     tee = RankTee(console, run_dir, streamed_ranks(plan.kind, console_mode, job.ranks), console_mode == "all")
     builds = RankBuildWatch(plan, console)  # a rank compiling an op the launcher did not prebuild is announced
+    quiet = QuietScriptWatch(run_dir, job.pids, watchdog_s if plan.kind == "script" else 0, console)
     with ProgressView(console, run_dir.rank(min(job.ranks)), plan.steps) as view:
 
         def tick() -> None:
             tee.tick()
             view.tick()
             builds.tick()
+            quiet.tick()
 
         outcome = supervise(job, tick, watchdog, other_failed, run_dir=str(run_dir.path.resolve()),
                             interrupted_by=held[0] if held else None)

@@ -121,3 +121,20 @@ def test_script_arguments_after_the_double_dash_reach_the_script_byte_for_byte(t
     assert res.returncode == 0, res.stdout + res.stderr
     out = ((tmp_path / "log_output" / "latest").resolve() / "rank.0" / "stdout").read_text()
     assert ast.literal_eval(out.split(" args=", 1)[1]) == args  # the script's sys.argv[1:]
+
+
+def test_ranks_that_never_meet_are_said_on_the_console_while_they_wait(tmp_path):
+    """A script written for another world size waits in init_process_group for peers that never come: no rank
+    writes or computes, and the launcher, which does not stop a script for waiting, says so once the quiet spell
+    reaches launcher.watchdog_s (it was silent until torch's timeout: 30 min by default). Here the script's own
+    timeout ends the wait, and the run fails as torch makes it fail."""
+    script = tmp_path / "four.py"
+    script.write_text("import datetime, os\nimport torch.distributed as dist\n"
+                      "dist.init_process_group('gloo', rank=int(os.environ['RANK']), world_size=4,\n"
+                      "                        timeout=datetime.timedelta(seconds=15))\n")
+    res = run_cli([f"script={script}", "cluster.nproc_per_node=2", "launcher.watchdog_s=3"], tmp_path)
+    out = " ".join(res.stdout.split())
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert out.count("no rank of this script has written a line or used the CPU for 3 s (launcher.watchdog_s): "
+                     "ranks 0, 1 wait.") >= 1, out[-3000:]
+    assert "the job has 2 ranks here, and the script must take its rank and world size from the environment" in out
