@@ -43,6 +43,10 @@ def is_positive(text: str, positive: str) -> bool:
 def _check_labels(label: str, positive: str, negative: str, values: list[str]) -> str:
     """The positive label value: data.positive, or for a 0/1 or true/false column (data.positive empty) its 1 / true.
     TabularError unless the label column's distinct values (sorted) are that and one negative value."""
+    nested = [v for v in values if v[:1] in ("[", "{") and v[-1:] in ("]", "}")]
+    if nested:  # a list or struct column (Parquet): no data.positive can name such a value
+        raise TabularError([f"data.label={label}: column {label!r} holds lists or mappings ({nested[0]}), not one "
+                            f"value a row. Set data.label to a column of one 0/1, true/false or named value a row."])
     if not positive:
         lower = {v.strip().lower() for v in values}
         if len(values) != 2 or not any(lower == pair for pair in BINARY_LABELS):

@@ -613,3 +613,14 @@ def test_cli_refuses_inf_in_a_continuous_column_before_starting(tmp_path, cli):
     assert res.returncode == 2 and "Traceback" not in err, err
     assert "data.path=inf.csv: continuous column 'x' holds 3 value(s) that are not finite numbers" in err
     assert not (tmp_path / "log_output").exists()
+
+
+@pytest.mark.parametrize("buckets", [0, 64])
+def test_a_list_column_as_the_label_is_refused_as_such(tmp_path, buckets):
+    """A Parquet list column named as data.label: said as a list column (it was "not a 0/1 label: set data.positive=
+    [1, 2]", which a string key then refused)."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"x": [1.0] * 50, "clicked": [[1, 2]] * 50}), tmp_path / "lists.parquet")
+    with pytest.raises(TabularError, match=r"data.label=clicked: column 'clicked' holds lists or mappings \(\[1, 2\]\), "
+                                           r"not one value a row"):
+        prepare(str(tmp_path / "lists.parquet"), "clicked", "", hash_buckets=buckets)
