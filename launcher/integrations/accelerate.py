@@ -52,6 +52,8 @@ class ScriptUse:
     TrainingArguments(ddp_backend=...))."""
     trainer_args: TrainerArgs = TrainerArgs()
     """HF Trainer: the TrainingArguments its text shows (launcher.integrations.trainer_args)."""
+    nccl_line: int = 0
+    """The line of an ``init_process_group("nccl")`` (the backend written as that literal), 0 when there is none."""
 
 
 def _called_name(call: ast.Call) -> str:
@@ -70,6 +72,7 @@ def scan_script(source: str, name: str = "the script") -> ScriptUse:
         return ScriptUse(why=f"{name} could not be read as Python ({type(e).__name__}): treated as plain")
     runtime_aliases, prepare_aliases, found = set(), set(), []
     trainer = backend = False
+    nccl = 0
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
@@ -102,16 +105,25 @@ def scan_script(source: str, name: str = "the script") -> ScriptUse:
             keywords = {k.arg for k in node.keywords}
             backend = backend or "ddp_backend" in keywords or (
                 "backend" in keywords and _called_name(node) == "InitProcessGroupKwargs")
+            if _called_name(node) == "init_process_group" and _literal_backend(node) == "nccl":
+                nccl = nccl or node.lineno
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             f = node.func
             if (isinstance(f, ast.Attribute) and f.attr == "prepare" and ast.unparse(f.value) in runtime_aliases) \
                     or (isinstance(f, ast.Name) and f.id in prepare_aliases):
-                return ScriptUse("prepare", f"{name} calls runtime.prepare() (line {node.lineno})")
+                return ScriptUse("prepare", f"{name} calls runtime.prepare() (line {node.lineno})", nccl_line=nccl)
     if found:
         return ScriptUse("accelerate", f"{name} {found[0]}", trainer=trainer, names_backend=backend,
-                         trainer_args=read_trainer_args(tree, name) if trainer else TrainerArgs())
-    return ScriptUse(why=f"{name} neither calls runtime.prepare() nor imports accelerate or transformers' Trainer")
+                         trainer_args=read_trainer_args(tree, name) if trainer else TrainerArgs(), nccl_line=nccl)
+    return ScriptUse(why=f"{name} neither calls runtime.prepare() nor imports accelerate or transformers' Trainer",
+                     nccl_line=nccl)
+
+
+def _literal_backend(call: ast.Call) -> str:
+    """The backend an ``init_process_group`` call writes as a string literal (first argument or backend=), else ''."""
+    given = [k.value for k in call.keywords if k.arg == "backend"] or call.args[:1]
+    return given[0].value if given and isinstance(given[0], ast.Constant) and isinstance(given[0].value, str) else ""
 
 
 TABLE_KEYS = ("placement.host_device_mix", "placement.tables", "tables", "placement.ps", "placement.ps_init")

@@ -197,6 +197,11 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
     dims = ParallelDims(dp=nproc, pp=1, tp=1, world_size=nproc)
     runtime, ds_ops, problems, notes = plan_runtime(cfg, dims, device_type, parts, backend)
     problems += check_script_ops(cfg, device_type)
+    if use.nccl_line and not host.accelerators:
+        problems.append(f"script={cfg.script}: line {use.nccl_line} calls init_process_group(\"nccl\") on a host "
+                        f"without a GPU: every rank would fail (NCCL is for GPUs). Leave the backend out "
+                        f"(init_process_group() takes gloo on the CPU and nccl on a GPU, as torchrun's ranks do) or "
+                        f"write \"cuda:nccl,cpu:gloo\".")
     omp_problems, omp_notes = omp_threads_kept(host.omp_threads, host.cpu_count, nproc)
     problems, notes = problems + omp_problems, [*notes, *omp_notes]
     if problems:

@@ -207,3 +207,22 @@ def test_the_summary_names_intents_that_no_runtime_prepare_applied(planned, cpu_
     assert _not_applied(plans["plain"], built=["deepspeed"]) == []
     assert _not_applied(plans["plain"], built=[]) == ["zero.stage=2: the script neither calls runtime.prepare() nor "
                                                       "uses accelerate, so nothing in it reads this intent"]
+
+
+@pytest.mark.parametrize("call", ['dist.init_process_group("nccl")', "dist.init_process_group(backend='nccl')",
+                                  'torch.distributed.init_process_group("nccl", rank=r, world_size=w)'])
+def test_a_script_that_names_nccl_is_refused_on_a_host_without_a_gpu(tmp_path, cpu_host_module, call):
+    """Every rank failed with "Distributed package doesn't have NCCL built in": a literal backend the scan reads.
+    On a host with a GPU, and with the backend left out or written "gloo", it plans."""
+    import dataclasses
+
+    script = tmp_path / "train.py"
+    script.write_text(f"import torch\nimport torch.distributed as dist\nr, w = 0, 1\n{call}\n")
+    cfg = compose_config([f"script={script}"], None)
+    with pytest.raises(ConfigError, match=r"line 4 calls init_process_group\(\"nccl\"\) on a host without a GPU: every "
+                                          r"rank would fail .*Leave the backend out"):
+        plan_run(cfg, cpu_host_module)
+    plan_run(cfg, dataclasses.replace(cpu_host_module, accelerators=1, device_memory=1 << 34))
+    for fine in ("dist.init_process_group()", 'dist.init_process_group("gloo")', "dist.init_process_group(b)"):
+        script.write_text(f"import torch.distributed as dist\nb = 'nccl'\n{fine}\n")
+        plan_run(compose_config([f"script={script}"], None), cpu_host_module)
