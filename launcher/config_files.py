@@ -181,7 +181,8 @@ def composition_problem(error: BaseException, config_dir: str | None) -> str:
     shown, said = f"{config_dir}/{found.group(1)}.yaml", found.group(2)
     key = re.search(r"full_key: (\S+)", said)
     if said.startswith("ConfigKeyError") and key:
-        return f"{shown}: {key.group(1)}: no such key.{_close_key(key.group(1))} Correct it, or remove it from the file."
+        hint = _close_key(key.group(1))
+        return f"{shown}: {key.group(1)}: no such key.{hint} Correct it, or remove it from the file."
     if said.startswith("ValidationError") and key:
         why = said.split("\n")[1].strip().rstrip(".")
         return f"{shown}: {key.group(1)}: {why}. Correct the value in the file."

@@ -621,6 +621,6 @@ def test_a_list_column_as_the_label_is_refused_as_such(tmp_path, buckets):
     [1, 2]", which a string key then refused)."""
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
     pq.write_table(pa.table({"x": [1.0] * 50, "clicked": [[1, 2]] * 50}), tmp_path / "lists.parquet")
-    with pytest.raises(TabularError, match=r"data.label=clicked: column 'clicked' holds lists or mappings \(\[1, 2\]\), "
-                                           r"not one value a row"):
+    with pytest.raises(TabularError, match=r"data.label=clicked: column 'clicked' holds lists or mappings "
+                                           r"\(\[1, 2\]\), not one value a row"):
         prepare(str(tmp_path / "lists.parquet"), "clicked", "", hash_buckets=buckets)

@@ -79,7 +79,8 @@ def test_a_dotted_table_path_is_one_key(project, cpu_host):
                         r"dim, not a str. Give an integer, e.g. model.dim=16."),
     (["model=null"], r"model \(conf/recipe/my_ctr.yaml\) is null: a recipe of your own needs its model, a mapping "
                      r"with a _target_"),
-    (["loss=null"], r"loss \(conf/recipe/my_ctr.yaml\) is null: .* \(e.g. loss: \{_target_: torch.nn.BCEWithLogitsLoss\}\)"),
+    (["loss=null"], r"loss \(conf/recipe/my_ctr.yaml\) is null: .* \(e.g. loss: \{_target_: "
+                    r"torch.nn.BCEWithLogitsLoss\}\)"),
     (["model._target_=5"], r"model._target_=5 \(conf/recipe/my_ctr.yaml\) is no dotted path: give the class's as a "
                            r"string, e.g. model._target_=my_project.model.Net."),
     (["data._target_=null"], r"data._target_=None \(conf/recipe/my_ctr.yaml\) is no dotted path"),
