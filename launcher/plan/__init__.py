@@ -57,7 +57,9 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
     plan_dataloader(cfg, host, facts, d)
     intents, parts = plan_draft_parts(cfg, d, facts.parts)
     if d.problems or intents is None:
-        raise ConfigError(list(dict.fromkeys(d.problems)))  # a rule checked twice says it once
+        adopted = "; ".join(n for n in ds_notes if n.startswith("batch."))  # sizes the problem's numbers came from
+        raise ConfigError(list(dict.fromkeys(f"{p} (Taken: {adopted}.)" if adopted and p.startswith("batch ") else p
+                                             for p in d.problems)))  # a rule checked twice says it once
     if cfg.placement.mode == "auto":
         return _auto(cfg, host, facts, layout, d, intents)
     return _launch_plan(cfg, host, facts, layout, d, intents, parts)

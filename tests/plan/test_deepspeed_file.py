@@ -178,3 +178,10 @@ def test_the_dry_run_shows_the_merged_config_and_a_conflict_exits_2(tmp_path, cl
     res = cli([*GPT, "deepspeed.config=ds_config.json", "zero.stage=3", "dry_run=true"], tmp_path)
     assert res.returncode == 2 and "zero_optimization.stage=2 in ds_config.json conflicts with zero.stage=3" in \
         res.stderr.replace("\n", " ")
+
+
+def test_a_batch_that_does_not_divide_names_the_sizes_taken_from_the_file(cpu_host):
+    """The numbers of the batch problem came partly from the file: it says which (the user never typed micro 2)."""
+    with pytest.raises(ConfigError, match=r"batch does not divide: global \d+ != micro 2 .*\(Taken: batch.micro_size=2 "
+                                          r"from deepspeed.config the inline config \(train_micro_batch_size_per_gpu=2\)"):
+        plan_of([*GPT, inline({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2})], cpu_host)
