@@ -120,8 +120,10 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         if script_mode:  # the recipe sections stay unset: a script brings its own model, data and loss
             missing = [k for k in missing if k.split(".")[0] not in ("recipe", "model", "data", "loss")]
         if missing:
-            raise ConfigError([f"{k} is required and not set. Set it on the command line: {k}=<value>."
-                               for k in missing])
+            raise ConfigError([f"{k} is required and not set. " + (
+                f"Give it in {config_dir}/recipe/{chosen[0]}.yaml: {k}: {{_target_: <module.Class>, ...}}." if
+                k in OPEN_SECTIONS and chosen and config_dir else f"Set it on the command line: {k}=<value>.")
+                for k in missing])
         to_plain(cfg, throw_on_missing=not script_mode)  # OmegaConf.to_container's checks
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {first_line(e)}. Set it on the command line: {e.full_key}=<value>.") from None

@@ -316,6 +316,17 @@ def test_a_mistake_inside_the_recipe_file_names_the_file_and_the_key(project, tm
     assert res.returncode == 2 and said in out, out
 
 
+def test_a_recipe_file_without_its_sections_is_told_to_write_them_there(tmp_path, cli):
+    """model=<value> on the command line is refused (a section of keys): the advice is the file's form."""
+    (tmp_path / "conf" / "recipe").mkdir(parents=True)
+    (tmp_path / "conf" / "recipe" / "bare.yaml").write_text("# @package _global_\nrecipe: {name: bare}\n")
+    res = cli(["--config-dir", "conf", "recipe=bare"], tmp_path)
+    out = " ".join(res.stderr.split())
+    assert res.returncode == 2 and "on the command line" not in out, out
+    for key in ("model", "data", "loss"):
+        assert f"{key} is required and not set. Give it in conf/recipe/bare.yaml: {key}: {{_target_: " in out, out
+
+
 def test_a_hydra_section_in_a_recipe_file_is_refused_as_on_the_command_line(project, tmp_path, cli):
     """Hydra reads a hydra: section from its primary config only, never from a recipe: it did nothing, silently."""
     (tmp_path / "conf" / "recipe").mkdir(parents=True)
