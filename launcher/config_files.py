@@ -111,7 +111,11 @@ def yaml_problem(e: yaml.YAMLError, name: str | None = None) -> str:
     begun = (f" ({context} begun at line {start.line + 1}, column {start.column + 1})"
              if context and start is not None and (start.line, start.column) != (mark.line, mark.column) else
              f" ({context})" if context else "")
+    text = getattr(mark, "buffer", None) or ""
+    line = text.split("\n")[mark.line] if mark.line < text.count("\n") + 1 else ""
     fix = ("Keep one of the two." if "duplicate key" in problem else
+           "Quote the interpolation: inside { } or [ ], YAML reads ${...} as a mapping, e.g. {dim: '${model.dim}'}."
+           if "${" in line else
            "Fix the file there: an unclosed [ or {, a missing comma, a tab used for indentation or an unquoted value "
            "holding ': ' are the usual causes.")
     return f"{name}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}{begun}. {fix}"

@@ -300,6 +300,12 @@ def test_a_package_header_hydra_would_not_read_is_named(project, tmp_path, cli, 
                                             "trainer.steps? Correct it, or remove it from the file."),
     (("trainer: {steps: 100}", "trainer: {steps: ten}"), "conf/recipe/my_ctr.yaml: trainer.steps: Value 'ten' of type 'str' "
                                               "could not be converted to Integer. Correct the value in the file."),
+    (("trainer: {steps: 100}", "trainer: {steps: ${model.dim}}"), "not valid YAML: expected ',' or '}', but got '{' "
+     "(while parsing a flow mapping begun at line"),
+    (("trainer: {steps: 100}", "trainer: {steps: ${model.dim}}"), "Quote the interpolation: inside { } or [ ], YAML "
+                                                                 "reads ${...} as a mapping"),
+    (("trainer: {steps: 100}", "trainer: {steps: '${model.nope}'}"), "trainer.steps: Interpolation key 'model.nope' not "
+     "found. Fix it in conf/recipe/my_ctr.yaml, or set it on the command line: trainer.steps=<value>."),
     (("recipe: {", "defaults: [my_base, _self_]\nrecipe: {"),
      "conf/recipe/my_ctr.yaml: its defaults list names recipe/my_base, which is no config file: neither "
      "conf/recipe/my_base.yaml nor one of hetero-launch's own."),
