@@ -127,7 +127,8 @@ def compose_config(overrides: Sequence[str], config_dir: str | None = None) -> D
         to_plain(cfg, throw_on_missing=not script_mode)  # OmegaConf.to_container's checks
     except OmegaConfBaseException as e:
         where = f"Fix it in {config_dir}/recipe/{chosen[0]}.yaml, or set" if chosen and chosen[0] in users else "Set"
-        raise ConfigError(f"{e.full_key}: {first_line(e)}. {where} it on the command line: {e.full_key}=<value>.") from None
+        raise ConfigError(f"{e.full_key}: {first_line(e)}. {where} it on the command line: "
+                          f"{e.full_key}=<value>.") from None
     return cfg
 
 
