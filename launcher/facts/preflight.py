@@ -97,6 +97,15 @@ def resume_checkpoint(cfg: DictConfig) -> str:
     return str(newest[0].path)
 
 
+def _differences(key: str, saved: Any, now: Any) -> list[str]:
+    """'<key> <saved> (now <now>)' for each leaf that differs (a model's or data's settings: the keys, not the whole
+    mappings)."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        return [d for k in sorted(set(saved) | set(now), key=str) for d in _differences(f"{key}.{k}", saved.get(k),
+                                                                                         now.get(k))]
+    return [] if saved == now else [f"{key} {saved} (now {now})"]
+
+
 def check_resume(plan: LaunchPlan, given: str = "", model: ModelFacts | None = None) -> None:
     """trainer.resume_from must be a checkpoint dir a run wrote, saved from the same recipe, engine and layout, with
     every file as it was written, and (``model``: a user's model built on meta) holding every tensor of the model as
@@ -119,10 +128,10 @@ def check_resume(plan: LaunchPlan, given: str = "", model: ModelFacts | None = N
                           f"nothing is left to train. Set trainer.steps above {saved.get('step')}.")
     now = checkpoint_layout(plan)
     saved["data"] = trained_data(saved.get("data"))  # saved before the loader's settings were left out
-    diff = [f"{k} {saved.get(k)} (now {v})" for k, v in now.items() if saved.get(k) != v]
+    diff = [d for k, v in now.items() for d in _differences(k, saved.get(k), v)]
     if diff:
         why = ("" if saved.get("format") == "dcp" else " DeepSpeed's checkpoint files hold each rank's own partitions, "
-               "so they resume only on the layout (world size, dims, ZeRO stage) they were saved with;")
+               "so they resume only on the layout (world size, dims, ZeRO stage) they were saved with.")
         raise ConfigError(f"{key}: saved with {', '.join(diff)}.{why} Resume with the settings it was saved with.")
     check_checkpoint_files(ckpt, saved, given or key)
     if model is not None and model.state is not None and saved.get("format") == "dcp":
