@@ -153,6 +153,9 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
                           d.notes)
     if d.problems:
         raise ConfigError(d.problems)
+    if 0 < d.steps <= val.eval_every:
+        d.notes.append(f"eval.every={val.eval_every} is not below trainer.steps={d.steps}: the only evaluation is the "
+                       f"one at the end")
     hosts = (list(layout.hosts) if layout is not None else
              [cfg.cluster.master_addr] if nnodes == 1 else [f"node{n}" for n in range(nnodes)])
     data = OmegaConf.to_container(cfg.data, resolve=True)
@@ -203,6 +206,9 @@ def _eval_metrics(cfg: DictConfig, data_facts, notes: list[str], problems: list[
                      f"held-out Dataset), or remove eval.{k}." for k, v in unread.items()]
         if not unread and cfg.eval.batches > 0:
             notes.append("no eval_data: no evaluation (give eval_data: {_target_: ...} for a held-out set)")
+    elif cfg.eval.batches == 0 and data_facts.val_samples <= 0:  # (a recipe's eval.metrics is its default)
+        notes += [f"eval.{k}={v} with eval.batches=0: no evaluation runs, so nothing reads it" for k, v in
+                  _eval_keys_set(cfg).items() if k != "metrics"]
     if cfg.eval.metrics == "binary" and data_facts.binary_labels is False:
         problems.append(f"eval.metrics=binary: AUC, log loss and accuracy score one output of the model per label, "
                         f"each label 0 or 1 (a float), and recipe {cfg.recipe.name}'s are not (integer classes, "

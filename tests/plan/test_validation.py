@@ -80,3 +80,16 @@ def test_binary_metrics_on_labels_that_are_not_clicks_are_refused(cpu_host, reci
     with pytest.raises(ConfigError, match=rf"eval.metrics=binary: .* recipe {recipe}'s are not"):
         plan_of([f"recipe={recipe}", "eval.metrics=binary"], cpu_host)
     assert plan_of([f"recipe={recipe}"], cpu_host).eval_metrics == "loss"
+
+
+def test_eval_keys_that_would_do_nothing_are_refused_or_reported(cpu_host):
+    """eval.batches=0 runs no evaluation: an eval.* key set beside it is said in the plan (a recipe may set them:
+    wide_deep's eval.metrics); eval.every at or past the run's last step only leaves the evaluation at the end,
+    which the plan says too (both went by silently)."""
+    notes = plan_of(["recipe=quickstart", "trainer.steps=3", "eval.batches=0", "eval.every=1"], cpu_host).notes
+    assert "eval.every=1 with eval.batches=0: no evaluation runs, so nothing reads it" in notes
+    plan_of(["recipe=wide_deep", "smoke=true", "eval.batches=0"], cpu_host)  # its own eval.metrics=binary
+    plan = plan_of(["recipe=quickstart", "trainer.steps=3", "eval.every=10"], cpu_host)
+    assert "eval.every=10 is not below trainer.steps=3: the only evaluation is the one at the end" in plan.notes
+    assert not any("eval.every" in n for n in plan_of(["recipe=quickstart", "trainer.steps=30", "eval.every=10"],
+                                                       cpu_host).notes)
