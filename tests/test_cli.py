@@ -107,15 +107,19 @@ def test_a_master_addr_that_is_not_this_host_exits_2_at_once(tmp_path):
     assert not (tmp_path / "log_output").exists()
 
 
-def test_an_address_of_another_machine_is_refused():
+def test_an_address_of_another_machine_is_refused(tmp_path):
     import pytest
 
     from launcher.errors import ConfigError
-    from launcher.launch import _check_local_address
+    from launcher.launch.planning import check_local_address
 
-    _check_local_address("127.0.0.1")
+    check_local_address("127.0.0.1")
     with pytest.raises(ConfigError, match=r"cluster.master_addr=192.0.2.1: not an address of this host"):
-        _check_local_address("192.0.2.1")  # TEST-NET-1: documentation only, never a local address
+        check_local_address("192.0.2.1")  # TEST-NET-1: documentation only, never a local address
+    for args in (["recipe=quickstart", "dry_run=true"], ["check", "recipe=quickstart"]):  # they accepted it
+        res = run_cli([*args, "cluster.master_addr=192.0.2.1"], tmp_path)
+        out = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 2 and "192.0.2.1: not an address of this host" in out, (args, out[-2000:])
 
 
 def test_version_and_python_m_launcher_work_without_a_recipe(tmp_path):

@@ -17,6 +17,7 @@ from rich.markup import escape
 from launcher.backends import Backend, JobConfig, backend
 from launcher.errors import ConfigError, first_line
 from launcher.facts.preflight import newest_intact_checkpoint
+from launcher.launch.planning import check_local_address
 from launcher.launch.record import write_rank_env
 from launcher.lifeline import LAUNCHER_SIGNALS
 from launcher.launch.run_records import report_run, start_run_dir, write_records
@@ -42,29 +43,6 @@ def _raise_signal(signum: int, _frame) -> None:
     raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
 
-def _check_local_address(addr: str) -> None:
-    """cluster.master_addr must name this host (the launcher hosts the store there): resolvable, and bindable. A name
-    that does not resolve or an address of another machine would leave the ranks retrying to connect for minutes."""
-    import socket
-
-    key = f"cluster.master_addr={addr}"
-    try:
-        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
-    except OSError as e:
-        raise ConfigError(f"{key}: not a host name this machine can resolve ({e.strerror or e}). Set "
-                          f"cluster.master_addr=127.0.0.1 to run on this host.") from None
-    for family, _, _, _, sockaddr in infos:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((sockaddr[0], 0))
-                return
-            except OSError:
-                continue
-    raise ConfigError(f"{key}: not an address of this host (it resolves to "
-                      f"{', '.join(sorted({i[4][0] for i in infos}))}), and the launcher hosts the rendezvous here. "
-                      f"Set cluster.master_addr=127.0.0.1 (or this host's own address).")
-
-
 def _bind_store(plan: RunPlan):
     """The launcher's rendezvous store on the planned address and port; a port in use or an address this host cannot
     bind is bad input (exit 2), found before the run dir or any rank exists."""
@@ -73,7 +51,7 @@ def _bind_store(plan: RunPlan):
     from launcher.launch.store import host_store
 
     env = plan.ranks[0].env
-    _check_local_address(env["MASTER_ADDR"])
+    check_local_address(env["MASTER_ADDR"])
     try:
         return host_store(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
     except (OSError, DistNetworkError) as e:

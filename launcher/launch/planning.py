@@ -48,6 +48,7 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
         plan = plan_script(cfg, host, scan_script(Path(cfg.script).read_text(errors="replace"), cfg.script),
                            backends=tuple(BACKENDS.values()), parts=RULES)
         check_log_dir(Path(cfg.output.log_dir))
+        _check_store_address(cfg, plan)
         return plan, [*host.notes, *_warnings(plan, host, False)]
     resume = resume_checkpoint(cfg)
     if resume:  # trainer.resume=<run>|latest is that run's newest complete checkpoint: the config says which
@@ -74,9 +75,40 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
         check_with_deepspeed(ds, plan.dims.dp, cfg.deepspeed.source or "(the inline config)")
     check_resume(plan, f"trainer.resume={cfg.trainer.resume}" if resume else "", facts.model)
     check_log_dir(Path(cfg.output.log_dir))  # where the run dir and log_dir/latest will go, before either is made
+    _check_store_address(cfg, plan)
     model_lines = facts.model.lines if facts.model else ()
     given = cfg.loader.num_workers != "auto"
     return plan, [*host.notes, *lines, *facts.data.lines, *model_lines, *_warnings(plan, host, given)]
+
+
+def check_local_address(addr: str) -> None:
+    """cluster.master_addr must name this host (the launcher hosts the store there): resolvable, and bindable. A name
+    that does not resolve or an address of another machine would leave the ranks retrying to connect for minutes."""
+    key = f"cluster.master_addr={addr}"
+    try:
+        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise ConfigError(f"{key}: not a host name this machine can resolve ({e.strerror or e}). Set "
+                          f"cluster.master_addr=127.0.0.1 to run on this host.") from None
+    for family, _, _, _, sockaddr in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((sockaddr[0], 0))
+                return
+            except OSError:
+                continue
+    raise ConfigError(f"{key}: not an address of this host (it resolves to "
+                      f"{', '.join(sorted({i[4][0] for i in infos}))}), and the launcher hosts the rendezvous here. "
+                      f"Set cluster.master_addr=127.0.0.1 (or this host's own address).")
+
+
+def _check_store_address(cfg: DictConfig, plan: RunPlan) -> None:
+    """Where the launcher will host the ranks' store (every backend but elastic's, whose launchers meet at
+    cluster.rdzv_endpoint), checked in the plan too: a dry run, ``check`` and a sweep's plans refuse what the run
+    would (they accepted a cluster.master_addr the run then refused)."""
+    launch = BACKENDS.get(cfg.cluster.launch)
+    if launch is not None and not launch.launcher_per_host and plan.ranks:
+        check_local_address(plan.ranks[0].env["MASTER_ADDR"])
 
 
 def _warnings(plan: RunPlan, host: HostFacts, workers_given: bool) -> list[str]:
