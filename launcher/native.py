@@ -38,6 +38,27 @@ def cache_dir() -> Path:
     return cache_root() / "native"
 
 
+SETTINGS = {ENV: ("auto", "torch"), PAGES_ENV: ("0", "1"), "HL_MEMORY_TRACKER": ("0", "1")}
+"""The environment variables that choose how the ranks run, and the values each takes."""
+
+
+def environment_problems() -> list[str]:
+    """Before launch: each of SETTINGS set to a value it does not take (it was read as the default, silently), and
+    a cache folder (HL_CACHE_DIR) that cannot be made or written (the ranks failed building their ops in it, or the
+    host tables quietly took torch's ops while the plan said C kernels)."""
+    problems = [f"{name}={os.environ[name]}: not one of {', '.join(values)}. Set one of them, or unset {name}."
+                for name, values in SETTINGS.items() if os.environ.get(name, values[0]) not in values]
+    root = cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=root, prefix=".hl-write-").close()
+    except OSError as e:
+        where = f"HL_CACHE_DIR={root}" if os.environ.get("HL_CACHE_DIR") else f"the cache folder {root}"
+        problems.append(f"{where}: hetero-launch cannot make or write it ({e.strerror or e}); the ranks build and "
+                        f"keep their native ops and kernels there. Set HL_CACHE_DIR to a folder you can write.")
+    return problems
+
+
 def compiler() -> str | None:
     """$CC, else cc, gcc or clang on PATH."""
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):

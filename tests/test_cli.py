@@ -171,3 +171,22 @@ def test_hydra_s_info_flags_and_shell_completion_work_without_a_recipe(tmp_path)
                            capture_output=True, env={**os.environ, "COMP_LINE": "hetero-launch trainer.st"})
     assert query.returncode == 0 and "trainer.steps=" in query.stdout.split(), query.stdout + query.stderr
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_the_environment_that_chooses_how_ranks_run_is_checked_before_launch(tmp_path):
+    """HL_* settings with a value they do not take were read as the default, silently; an HL_CACHE_DIR that cannot be
+    made or written failed in the ranks (a traceback building DeepSpeed's ops), or left the host tables on torch's
+    ops while the plan said C kernels."""
+    import os
+
+    (tmp_path / "file").write_text("x")
+    for name, value, said in (("HL_TABLE_KERNELS", "garbage", "HL_TABLE_KERNELS=garbage: not one of auto, torch."),
+                              ("HL_TABLE_HUGEPAGES", "maybe", "HL_TABLE_HUGEPAGES=maybe: not one of 0, 1."),
+                              ("HL_CACHE_DIR", str(tmp_path / "file"), f"HL_CACHE_DIR={tmp_path / 'file'}: "
+                                                                      f"hetero-launch cannot make or write it")):
+        res = subprocess.run([sys.executable, "-m", "launcher.cli", "recipe=quickstart", "dry_run=true"],
+                             cwd=tmp_path, env={**os.environ, "COLUMNS": "200", name: value}, capture_output=True,
+                             text=True, timeout=300)
+        out = " ".join((res.stdout + res.stderr).split())
+        assert res.returncode == 2 and said in out and "Traceback" not in out, (name, out[-2000:])
+    assert not (tmp_path / "log_output").exists()

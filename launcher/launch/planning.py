@@ -16,6 +16,7 @@ from launcher.integrations import scan_script
 from launcher.launch.deepspeed_check import check_with_deepspeed, read_deepspeed_file
 from launcher.facts.preflight import check_resume, check_script, gather_facts, resume_checkpoint
 from launcher.loggers import check_loggers
+from launcher.native import environment_problems
 from launcher.parallel import RULES
 from launcher.parallel.choose import engine_config
 from launcher.plan import HostFacts, RunPlan, plan_launch
@@ -32,7 +33,7 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
              estimate: bool = True) -> tuple[RunPlan, list[str]]:
     """(the plan, lines about the data and model to show before it); ConfigError for bad input. ``estimate=False``
     (``check``) leaves out the activation estimate, which needs torch."""
-    logger_problems = check_loggers(cfg.logger)  # the loggers' classes import, before anything slower
+    logger_problems = check_loggers(cfg.logger) + environment_problems()  # before anything slower
     if logger_problems:
         raise ConfigError(logger_problems)
     if cfg.script and cfg.deepspeed.config is not None:
