@@ -155,11 +155,17 @@ def launch_elastic(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     plans.check_range()
     lo, hi = node_range(cfg.cluster.nnodes)
     t0 = time.monotonic()
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # launcher/launch/__init__.py's
+
     try:
         handler = rendezvous_handler(cfg)
     except RuntimeError as e:
         console.print(f"[red]{escape(str(e))}[/red]", soft_wrap=True)
         return _never_met(cfg, plan, str(e), None, time.monotonic() - t0, console)
+    except SignalException as e:  # stopped while torch's client waited for the endpoint
+        said = f"interrupted by {signal.Signals(e.sigval).name} while reaching cluster.rdzv_endpoint"
+        console.print(f"[red]{said}={escape(str(cfg.cluster.rdzv_endpoint))}[/red]", soft_wrap=True)
+        return _never_met(cfg, plan, said, int(e.sigval), time.monotonic() - t0, console)
     console.print(f"waiting for {lo if lo == hi else f'{lo} to {hi}'} node(s) at cluster.rdzv_endpoint="
                   f"{cfg.cluster.rdzv_endpoint} ...")
     agent = _Agent(cfg, plans, host, handler, console)

@@ -287,14 +287,57 @@ def rendezvous_handler(cfg: DictConfig):
     )
     try:
         with _native_stderr() as retries:
-            return get_rendezvous_handler(params)
+            bound = float(params.config.get("read_timeout", READ_TIMEOUT_S)) + 15  # its client's retries, and then some
+            return _bounded(lambda: get_rendezvous_handler(params), bound)
     except (RendezvousError, RuntimeError, TimeoutError, OSError, ValueError) as e:
         start = ("Start the node that hosts it (the endpoint's host) first, with the same command." if in_launcher else
                  "Start etcd there with the v2 API (etcd --enable-v2) and check this host reaches it.")
+        if in_launcher and _held_here(str(c.rdzv_endpoint)):
+            start = ("Its port is held on this host by a program that does not answer as torch's store (another "
+                     "job's?): free it, or give cluster.rdzv_endpoint another port.")
         cause = f" ({first_line(e.__cause__)})" if e.__cause__ is not None else ""
         tried = f" (after {retries[0]} retries of torch's store client)" if retries and retries[0] else ""
         raise RuntimeError(f"the rendezvous at cluster.rdzv_endpoint={c.rdzv_endpoint} cannot be reached: "
                            f"{type(e).__name__}: {first_line(e)}{cause}{tried}. {start}") from None
+
+
+def _bounded(make, timeout_s: float):
+    """``make()`` in a thread of its own, waited for at most ``timeout_s`` (TimeoutError then). torch's store client
+    can wait without a bound inside C++ (a port held by a program that accepts the connection and never answers),
+    where no signal reaches Python: this thread stays in Python, so SIGTERM and Ctrl-C still stop the launcher."""
+    import threading
+
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["value"] = make()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller as it was raised
+            done["error"] = e
+
+    thread = threading.Thread(target=run, name="hl-rendezvous-handler", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(0.2)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer in {timeout_s:g} s")
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
+
+
+def _held_here(endpoint: str) -> bool:
+    """Whether the endpoint's address is this host's and its port is in use here (no bind)."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as s:
+            s.bind((host.strip("[]"), int(port)))
+    except OSError as e:
+        return e.errno == 98  # EADDRINUSE (another errno: not this host's address)
+    except ValueError:
+        return False
+    return False
 
 
 @contextmanager

@@ -160,3 +160,28 @@ def test_an_endpoint_that_answers_no_store_is_left_within_rdzv_timeout_s_without
         listener.close()
     assert time.monotonic() - start < 5 + 10  # the bound given, and a retry's delay
     assert "frame #" not in capfd.readouterr().err
+
+
+def test_an_endpoint_that_accepts_and_never_answers_is_left_in_bounded_time_and_signals_reach_the_launcher():
+    """A port on this host held by a program that accepts the connection and never reads or answers: torch's store
+    client waited inside C++ with no bound (SIGTERM and Ctrl-C unheard until that program ended). Now the wait is
+    bounded (the client's read_timeout and 15 s), the message says the port is held here, and a signal raised in the
+    launcher's thread meanwhile stops it at once."""
+    from launcher.launch.nodes import _bounded, rendezvous_handler
+
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog), never answers
+    cluster = {"nnodes": 1, "rdzv_backend": "c10d", "rdzv_endpoint": f"127.0.0.1:{listener.getsockname()[1]}",
+               "rdzv_id": "held", "local_addr": None, "rdzv_timeout_s": 1, "rdzv_conf": {}}
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"cannot be reached: .*Its port is held on this host by a program that "
+                                               r"does not answer as torch's store"):
+            rendezvous_handler(OmegaConf.create({"cluster": cluster}))
+    finally:
+        listener.close()
+    assert time.monotonic() - start < 1 + 15 + 5
+    with pytest.raises(TimeoutError, match="no answer in 0.3 s"):
+        _bounded(lambda: time.sleep(30), 0.3)
+    assert _bounded(lambda: 7, 1) == 7
+    with pytest.raises(KeyError):  # what make() raises, as it raised it
+        _bounded(lambda: {}["x"], 1)
