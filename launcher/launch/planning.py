@@ -67,6 +67,8 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
     if launch is not None and launch.program and launch.ranks_elsewhere(c, layout) and c.master_addr in LOOPBACK:
         cfg = cfg.copy()  # ranks on other hosts reach the launcher's store at this host's name
         cfg.cluster.master_addr = socket.getfqdn()
+        if layout is not None:  # the hosts are known, and this launcher starts their ranks (not an sbatch to write)
+            _not_loopback(cfg.cluster.master_addr, c.master_addr, layout)
         lines.append(f"cluster.master_addr={cfg.cluster.master_addr}: this host (the launcher hosts the store the "
                      f"ranks of every host rendezvous on)")
     facts = gather_facts(cfg, config_dir, estimate)
@@ -101,6 +103,20 @@ def check_local_address(addr: str) -> None:
     raise ConfigError(f"{key}: not an address of this host (it resolves to "
                       f"{', '.join(sorted({i[4][0] for i in infos}))}), and the launcher hosts the rendezvous here. "
                       f"Set cluster.master_addr=127.0.0.1 (or this host's own address).")
+
+
+def _not_loopback(name: str, given: str, layout: ClusterLayout) -> None:
+    """Ranks on other hosts reach the store at this host's ``name``: one that resolves to a loopback address (Debian's
+    127.0.1.1) they could not reach (elastic's launchers check the same: launch/reach.py address_problems)."""
+    try:
+        resolved = socket.gethostbyname(name)
+    except OSError:
+        return  # check_local_address says a name that does not resolve
+    if resolved.startswith("127."):
+        raise ConfigError(f"cluster.master_addr={given} with ranks on other hosts ({', '.join(layout.hosts)}): this "
+                          f"host's name {name} "
+                          f"resolves to {resolved}, a loopback address, which they cannot reach. Set "
+                          f"cluster.master_addr to this host's address as the other hosts reach it.")
 
 
 def _check_store_address(cfg: DictConfig, plan: RunPlan) -> None:

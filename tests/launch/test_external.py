@@ -130,3 +130,20 @@ def test_a_script_runs_on_one_host_under_any_backend_but_elastic(tmp_path, capsy
     assert main([f"script={script}", "cluster.launch=elastic", "cluster.nnodes=2",
                  "cluster.rdzv_endpoint=h:29400", logs]) == 2
     assert "cluster.launch=elastic cluster.nnodes=2 with script=: scripts run on one host" in capsys.readouterr().err
+
+
+def test_mpi_ranks_on_other_hosts_are_not_told_a_loopback_store_address(tmp_path, monkeypatch, capsys):
+    """With cluster.master_addr left at loopback and a hostfile naming other hosts, the launcher gives the ranks this
+    host's name: one that resolves to a loopback address (Debian's 127.0.1.1) they could not reach was given
+    silently (elastic's launchers refuse it)."""
+    import socket
+
+    (tmp_path / "hosts").write_text("localhost slots=1\nother.invalid slots=1\n")
+    monkeypatch.setattr(socket, "getfqdn", lambda *a: "this-host")
+    real = socket.gethostbyname
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "127.0.1.1" if name == "this-host" else real(name))
+    assert main(["recipe=quickstart", "cluster.launch=mpi", f"cluster.hostfile={tmp_path / 'hosts'}", "dry_run=true",
+                 f"output.log_dir={tmp_path / 'logs'}"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert ("cluster.master_addr=127.0.0.1 with ranks on other hosts (localhost, other.invalid): this host's name "
+            "this-host resolves to 127.0.1.1, a loopback address, which they cannot reach") in said, said
