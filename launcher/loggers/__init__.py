@@ -109,6 +109,9 @@ def logger_specs(value: Any) -> tuple[tuple[dict[str, Any], ...], list[str]]:
         spec, problem = _spec(key, item)
         if spec is None:
             problems.append(problem)
+        elif spec in specs:  # the same logger twice: every point written twice, into the same files
+            problems.append(f"{key}: the same logger as an earlier entry ({spec.get('_target_')} with the same "
+                            f"arguments) would write every point twice. Remove one.")
         else:
             specs.append(spec)
     return tuple(specs), problems

@@ -37,6 +37,16 @@ def test_an_unknown_logger_name_is_a_problem_with_did_you_mean():
                         "none (no logger)."]
 
 
+def test_the_same_logger_twice_is_a_problem():
+    """TensorBoard twice wrote two event files into one folder: every point shown twice. Two of a kind with other
+    arguments are two loggers."""
+    specs, problems = logger_specs(["tensorboard", "tensorboard"])
+    assert specs == (TB,) and problems == ["logger[1]: the same logger as an earlier entry "
+                                           "(launcher.loggers.tensorboard.TensorBoardLogger with the same arguments) "
+                                           "would write every point twice. Remove one."]
+    assert logger_specs([MINE, {**MINE, "path": "y.jsonl"}]) == ((MINE, {**MINE, "path": "y.jsonl"}), [])
+
+
 class NeedsAPackage(FileLogger):
     requires = ("no_such_package_hl",)
 
