@@ -53,6 +53,8 @@ def read_cluster_files(cfg: DictConfig) -> ClusterLayout | None:
 def _cluster_file(key: str, path: str) -> str:
     """The text of a cluster file, or a ConfigError naming key."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{key}: a folder, not a file. Give the path of the file itself.")
     if not p.is_file():
         raise ConfigError(f"{key}: no such file (relative paths start at {Path.cwd()}). Give the path of the file.")
     try:

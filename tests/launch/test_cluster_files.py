@@ -47,6 +47,8 @@ def test_file_problems_name_the_key(tmp_path):
     missing = tmp_path / "nope.json"
     with pytest.raises(ConfigError, match=f"cluster.rank_table_file={missing}: no such file"):
         read_cluster_files(cluster(rank_table_file=str(missing)))
+    with pytest.raises(ConfigError, match=f"cluster.hostfile={tmp_path}: a folder, not a file"):  # was "no such file"
+        read_cluster_files(cluster(hostfile=str(tmp_path)))
     bad = tmp_path / "bad.json"
     bad.write_text("{'version': '1.0'}")
     with pytest.raises(ConfigError, match=f"cluster.rank_table_file={bad}: not JSON"):
