@@ -318,8 +318,12 @@ def report_command(args: list[str], console: Console) -> int:
         if a.startswith("--into="):
             args, into = args[:i] + args[i + 1 :], a.split("=", 1)[1]
             break
-    if not args or any(a.startswith("-") for a in args) or into == "" or (into is not None and len(args) < 2):
-        Console(stderr=True).print(USAGE, highlight=False, soft_wrap=True)
+    wrong = ("no run dir given" if not args else "--into needs a folder" if into == "" or "--into" in args else
+             f"{next(a for a in args if a.startswith('-'))}: not an option of report (--into OUT is)"
+             if any(a.startswith("-") for a in args) else
+             "--into merges several run dirs: give two or more" if into is not None and len(args) < 2 else "")
+    if wrong:
+        Console(stderr=True).print(f"hetero-launch report: {wrong}.\n\n{USAGE}", highlight=False, soft_wrap=True)
         return 2
     if len(args) == 1:
         from launcher.report.plots import report

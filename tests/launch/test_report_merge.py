@@ -133,9 +133,16 @@ def test_one_dir_is_reported_as_before_and_into_needs_several(tmp_path, plan, ca
     node0 = write_node(tmp_path / "node0-run", plan, 0, [0, 1])
     assert main(["report", str(node0.path)]) == 0
     assert node0.plot("loss").exists() and not (tmp_path / "node0-run-merged").exists()
-    assert main(["report", str(node0.path), "--into", str(tmp_path / "out")]) == 2
-    assert main(["report", str(node0.path), "--bogus"]) == 2
-    assert "usage: hetero-launch report RUN_DIR" in capsys.readouterr().err
+    capsys.readouterr()
+    for args, said in (([str(tmp_path / "out")], "--into merges several run dirs: give two or more"),
+                       ([], "--into needs a folder"), (["--bogus"], None)):
+        if said is None:
+            assert main(["report", str(node0.path), "--bogus"]) == 2
+            said = "--bogus: not an option of report (--into OUT is)"
+        else:
+            assert main(["report", str(node0.path), "--into", *args]) == 2
+        err = capsys.readouterr().err  # which argument is wrong, then the usage
+        assert f"hetero-launch report: {said}." in err and "usage: hetero-launch report RUN_DIR" in err, err
     assert not (tmp_path / "out").exists()
 
 
