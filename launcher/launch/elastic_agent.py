@@ -145,7 +145,7 @@ def launch_elastic(cfg: DictConfig, plan: RunPlan, console: Console) -> int:
     (a world of the range that cannot hold the job) is a ConfigError before this host meets any other; restarts with
     no shared checkpoints were refused by the plan (plan/nodes.py checkpoint_problems)."""
     from launcher.facts.host import probe_host
-    from launcher.launch.nodes import rendezvous_handler
+    from launcher.launch.rendezvous import rendezvous_handler
     from launcher.launch.reach import address_problems, rendezvous_problems
 
     if problems := address_problems(cfg) + rendezvous_problems(cfg):

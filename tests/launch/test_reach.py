@@ -130,7 +130,7 @@ def test_a_first_writer_lost_before_it_wrote_is_waited_for_a_bounded_time(etcd_s
 def test_an_endpoint_that_answers_no_store_is_left_within_rdzv_timeout_s_without_cpp_stacks(capfd):
     """Something listens at the endpoint but is no TCPStore (a proxy, another service): torch's store client retried
     its ping for read_timeout (60 s), whatever cluster.rdzv_timeout_s said, each retry logged with a C++ stack."""
-    from launcher.launch.nodes import rendezvous_handler
+    from launcher.launch.rendezvous import rendezvous_handler
 
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.2)
@@ -167,7 +167,7 @@ def test_an_endpoint_that_accepts_and_never_answers_is_left_in_bounded_time_and_
     client waited inside C++ with no bound (SIGTERM and Ctrl-C unheard until that program ended). Now the wait is
     bounded (the client's read_timeout and 15 s), the message says the port is held here, and a signal raised in the
     launcher's thread meanwhile stops it at once."""
-    from launcher.launch.nodes import _bounded, rendezvous_handler
+    from launcher.launch.rendezvous import _bounded, rendezvous_handler
 
     listener = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog), never answers
     cluster = {"nnodes": 1, "rdzv_backend": "c10d", "rdzv_endpoint": f"127.0.0.1:{listener.getsockname()[1]}",
