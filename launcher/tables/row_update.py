@@ -67,18 +67,12 @@ class RowUpdate:
 def step_all(steps: list[tuple[object, torch.Tensor, torch.Tensor]]) -> None:
     """Each (optimizer, rows, grads)'s ``step``: the steps the C kernels take in one call per kernel (every table's
     rows spread over the rank's threads as one range), any other one by one."""
-    batched: dict[str, list[tuple[RowUpdate, kernels.Job, torch.Tensor]]] = {}
-    for optimizer, rows, grads in steps:
-        if isinstance(optimizer, RowUpdate) and fused(rows, grads, *optimizer._tensors()):
-            batched.setdefault(optimizer.KIND, []).append((optimizer, optimizer._job(rows, grads, ()), rows))
-        elif isinstance(optimizer, RowUpdate):
+    _, rest = _on_kernels(steps, deferred=False)
+    for optimizer, rows, grads in (steps[at] for at in rest):
+        if isinstance(optimizer, RowUpdate):
             write_rows(rows, optimizer._torch_updates(rows, grads))
         else:
             optimizer.step(rows, grads)
-    for kind, calls in batched.items():
-        kernels.update_many(kind, [(job, rows) for _, job, rows in calls])
-        for optimizer, _, _ in calls:
-            optimizer._counted()
 
 
 @torch.no_grad()
@@ -86,19 +80,32 @@ def updates_all(steps: list[tuple[RowUpdate, torch.Tensor, torch.Tensor]]
                 ) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     """Each (optimizer, rows, grads)'s ``updates``, in order: the steps the C kernels take in one call per kernel, their
     new values in fresh (rows, ...) tensors, any other on its torch ops."""
-    out: list = [None] * len(steps)
-    batched: dict[str, list] = {}
+    done, rest = _on_kernels(steps, deferred=True)
+    for at in rest:
+        optimizer, rows, grads = steps[at]
+        done[at] = optimizer._torch_updates(rows, grads)
+    return [done[at] for at in range(len(steps))]
+
+
+def _on_kernels(steps: list[tuple[object, torch.Tensor, torch.Tensor]], deferred: bool
+                ) -> tuple[dict[int, list[tuple[torch.Tensor, torch.Tensor]]], list[int]]:
+    """The steps the C kernels take, run in one ``kernels.update_many`` call per optimizer KIND, their step counts
+    moved after it: in place, or (``deferred``) into fresh (rows, ...) tensors, returned by position as each
+    (table-shaped tensor, its new values of rows). Also the positions of the steps left to torch's ops."""
+    calls: dict[str, list] = {}
+    rest: list[int] = []
     for at, (optimizer, rows, grads) in enumerate(steps):
-        tensors = optimizer._tensors()
-        if fused(rows, grads, *tensors):
-            new = outputs(len(rows), *tensors)
-            job = optimizer._job(rows, grads, tuple(new))
-            batched.setdefault(optimizer.KIND, []).append((at, optimizer, job, rows, tensors, new))
-        else:
-            out[at] = optimizer._torch_updates(rows, grads)
-    for kind, calls in batched.items():
-        kernels.update_many(kind, [(job, rows) for _, _, job, rows, _, _ in calls])
-        for at, optimizer, _, _, tensors, new in calls:
+        tensors = optimizer._tensors() if isinstance(optimizer, RowUpdate) else ()
+        if not tensors or not fused(rows, grads, *tensors):
+            rest.append(at)
+            continue
+        new = outputs(len(rows), *tensors) if deferred else []
+        calls.setdefault(optimizer.KIND, []).append((at, optimizer, optimizer._job(rows, grads, tuple(new)), rows,
+                                                     tensors, new))
+    done: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for kind, group in calls.items():
+        kernels.update_many(kind, [(job, rows) for _, _, job, rows, _, _ in group])
+        for at, optimizer, _, _, tensors, new in group:
             optimizer._counted()
-            out[at] = [(t, v) for t, v in zip(tensors, new) if t is not None]
-    return out
+            done[at] = [(t, v) for t, v in zip(tensors, new) if t is not None]
+    return done, rest
