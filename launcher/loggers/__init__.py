@@ -22,7 +22,7 @@ bayes_auc). The run dir is in the rank's environment (``HL_RUN_DIR``), for a log
 class may say which packages it needs (``requires = ("wandb",)``): before any rank starts the launcher checks
 those, that the ``_target_`` imports, that its constructor takes the given arguments and that it has both methods
 (exit 2 otherwise, naming the key). At run time a logger that raises is reported once, as a warning in rank 0's
-stderr, and is off for the rest of the run: training goes on. Weights & Biases, for example (WANDB_MODE=offline
+stderr, and is off for the rest of the run: training goes on, and the run's summary names it. Weights & Biases, for example (WANDB_MODE=offline
 keeps it on the disk)::
 
     class WandbLogger:
@@ -63,6 +63,10 @@ LOGGERS = {"tensorboard": "launcher.loggers.tensorboard.TensorBoardLogger"}
 
 OFF = ("none", "null", "off")
 """Values of ``logger`` (besides null, false and []) that mean no logger."""
+
+LOGGER_OFF = "logger_off"
+"""The metrics.jsonl event rank 0 writes when a logger fails and is dropped: ``{"event": "logger_off", "step": the step
+(0: in its constructor), "logger": its index in plan.json's loggers}`` (the run's summary names it)."""
 
 HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
 

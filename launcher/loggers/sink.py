@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 
-from launcher.loggers import MetricsLogger
+from launcher.loggers import LOGGER_OFF, MetricsLogger
 from launcher.metrics_writer import MetricsWriter
 from launcher.rundir import RankDir
 
@@ -41,34 +41,40 @@ def metrics_of(record: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
 
 
 class Loggers:
-    """Several loggers as one (``MetricsLogger``); one that raises is warned about once and dropped."""
+    """Several loggers as one (``MetricsLogger``); one that raises is warned about once and dropped, and ``dropped``
+    keeps (its index among the specs, the step it failed at; 0: in its constructor)."""
 
-    def __init__(self, loggers: Sequence[tuple[str, MetricsLogger]]) -> None:
+    def __init__(self, loggers: Sequence[tuple[int, str, MetricsLogger]],
+                 dropped: Sequence[tuple[int, int]] = ()) -> None:
         self._loggers = list(loggers)
-        """(its _target_, the logger)."""
+        """(its index among the specs, its _target_, the logger)."""
+        self.dropped = list(dropped)
 
     @property
     def names(self) -> list[str]:
-        return [name for name, _ in self._loggers]
+        return [name for _, name, _ in self._loggers]
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        for name, logger in list(self._loggers):
+        for entry in list(self._loggers):
             try:
-                logger.log_metrics(step, metrics)
+                entry[2].log_metrics(step, metrics)
             except Exception as e:  # noqa: BLE001 - a logger never fails the run
-                self._drop(name, logger, f"log_metrics at step {step}", e)
+                self._drop(entry, step, f"log_metrics at step {step}", e)
 
-    def close(self) -> None:
-        for name, logger in list(self._loggers):
+    def close(self, step: int = 0) -> None:
+        for index, name, logger in list(self._loggers):
             try:
                 logger.close()
             except Exception as e:  # noqa: BLE001
                 _warn(name, "close", e)
+                self.dropped.append((index, step))
         self._loggers.clear()
 
-    def _drop(self, name: str, logger: MetricsLogger, what: str, e: Exception) -> None:
+    def _drop(self, entry: tuple[int, str, MetricsLogger], step: int, what: str, e: Exception) -> None:
+        index, name, logger = entry
         _warn(name, what, e)
-        self._loggers = [(n, lg) for n, lg in self._loggers if lg is not logger]
+        self.dropped.append((index, step))
+        self._loggers = [x for x in self._loggers if x[2] is not logger]
         with suppress(Exception):
             logger.close()  # let it release what it holds; its own error was reported already
 
@@ -86,40 +92,54 @@ def build_loggers(specs: Sequence[dict[str, Any]]) -> Loggers:
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.append(cwd)
-    built = []
-    for spec in specs:
+    built, dropped = [], []
+    for index, spec in enumerate(specs):
         name = str(spec.get("_target_"))
         try:
             logger = instantiate(dict(spec), _convert_="all")
         except Exception as e:  # noqa: BLE001
             _warn(name, "its constructor", e.__cause__ or e)
+            dropped.append((index, 0))
             continue
         if not isinstance(logger, MetricsLogger):
             _warn(name, "its constructor", TypeError(f"built a {type(logger).__name__}, which has no log_metrics(step, "
                                                      f"metrics) and close()"))
+            dropped.append((index, 0))
             continue
-        built.append((name, logger))
-    return Loggers(built)
+        built.append((index, name, logger))
+    return Loggers(built, dropped)
 
 
 class LoggedMetricsWriter(MetricsWriter):
-    """A rank's metrics.jsonl writer that also sends each record's numbers to loggers (after the line is on disk)."""
+    """A rank's metrics.jsonl writer that also sends each record's numbers to loggers (after the line is on disk).
+    A logger dropped is written down as a ``logger_off`` event (its index among the plan's loggers, the step), which
+    the launcher's summary names: the warning alone went to this rank's stderr, where nobody looked."""
 
     def __init__(self, rank_dir: RankDir, loggers: Loggers) -> None:
         super().__init__(rank_dir)
         self.loggers = loggers
+        self._said = 0
+        self._say_dropped()
 
     def write(self, **record: Any) -> None:
         super().write(**record)
         found = metrics_of(record)
         if found is not None:
             self.loggers.log_metrics(*found)
+            self._say_dropped()
 
     def close(self) -> None:
         try:
-            super().close()
+            self._flush_step()
+            self.loggers.close(self._last)  # the last step done
+            self._say_dropped()
         finally:
-            self.loggers.close()
+            super().close()
+
+    def _say_dropped(self) -> None:
+        for index, step in self.loggers.dropped[self._said:]:
+            super().write(event=LOGGER_OFF, step=step, logger=index)
+        self._said = len(self.loggers.dropped)
 
 
 def open_metrics(rank_dir: RankDir, specs: Sequence[dict[str, Any]], rank: int) -> MetricsWriter:

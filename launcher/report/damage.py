@@ -29,6 +29,7 @@ SUMMARY_FIELDS: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "early_stop": ((dict, NONE), False, "an object or null"),
     "note": ((str, NONE), False, "a string or null"),
     "skipped_metrics": ((list,), False, "an array"),
+    "loggers_off": ((list,), False, "an array"),
     "not_applied": ((list,), False, "an array"),
     "node_rank": ((int, NONE), False, "an int or null"),
     "nodes": ((list, NONE), False, "an array or null"),
@@ -76,9 +77,9 @@ def summary_problem(summary: Any) -> str:
     if early.get("best") is not None and not (isinstance(early["best"], NUMBER)
                                               and {"stopped", "metric", "best_step", "stopped_at"} <= set(early)):
         return "its early_stop is not as the launcher writes it (best, metric, best_step, stopped, stopped_at)"
-    lists = [("skipped_metrics", str), ("not_applied", object), ("nodes", dict)]
+    lists = [("skipped_metrics", str), ("loggers_off", str), ("not_applied", object), ("nodes", dict)]
     odd = next((k for k, kind in lists if not all(isinstance(v, kind) for v in summary.get(k) or ())), None)
-    return f"an item of its {odd} is not {'a string' if odd == 'skipped_metrics' else 'an object'}" if odd else ""
+    return f"an item of its {odd} is not {'a string' if dict(lists)[odd] is str else 'an object'}" if odd else ""
 
 
 def plan_problem(plan: dict) -> str:

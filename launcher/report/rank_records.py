@@ -1,8 +1,10 @@
 """What the ranks' own records add to summary.json: the hashed tables' counts (rank.N/hashing.json), the
-validation split's last scores and how early stopping ended (metrics.jsonl's ``val`` and ``early_stop`` events)."""
+validation split's last scores and how early stopping ended (metrics.jsonl's ``val`` and ``early_stop`` events), the
+loggers that failed (``logger_off`` events)."""
 
 from __future__ import annotations
 
+from launcher.loggers import LOGGER_OFF
 from launcher.rundir import RunDir, read_record
 
 
@@ -41,6 +43,20 @@ def validation_summary(events: dict[str, list[dict]], plan: dict) -> dict:
                              "best_step": ended.get("best_step"), "stopped": bool(ended.get("stopped")),
                              "stopped_at": ended.get("step") if ended.get("stopped") else None,
                              "test_on": "the best checkpoint"}
+    return out
+
+
+def loggers_off(events: dict[str, list[dict]], plan: dict) -> list[str]:
+    """A sentence per logger that failed in rank 0 and was dropped (its ``logger_off`` events), naming it and where
+    its error is."""
+    specs = plan.get("loggers") if isinstance(plan.get("loggers"), (list, tuple)) else ()
+    out = []
+    for m in events.get(LOGGER_OFF, []):
+        at = m.get("logger")
+        spec = specs[at] if isinstance(at, int) and 0 <= at < len(specs) else None
+        name = spec.get("_target_") if isinstance(spec, dict) else f"number {at}"
+        when = f"at step {m['step']}" if m.get("step") else "in its constructor"
+        out.append(f"logger {name} failed {when} and was off from then (its error: rank.0/stderr)")
     return out
 
 

@@ -16,7 +16,7 @@ from launcher.errors import printable
 from launcher.plan.peak import MemoryPlan
 from launcher.plan.script_keys import not_applied_in
 from launcher.report.log_tail import LINE_CHARS, MESSAGE_CHARS, cut_middle, log_tail
-from launcher.report.rank_records import hashing_summary, number, validation_lines, validation_summary
+from launcher.report.rank_records import hashing_summary, loggers_off, number, validation_lines, validation_summary
 from launcher.rundir import RankDir, RunDir, is_step
 
 def _parts(plan: dict) -> list[dict]:
@@ -104,6 +104,9 @@ def build_summary(run_dir: RunDir, plan: dict, rank_exits: list[dict], status: s
         summary["hashing"] = hashing
     if plan.get("kind") == "script" and not any(r["logged"] for r in ranks):
         summary["note"] = NOT_LOGGED
+    off = loggers_off(events, plan)
+    if off:
+        summary["loggers_off"] = off
     not_applied = not_applied_in(plan, parts)
     if not_applied:
         summary["not_applied"] = not_applied
@@ -213,6 +216,7 @@ def summary_table(summary: dict) -> Table:
              for what, d in (("metrics", summary.get("final_metrics")), ("eval", summary.get("eval")),
                              ("reference", summary.get("reference"))) if d] + validation_lines(summary)
     notes = (([summary["note"]] if summary.get("note") else []) + summary.get("skipped_metrics", [])
+             + summary.get("loggers_off", [])
              + [f"not applied: {n}" for n in summary.get("not_applied", ())])
     t.caption = "\n".join(lines + [f"note: {escape(n)}" for n in notes]) or None  # escape: a note quotes records
     return t

@@ -55,6 +55,9 @@ def test_a_run_writes_tensorboard_and_feeds_the_users_loggers(tmp_path):
     stderr = (run / "rank.0" / "stderr").read_text()
     assert stderr.count("logger my_logs.BrokenLogger failed") == 1, stderr
     assert "failed in log_metrics at step 4 (OSError: the metrics service went away)" in stderr
+    # ... and the summary and the console name it, which had been silent (only rank 0's stderr said so)
+    said = "logger my_logs.BrokenLogger failed at step 4 and was off from then (its error: rank.0/stderr)"
+    assert s["loggers_off"] == [said] and said in " ".join(res.stdout.replace("│", " ").split()), res.stdout
     assert s["status"] == "ok" and not (run / "rank.1" / "tensorboard").exists()
 
 

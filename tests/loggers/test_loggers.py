@@ -90,7 +90,7 @@ def test_records_become_train_and_eval_scalars():
 
 def test_a_failing_logger_warns_once_and_the_others_go_on(tmp_path):
     mine = FileLogger(str(tmp_path / "got.jsonl"))
-    loggers = Loggers([("my.Broken", BrokenLogger(fail_at=2)), ("my.File", mine)])
+    loggers = Loggers([(0, "my.Broken", BrokenLogger(fail_at=2)), (1, "my.File", mine)])
     with pytest.warns(LoggerWarning) as caught:
         for step in (1, 2, 3):
             loggers.log_metrics(step, {"train/loss": float(step)})
@@ -101,6 +101,7 @@ def test_a_failing_logger_warns_once_and_the_others_go_on(tmp_path):
                                       "on.")
     lines = [json.loads(x) for x in (tmp_path / "got.jsonl").read_text().splitlines()]
     assert [x.get("step") for x in lines] == [1, 2, 3, None] and lines[-1] == {"closed": True}
+    assert loggers.dropped == [(0, 2)]  # its index, the step
 
 
 def test_a_logger_that_cannot_be_built_is_left_out(tmp_path):
@@ -109,7 +110,32 @@ def test_a_logger_that_cannot_be_built_is_left_out(tmp_path):
     assert isinstance(writer, LoggedMetricsWriter) and writer.loggers.names == []
     writer.write(step=1, loss=1.0)
     writer.close()
+    records = [json.loads(x) for x in (tmp_path / "rank.0" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r.get("event"), r["step"], r.get("logger")) for r in records] == [("logger_off", 0, 0), (None, 1, None)]
     assert type(open_metrics(RankDir(tmp_path / "rank.1"), [TB], 1)) is MetricsWriter  # only rank 0 logs
+
+
+def test_a_dropped_logger_is_written_down_and_the_summary_names_it(tmp_path):
+    """A logger that fails is a ``logger_off`` event in rank 0's metrics.jsonl, at its step, once; the summary's
+    words name its _target_ from the plan (a run's own summary: tests/integration/test_logger_runs.py)."""
+    from launcher.report.rank_records import loggers_off
+
+    specs = [{"_target_": "tests.loggers.file_logger.FileLogger", "path": str(tmp_path / "got.jsonl")},
+             {"_target_": "tests.loggers.file_logger.BrokenLogger", "fail_at": 2}]
+    with pytest.warns(LoggerWarning):
+        writer = open_metrics(RankDir(tmp_path / "rank.0"), specs, 0)
+        for step in (1, 2, 3):
+            writer.step_done(step)
+            writer.write(step=step, loss=1.0)
+        writer.close()
+    records = [json.loads(x) for x in (tmp_path / "rank.0" / "metrics.jsonl").read_text().splitlines()]
+    off = [r for r in records if r.get("event") == "logger_off"]
+    assert [(r["step"], r["logger"]) for r in off] == [(2, 1)] and records.index(off[0]) == 2  # right after step 2
+    assert loggers_off({"logger_off": off}, {"loggers": specs}) == [
+        "logger tests.loggers.file_logger.BrokenLogger failed at step 2 and was off from then (its error: "
+        "rank.0/stderr)"]
+    assert loggers_off({"logger_off": [{"event": "logger_off", "step": 0, "logger": 7}]}, {"loggers": "x"}) == [
+        "logger number 7 failed in its constructor and was off from then (its error: rank.0/stderr)"]
 
 
 def test_tensorboard_event_files_read_back(tmp_path):
