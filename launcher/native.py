@@ -4,6 +4,7 @@ rank starts, and a plan says what the ranks will run."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -49,14 +50,24 @@ def environment_problems() -> list[str]:
     problems = [f"{name}={os.environ[name]}: not one of {', '.join(values)}. Set one of them, or unset {name}."
                 for name, values in SETTINGS.items() if os.environ.get(name, values[0]) not in values]
     root = cache_root()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        tempfile.NamedTemporaryFile(dir=root, prefix=".hl-write-").close()
-    except OSError as e:
+    unwritable = _unwritable(root)
+    if unwritable:
         where = f"HL_CACHE_DIR={root}" if os.environ.get("HL_CACHE_DIR") else f"the cache folder {root}"
-        problems.append(f"{where}: hetero-launch cannot make or write it ({e.strerror or e}); the ranks build and "
-                        f"keep their native ops and kernels there. Set HL_CACHE_DIR to a folder you can write.")
+        problems.append(f"{where}: hetero-launch cannot make or write it ({unwritable}); the ranks build and keep "
+                        f"their native ops and kernels there. Set HL_CACHE_DIR to a folder you can write.")
     return problems
+
+
+@functools.lru_cache(maxsize=4)
+def _unwritable(folder: Path) -> str:
+    """Why ``folder`` cannot be made or written ('' when it can): made and written once per folder and process (a
+    sweep plans every job, an elastic launcher every round)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=folder, prefix=".hl-write-").close()
+    except OSError as e:
+        return str(e.strerror or e)
+    return ""
 
 
 def compiler() -> str | None:

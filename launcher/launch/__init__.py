@@ -17,7 +17,6 @@ from rich.markup import escape
 from launcher.backends import Backend, JobConfig, backend
 from launcher.errors import ConfigError, first_line
 from launcher.facts.preflight import newest_intact_checkpoint
-from launcher.launch.planning import check_local_address
 from launcher.launch.record import write_rank_env
 from launcher.lifeline import LAUNCHER_SIGNALS
 from launcher.launch.run_records import report_run, start_run_dir, write_records
@@ -45,13 +44,13 @@ def _raise_signal(signum: int, _frame) -> None:
 
 def _bind_store(plan: RunPlan):
     """The launcher's rendezvous store on the planned address and port; a port in use or an address this host cannot
-    bind is bad input (exit 2), found before the run dir or any rank exists."""
+    bind is bad input (exit 2), found before the run dir or any rank exists (the plan checked the address already:
+    launch/planning.py check_local_address)."""
     from torch.distributed import DistNetworkError
 
     from launcher.launch.store import host_store
 
     env = plan.ranks[0].env
-    check_local_address(env["MASTER_ADDR"])
     try:
         return host_store(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
     except (OSError, DistNetworkError) as e:
