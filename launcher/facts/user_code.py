@@ -34,11 +34,12 @@ COUNT_MAX = 1 << 16
 """The most items of a stream the launcher counts (keeping only the first LABEL_SCAN): see _group_reach."""
 
 def check_target(key: str, spec: Mapping[str, Any] | None, source: str) -> tuple[Any, list[str]]:
-    """(the class, problems) for ``spec``'s ``_target_``: it imports, and its constructor takes the spec's keys."""
+    """(the class, problems) for ``spec``'s ``_target_``: a spec's shape (spec_shape_problems), then it imports, and
+    its constructor takes the spec's keys."""
     where = f"{key} in {source}"
-    if not isinstance(spec, Mapping) or "_target_" not in spec:
-        return None, [f"{key} ({source}) needs a _target_: the dotted path of a class, e.g. "
-                      f"{key}: {{_target_: my_project.model.Net, ...}}."]
+    shape = spec_shape_problems({key: spec}, source)
+    if shape or spec is None:
+        return None, shape
     target = spec["_target_"]
     failed = import_targets(spec, key)  # nested ones too: a package's import-time code never runs on meta
     if failed:

@@ -49,8 +49,9 @@ may be null (none)."""
 
 def spec_shape_problems(sections: Mapping[str, Any], source: str) -> list[str]:
     """Each of a user recipe's ``sections`` (key -> its value as composed) that is no _target_ spec: null where one
-    is needed, a string, a list or a number where a mapping is, a ``_target_`` that is no dotted path. Said with the
-    form to write, before anything reads them."""
+    is needed, a string, a list or a number where a mapping is, a mapping without a ``_target_`` or with one that is
+    no dotted path. Said with the form to write, before anything reads them (the one check of a section's shape:
+    launcher/facts/user_code.py check_target starts with it)."""
     problems = []
     for key, node in sections.items():
         example = SPEC_SECTIONS.get(key, "my_project.Thing")
@@ -65,7 +66,9 @@ def spec_shape_problems(sections: Mapping[str, Any], source: str) -> list[str]:
             problems.append(f"{key}: {given!r} ({source}) is a {type(given).__name__}, where a recipe of your own "
                             f"takes a mapping with a _target_ (the dotted path of a class) and its arguments. "
                             f"Write {shown}, or {key}._target_=<module.Class> on the command line.")
-        elif "_target_" in node and not (isinstance(node["_target_"], str) and node["_target_"]):
+        elif "_target_" not in node:
+            problems.append(f"{key} ({source}) needs a _target_: the dotted path of a class, e.g. {form}.")
+        elif not (isinstance(node["_target_"], str) and node["_target_"]):
             problems.append(f"{key}._target_={node['_target_']!r} ({source}) is no dotted path: give the class's as "
                             f"a string, e.g. {key}._target_={example}.")
     return problems

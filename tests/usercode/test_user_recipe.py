@@ -256,6 +256,8 @@ def test_hydra_flags_see_the_users_config_tree(project, cli):
     ("model: [1, 2]", "model: [1, 2] (conf/recipe/my_ctr.yaml) is a list, where a recipe of your own takes a mapping"),
     ("model: null", "model (conf/recipe/my_ctr.yaml) is null"),
     ("model: {_target_: null}", "model._target_=None (conf/recipe/my_ctr.yaml) is no dotted path"),
+    ("model: {hidden: 8}", "model (conf/recipe/my_ctr.yaml) needs a _target_: the dotted path of a class, e.g. model: "
+                           "{_target_: <module.Class>, <its arguments>...}"),
 ])
 def test_a_section_that_is_no_target_spec_in_the_file_is_named(project, tmp_path, cli, line, said):
     """A section written as a string, a list or null (a newcomer's ``model: my_pkg.Net``), or a _target_ that is no
