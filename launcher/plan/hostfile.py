@@ -2,10 +2,11 @@
 the caller reads the file.
 
 A hostfile has one host per line, ``worker-1 slots=4`` (slots: ranks on that host, one per accelerator), blank
-lines and ``#`` comments. The filters take DeepSpeed's syntax, ``NAME[:SLOT[,SLOT...]]`` joined by ``@``:
+lines and ``#`` comments; OpenMPI's ``max_slots=M`` may follow (its cap on the ranks there: at least slots). The filters take DeepSpeed's syntax, ``NAME[:SLOT[,SLOT...]]`` joined by ``@``:
 ``worker-0@worker-1:0,2`` is every slot of worker-0 and slots 0 and 2 of worker-1. Hosts keep the hostfile's order
 and slots the order given (DeepSpeed makes that order the rank's CUDA_VISIBLE_DEVICES). Stricter than DeepSpeed:
-slots=0, a host name that is not a host name or address, anything on a line after slots=N other than a comment,
+slots=0, a host name that is not a host name or address, anything on a line after slots=N other than max_slots=M
+and a comment,
 a host or slot named twice in a filter, and a filter that leaves nothing are refused, not ignored. Every problem is
 collected into one ConfigError, each naming the line or the entry and a fix."""
 
@@ -40,30 +41,48 @@ def parse_hostfile(text: str, source: str) -> list[tuple[str, int]]:
         if why:
             problems.append(f"{at}: the host {shown(host)} {why}. Write a host name or IP address, e.g. "
                             f"worker-1 slots=4.")
-        if not rest:
-            problems.append(f"{at}: no slots. Write {host} slots=<ranks on that host>, e.g. {host} slots=4.")
+        slots, cap = _line_slots(at, host, rest, problems)
+        if slots is None:
             continue
-        extra = rest[1:] if rest[0].startswith("slots=") else rest
-        if extra:
-            problems.append(f"{at}: a line is <host> slots=<N> (DeepSpeed's form); {shown(' '.join(extra))} is not "
-                            f"read. Remove it (a comment starts with #).")
-            continue
-        value = rest[0].removeprefix("slots=")
-        if not _SLOTS.fullmatch(value):
-            problems.append(f"{at}: slots={value} must be a whole number > 0 (ranks on that host). E.g. "
-                            f"{host} slots=4.")
+        if cap is not None and cap < slots:
+            problems.append(f"{at}: max_slots={cap} is below slots={slots}, and the run puts slots ranks on "
+                            f"{host}. Raise max_slots or lower slots.")
             continue
         if host in line_of:
             problems.append(f"{at}: {host} is also on line {line_of[host]}. Give each host once, with all its slots.")
             continue
         line_of[host] = n
-        hosts.append((host, int(value)))
+        hosts.append((host, slots))
     if not hosts and not problems:
         problems.append(f"{source}: no hosts (only blank lines and comments). Write one line per host, e.g. "
                         f"worker-0 slots=4.")
     if problems:
         raise ConfigError(problems)
     return hosts
+
+
+def _line_slots(at: str, host: str, rest: list[str], problems: list[str]) -> tuple[int | None, int | None]:
+    """(slots, OpenMPI's max_slots or None) of a line's words after the host; (None, None) with the problem appended.
+    max_slots (or max-slots) caps what OpenMPI may oversubscribe; the run puts exactly slots ranks there."""
+    values: dict[str, str] = {}
+    for word in rest:
+        key, eq, value = word.partition("=")
+        key = "max_slots" if key == "max-slots" else key
+        if not eq or key not in ("slots", "max_slots") or key in values:
+            problems.append(f"{at}: a line is <host> slots=<N> (DeepSpeed's and OpenMPI's form, OpenMPI's "
+                            f"max_slots=<M> too); {shown(word)} is not read. Remove it (a comment starts with #).")
+            return None, None
+        values[key] = value
+    if "slots" not in values:
+        problems.append(f"{at}: no slots. Write {host} slots=<ranks on that host>, e.g. {host} slots=4.")
+        return None, None
+    for key, value in values.items():
+        if not _SLOTS.fullmatch(value):
+            problems.append(f"{at}: {key}={value} must be a whole number > 0 (ranks on that host). E.g. "
+                            f"{host} slots=4.")
+            return None, None
+    cap = values.get("max_slots")
+    return int(values["slots"]), None if cap is None else int(cap)
 
 
 def filter_hosts(hosts: list[tuple[str, int]], include: str, exclude: str,

@@ -27,9 +27,16 @@ def test_parse_comments_blank_lines_and_white_space():
     assert parse_hostfile("10.0.0.1 slots=8\nfe80::2 slots=8\n", SRC) == [("10.0.0.1", 8), ("fe80::2", 8)]
 
 
+def test_openmpi_max_slots_is_read_as_a_cap():
+    """OpenMPI's hostfile form (multi_node.md says an existing one works): max_slots=M (or max-slots), before or
+    after slots, is its cap on the ranks of that host; the run puts slots ranks there, so it must be at least slots."""
+    assert parse_hostfile("a slots=2 max_slots=4\nb max-slots=2 slots=2\n", SRC) == [("a", 2), ("b", 2)]
+
+
 def test_bad_lines_each_named():
     text = "worker-0 slots=4\nworker-1\nworker-2 slots=0\nworker-3 slots=four\nworker-0 slots=2\n" \
-           "worker-4 slots=2 max_slots=4\n10.0.0.1;rm slots=1\n$(id) slots=1\n"
+           "worker-4 slots=2 gpus=4\n10.0.0.1;rm slots=1\n$(id) slots=1\nworker-5 slots=4 max_slots=2\n" \
+           "worker-6 slots=2 slots=3\n"
     found = refused(text)
     assert found == [
         f'{SRC} line 2 "worker-1": no slots. Write worker-1 slots=<ranks on that host>, e.g. worker-1 slots=4.',
@@ -38,12 +45,16 @@ def test_bad_lines_each_named():
         f'{SRC} line 4 "worker-3 slots=four": slots=four must be a whole number > 0 (ranks on that host). '
         f'E.g. worker-3 slots=4.',
         f'{SRC} line 5 "worker-0 slots=2": worker-0 is also on line 1. Give each host once, with all its slots.',
-        f'{SRC} line 6 "worker-4 slots=2 max_slots=4": a line is <host> slots=<N> (DeepSpeed\'s form); '
-        f'"max_slots=4" is not read. Remove it (a comment starts with #).',
+        f'{SRC} line 6 "worker-4 slots=2 gpus=4": a line is <host> slots=<N> (DeepSpeed\'s and OpenMPI\'s form, '
+        f'OpenMPI\'s max_slots=<M> too); "gpus=4" is not read. Remove it (a comment starts with #).',
         f'{SRC} line 7 "10.0.0.1;rm slots=1": the host "10.0.0.1;rm" contains ";", which no host name or IP address '
         f'has. Write a host name or IP address, e.g. worker-1 slots=4.',
         f'{SRC} line 8 "$(id) slots=1": the host "$(id)" contains "$", which no host name or IP address has. '
         f'Write a host name or IP address, e.g. worker-1 slots=4.',
+        f'{SRC} line 9 "worker-5 slots=4 max_slots=2": max_slots=2 is below slots=4, and the run puts slots ranks on '
+        f'worker-5. Raise max_slots or lower slots.',
+        f'{SRC} line 10 "worker-6 slots=2 slots=3": a line is <host> slots=<N> (DeepSpeed\'s and OpenMPI\'s form, '
+        f'OpenMPI\'s max_slots=<M> too); "slots=3" is not read. Remove it (a comment starts with #).',
     ]
 
 
