@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     """Pick the subcommand (SUBCOMMANDS) from the arguments and run it; a ConfigError is one message, exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["--version"], ["-V"]):  # no config: what is installed
+        if argv[1:]:  # a word after it was ignored, silently
+            return _print_error(ConfigError(f"{argv[0]} takes nothing after it (given: {' '.join(argv[1:])}). Run "
+                                            f"hetero-launch {argv[0]} alone."))
         print(versions())
         return 0
     if argv[:1] == ["report"]:  # hetero-launch report RUN_DIR [RUN_DIR ...] [--into OUT]: no config, no overrides

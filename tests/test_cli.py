@@ -133,6 +133,9 @@ def test_version_and_python_m_launcher_work_without_a_recipe(tmp_path):
     assert res.stdout.startswith(f"hetero-launch {version('hetero-launch')} (torch {version('torch')}, deepspeed "
                                  f"{version('deepspeed')}, hydra-core {version('hydra-core')}"), res.stdout
     assert not list(tmp_path.iterdir())  # nothing written
+    res = subprocess.run([sys.executable, "-m", "launcher", "--version", "recipe=quickstart"], cwd=tmp_path,
+                         capture_output=True, text=True)  # the word after it had been ignored
+    assert res.returncode == 2 and "--version takes nothing after it (given: recipe=quickstart)" in res.stderr, res
 
 
 def test_after_a_dry_run_latest_still_means_the_newest_run_that_trained(tmp_path, cli):
