@@ -60,8 +60,9 @@ def launcher_state(run_dir: RunDir) -> str:
 
 
 def write_plots(run_dir: RunDir, summary: dict, skipped: list[str]) -> list[Path]:
-    """loss.png and throughput.png from the ranks' metrics.jsonl; ``skipped`` gets a note per rank whose file had
-    lines that do not read (read_records)."""
+    """loss.png and throughput.png from the ranks' metrics.jsonl, each only when some rank logged what it shows (a run
+    whose ranks never started has neither); ``skipped`` gets a note per rank whose file had lines that do not read
+    (read_records)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,8 +78,24 @@ def write_plots(run_dir: RunDir, summary: dict, skipped: list[str]) -> list[Path
     losses = {r: [m for m in recs if m.get("loss") is not None] for r, recs in steps.items()}  # a script may log none
     evals = [m for m in records.get(0, []) if m.get("event") == "eval" and m.get("loss") is not None]
     title = f"{summary['run_id']} ({summary['status']})"
+    rates = {r: [m for m in recs if "samples_per_s" in m] for r, recs in steps.items()}  # a script may not give it
     written = []
+    if any(losses.values()) or evals:
+        written.append(_loss_plot(plt, run_dir, summary, losses, evals, title))
+    if any(rates.values()):
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for r, recs in rates.items():
+            if recs:
+                ax.plot([m["step"] for m in recs], [m["samples_per_s"] for m in recs], marker=".", lw=1,
+                        label=f"rank {r}")
+        ax.set(xlabel="step", ylabel="samples/s (all ranks together)", title=f"throughput — {title}", ylim=(0, None))
+        written.append(_save(plt, fig, ax, run_dir.plot("throughput")))
+    return written
 
+
+def _loss_plot(plt, run_dir: RunDir, summary: dict, losses: dict[int, list[dict]], evals: list[dict],
+               title: str) -> Path:
+    """loss.png: each rank's own loss, the mean over ranks, the entropy floor and the held-out evaluations."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r, recs in losses.items():
         if recs:
@@ -99,21 +116,12 @@ def write_plots(run_dir: RunDir, summary: dict, skipped: list[str]) -> list[Path
             ax.annotate(f"AUC {last['auc']:.4f}{extra}", (last["step"], last["loss"]), textcoords="offset points",
                         xytext=(-10, 12), ha="right", color="red")
     ax.set(xlabel="step", ylabel="training loss", title=f"loss — {title}")
-    written.append(_save(plt, fig, ax, run_dir.plot("loss")))
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for r, recs in steps.items():
-        recs = [m for m in recs if "samples_per_s" in m]  # a script's runtime.log may not give it
-        if recs:
-            ax.plot([m["step"] for m in recs], [m["samples_per_s"] for m in recs], marker=".", lw=1, label=f"rank {r}")
-    ax.set(xlabel="step", ylabel="samples/s (all ranks together)", title=f"throughput — {title}", ylim=(0, None))
-    written.append(_save(plt, fig, ax, run_dir.plot("throughput")))
-    return written
+    return _save(plt, fig, ax, run_dir.plot("loss"))
 
 
 def _save(plt, fig, ax, path: Path) -> Path:
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:  # (a run with no throughput records has nothing to label)
+    if ax.get_legend_handles_labels()[0]:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -167,4 +175,6 @@ def report(path: Path, console: Console) -> int:
             console.print(f"[yellow]skipped: {escape(line)}[/yellow]", soft_wrap=True)
     for path in written:
         console.print(f"wrote {path}")
+    if not written:
+        console.print("no rank logged a step or an evaluation: nothing to plot (no loss.png, no throughput.png)")
     return 0

@@ -146,6 +146,22 @@ def test_one_dir_is_reported_as_before_and_into_needs_several(tmp_path, plan, ca
     assert not (tmp_path / "out").exists()
 
 
+def test_a_run_whose_ranks_logged_nothing_gets_no_empty_plots(tmp_path, plan, capsys):
+    """A run whose ranks never started (an elastic rendezvous that timed out) had two empty plots written: now none,
+    and the report says why; the summary table is shown as before."""
+    run = RunDir(tmp_path / "never")
+    run.path.mkdir()
+    run.write_json(run.plan, plan)
+    for r in (0, 1):
+        run.rank(r).path.mkdir(parents=True)
+    run.write_json(run.summary, build_summary(run, plan, [{"rank": r, "exit_code": None} for r in (0, 1)], "failed",
+                                              1.0))
+    assert main(["report", str(run.path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "nothing to plot (no loss.png, no throughput.png)" in out and "never: failed" in out, out
+    assert not run.plot("loss").exists() and not run.plot("throughput").exists()
+
+
 def _refused(tmp_path: Path, dirs: list[Path], capsys, *, into: Path | None = None) -> str:
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     argv = ["report", *map(str, dirs)] + (["--into", str(into)] if into else [])
