@@ -136,6 +136,12 @@ RESOLVED_AUTO = {"scheduler.params.warmup_max_lr": "optimizer.lr", "scheduler.pa
 warmup: hetero-launch has no warmup keys, and HF's Trainer without warmup arguments fills 0 too)."""
 
 
+EARLY_CONFLICTS = ("optimizer.", "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+"""File keys whose disagreement with a key of ours that is set is said by ``adopt``, before the plan: the optimizer
+section (not emitted, so ``merge`` never sees it), and the batch triple (the batch solver's own problem, with the
+sizes adopted from the file, came first and hid it until the batch divided)."""
+
+
 def adopt(cfg: Any, file: dict[str, Any], source: str, is_set: Callable[[str], bool]
           ) -> tuple[list[str], list[str]]:
     """(notes, problems): set each of our keys the file models and ``is_set`` says is not set (in ``cfg``, which the
@@ -164,7 +170,7 @@ def adopt(cfg: Any, file: dict[str, Any], source: str, is_set: Callable[[str], b
             if current != ours:
                 OmegaConf.update(cfg, key.ours, ours)
                 notes.append(f"{key.ours}={_show(ours)} from deepspeed.config {source} ({key.file}={_show(value)})")
-        elif key.file.startswith("optimizer.") and current != ours:
+        elif key.file.startswith(EARLY_CONFLICTS) and current != ours:
             problems.append(conflict(key.file, value, source, f"{key.ours}={_show(current)}", key))
     section = file.get("optimizer")
     for dotted, value in leaves(section, "optimizer") if isinstance(section, dict) else ():

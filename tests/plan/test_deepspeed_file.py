@@ -3,6 +3,7 @@
 (the rule: launcher/parallel/deepspeed_file.py; a real run: tests/integration/test_grad_clip.py)."""
 
 import json
+import re
 
 import pytest
 
@@ -181,7 +182,12 @@ def test_the_dry_run_shows_the_merged_config_and_a_conflict_exits_2(tmp_path, cl
 
 
 def test_a_batch_that_does_not_divide_names_the_sizes_taken_from_the_file(cpu_host):
-    """The numbers of the batch problem came partly from the file: it says which (the user never typed micro 2)."""
-    with pytest.raises(ConfigError, match=r"batch does not divide: global \d+ != micro 2 .*\(Taken: batch.micro_size=2 "
-                                          r"from deepspeed.config the inline config \(train_micro_batch_size_per_gpu=2\)"):
+    """The numbers of the batch problem came partly from the file: it says which (the user never typed micro 2); and
+    the file's train_batch_size, which disagrees with the recipe's global batch, is said in the same refusal (it came
+    only once the batch divided, as a second refusal)."""
+    with pytest.raises(ConfigError) as refusal:
         plan_of([*GPT, inline({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2})], cpu_host)
+    said = str(refusal.value)
+    assert re.search(r"batch does not divide: global \d+ != micro 2 .*\(Taken: batch.micro_size=2 from deepspeed.config "
+                     r"the inline config \(train_micro_batch_size_per_gpu=2\)", said), said
+    assert re.search(r"train_batch_size=7 in the inline config conflicts with batch.global_size=\d+", said), said
