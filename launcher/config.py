@@ -312,7 +312,8 @@ def _compose(lines: list[str]) -> DictConfig:
     except yaml.YAMLError as e:
         raise ConfigError(yaml_problem(e)) from None
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(composition_problem(e, config_dir_of(lines)) or first_line(e)) from None
+        recipe = next((x.split("=", 1)[1] for x in lines if x.startswith("recipe=")), None)
+        raise ConfigError(composition_problem(e, config_dir_of(lines), recipe) or first_line(e)) from None
 
 
 def _table_entries(value) -> list[str]:

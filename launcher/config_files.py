@@ -175,10 +175,18 @@ def _package_groups() -> dict[str, list[str]]:
             if d.is_dir() and d.name != "hydra" and not d.name.startswith("_")}
 
 
-def composition_problem(error: BaseException, config_dir: str | None) -> str:
+ROOT_GROUPS = ("parallel", "placement")
+"""conf/config.yaml's groups after the recipe, which a run picks on the command line (placement=auto)."""
+
+
+def composition_problem(error: BaseException, config_dir: str | None, recipe: str | None = None) -> str:
     """Hydra's error composing a recipe file of the user's folder ("In 'recipe/x': ConfigKeyError raised while
     composing config: ... full_key: trainer.stepz") as one sentence naming the file, the key and the fix, as the same
-    mistake on the command line is said; '' when the error is not about such a file."""
+    mistake on the command line is said; '' when the error is not about such a file. ``recipe``: the recipe= given
+    (Hydra's words for a defaults entry of a root group name no file)."""
+    group = re.match(r"Multiple values for (\w+)\.", str(error))
+    if group and group.group(1) in ROOT_GROUPS and config_dir and recipe:
+        return _root_group(f"{config_dir}/recipe/{recipe}.yaml", group.group(1))
     found = re.match(r"In '(recipe/[^']+)': (.*)", str(error), re.S)
     if config_dir is None or not found or not (Path(config_dir) / f"{found.group(1)}.yaml").is_file():
         return ""
@@ -190,11 +198,35 @@ def composition_problem(error: BaseException, config_dir: str | None) -> str:
     if said.startswith("ValidationError") and key:
         why = said.split("\n")[1].strip().rstrip(".")
         return f"{shown}: {key.group(1)}: {why}. Correct the value in the file."
+    if (group := re.match(r"Could not override '(\w+)'", said)) and group.group(1) in ROOT_GROUPS:
+        return _root_group(shown, group.group(1))
     if missing := re.match(r"Could not (?:load|find) '([^']+)'", said):
         return (f"{shown}: its defaults list names {missing.group(1)}, which is no config file: neither "
                 f"{config_dir}/{missing.group(1)}.yaml nor one of hetero-launch's own. Correct the name, or remove "
                 f"the entry.")
     return f"{shown}: {said.splitlines()[0].rstrip('.')}."
+
+
+def _root_group(shown: str, group: str) -> str:
+    """A recipe file's defaults list naming a root group (/placement: auto): Hydra composes the root's own entry for
+    it after the recipe, and refuses both ("Multiple values", "Could not override"). The fix: the command line, or
+    the option's keys written in the file, shown from the option's own file."""
+    import launcher.conf
+
+    root = Path(launcher.conf.__path__[0]) / group
+    options = sorted(p.stem for p in root.glob("*.yaml"))
+    example = ""
+    if options:
+        text = (root / f"{options[0]}.yaml").read_text()
+        body = yaml.safe_load(text) or {}
+        if package_header(text) == group:
+            body = {group: body}
+        example = (f" ({group}={options[0]} sets {yaml.safe_dump(body, default_flow_style=True, width=10**6).strip()}"
+                   f", which your file may hold)")
+    return (f"{shown}: its defaults list names /{group}, which hetero-launch's root config picks after the recipe "
+            f"(Hydra allows one, and no override of it from a recipe file). Remove the entry, and give "
+            f"{group}={options[0] if len(options) == 1 else '<' + ' | '.join(options) + '>'} on the command line, or write that option's keys in the file's "
+            f"body{example}.")
 
 
 def _close_key(key: str) -> str:

@@ -311,6 +311,14 @@ def test_a_package_header_hydra_would_not_read_is_named(project, tmp_path, cli, 
     (("recipe: {", "defaults: [my_base, _self_]\nrecipe: {"),
      "conf/recipe/my_ctr.yaml: its defaults list names recipe/my_base, which is no config file: neither "
      "conf/recipe/my_base.yaml nor one of hetero-launch's own."),
+    # a root group in the file's defaults: Hydra said "Multiple values for placement. To override a value use
+    # 'override placement: None'", and with that override "Could not override 'placement'"
+    *((("recipe: {", f"defaults: [{entry}, _self_]\nrecipe: {{"),
+       "conf/recipe/my_ctr.yaml: its defaults list names /placement, which hetero-launch's root config picks after "
+       "the recipe (Hydra allows one, and no override of it from a recipe file). Remove the entry, and give "
+       "placement=auto on the command line, or write that option's keys in the file's body (placement=auto sets "
+       "{placement: {mode: auto}}, which your file may hold).")
+      for entry in ("/placement: auto", "override /placement: auto")),
 ])
 def test_a_mistake_inside_the_recipe_file_names_the_file_and_the_key(project, tmp_path, cli, edit, said):
     """The mistakes the command line gets a did-you-mean for, written in the file: Hydra's words were "In
