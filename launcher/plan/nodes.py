@@ -87,11 +87,23 @@ def store_notes(cfg: DictConfig, backends: tuple[BackendRules, ...]) -> list[str
              f"cluster.rdzv_endpoint={c.rdzv_endpoint}: the rendezvous store lives in the launcher on that host "
              f"(torch's c10d backend), so losing that host ends the job whatever cluster.nnodes allows; any other "
              f"host may be lost {lost}; cluster.rdzv_backend=etcd-v2 has no such host")
-    return [where,
+    loopback = [] if etcd else _loopback(c.rdzv_endpoint, c.rdzv_timeout_s)  # etcd: each host's own member
+    return [where, *loopback,
             f"cluster.rdzv_id={c.rdzv_id}: the hosts of this job meet under that name, waiting "
             f"cluster.rdzv_timeout_s={c.rdzv_timeout_s:g} s for all of them; this host is reached at "
             f"cluster.local_addr={c.local_addr or '(its fully qualified name)'}; torch's {c.rdzv_backend} rendezvous "
             f"with cluster.rdzv_conf={dict(c.rdzv_conf) or '(its defaults)'}"]
+
+
+def _loopback(endpoint: str, timeout_s: float) -> list[str]:
+    """A note for a c10d endpoint on a loopback address: right for several launchers on one host (as a test runs them);
+    a launcher on another host dials its own loopback and stops after cluster.rdzv_timeout_s."""
+    host = str(endpoint).rpartition(":")[0].strip("[]")
+    if host != "localhost" and not host.startswith("127.") and host != "::1":
+        return []
+    return [f"cluster.rdzv_endpoint={endpoint} is a loopback address: only launchers on this host reach it (one on "
+            f"another host would wait cluster.rdzv_timeout_s={timeout_s:g} s and stop); give the store host's address "
+            f"as the other hosts reach it for a job of several hosts"]
 
 
 def planned_nodes(cfg: DictConfig, backends: tuple[BackendRules, ...]) -> tuple[DictConfig, list[str]]:

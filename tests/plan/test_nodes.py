@@ -22,6 +22,17 @@ def test_two_nodes_of_two_ranks_are_one_world_of_four(cpu_host):
     assert plan_hash(plan) != plan_hash(plan_of([*ELASTIC, "trainer.steps=7"], cpu_host))
 
 
+def test_a_loopback_c10d_endpoint_is_said_in_the_plan(cpu_host):
+    """Right for launchers on one host (the tests run them so), a dead end for a host elsewhere (it waited
+    rdzv_timeout_s): said, not refused; an etcd-v2 endpoint on loopback is each host's own member (no note)."""
+    loopback = [n for n in plan_of([*ELASTIC, "cluster.rdzv_endpoint=127.0.0.1:29400"], cpu_host).notes
+                if "loopback" in n]
+    assert loopback == ["cluster.rdzv_endpoint=127.0.0.1:29400 is a loopback address: only launchers on this host "
+                        "reach it (one on another host would wait cluster.rdzv_timeout_s=300 s and stop); give the "
+                        "store host's address as the other hosts reach it for a job of several hosts"]
+    assert not [n for n in plan_of(ELASTIC, cpu_host).notes if "loopback" in n]
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["cluster.nnodes=2"], "cluster.nnodes=2 with cluster.launch=local: a local launch starts this host's ranks"),
     (["cluster.launch=mpi", "cluster.nnodes=2"], "cluster.launch=mpi with cluster.nnodes=2: mpirun needs the hosts"),
