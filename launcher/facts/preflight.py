@@ -25,7 +25,7 @@ from launcher.contract import Facts, ModelFacts, model_facts
 from launcher.errors import ConfigError, few, first_line
 from launcher.facts.recipe_targets import check_names, check_replaced
 from launcher.manifest import manifest_problems
-from launcher.parallel.choose import checkpoint_layout, trained_data
+from launcher.parallel.choose import LATER_KEYS, checkpoint_layout, trained_data
 from launcher.plan import LaunchPlan
 from launcher.report.runs import latest_trained
 from launcher.rundir import CheckpointDir, RunDir
@@ -97,12 +97,13 @@ def resume_checkpoint(cfg: DictConfig) -> str:
     return str(newest[0].path)
 
 
-def _differences(key: str, saved: Any, now: Any) -> list[str]:
+def _differences(key: str, saved: Any, now: Any, shown: str | None = None) -> list[str]:
     """'<key> <saved> (now <now>)' for each leaf that differs (a model's or data's settings: the keys, not the whole
-    mappings)."""
+    mappings). ``shown``: the user's key of an entry of ``key``'s mapping, a template (tables.{}.optimizer)."""
     if isinstance(saved, dict) and isinstance(now, dict):
-        return [d for k in sorted(set(saved) | set(now), key=str) for d in _differences(f"{key}.{k}", saved.get(k),
-                                                                                         now.get(k))]
+        names = sorted(set(saved) | set(now), key=str)
+        return [d for k in names for d in _differences(shown.format(k) if shown else f"{key}.{k}", saved.get(k),
+                                                       now.get(k))]
     return [] if saved == now else [f"{key} {saved} (now {now})"]
 
 
@@ -128,7 +129,8 @@ def check_resume(plan: LaunchPlan, given: str = "", model: ModelFacts | None = N
                           f"nothing is left to train. Set trainer.steps above {saved.get('step')}.")
     now = checkpoint_layout(plan)
     saved["data"] = trained_data(saved.get("data"))  # saved before the loader's settings were left out
-    diff = [d for k, v in now.items() for d in _differences(k, saved.get(k), v)]
+    diff = [d for k, v in now.items() if k in saved or k not in LATER_KEYS
+            for d in _differences(k, saved.get(k), v, LATER_KEYS.get(k))]
     if diff:
         why = ("" if saved.get("format") == "dcp" else " DeepSpeed's checkpoint files hold each rank's own partitions, "
                "so they resume only on the layout (world size, dims, ZeRO stage) they were saved with.")

@@ -149,15 +149,23 @@ def trained_data(data: Any) -> Any:
     return {k: v for k, v in data.items() if k != "loader"} if isinstance(data, dict) else data
 
 
+LATER_KEYS = {"table_optimizers": "tables.{}.optimizer"}
+"""Layout keys recorded later than the first checkpoints (compared only when the checkpoint has them), and how a
+difference in one of their entries is named: the user's key."""
+
+
 def checkpoint_layout(plan: Any) -> dict[str, Any]:
     """What a checkpoint depends on: a run resumes from it only with the same values. The data position counts
-    global micro-batches (micro × dp samples) of this seed; the optimizer's hyperparameters come back with its state.
+    global micro-batches (micro × dp samples) of this seed; the optimizer's hyperparameters come back with its state;
+    each table's optimizer names the states saved with it (``table_optimizers``, recorded since 2026-12-01: a
+    checkpoint saved before has none, LATER_KEYS).
     A DCP checkpoint (torch-native parts) is saved by the model's names with global shapes, so the layout (world
     size, dp, tp, pp, the data-parallel part) may change; DeepSpeed's own files resume on the layout they were
     saved with."""
     fmt = checkpoint_format(plan.parts)
     out = {"format": fmt, "recipe": plan.recipe, "precision": plan.precision,
            "tables": {t.name: "outside" if t.outside else "inside" for t in plan.placement.tables},
+           "table_optimizers": {t.name: t.optimizer for t in plan.placement.tables},
            "global_batch": plan.batch.global_size, "global_micro_batch": plan.batch.micro_size * plan.dims.dp,
            "grad_accum": plan.batch.grad_accum, "seed": plan.seed,
            "optimizer": {**dataclasses.asdict(plan.optimizer), "betas": list(plan.optimizer.betas)},

@@ -111,3 +111,19 @@ def test_the_loaders_settings_are_not_part_of_what_a_checkpoint_resumes_on(tmp_p
     assert "num_workers" not in str(e.value)
     with pytest.raises(ConfigError, match=rf"trainer.resume=latest \(its checkpoint {ckpt.path}\): saved with data"):
         check_resume(other, "trainer.resume=latest")  # the key the user gave, not the one the launcher set
+
+
+def test_a_table_saved_with_another_optimizer_is_refused_and_an_older_checkpoint_still_resumes(tmp_path, cpu_host):
+    """A table's optimizer names the states saved with it: another one crashed every rank (a lazy_adam checkpoint's
+    moments missing for ftrl) or dropped them without a word (lazy_adam's into sgd). A checkpoint written before the
+    table optimizers were recorded resumes as before."""
+    plan = plan_of(["recipe=wide_deep", "smoke=true", "trainer.steps=8"], cpu_host)
+    ckpt, meta = _written(RunDir(tmp_path / "run"), 4)
+    ckpt.meta.write_text(json.dumps({**meta, **checkpoint_layout(plan)}))
+    other = plan_of(["recipe=wide_deep", "smoke=true", "trainer.steps=8", "tables.deep_embedding.optimizer=sgd",
+                     f"trainer.resume_from={ckpt.path}"], cpu_host)
+    with pytest.raises(ConfigError, match=r"saved with tables.deep_embedding.optimizer lazy_adam \(now sgd\)\. "):
+        check_resume(other)
+    older = {k: v for k, v in checkpoint_layout(plan).items() if k != "table_optimizers"}
+    ckpt.meta.write_text(json.dumps({**meta, **older}))
+    check_resume(dataclasses.replace(plan, resume_from=str(ckpt.path)))
