@@ -139,7 +139,7 @@ class TrainerConfig:
     """Where the run's checkpoints go instead of <run dir>/checkpoints (which then links there); empty = the run dir.
     cluster.launch=elastic with launcher.max_restarts > 0 on several hosts needs one that every host reads and writes
     (a shared file system): a restart resumes from every rank's shards, a lost host's too. One job's own folder: a new
-    elastic job refuses one that holds checkpoints already (resume them with trainer.resume_from)."""
+    job refuses one that holds checkpoints already, unless it resumes from one of them (trainer.resume_from)."""
     resume_from: str = ""
     """A checkpoint dir to continue from (e.g. log_output/<run>/checkpoints/step100): model, optimizer, tables and
     their states, data position and RNG are loaded, training goes on to trainer.steps. Empty = start fresh."""

@@ -235,6 +235,19 @@ def test_a_sweep_over_a_glob_exits_2_with_the_forms_a_sweep_takes(cli, tmp_path)
     assert res.returncode == 2 and "could not expand the sweep: recipe=glob(*). A sweep takes key=a,b" in res.stderr
 
 
+def test_a_sweep_whose_jobs_share_a_checkpoint_dir_exits_2_before_any_job(cli, tmp_path):
+    """Job 1 would write over job 0's checkpoints (refused at its launch, after job 0 trained); a folder per job
+    plans."""
+    res = cli(["-m", "recipe=quickstart", "trainer.steps=3,4", f"trainer.checkpoint_dir={tmp_path / 'ck'}",
+               "dry_run=true"], tmp_path)
+    said = " ".join(res.stderr.split())
+    assert res.returncode == 2 and f"trainer.checkpoint_dir={tmp_path / 'ck'} is job 0's too" in said, said
+    assert not (tmp_path / "log_output").exists()
+    res = cli(["-m", "recipe=quickstart", f"trainer.checkpoint_dir={tmp_path / 'a'},{tmp_path / 'b'}",
+               "dry_run=true"], tmp_path)
+    assert res.returncode == 0, res.stderr
+
+
 @pytest.mark.parametrize("lines, says", [
     (["recipe=gpt", "~trainer"], "~trainer: trainer is a key of the config's schema, so it always has a value (a "
                                  "section) and cannot be removed."),  # the launcher raised ConfigAttributeError

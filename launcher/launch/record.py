@@ -120,6 +120,22 @@ def checkpoint_target(folder: str) -> Path | None:
     return target
 
 
+def check_checkpoint_dir_free(target: Path, folder: str, resume_from: str) -> None:
+    """trainer.checkpoint_dir is a job's own folder: one that holds complete checkpoints already (another run's,
+    another recipe's) is refused, since this run would write over them and a restart would resume from them; unless
+    the run resumes from one of them (it goes on in its own folder). ConfigError naming the key."""
+    from launcher.errors import ConfigError
+    from launcher.rundir import CheckpointDir
+
+    steps = sorted(int(p.name[4:]) for p in target.glob("step*")
+                   if p.name[4:].isdigit() and CheckpointDir(p).meta.is_file())
+    if not steps or (resume_from and Path(resume_from).resolve().parent == target):
+        return
+    raise ConfigError(f"trainer.checkpoint_dir={folder} holds checkpoints already (step {', '.join(map(str, steps))}): "
+                      f"this run would write over them. Give each run its own folder, or go on from the newest with "
+                      f"trainer.resume_from={target / f'step{steps[-1]}'}.")
+
+
 def link_checkpoint_dir(run_dir: RunDir, target: Path | None) -> None:
     """The run dir's checkpoints/ links to trainer.checkpoint_dir (``checkpoint_target``), so that every reader and
     writer of checkpoints (the worker, a restart, trainer.resume=<run>) finds them where they always are."""

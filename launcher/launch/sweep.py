@@ -96,7 +96,24 @@ def _plan_each(jobs: list[list[str]], config_dir: str | None, sweep_dir: Path | 
             problems += [f"job {n} ({' '.join(overrides)}): {p}" for p in e.problems]
             continue
         planned.append(Job(n, overrides, cfg, plan))
-    return planned, problems
+    return planned, problems + _shared_checkpoint_dirs(planned)
+
+
+def _shared_checkpoint_dirs(jobs: list[Job]) -> list[str]:
+    """Jobs given one trainer.checkpoint_dir: the second would write over the first's checkpoints (and be refused,
+    after the first trained, by launch/record.py check_checkpoint_dir_free)."""
+    first: dict[Path, int] = {}
+    problems = []
+    for j in jobs:
+        folder = j.cfg.trainer.checkpoint_dir
+        if folder and Path(folder).resolve() in first:
+            problems.append(f"job {j.number} ({' '.join(j.overrides)}): trainer.checkpoint_dir={folder} is job "
+                            f"{first[Path(folder).resolve()]}'s too, whose checkpoints it would write over. Give each "
+                            f"job its own folder (e.g. sweep over trainer.checkpoint_dir too), or leave it unset: each "
+                            f"job's run dir keeps its checkpoints.")
+        elif folder:
+            first[Path(folder).resolve()] = j.number
+    return problems
 
 
 def check_jobs(overrides: list[str], config_dir: str | None, console: Console) -> int:

@@ -21,6 +21,27 @@ def test_a_checkpoint_dir_that_cannot_be_written_is_named_and_no_run_dir_is_left
     assert not [p for p in (tmp_path / "log_output").glob("*") if p.name != "latest"]
 
 
+def test_a_checkpoint_dir_that_holds_checkpoints_is_refused_unless_the_run_goes_on_from_one(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A run wrote over another's checkpoints (another recipe's too) in a trainer.checkpoint_dir given twice; only an
+    elastic job's first round refused it. Resuming from one of them goes on in that folder."""
+    monkeypatch.chdir(tmp_path)
+    held = tmp_path / "ckpts"
+    for step in (2, 4):
+        (held / f"step{step}").mkdir(parents=True)
+        (held / f"step{step}" / "checkpoint.json").write_text(f'{{"step": {step}}}')
+    (held / "step6").mkdir()  # incomplete: not a checkpoint
+    assert main(["recipe=quickstart", f"trainer.checkpoint_dir={held}", "dry_run=true"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"trainer.checkpoint_dir={held} holds checkpoints already (step 2, 4): this run would write over them. "
+            f"Give each run its own folder, or go on from the newest with trainer.resume_from={held / 'step4'}.") in err
+    assert not [p for p in (tmp_path / "log_output").glob("*") if p.name != "latest"]
+    from launcher.launch.record import check_checkpoint_dir_free
+
+    check_checkpoint_dir_free(held, str(held), str(held / "step4"))  # going on from one of them
+    check_checkpoint_dir_free(tmp_path / "empty", "empty", "")
+
+
 def test_an_appended_value_of_the_wrong_type_is_named(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     line = "+cluster.rdzv_conf.last_call_timeout=abc"
