@@ -23,6 +23,9 @@ from launcher.plan.ps import place_problems
 from launcher.plan.values import number_problems
 from launcher.schema import TableConfig
 
+PLACEMENT_MODES = ("manual", "auto")
+"""placement.mode's values (placement=auto sets auto)."""
+
 
 def takes_tables_out(host_device_mix: int, locations: Any, table_configs: Any, ps: bool = False) -> bool:
     """Whether a placement intent takes a model's tables out of the engine: host_device_mix=1, placement.ps=true, or
@@ -287,6 +290,10 @@ def plan_placement(cfg: DictConfig, shapes: dict[str, tuple[int, int]] | None, d
     if pl.offload_params and stage != 3:
         problems.append(f"placement.offload_params=true needs zero.stage=3 (offload_param partitions parameters); "
                         f"got zero.stage={stage}. Set zero.stage=3 or placement.offload_params=false.")
+    if pl.mode not in PLACEMENT_MODES:  # any other value was planned as manual, silently
+        hint = did_you_mean(str(pl.mode), PLACEMENT_MODES, "placement.mode=")
+        problems.append(f"placement.mode={pl.mode} is not one of {', '.join(PLACEMENT_MODES)}.{hint} placement=auto "
+                        f"lets the planner choose where everything lives; manual keeps your intents.")
     pin = str(pl.pin_memory).lower()
     if pin not in ("auto", "true", "false"):
         problems.append(f"placement.pin_memory={pl.pin_memory} must be auto, true or false.")

@@ -77,6 +77,8 @@ def test_pin_memory_auto_follows_cuda():
     "overrides, message",
     [
         (["tables.deep_embedding.optimizer=dense"], r"tables deep_embedding are dense and wide_embedding are sparse"),
+        (["placement.mode=Auto"], r"placement.mode=Auto is not one of manual, auto. Did you mean placement.mode=auto\?"),
+        (["placement.mode=automatic"], r"placement.mode=automatic is not one of manual, auto"),  # planned as manual
         (["tables.deep_embedding.optimizer=adadelta"], r"tables.deep_embedding.optimizer=adadelta is not one of lazy_adam, sparse_adam, ftrl, sgd, momentum, adagrad, rowwise_adagrad, dense"),
         (["+placement.tables.deep_embedding=gpu"], r"placement.tables.deep_embedding=gpu must be host, device or ps"),
         (["tables.deep_embedding.optimizer=dense", "tables.wide_embedding.optimizer=dense", "placement.host_device_mix=1"],
