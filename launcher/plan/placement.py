@@ -89,6 +89,7 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
             )
         )
         problems += hash_problems(shown, rows, d, opt)
+        notes += unread_table_fields(shown, opt, d)
         if opt != "dense":
             problems += number_problems(f"tables.{shown}", {
                 "lr": (d.lr, "positive"), "l1": (d.l1, "non_negative"), "l2": (d.l2, "non_negative"),
@@ -99,6 +100,29 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
         notes.append(f"ps tables {few(one_rank)} on a group of 1 rank (world size / pipeline stages): it holds every "
                      f"row anyway, as a replicated host table (shards 1)")
     return tables, problems, notes
+
+
+TABLE_FIELDS = ("lr", "betas", "eps", "l1", "l2", "lr_power", "initial_accumulator")
+"""TableConfig's optimizer fields: each read by the TABLE_OPTIMIZERS whose kwargs name it."""
+
+
+def unread_table_fields(shown: str, optimizer: str, d: Any) -> list[str]:
+    """A note per tables.<name>.<field> set to other than its default that the table's optimizer does not read (ftrl
+    has no betas, lazy_adam no l1; a dense table none: optimizer.* trains it). A note, not a refusal: a recipe's YAML
+    sets its optimizer's fields, and a user who switches the optimizer on the command line did not set them."""
+    spec = TABLE_OPTIMIZERS.get(optimizer)
+    if spec is None:
+        return []
+    default, out = TableConfig(), []
+    for f in TABLE_FIELDS:
+        value, was = getattr(d, f), getattr(default, f)
+        value = list(value) if f == "betas" else value
+        if f in spec.kwargs or value == was:
+            continue
+        why = " (optimizer.* trains a dense table)" if optimizer == "dense" else ""
+        out.append(f"tables.{shown}.{f}={value}: tables.{shown}.optimizer={optimizer} does not read {f}{why}; "
+                   f"it takes {', '.join(k for k in spec.kwargs if k in TABLE_FIELDS) or 'none of them'}")
+    return out
 
 
 def _dense_problems(tables: list[TablePlan], wanted: dict[str, str], host_device_mix: int, ps: bool) -> list[str]:

@@ -65,6 +65,23 @@ def test_offload_params_with_zero3_bf16(cpu_host):
     assert plan.memory.device.params == 0
 
 
+def test_a_table_field_its_optimizer_does_not_read_is_said(cpu_host):
+    """tables.<name>.<field> set for an optimizer that has no such setting was ignored without a word (the dense
+    optimizer's are refused: optimizer.*); a note, since switching a recipe's table to another optimizer leaves the
+    recipe's fields behind, which the user never set."""
+    def said(*overrides):
+        return [n for n in plan_of(["recipe=wide_deep", *overrides], cpu_host).notes if "does not read" in n]
+
+    assert said() == []
+    assert said("tables.deep_embedding.l1=0.5") == [
+        "tables.deep_embedding.l1=0.5: tables.deep_embedding.optimizer=lazy_adam does not read l1; it takes lr, betas, "
+        "eps"]
+    assert said("tables.deep_embedding.optimizer=sgd", "tables.deep_embedding.eps=0.1") == [
+        "tables.deep_embedding.eps=0.1: tables.deep_embedding.optimizer=sgd does not read eps; it takes lr"]
+    assert [n.split(":")[0] for n in said("tables.wide_embedding.optimizer=sgd")] == [
+        "tables.wide_embedding.l1=1e-08", "tables.wide_embedding.l2=1e-08", "tables.wide_embedding.initial_accumulator=1.0"]
+
+
 def test_pin_memory_auto_follows_cuda():
     from launcher.plan import HostFacts
 
