@@ -79,7 +79,8 @@ def test_a_table_field_its_optimizer_does_not_read_is_said(cpu_host):
     assert said("tables.deep_embedding.optimizer=sgd", "tables.deep_embedding.eps=0.1") == [
         "tables.deep_embedding.eps=0.1: tables.deep_embedding.optimizer=sgd does not read eps; it takes lr"]
     assert [n.split(":")[0] for n in said("tables.wide_embedding.optimizer=sgd")] == [
-        "tables.wide_embedding.l1=1e-08", "tables.wide_embedding.l2=1e-08", "tables.wide_embedding.initial_accumulator=1.0"]
+        "tables.wide_embedding.l1=1e-08", "tables.wide_embedding.l2=1e-08",
+        "tables.wide_embedding.initial_accumulator=1.0"]
 
 
 def test_pin_memory_auto_follows_cuda():
