@@ -51,7 +51,7 @@ def plan_launch(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterL
     cfg, node_problems = planned_nodes(cfg, facts.backends)  # cluster.nnodes=MIN:MAX is planned at MAX
     cfg, ds_notes, ds_problems = facts.parts.adopt_config(cfg)  # deepspeed.config's intents, where ours are not set
     d = Draft(problems=node_problems + check_config(cfg, host, facts.backends) + check_script_ops(cfg) + ds_problems,
-              notes=_smoke_notes(cfg) + ds_notes + store_notes(cfg, facts.backends))
+              notes=_smoke_notes(cfg) + _checkpoint_notes(cfg) + ds_notes + store_notes(cfg, facts.backends))
     plan_shape(cfg, host, facts, d)
     plan_where(cfg, host, d)
     plan_dataloader(cfg, host, facts, d)
@@ -104,12 +104,26 @@ def _auto(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout 
                                auto=chosen)
 
 
+def _checkpoint_notes(cfg: DictConfig) -> list[str]:
+    """trainer.checkpoint_dir that no checkpoint goes to, and trainer.checkpoint_every past the last step."""
+    t = cfg.trainer
+    if t.checkpoint_every < 0 and t.checkpoint_dir:
+        return [f"trainer.checkpoint_dir={t.checkpoint_dir} with trainer.checkpoint_every=-1: no checkpoint is written, "
+                f"so nothing goes there"]
+    if t.checkpoint_every > t.steps and not t.epochs:
+        return [f"trainer.checkpoint_every={t.checkpoint_every} is past trainer.steps={t.steps}: the run's one "
+                f"checkpoint is the one at its end (as with trainer.checkpoint_every=0)"]
+    return []
+
+
 def _smoke_notes(cfg: DictConfig) -> list[str]:
     if not cfg.smoke:
         return []
     changed = "; ".join(cfg.smoke_changes) or "nothing"
-    return [f"smoke=true: a smoke run of the recipe's structure at a tiny size (a checkpoint is written and read "
-            f"back); the profile changed {changed}"]
+    checkpoint = "a checkpoint is written and read back" if cfg.trainer.checkpoint_every >= 0 else \
+        "no checkpoint: trainer.checkpoint_every=-1"
+    return [f"smoke=true: a smoke run of the recipe's structure at a tiny size ({checkpoint}); the profile changed "
+            f"{changed}"]
 
 
 def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: ClusterLayout | None, d: Draft, intents,

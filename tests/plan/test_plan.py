@@ -205,3 +205,20 @@ def test_debug_failure_keys_that_inject_nothing_are_reported(cpu_host):
     assert notes("debug.fail_rank=0", "debug.fail_step=5") == [
         "debug.fail_step=5: no failure is injected, as the run ends at step 2"]
     assert notes("debug.fail_rank=0", "debug.fail_step=2") == notes() == []
+
+
+def test_checkpoint_keys_without_effect_are_said(cpu_host):
+    """trainer.checkpoint_dir with no checkpoint to hold, trainer.checkpoint_every past the last step, and smoke=true
+    with checkpoints off (its note had said a checkpoint is written and read back): each said, none refused."""
+    def said(*overrides):
+        return [n for n in plan_of(["recipe=quickstart", *overrides], cpu_host).notes if "checkpoint" in n]
+
+    assert said() == []
+    assert said("trainer.checkpoint_every=-1", "trainer.checkpoint_dir=/tmp/hl-unused") == [
+        "trainer.checkpoint_dir=/tmp/hl-unused with trainer.checkpoint_every=-1: no checkpoint is written, so nothing "
+        "goes there"]
+    assert said("trainer.steps=3", "trainer.checkpoint_every=100") == [
+        "trainer.checkpoint_every=100 is past trainer.steps=3: the run's one checkpoint is the one at its end (as with "
+        "trainer.checkpoint_every=0)"]
+    assert "(no checkpoint: trainer.checkpoint_every=-1)" in said("smoke=true", "trainer.checkpoint_every=-1")[0]
+    assert "(a checkpoint is written and read back)" in said("smoke=true")[0]
