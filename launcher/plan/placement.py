@@ -60,8 +60,12 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
                 problems.append(f"{section}.{name}: {owner} has no table {name}.{hint} Its tables: {listing}.")
     if host_device_mix not in (0, 1):
         problems.append(f"placement.host_device_mix={host_device_mix} must be 0 (tables on the device) or 1 (tables on the host).")
-    if host_device_mix == 1 and not shapes and known:
-        notes.append(f"placement.host_device_mix=1: {owner} has no embedding tables; nothing moves to the host")
+    for key, on in (("placement.host_device_mix=1", host_device_mix == 1), ("placement.ps=true", ps)):
+        if on and not shapes and known:
+            notes.append(f"{key}: {owner} has no embedding tables; nothing moves to the host")
+        elif on and shapes and set(shapes) <= set(wanted):  # every table has a placement of its own
+            notes.append(f"{key}: every table of {owner} has its own placement.tables entry, which it keeps; "
+                         f"{key} moves none")
     if (host_device_mix == 1 or ps) and kept:
         notes.append(f"{'placement.ps=true' if ps else 'placement.host_device_mix=1'} leaves inside the parts: "
                      f"{'; '.join(f'{n} ({why})' for n, why in kept.items())}")

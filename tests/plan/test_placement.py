@@ -83,6 +83,21 @@ def test_a_table_field_its_optimizer_does_not_read_is_said(cpu_host):
         "tables.wide_embedding.initial_accumulator=1.0"]
 
 
+def test_placement_ps_that_moves_no_table_is_said(cpu_host):
+    """placement.ps=true on a model without tables, or beside a placement.tables entry for every table, did nothing
+    without a word (host_device_mix=1 had its note)."""
+    def said(*overrides):
+        return [n for n in plan_of(overrides, cpu_host).notes if n.startswith("placement.ps=true")]
+
+    assert said("recipe=quickstart", "placement.ps=true") == [
+        "placement.ps=true: recipe quickstart has no embedding tables; nothing moves to the host"]
+    assert said("recipe=wide_deep", "placement.ps=true", "+placement.tables.deep_embedding=host",
+                "+placement.tables.wide_embedding=device") == [
+        "placement.ps=true: every table of recipe wide_deep has its own placement.tables entry, which it keeps; "
+        "placement.ps=true moves none"]
+    assert said("recipe=wide_deep", "placement.ps=true") == []
+
+
 def test_pin_memory_auto_follows_cuda():
     from launcher.plan import HostFacts
 
