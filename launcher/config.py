@@ -24,7 +24,7 @@ from launcher.config_files import (check_recipe_file, composition_problem, confi
 from launcher.config_overrides import (OPEN_SECTIONS, appends, competing_keys, data_option, deletions, group_values,
                                        hydra_keys, launcher_set_keys, optimizer_stands_aside, quote_hint,
                                        section_given_value, sections_given_values, shapeless, sharding_override,
-                                       table_path_override, unparsable)
+                                       synonym_hint, table_path_override, unparsable)
 from launcher.errors import ConfigError, did_you_mean, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -380,7 +380,7 @@ def _unknown(key: str, value: str, candidates: Sequence[str], what: str) -> str:
         leaf, [c.rpartition(".")[2] for c in same_depth if c.rpartition(".")[0] == parent], n=1, cutoff=0.6)]
     close = close or difflib.get_close_matches(key, [c for c in same_depth if c.rpartition(".")[0] != parent], n=1,
                                                cutoff=0.8)
-    hint = f" Did you mean {close[0]}? Write {close[0]}={value}." if close else ""
+    hint = synonym_hint(key, value) or (f" Did you mean {close[0]}? Write {close[0]}={value}." if close else "")
     siblings = [c.rpartition(".")[2] for c in candidates if c.rpartition(".")[0] == parent]
     known = f" Keys under {parent or 'the root'}: {', '.join(siblings)}." if siblings and not close else ""
     return f"{key}: no such key (value {value}).{hint}{known}"

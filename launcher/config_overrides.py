@@ -7,6 +7,7 @@ write."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from typing import Any
 
@@ -353,3 +354,30 @@ def sharding_override(line: str) -> str:
     if line.startswith("parallel.sharding=") or line.startswith("parallel.sharding."):
         return "+" + line
     return line
+
+
+SYNONYMS = {
+    "parallel.tensor_parallel": "parallel.tp={}", "parallel.tensor_parallel_size": "parallel.tp={}",
+    "parallel.tp_size": "parallel.tp={}", "parallel.pipeline_parallel": "parallel.pipeline_stages={}",
+    "parallel.pipeline_parallel_size": "parallel.pipeline_stages={}", "parallel.pp": "parallel.pipeline_stages={}",
+    "parallel.data_parallel_size": "parallel.dp={}", "parallel.zero_stage": "zero.stage={}",
+    "placement.offload_optimizer": "optimizer.target=CPU", "zero.offload_optimizer": "optimizer.target=CPU",
+    "placement.offload_param": "placement.offload_params={}", "zero.offload_params": "placement.offload_params={}",
+    "trainer.max_steps": "trainer.steps={}", "trainer.lr": "optimizer.lr={}",
+    "trainer.learning_rate": "optimizer.lr={}",
+    "trainer.gradient_accumulation_steps": "batch.grad_accum={}", "trainer.batch_size": "batch.global_size={}",
+    "trainer.precision": "precision={}", "trainer.gradient_clipping": "trainer.grad_clip={}",
+    "trainer.max_grad_norm": "trainer.grad_clip={}", "batch.micro_batch_size": "batch.micro_size={}",
+}
+"""Keys other tools name (Megatron's and DeepSpeed's sizes, HF Trainer's arguments) that are not ours, and the form
+of ours that does the same ({} takes the value given): a did-you-mean by spelling sent tensor_parallel to
+data_parallel and offload_optimizer to offload_params, each refused next."""
+
+
+def synonym_hint(key: str, value: str) -> str:
+    """' Here that is <ours>: write <ours>=<value>.' for a key of SYNONYMS, or one spelt close to it ('' for any
+    other)."""
+    close = difflib.get_close_matches(key, list(SYNONYMS), n=1, cutoff=0.9)
+    form = SYNONYMS[close[0]] if close else None
+    return f" Here that is {form.split('=')[0]}: write {form.format(value)}." if form else ""
+

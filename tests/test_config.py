@@ -26,6 +26,22 @@ def test_unknown_key_names_the_key_and_did_you_mean():
         compose_config(["recipe=wide_deep", "trainer.stepz=3"])
 
 
+@pytest.mark.parametrize("line, said", [
+    ("parallel.tensor_parallel=2", "Here that is parallel.tp: write parallel.tp=2."),  # was: parallel.data_parallel=2
+    ("parallel.tensor_paralel=2", "Here that is parallel.tp: write parallel.tp=2."),
+    ("placement.offload_optimizer=true", "Here that is optimizer.target: write optimizer.target=CPU."),
+    ("trainer.max_steps=10", "Here that is trainer.steps: write trainer.steps=10."),
+])
+def test_another_tools_key_names_ours(line, said):
+    """Megatron's, DeepSpeed's and HF Trainer's names for our keys: the spelling's did-you-mean had sent
+    tensor_parallel to data_parallel and offload_optimizer to offload_params, each refused next."""
+    with pytest.raises(ConfigError) as e:
+        compose_config(["recipe=gpt", line])
+    assert said in str(e.value), str(e.value)
+    fixed = said.split("write ")[1].rstrip(".")
+    compose_config(["recipe=gpt", fixed])  # the advice composes
+
+
 @pytest.mark.parametrize("line, hint", [
     ("model.nan_at=5", None),  # the shared "model." is no likeness: not model.in_features, not model._target_
     ("model.hiden=5", "model.hidden"),
