@@ -24,7 +24,8 @@ from launcher.config_files import (check_recipe_file, composition_problem, confi
 from launcher.config_overrides import (OPEN_SECTIONS, appends, competing_keys, data_option, deletions, group_values,
                                        hydra_keys, launcher_set_keys, optimizer_stands_aside, quote_hint,
                                        section_given_value, sections_given_values, shapeless, sharding_override,
-                                       synonym_hint, table_path_override, unparsable)
+                                       table_path_override, unparsable)
+from launcher.config_hints import mapping_without_plus, unknown_key
 from launcher.errors import ConfigError, did_you_mean, first_line
 from launcher.plain import missing_keys, to_plain
 from launcher.schema import TableConfig, register_schemas
@@ -173,7 +174,7 @@ def _diagnose(parsed, script_mode: bool, user_recipes: Sequence[str] = (), searc
                 options = sorted({*options, *user_recipes})
             value = o.value()
             if isinstance(value, str) and value not in options:
-                problems.append(_unknown(o.key_or_group, value, options, "option of"))
+                problems.append(unknown_key(o.key_or_group, value, options, "option of"))
             else:
                 group_lines.append(o.input_line)
     if not script_mode and not any(o.key_or_group == "recipe" for o in parsed):
@@ -339,9 +340,11 @@ def _table_entries(value) -> list[str]:
 def _check_value_override(base: DictConfig, key: str, value, line: str, delete: bool) -> list[str]:
     if key == "tables" and line.startswith("+tables=") and _table_entries(value):
         return _table_entries(value)
+    if problem := mapping_without_plus(base, key, value, line, OPEN_SECTIONS):
+        return [problem]
     exists = _exists(base, key)
     if not exists and not line.startswith("+"):
-        return [_unknown(key, line.split("=", 1)[-1], list(_dotted_keys(base)), "key in the config; value")]
+        return [unknown_key(key, line.split("=", 1)[-1], list(_dotted_keys(base)), "key in the config; value")]
     if delete:
         return []
     trial = base.copy()  # a value its key's type (or, for an explicit +append, its section's) refuses is named here
@@ -366,24 +369,6 @@ def _exists(cfg: DictConfig, key: str) -> bool:
     if isinstance(parent, ListConfig):
         return leaf.isdigit() and int(leaf) < len(parent)
     return False
-
-
-def _unknown(key: str, value: str, candidates: Sequence[str], what: str) -> str:
-    if what == "option of":
-        hint = did_you_mean(value, candidates, f"{key}=")
-        return f"{key}={value}: no such {key}.{hint} Available: {', '.join(candidates)}."
-    parent, _, leaf = key.rpartition(".")
-    same_depth = [c for c in candidates if c.count(".") == key.count(".")]
-    # The leaf among its siblings' (a shared "model." would make model.nan_at look like model._target_), else a
-    # typo in the section's name (trainr.steps) among the other sections' keys, whole.
-    close = [f"{parent}.{c}" if parent else c for c in difflib.get_close_matches(
-        leaf, [c.rpartition(".")[2] for c in same_depth if c.rpartition(".")[0] == parent], n=1, cutoff=0.6)]
-    close = close or difflib.get_close_matches(key, [c for c in same_depth if c.rpartition(".")[0] != parent], n=1,
-                                               cutoff=0.8)
-    hint = synonym_hint(key, value) or (f" Did you mean {close[0]}? Write {close[0]}={value}." if close else "")
-    siblings = [c.rpartition(".")[2] for c in candidates if c.rpartition(".")[0] == parent]
-    known = f" Keys under {parent or 'the root'}: {', '.join(siblings)}." if siblings and not close else ""
-    return f"{key}: no such key (value {value}).{hint}{known}"
 
 
 def _dotted_keys(node, prefix: str = "") -> Iterator[str]:

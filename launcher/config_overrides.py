@@ -7,7 +7,6 @@ write."""
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from typing import Any
 
@@ -247,6 +246,11 @@ def section_given_value(line: str, key: str, section: Any) -> str | None:
     example = next((k for k in keys if k != "_target_"), "<key>")
     other = f", or another class: {key}._target_=<module.Class>" if "_target_" in keys else ""
     listed = f"; its keys: {', '.join(keys)}" if keys else ""
+    if OmegaConf.get_type(section) is dict and key.split(".")[0] not in OPEN_SECTIONS:  # names of your choosing
+        return (f"{line}: {key} maps names of your choosing to values, not a single value{listed}. Add one with a "
+                f"leading + (Hydra adds to such a mapping only so), e.g. '+{key}.{example.replace('<key>', '<name>')}="
+                f"<value>', or give it whole: "
+                f"'+{key}={{<name>: <value>}}'.")
     return (f"{line}: {key} is a section of keys, not a single value{listed}. Set one key at a time, e.g. "
             f"{key}.{example}=<value>{other}.")
 
@@ -354,30 +358,3 @@ def sharding_override(line: str) -> str:
     if line.startswith("parallel.sharding=") or line.startswith("parallel.sharding."):
         return "+" + line
     return line
-
-
-SYNONYMS = {
-    "parallel.tensor_parallel": "parallel.tp={}", "parallel.tensor_parallel_size": "parallel.tp={}",
-    "parallel.tp_size": "parallel.tp={}", "parallel.pipeline_parallel": "parallel.pipeline_stages={}",
-    "parallel.pipeline_parallel_size": "parallel.pipeline_stages={}", "parallel.pp": "parallel.pipeline_stages={}",
-    "parallel.data_parallel_size": "parallel.dp={}", "parallel.zero_stage": "zero.stage={}",
-    "placement.offload_optimizer": "optimizer.target=CPU", "zero.offload_optimizer": "optimizer.target=CPU",
-    "placement.offload_param": "placement.offload_params={}", "zero.offload_params": "placement.offload_params={}",
-    "trainer.max_steps": "trainer.steps={}", "trainer.lr": "optimizer.lr={}",
-    "trainer.learning_rate": "optimizer.lr={}",
-    "trainer.gradient_accumulation_steps": "batch.grad_accum={}", "trainer.batch_size": "batch.global_size={}",
-    "trainer.precision": "precision={}", "trainer.gradient_clipping": "trainer.grad_clip={}",
-    "trainer.max_grad_norm": "trainer.grad_clip={}", "batch.micro_batch_size": "batch.micro_size={}",
-}
-"""Keys other tools name (Megatron's and DeepSpeed's sizes, HF Trainer's arguments) that are not ours, and the form
-of ours that does the same ({} takes the value given): a did-you-mean by spelling sent tensor_parallel to
-data_parallel and offload_optimizer to offload_params, each refused next."""
-
-
-def synonym_hint(key: str, value: str) -> str:
-    """' Here that is <ours>: write <ours>=<value>.' for a key of SYNONYMS, or one spelt close to it ('' for any
-    other)."""
-    close = difflib.get_close_matches(key, list(SYNONYMS), n=1, cutoff=0.9)
-    form = SYNONYMS[close[0]] if close else None
-    return f" Here that is {form.split('=')[0]}: write {form.format(value)}." if form else ""
-

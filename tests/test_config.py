@@ -42,6 +42,19 @@ def test_another_tools_key_names_ours(line, said):
     compose_config(["recipe=gpt", fixed])  # the advice composes
 
 
+@pytest.mark.parametrize("recipe, line", [
+    ("mnist_mlp", "placement.modules={dense1: host}"), ("mnist_mlp", "placement.modules.dense1=host"),
+    ("gpt", "parallel.stages={embedding: 0, head: 1}"), ("gpt", "parallel.stages.embedding=0"),
+])
+def test_a_mapping_of_names_without_its_plus_is_told_the_form_that_composes(recipe, line):
+    """placement.modules and parallel.stages (names of your choosing): "set one key at a time" had led to "no such
+    key" with no fix; Hydra adds to such a mapping only with a leading +, which the message says and which composes."""
+    with pytest.raises(ConfigError) as e:
+        compose_config([f"recipe={recipe}", line])
+    assert f"Hydra adds to such a mapping only with a leading +: write '+{line}'." in str(e.value), str(e.value)
+    compose_config([f"recipe={recipe}", f"+{line}"])
+
+
 @pytest.mark.parametrize("line, hint", [
     ("model.nan_at=5", None),  # the shared "model." is no likeness: not model.in_features, not model._target_
     ("model.hiden=5", "model.hidden"),
