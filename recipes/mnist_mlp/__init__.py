@@ -78,9 +78,6 @@ class MnistMlp:
             out.append(f"data.eval_samples={data.eval_samples} must be >= 1 (the held-out images scored at the end).")
         if not data.noise >= 0:
             out.append(f"data.noise={data.noise} must be a number >= 0 (the noise's standard deviation), e.g. 0.5.")
-        if data.samples < micro_group:
-            out.append(f"data.samples={data.samples} is smaller than one global micro-batch ({micro_group}). Set "
-                       f"data.samples>={micro_group} or lower batch.global_size.")
         return out
 
     def layer_names(self, model: dict) -> list[str]:

@@ -58,11 +58,6 @@ class Quickstart:
                 out.append(
                     f"data.{key}={getattr(data, key)} differs from model.{key}={model[key]}. Set both to the same value."
                 )
-        if data.samples < micro_group:
-            out.append(
-                f"data.samples={data.samples} is smaller than one global micro-batch (micro_size x dp = {micro_group}). "
-                f"Set data.samples>={micro_group} or lower batch.micro_size."
-            )
         return out
 
     def layer_names(self, model: dict) -> list[str]:

@@ -127,8 +127,11 @@ def test_refused_with_key_value_and_fix(overrides, message, cpu_host):
 
 
 def test_quickstart_data_must_cover_a_global_micro_batch(cpu_host):
-    with pytest.raises(ConfigError, match=r"data.samples=8 is smaller than one global micro-batch \(micro_size x dp = 32\)"):
+    """Said once (the recipe's own check said it again in other words)."""
+    with pytest.raises(ConfigError) as e:
         plan_of(["recipe=quickstart", "data.samples=8"], cpu_host)
+    assert e.value.problems == ["the data has 8 training samples, fewer than one global micro-batch (batch.micro_size "
+                                "16 × dp 2 = 32). Lower batch.global_size (or batch.micro_size), or give more data."]
 
 
 def test_planning_imports_neither_torch_nor_deepspeed():
