@@ -28,7 +28,7 @@ from launcher.manifest import manifest_problems
 from launcher.parallel.choose import LATER_KEYS, checkpoint_layout, trained_data
 from launcher.plan import LaunchPlan
 from launcher.report.runs import latest_trained
-from launcher.rundir import CheckpointDir, RunDir
+from launcher.rundir import CheckpointDir, RunDir, SweepDir
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -82,6 +82,12 @@ def resume_checkpoint(cfg: DictConfig) -> str:
         raise ConfigError(f"{key}: {path} cannot be followed ({e}): a symlink that leads back to itself. Give a run "
                           f"dir itself, trainer.resume=log_output/<run>; remove the link (rm {path}) if it is "
                           f"log_dir's latest.") from None
+    if not run.plan.is_file() and SweepDir(run.path).json.is_file():  # a sweep: its jobs are the run dirs
+        jobs = sorted((p for p in run.path.iterdir() if p.name.isdigit() and RunDir(p).plan.is_file()),
+                      key=lambda p: int(p.name))
+        raise ConfigError(f"{key}: {path} is a sweep ({run.path.name}), whose jobs are the run dirs under it"
+                          f"{' (' + ', '.join(p.name for p in jobs) + ')' if jobs else ''}. Give the job to resume, "
+                          f"e.g. trainer.resume={path / (jobs[-1].name if jobs else '0')}.")
     if not run.plan.is_file() and resume == "latest":
         raise ConfigError(f"{key}: output.log_dir={cfg.output.log_dir} holds no run to resume ({path} is no run "
                           f"dir). Start the run without trainer.resume, give the run dir to resume "

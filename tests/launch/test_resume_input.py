@@ -30,6 +30,23 @@ def test_resume_of_something_that_is_not_a_run_dir(tmp_path, capsys):
     assert "Start the run without trainer.resume" in err and "or latest for" not in err
 
 
+def test_resume_of_a_sweep_names_its_jobs(tmp_path, capsys):
+    """After a sweep, log_dir/latest is the sweep: "holds no run to resume" had been said of it, and "not a run dir"
+    of the sweep's folder; its jobs are the run dirs one level down."""
+    sweep = tmp_path / "logs" / "sweep-1"
+    for job in ("0", "1"):
+        (sweep / job).mkdir(parents=True)
+        (sweep / job / "plan.json").write_text(json.dumps({"recipe": "quickstart"}))
+    (sweep / "sweep.json").write_text("{}")
+    (tmp_path / "logs" / "latest").symlink_to("sweep-1")
+    for given in ("latest", str(sweep)):
+        code, err = _run(tmp_path, capsys, f"trainer.resume={given}")
+        err = " ".join(err.split())
+        shown = tmp_path / "logs" / "latest" if given == "latest" else sweep
+        assert code == 2 and (f"trainer.resume={given}: {shown} is a sweep (sweep-1), whose jobs are the run dirs "
+                              f"under it (0, 1). Give the job to resume, e.g. trainer.resume={shown / '1'}.") in err
+
+
 def test_resume_of_a_run_without_a_complete_checkpoint(tmp_path, capsys):
     run = tmp_path / "logs" / "old"
     (run / "checkpoints" / "step4").mkdir(parents=True)  # killed while saving: no checkpoint.json
