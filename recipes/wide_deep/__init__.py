@@ -112,6 +112,11 @@ class WideDeepRecipe:
         like config errors and the model is sized from its columns and vocabularies."""
         if not isinstance(data, TabularDataConfig):
             return DataFacts()
+        from launcher.recipes.wide_deep._tabular_columns import column_conflicts
+
+        conflicts = column_conflicts(data.label, data.categorical, data.continuous, data.drop, data.crosses)
+        if conflicts:
+            raise ConfigError(conflicts)
         from launcher.recipes.wide_deep._tabular_read import is_streamed
         from launcher.recipes.wide_deep._tabular_val import val_problems, val_rows
         from launcher.recipes.wide_deep.tabular import TabularError, collision_lines, prepare

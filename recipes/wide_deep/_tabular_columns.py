@@ -22,6 +22,29 @@ ID_NAME = re.compile(r"(?i:(^|_)id)$|[a-z0-9](Id|ID)$")
 """A column named as an identifier: id, user_id, movieId, itemID (not paid, valid, grid)."""
 
 
+def column_conflicts(label: str, categorical, continuous, drop, crosses) -> list[str]:
+    """A column the data.* keys name for two things: the label also as a feature or dropped, a column both
+    categorical and continuous, a dropped column also used (a reader settled each silently: continuous won over
+    categorical, the label stayed, drop won over the others)."""
+    crossed = {c for pair in crosses for c in pair}
+    uses = (("data.categorical", set(categorical)), ("data.continuous", set(continuous)), ("data.crosses", crossed))
+    problems = [f"data.label={label} is also in {key}: the label is what the model predicts, never one of its "
+                f"features. Remove it from {key}." for key, cols in uses if label in cols]
+    if label in drop:
+        problems.append(f"data.label={label} is also in data.drop: the label column is read as the label whatever "
+                        f"data.drop says. Remove it from data.drop.")
+    both = sorted((set(categorical) & set(continuous)) - {label})
+    if both:
+        problems.append(f"data.categorical and data.continuous both name {', '.join(both)}: a column is one or the "
+                        f"other (ids in a vocabulary, or a standardised number). Remove it from one of them.")
+    for key, cols in uses:
+        dropped = sorted((cols & set(drop)) - {label})
+        if dropped:
+            problems.append(f"data.drop and {key} both name {', '.join(dropped)}: a dropped column is not read. "
+                            f"Remove it from one of them.")
+    return problems
+
+
 def id_columns(names, label, categorical, continuous, drop) -> list[str]:
     """Columns named as identifiers (``ID_NAME``) that no data.* key types or drops: categorical, as a user id or a
     movie id is, though its values are integers (MovieLens' user_id and movie_id read as numbers trained to AUC 0.72

@@ -137,6 +137,24 @@ def test_cli_refuses_a_bad_file_before_starting(tmp_path, cli):
                                     "column.") in " ".join(res.stderr.split()), res.stderr
 
 
+def test_a_column_named_for_two_things_is_refused():
+    """Each was settled without a word: continuous won over categorical, the label stayed though dropped, drop won
+    over the others."""
+    from launcher.recipes.wide_deep._tabular_columns import column_conflicts
+
+    assert column_conflicts("clicked", ["age"], ["age"], [], []) == [
+        "data.categorical and data.continuous both name age: a column is one or the other (ids in a vocabulary, or a "
+        "standardised number). Remove it from one of them."]
+    assert column_conflicts("clicked", ["clicked"], [], ["clicked"], []) == [
+        "data.label=clicked is also in data.categorical: the label is what the model predicts, never one of its "
+        "features. Remove it from data.categorical.",
+        "data.label=clicked is also in data.drop: the label column is read as the label whatever data.drop says. "
+        "Remove it from data.drop."]
+    assert column_conflicts("y", [], [], ["city", "age"], [["city", "zip"]]) == [
+        "data.drop and data.crosses both name city: a dropped column is not read. Remove it from one of them."]
+    assert column_conflicts("y", ["a"], ["b"], ["c"], [["a", "b"]]) == []
+
+
 # The column-wise reader (issue 21, item 10) against the per-cell one it replaced (tests/recipes/_tabular_reference.py):
 # the same columns, vocabularies, standardisation and split, with pyarrow and with Python's csv module.
 
