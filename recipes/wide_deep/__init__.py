@@ -186,7 +186,12 @@ class WideDeepRecipe:
         if model["rows_per_table"] < 1 or model["embed_dim"] < 1:
             out.append(f"model.rows_per_table={model['rows_per_table']} and model.embed_dim={model['embed_dim']} "
                        f"must be >= 1.")
-        if model["num_dense"] < 0 or model["num_sparse"] < 1:
+        if isinstance(data, TabularDataConfig) and model["num_sparse"] < 1:  # (its sizes came from the file)
+            out.append(f"data.path={data.path} gives no categorical column (every feature left after data.label and "
+                       f"data.drop reads as a number), and the deep part embeds at least one. Name a column of ids or "
+                       f"categories with data.categorical=[<column>] (a numeric one too), or a cross with "
+                       f"data.crosses=[[<column>, <column>]].")
+        elif model["num_dense"] < 0 or model["num_sparse"] < 1:
             out.append(f"model.num_dense={model['num_dense']} must be >= 0 and model.num_sparse={model['num_sparse']} "
                        f">= 1 (the deep part needs a categorical field).")
         if any(h < 1 for h in model["hidden"]) or any(f < 1 for f in model["field_sizes"]):

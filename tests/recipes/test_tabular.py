@@ -155,6 +155,22 @@ def test_a_column_named_for_two_things_is_refused():
     assert column_conflicts("y", ["a"], ["b"], ["c"], [["a", "b"]]) == []
 
 
+def test_a_file_without_a_categorical_column_is_told_how_to_name_one(tmp_path, cpu_host):
+    """Its message had named model.num_dense and model.num_sparse, which the file sets ("num_dense=1 must be >= 0")."""
+    from launcher.errors import ConfigError
+    from tests.conftest import plan_of
+
+    (tmp_path / "f.csv").write_text("age,clicked\n" + "".join(f"{i * 0.5},{i % 2}\n" for i in range(400)))
+    base = ["recipe=wide_deep", "data=tabular", f"data.path={tmp_path / 'f.csv'}", "data.label=clicked"]
+    with pytest.raises(ConfigError) as e:
+        plan_of(base, cpu_host)
+    assert e.value.problems == [
+        f"data.path={tmp_path / 'f.csv'} gives no categorical column (every feature left after data.label and "
+        f"data.drop reads as a number), and the deep part embeds at least one. Name a column of ids or categories "
+        f"with data.categorical=[<column>] (a numeric one too), or a cross with data.crosses=[[<column>, <column>]]."]
+    plan_of([*base, "data.categorical=[age]"], cpu_host)  # the fix plans
+
+
 # The column-wise reader (issue 21, item 10) against the per-cell one it replaced (tests/recipes/_tabular_reference.py):
 # the same columns, vocabularies, standardisation and split, with pyarrow and with Python's csv module.
 
