@@ -161,7 +161,8 @@ def test_a_file_without_a_categorical_column_is_told_how_to_name_one(tmp_path, c
     from tests.conftest import plan_of
 
     (tmp_path / "f.csv").write_text("age,clicked\n" + "".join(f"{i * 0.5},{i % 2}\n" for i in range(400)))
-    base = ["recipe=wide_deep", "data=tabular", f"data.path={tmp_path / 'f.csv'}", "data.label=clicked"]
+    base = ["recipe=wide_deep", "data=tabular", f"data.path={tmp_path / 'f.csv'}", "data.label=clicked",
+            "batch.global_size=64"]
     with pytest.raises(ConfigError) as e:
         plan_of(base, cpu_host)
     assert e.value.problems == [
