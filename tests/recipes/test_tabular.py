@@ -172,6 +172,18 @@ def test_a_file_without_a_categorical_column_is_told_how_to_name_one(tmp_path, c
     plan_of([*base, "data.categorical=[age]"], cpu_host)  # the fix plans
 
 
+def test_a_label_column_with_missing_values_says_so():
+    """Null labels read as an empty value: "values  are neither ..." had followed data.negative=0, and no value could
+    name them."""
+    from launcher.recipes.wide_deep._tabular_columns import _check_labels
+
+    for positive, negative in (("", ""), ("1", ""), ("1", "0")):
+        with pytest.raises(TabularError, match=r"data.label=clicked: some rows of column 'clicked' have no label \(blank "
+                                               r"or null; its other values: 0, 1\)"):
+            _check_labels("clicked", positive, negative, ["", "0", "1"])
+    assert _check_labels("clicked", "", "", ["0", "1"]) == "1"
+
+
 # The column-wise reader (issue 21, item 10) against the per-cell one it replaced (tests/recipes/_tabular_reference.py):
 # the same columns, vocabularies, standardisation and split, with pyarrow and with Python's csv module.
 
