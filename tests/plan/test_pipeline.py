@@ -96,6 +96,14 @@ def test_resnet_default_is_the_seeds_two_stages_and_round_trips(cpu_host):
     assert "1f1b; bubble (P-1)/(V·M+P-1) = 1/5 = 20.0%" in text and "losses from stage 1" in text
 
 
+def test_a_batch_that_does_not_divide_by_micro_batches_names_that_key(cpu_host):
+    """Its fix had said "change batch.grad_accum", and giving both was refused next."""
+    with pytest.raises(ConfigError) as e:
+        plan_of(["recipe=resnet", "batch.micro_batches=3"], cpu_host)
+    assert e.value.problems == ["batch does not divide: global 32 != micro ? × accum 3 × dp 1; 32 is not a multiple "
+                                "of 3. Set batch.global_size=30, or change batch.micro_batches."]
+
+
 def test_gpt_tie_and_micro_batches(cpu_host):
     plan = plan_of(["recipe=gpt", "parallel.pipeline_stages=2", "batch.micro_batches=4"], cpu_host)
     assert plan.batch.grad_accum == 4 and plan.dims.dp == 1 and [p.name for p in plan.parts] == ["ddp", "pipeline"]
