@@ -148,7 +148,7 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
     d.notes += build_notes
     d.problems += build_problems
     fit_problems, fit_notes = check_fit(peak, budget, facts.activations is not None,
-                                        ps_fixes(placement, stage_ranks(dims)))
+                                        ps_fixes(placement, stage_ranks(dims), d.nproc))
     d.problems += fit_problems
     d.notes += fit_notes
     nnodes = cfg.cluster.nnodes

@@ -7,6 +7,7 @@ that carry numbers; one over the budget but under the capacity is said."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from launcher.plan.peak import MemoryPlan
@@ -73,27 +74,42 @@ def shortfall(mem: MemoryPlan, b: Budget) -> str:
     return "; ".join(out)
 
 
-def check_fit(mem: MemoryPlan, b: Budget, traced: bool, host_fixes: tuple[str, ...] = ()
+def check_fit(mem: MemoryPlan, b: Budget, traced: bool, host_fixes: tuple[tuple[str, int], ...] = ()
               ) -> tuple[list[str], list[str]]:
     """(problems, notes) of a plan's memory against its budgets: over a capacity is refused (it would run out of
     memory), over the budget with its reserve is said. ``host_fixes``: more fixes for a host over its capacity (the
-    plan's: its tables split over the ranks)."""
+    plan's: its tables split over the ranks), each with the bytes it saves a host: only one that saves enough is
+    offered."""
     hard = overs(mem, b, usable=False)
     untraced = "" if traced else " (activations not traced: placement=auto or recompute traces them)"
     if hard:
-        fix = [f"placement=auto chooses a placement that fits"]
+        fix = ["placement=auto searches for a placement that fits (and says so when none does)"]
         if "host" in hard:
             k = ranks_that_fit(mem, b)
-            fix += host_fixes
+            fix += [words for words, saved in host_fixes if saved >= hard["host"]]
             fix.append(f"cluster.nproc_per_node={k} (a host holds {k} rank(s) of {gb(mem.rank_peak)})" if k else
-                       f"a host with more memory (cluster.host_memory_gb)")
+                       f"a host with more memory: cluster.host_memory_gb={setting(mem.host_total)} or more (this "
+                       f"plan's {gb(mem.host_total)})")
         if "device" in hard:
-            fix.append(f"a device of {gb(mem.peak('device'))} or more (cluster.device_memory_gb)")
+            fix.append(f"a device with more memory: cluster.device_memory_gb={setting(mem.peak('device'))} or more "
+                       f"(this plan's {gb(mem.peak('device'))})")
         return [f"memory: this plan {shortfall(mem, b)}{untraced}. Fixes: {'; '.join(fix)}."], []
     if overs(mem, b):
         return [], [f"memory: over its budget, within its capacity: {shortfall(mem, b)}; placement.reserve="
                     f"{b.reserve} is what is kept free"]
     return [], []
+
+
+def setting(n: int) -> str:
+    """Bytes as a cluster.*_memory_gb value that holds them: GB rounded up to two significant digits (2.53 MB ->
+    0.0026; a size rounded down to what was shown had been refused again)."""
+    x = n / GB
+    step = 10.0 ** (math.floor(math.log10(x)) - 1) if x > 0 else 1.0
+    digits = max(0, -int(math.floor(math.log10(step))))
+    value = math.ceil(round(x / step, 9)) * step
+    if int(float(f"{value:.{digits}f}") * GB) < n:  # (the budget is int(value * GB): a float just below)
+        value += step
+    return f"{value:.{digits}f}"
 
 
 def ranks_that_fit(mem: MemoryPlan, b: Budget) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from launcher.errors import did_you_mean
-from launcher.plan.registry import TABLE_OPTIMIZERS
+from launcher.plan.registry import TABLE_OPTIMIZERS, table_state_bytes
 from launcher.units import gb
 
 if TYPE_CHECKING:
@@ -72,12 +72,16 @@ def shardable(t: TablePlan) -> bool:
     return t.outside and not t.sharded and spec is not None and spec.shardable
 
 
-def ps_fixes(placement: PlacementPlan, group: int) -> tuple[str, ...]:
-    """A fix for a host over its capacity when tables that could be split over the ranks are copied to each."""
-    if group <= 1 or not any(shardable(t) for t in placement.tables):
+def ps_fixes(placement: PlacementPlan, group: int, ranks_per_host: int) -> tuple[tuple[str, int], ...]:
+    """A fix for a host over its capacity when tables that could be split over the ranks are copied to each: its
+    words and the bytes it saves a host (each such table and its states, less the share a rank keeps)."""
+    split = [t for t in placement.tables if shardable(t)]
+    if group <= 1 or not split:
         return ()
-    return (f"placement.ps=true (each table's rows split over {group} ranks: one copy per job instead of one per "
-            f"rank)",)
+    whole = sum(t.rows * t.dim * 4 + table_state_bytes(t.optimizer, t.rows, t.dim) for t in split)
+    saved = whole * (group - 1) // group * ranks_per_host
+    return ((f"placement.ps=true (each table's rows split over {group} ranks: one copy per job instead of one per "
+             f"rank, {gb(saved)} less a host)", saved),)
 
 
 INITS = ("auto", "whole", "blocks")

@@ -113,8 +113,17 @@ def test_the_dry_run_shows_each_tables_partition(cpu_host):
 
 def test_a_host_over_its_capacity_with_copies_per_rank_names_ps(cpu_host):
     with pytest.raises(ConfigError, match=r"of host memory per host.*placement.ps=true \(each table's rows split "
-                                          r"over 32 ranks: one copy per job instead of one per rank\)"):
+                                          r"over 32 ranks: one copy per job instead of one per rank, [0-9.]+ [GT]B less "
+                                          r"a host\)"):
         plan_of([*BIG, "placement.host_device_mix=1", "dry_run=true"], cpu_host)
+
+
+def test_ps_is_not_offered_when_it_saves_less_than_the_host_lacks(cpu_host):
+    """wide_deep's tables split over 2 ranks save ~50 MB a host, and a host of 0.5 GB lacks ~590 MB: placement.ps=true
+    had been offered, and was refused next."""
+    with pytest.raises(ConfigError) as e:
+        plan_of(["recipe=wide_deep", "cluster.host_memory_gb=0.5"], cpu_host)
+    assert "placement.ps=true" not in str(e.value) and "cluster.host_memory_gb=" in str(e.value), str(e.value)
 
 
 def test_ps_makes_a_terabyte_of_tables_fit(cpu_host):
