@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.plan.budget import Budget, fits, overs, ranks_that_fit, shortfall
+from launcher.plan.budget import Budget, fits, overs, ranks_that_fit, setting, shortfall
 from launcher.plan.cost import step_time
 from launcher.plan.peak import PHASES, MemoryPlan, host_total_of, phase_sums
 from launcher.units import Term, gb
@@ -331,14 +331,18 @@ def infeasible(cands: list[Candidate], b: Budget, group: int = 1) -> list[str]:
         per = gb(close.memory.rank_peak)
         launcher = close.memory.host_runtime
         one = (close.memory.rank_peak + launcher) / (1 - b.reserve)
-        fixes.append(f"each rank needs {per} of host memory, so a host holds {k}: run cluster.nproc_per_node={k} on "
-                     f"more hosts" if k else f"each rank needs {per} of host memory and the launcher "
-                     f"{'and its forkserver ' if close.memory.forkserver else ''}{gb(launcher)}: a host of {gb(one)} "
-                     f"(cluster.host_memory_gb) runs one rank")
+        same = (f"the same {close.memory.nproc_per_node} ranks over more hosts (cluster.nnodes)" +
+                (": with fewer ranks the tables split over fewer, and each rank needs more" if close.ps_tables else ""))
+        fixes.append(f"each rank needs {per} of host memory, so a host holds {k}: cluster.nproc_per_node={k}, {same}"
+                     if k else f"each rank needs {per} of host memory and the launcher "
+                     f"{'and its forkserver ' if close.memory.forkserver else ''}{gb(launcher)}: "
+                     f"cluster.host_memory_gb={setting(one)} runs one rank a host, cluster.nproc_per_node=1, {same}")
         fixes += _ps_hosts(close, b, group)
+        if b.reserve >= 0.5:
+            fixes.append(f"placement.reserve={b.reserve} keeps {b.reserve:.0%} of each budget free: a lower one")
     if "device" in over:
-        fixes.append(f"a device of {gb(close.memory.peak('device') / (1 - b.reserve))} "
-                     f"(cluster.device_memory_gb), or fewer samples per micro-batch (batch.micro_size)")
+        fixes.append(f"cluster.device_memory_gb={setting(close.memory.peak('device') / (1 - b.reserve))}, or fewer "
+                     f"samples per micro-batch (batch.micro_size)")
     big = sorted(close.memory.terms, key=lambda t: -t.bytes)[:3]
     fixes.append(f"the largest terms are {', '.join(f'{t.name} {gb(t.bytes)} ({t.where})' for t in big)}")
     split = f", split over the ranks: {len(close.ps_tables)}" if close.ps_tables else ""
