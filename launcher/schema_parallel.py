@@ -80,7 +80,8 @@ class PlacementConfig:
     """Parameter-server mode for every table that trains outside the parts: its rows split over the ranks' host memory
     (each rank of the table's pipeline stage owns one contiguous block of ceil(rows / ranks) rows and their optimizer
     states), one copy per job instead of one per rank; placement.tables.<name> may still name another place for one
-    table. Needs a row-sparse table optimizer (lazy_adam, ftrl, sgd, momentum)."""
+    table. Needs a row-sparse table optimizer whose state splits with the rows (lazy_adam, ftrl, sgd, momentum,
+    adagrad, rowwise_adagrad)."""
     ps_init: str = "auto"
     """How each rank gets its block of a split table: whole (the model is built as written, tables whole, and each
     rank keeps its block: the same initial values as without ps; a host's ranks take turns, so a host holds at most
