@@ -30,26 +30,43 @@ of ours that does the same ({} takes the value given): a did-you-mean by spellin
 data_parallel and offload_optimizer to offload_params, each refused next."""
 
 
+OFF = ("false", "0", "no", "off", "none", "null")
+"""Values that switch an on/off key off (placement.offload_optimizer=false)."""
+
+
 def synonym_hint(key: str, value: str) -> str:
     """' Here that is <ours>: write <ours>=<value>.' for a key of SYNONYMS, or one spelt close to it ('' for any
     other)."""
     close = difflib.get_close_matches(key, list(SYNONYMS), n=1, cutoff=0.9)
     form = SYNONYMS[close[0]] if close else None
+    if form and "{}" not in form and str(value).lower() in OFF:  # an on/off synonym set off: our key's default
+        return f" Here that is {form.split('=')[0]}, off by default: leave it out."
     return f" Here that is {form.split('=')[0]}: write {form.format(value)}." if form else ""
 
 
 def mapping_without_plus(base: DictConfig, key: str, value: Any, line: str, open_sections: Sequence[str]) -> str | None:
-    """The problem of ``key=value`` without the + Hydra needs to add to a mapping of names of your choosing (a
-    dict-typed key of the schema: placement.modules, parallel.stages): the mapping given whole, or one of its names;
-    None for any other key (``open_sections``: the recipe's own sections, said elsewhere)."""
-    if line.startswith("+") or key.split(".")[0] in (*open_sections, "tables"):  # (tables: its own path forms)
+    """The problem of ``key=value`` without the + Hydra needs to add a name to a mapping of names of your choosing (a
+    dict-typed key of the schema: placement.modules, parallel.stages): the mapping given whole with a name it has not,
+    or a name it has not; None for any other line (a name it has is set as any key; ``open_sections``: the recipe's
+    own sections, said elsewhere)."""
+    if line.startswith(("+", "~")) or key.split(".")[0] in (*open_sections, "tables"):  # (tables: its own path forms)
         return None
-    for at in (key, key.rpartition(".")[0]) if isinstance(value, dict) else (key.rpartition(".")[0],):
-        node = OmegaConf.select(base, at, default=None) if at else None
-        if isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict:
-            return (f"{line}: {at} maps names of your choosing to values, and Hydra adds to such a mapping only with a "
-                    f"leading +: write '+{line}'.")
-    return None
+    parent_key, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(base, key, default=None)
+    parent = OmegaConf.select(base, parent_key, default=None) if parent_key else None
+    if _names(node) and isinstance(value, dict) and {str(k) for k in value} - set(node.keys()):
+        at = key
+    elif _names(parent) and leaf not in parent.keys():
+        at = parent_key
+    else:
+        return None
+    return (f"{line}: {at} maps names of your choosing to values, and Hydra adds a name to such a mapping only with a "
+            f"leading +: write '+{line}'.")
+
+
+def _names(node: Any) -> bool:
+    """Whether ``node`` is a mapping of names of your choosing (dict-typed in the schema), not a section of keys."""
+    return isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict
 
 
 def unknown_key(key: str, value: str, candidates: Sequence[str], what: str) -> str:

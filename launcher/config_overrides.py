@@ -248,8 +248,8 @@ def section_given_value(line: str, key: str, section: Any) -> str | None:
     listed = f"; its keys: {', '.join(keys)}" if keys else ""
     if OmegaConf.get_type(section) is dict and key.split(".")[0] not in OPEN_SECTIONS:  # names of your choosing
         return (f"{line}: {key} maps names of your choosing to values, not a single value{listed}. Add one with a "
-                f"leading + (Hydra adds to such a mapping only so), e.g. '+{key}.{example.replace('<key>', '<name>')}="
-                f"<value>', or give it whole: "
+                f"leading + (Hydra adds to such a mapping only so), e.g. '+{key}.<name>=<value>' for a name it has "
+                f"not, or give it whole: "
                 f"'+{key}={{<name>: <value>}}'.")
     return (f"{line}: {key} is a section of keys, not a single value{listed}. Set one key at a time, e.g. "
             f"{key}.{example}=<value>{other}.")
