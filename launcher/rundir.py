@@ -231,14 +231,7 @@ class RunDir:
 
     def complete_checkpoints(self) -> list[tuple[CheckpointDir, int]]:
         """Every complete checkpoint (its checkpoint.json reads back) with its step, oldest first."""
-        done = []
-        for path in self.checkpoints.glob("step*") if self.checkpoints.is_dir() else ():
-            ckpt = CheckpointDir(path)
-            try:
-                done.append((ckpt, int(json.loads(ckpt.meta.read_text())["step"])))
-            except (OSError, ValueError, KeyError, TypeError, RecursionError):
-                continue
-        return sorted(done, key=lambda c: c[1])
+        return complete_checkpoints_in(self.checkpoints)
 
     def attempt(self, number: int) -> RunDir:
         """``attempt.<k>/``: an earlier attempt's rank dirs and plan.json (launcher.max_restarts)."""
@@ -370,3 +363,16 @@ class SweepDir:
 def create_sweep_dir(log_dir: Path) -> SweepDir:
     """A new ``sweep-<YYYYmmdd-HHMMSS>[-n]`` dir, never reused; an unwritable log_dir is a ConfigError."""
     return SweepDir(create_run_dir(log_dir, "", SWEEP_PREFIX.rstrip("-")).path)
+
+
+def complete_checkpoints_in(folder: Path) -> list[tuple[CheckpointDir, int]]:
+    """Every complete checkpoint (its checkpoint.json reads back) of a checkpoints folder with its step, oldest
+    first (a run dir's checkpoints/, or trainer.checkpoint_dir)."""
+    done = []
+    for path in folder.glob("step*") if folder.is_dir() else ():
+        ckpt = CheckpointDir(path)
+        try:
+            done.append((ckpt, int(json.loads(ckpt.meta.read_text())["step"])))
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            continue
+    return sorted(done, key=lambda c: c[1])

@@ -88,10 +88,14 @@ def _resume_choice(run_dir: RunDir, cfg: DictConfig, number: int, own: str, cons
     from launcher.facts.preflight import newest_intact_checkpoint
 
     if number == 0:
-        if cfg.trainer.checkpoint_dir and run_dir.complete_checkpoints():
-            return {"error": f"trainer.checkpoint_dir={cfg.trainer.checkpoint_dir} holds checkpoints already (up to "
-                             f"step {run_dir.complete_checkpoints()[-1][1]}): a new job's restarts would resume from "
-                             f"them. Give each job its own folder; resume an earlier one with trainer.resume_from."}
+        from launcher.errors import ConfigError
+        from launcher.launch.record import check_checkpoint_dir_free
+
+        try:  # the job's own folder, unless it goes on from one of its checkpoints (as every other launch)
+            if cfg.trainer.checkpoint_dir:
+                check_checkpoint_dir_free(cfg.trainer.checkpoint_dir, own)
+        except ConfigError as e:
+            return {"error": str(e.problems[0])}
         return {"step": None, "path": own}
     newest = newest_intact_checkpoint(run_dir, console)
     if newest is None:

@@ -14,6 +14,7 @@ from launcher.facts.cluster_files import read_cluster_files
 from launcher.errors import ConfigError
 from launcher.integrations import scan_script
 from launcher.launch.deepspeed_check import check_with_deepspeed, read_deepspeed_file
+from launcher.launch.record import check_checkpoint_dir_free
 from launcher.facts.preflight import check_resume, check_script, gather_facts, resume_checkpoint
 from launcher.loggers import check_loggers
 from launcher.native import environment_problems
@@ -77,6 +78,8 @@ def plan_run(cfg: DictConfig, host: HostFacts, config_dir: str | None = None,
     if cfg.deepspeed.config is not None and ds is not None:
         check_with_deepspeed(ds, plan.dims.dp, cfg.deepspeed.source or "(the inline config)")
     check_resume(plan, f"trainer.resume={cfg.trainer.resume}" if resume else "", facts.model)
+    if cfg.trainer.checkpoint_dir and not (launch is not None and launch.launcher_per_host):  # elastic: the agent's
+        check_checkpoint_dir_free(cfg.trainer.checkpoint_dir, plan.resume_from)  # first round (hosts join later)
     check_log_dir(Path(cfg.output.log_dir))  # where the run dir and log_dir/latest will go, before either is made
     _check_store_address(cfg, plan)
     model_lines = facts.model.lines if facts.model else ()

@@ -120,15 +120,16 @@ def checkpoint_target(folder: str) -> Path | None:
     return target
 
 
-def check_checkpoint_dir_free(target: Path, folder: str, resume_from: str) -> None:
+def check_checkpoint_dir_free(folder: str, resume_from: str) -> None:
     """trainer.checkpoint_dir is a job's own folder: one that holds complete checkpoints already (another run's,
     another recipe's) is refused, since this run would write over them and a restart would resume from them; unless
-    the run resumes from one of them (it goes on in its own folder). ConfigError naming the key."""
+    the run resumes from one of them (it goes on in its own folder). ConfigError naming the key. Reads only: a dry
+    run, ``check`` and a sweep's plans refuse what the run would (launch/planning.py plan_run)."""
     from launcher.errors import ConfigError
-    from launcher.rundir import CheckpointDir
+    from launcher.rundir import complete_checkpoints_in
 
-    steps = sorted(int(p.name[4:]) for p in target.glob("step*")
-                   if p.name[4:].isdigit() and CheckpointDir(p).meta.is_file())
+    target = Path(folder).resolve()
+    steps = [step for _, step in complete_checkpoints_in(target)]
     if not steps or (resume_from and Path(resume_from).resolve().parent == target):
         return
     raise ConfigError(f"trainer.checkpoint_dir={folder} holds checkpoints already (step {', '.join(map(str, steps))}): "

@@ -13,8 +13,8 @@ from rich.markup import escape
 
 from launcher.backends import backend
 from launcher.errors import ConfigError
-from launcher.launch.record import (RESERVED_BYTES, check_checkpoint_dir_free, checkpoint_target, link_checkpoint_dir,
-                                    release_space, reserve_space, write_run_files)
+from launcher.launch.record import (RESERVED_BYTES, checkpoint_target, link_checkpoint_dir, release_space,
+                                    reserve_space, write_run_files)
 from launcher.plan import RunPlan
 from launcher.plan.ranks import on_node
 from launcher.rundir import RunDir, create_run_dir, point_latest
@@ -27,8 +27,6 @@ def start_run_dir(cfg: DictConfig, plan: RunPlan) -> RunDir:
     they cannot be written (a full disk)."""
     log_dir = Path(cfg.output.log_dir)
     checkpoints = checkpoint_target(cfg.trainer.checkpoint_dir)  # its own ConfigError, before any run dir exists
-    if checkpoints is not None and not backend(cfg.cluster.launch).launcher_per_host:  # (elastic: its first round)
-        check_checkpoint_dir_free(checkpoints, cfg.trainer.checkpoint_dir, plan.resume_from)
     run_dir = create_run_dir(log_dir, cfg.output.run_name, plan.name)
     try:
         link_checkpoint_dir(run_dir, checkpoints)

@@ -38,8 +38,9 @@ def test_a_checkpoint_dir_that_holds_checkpoints_is_refused_unless_the_run_goes_
     assert not [p for p in (tmp_path / "log_output").glob("*") if p.name != "latest"]
     from launcher.launch.record import check_checkpoint_dir_free
 
-    check_checkpoint_dir_free(held, str(held), str(held / "step4"))  # going on from one of them
-    check_checkpoint_dir_free(tmp_path / "empty", "empty", "")
+    check_checkpoint_dir_free(str(held), str(held / "step4"))  # going on from one of them
+    check_checkpoint_dir_free(str(tmp_path / "empty"), "")
+    assert main(["check", "recipe=quickstart", f"trainer.checkpoint_dir={held}"]) == 2  # check refuses it too
 
 
 def test_an_appended_value_of_the_wrong_type_is_named(tmp_path, monkeypatch, capsys):
