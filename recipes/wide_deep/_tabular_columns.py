@@ -70,11 +70,13 @@ def _check_labels(label: str, positive: str, negative: str, values: list[str]) -
     if nested:  # a list or struct column (Parquet): no data.positive can name such a value
         raise TabularError([f"data.label={label}: column {label!r} holds lists or mappings ({nested[0]}), not one "
                             f"value a row. Set data.label to a column of one 0/1, true/false or named value a row."])
-    if any(not v.strip() for v in values):  # no data.positive or data.negative can name a missing value
-        raise TabularError([f"data.label={label}: some rows of column {label!r} have no label (blank or null; its "
-                            f"other values: {', '.join(v for v in values[:10] if v.strip())}), and a row without one "
-                            f"cannot be trained on. Drop those rows from the file (pandas: df.dropna(subset=["
-                            f"{label!r}])), or set data.label to a column every row has."])
+    blank = any(not v.strip() for v in values)  # a missing label: no data.positive or data.negative can name it
+    missing = [f"data.label={label}: some rows of column {label!r} have no label (blank or null; its other values: "
+               f"{', '.join(v for v in values[:10] if v.strip())}), and no data.positive or data.negative can name "
+               f"that. Drop those rows from the file (pandas: df.dropna(subset=[{label!r}])), or set data.positive "
+               f"alone if every row without it is a negative one."]
+    if blank and (not positive or negative or len(values) > 2):  # (data.positive alone: the rest are negatives)
+        raise TabularError(missing)
     if not positive:
         lower = {v.strip().lower() for v in values}
         if len(values) != 2 or not any(lower == pair for pair in BINARY_LABELS):

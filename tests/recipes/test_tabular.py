@@ -174,7 +174,7 @@ def test_a_file_without_a_categorical_column_is_told_how_to_name_one(tmp_path, c
 
 def test_a_label_column_with_missing_values_says_so():
     """Null labels read as an empty value: "values  are neither ..." had followed data.negative=0, and no value could
-    name them."""
+    name them. A column of positives and blanks with data.positive alone trains as before (the rest negative)."""
     from launcher.recipes.wide_deep._tabular_columns import _check_labels
 
     for positive, negative in (("", ""), ("1", ""), ("1", "0")):
@@ -182,6 +182,7 @@ def test_a_label_column_with_missing_values_says_so():
                                                r"or null; its other values: 0, 1\)"):
             _check_labels("clicked", positive, negative, ["", "0", "1"])
     assert _check_labels("clicked", "", "", ["0", "1"]) == "1"
+    assert _check_labels("clicked", "1", "", ["", "1"]) == "1"  # clicks and blanks, data.positive=1: blanks negative
 
 
 # The column-wise reader (issue 21, item 10) against the per-cell one it replaced (tests/recipes/_tabular_reference.py):
