@@ -65,8 +65,8 @@ OFF = ("none", "null", "off")
 """Values of ``logger`` (besides null, false and []) that mean no logger."""
 
 LOGGER_OFF = "logger_off"
-"""The metrics.jsonl event rank 0 writes when a logger fails and is dropped: ``{"event": "logger_off", "step": the step
-(0: in its constructor), "logger": its index in plan.json's loggers}`` (the run's summary names it)."""
+"""The metrics.jsonl event rank 0 writes when a logger fails and is dropped: ``{"event": "logger_off", "step": the step,
+"logger": its index in plan.json's loggers, "in_<constructor|log_metrics|close>": 1}`` (the run's summary names it)."""
 
 HYDRA_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
 

@@ -42,10 +42,10 @@ def metrics_of(record: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
 
 class Loggers:
     """Several loggers as one (``MetricsLogger``); one that raises is warned about once and dropped, and ``dropped``
-    keeps (its index among the specs, the step it failed at; 0: in its constructor)."""
+    keeps (its index among the specs, the step, where it failed: "constructor", "log_metrics" or "close")."""
 
     def __init__(self, loggers: Sequence[tuple[int, str, MetricsLogger]],
-                 dropped: Sequence[tuple[int, int]] = ()) -> None:
+                 dropped: Sequence[tuple[int, int, str]] = ()) -> None:
         self._loggers = list(loggers)
         """(its index among the specs, its _target_, the logger)."""
         self.dropped = list(dropped)
@@ -67,13 +67,13 @@ class Loggers:
                 logger.close()
             except Exception as e:  # noqa: BLE001
                 _warn(name, "close", e)
-                self.dropped.append((index, step))
+                self.dropped.append((index, step, "close"))
         self._loggers.clear()
 
     def _drop(self, entry: tuple[int, str, MetricsLogger], step: int, what: str, e: Exception) -> None:
         index, name, logger = entry
         _warn(name, what, e)
-        self.dropped.append((index, step))
+        self.dropped.append((index, step, "log_metrics"))
         self._loggers = [x for x in self._loggers if x[2] is not logger]
         with suppress(Exception):
             logger.close()  # let it release what it holds; its own error was reported already
@@ -99,12 +99,12 @@ def build_loggers(specs: Sequence[dict[str, Any]]) -> Loggers:
             logger = instantiate(dict(spec), _convert_="all")
         except Exception as e:  # noqa: BLE001
             _warn(name, "its constructor", e.__cause__ or e)
-            dropped.append((index, 0))
+            dropped.append((index, 0, "constructor"))
             continue
         if not isinstance(logger, MetricsLogger):
             _warn(name, "its constructor", TypeError(f"built a {type(logger).__name__}, which has no log_metrics(step, "
                                                      f"metrics) and close()"))
-            dropped.append((index, 0))
+            dropped.append((index, 0, "constructor"))
             continue
         built.append((index, name, logger))
     return Loggers(built, dropped)
@@ -137,8 +137,8 @@ class LoggedMetricsWriter(MetricsWriter):
             super().close()
 
     def _say_dropped(self) -> None:
-        for index, step in self.loggers.dropped[self._said:]:
-            super().write(event=LOGGER_OFF, step=step, logger=index)
+        for index, step, where in self.loggers.dropped[self._said:]:
+            super().write(event=LOGGER_OFF, step=step, logger=index, **{f"in_{where}": 1})
         self._said = len(self.loggers.dropped)
 
 

@@ -55,7 +55,8 @@ def loggers_off(events: dict[str, list[dict]], plan: dict) -> list[str]:
         at = m.get("logger")
         spec = specs[at] if isinstance(at, int) and 0 <= at < len(specs) else None
         name = spec.get("_target_") if isinstance(spec, dict) else f"number {at}"
-        when = f"at step {m['step']}" if m.get("step") else "in its constructor"
+        when = ("in its constructor" if m.get("in_constructor") else
+                f"when closed after step {m['step']}" if m.get("in_close") else f"at step {m['step']}")
         out.append(f"logger {name} failed {when} and was off from then (its error: rank.0/stderr)")
     return out
 

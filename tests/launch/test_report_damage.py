@@ -166,7 +166,8 @@ def test_missing_or_empty_rank_folders_leave_empty_rows(tmp_path, plan, cli):
     for f in run.rank(0).path.iterdir():
         f.unlink()
     said = report(cli, run, tmp_path)
-    assert "│ 0 │ - │ 0/" in said and "│ 1 │ - │ 0/" in said and run.plot("loss").is_file()
+    assert "│ 0 │ - │ 0/" in said and "│ 1 │ - │ 0/" in said
+    assert "nothing to plot" in said and not run.plot("loss").exists()  # no empty plot
 
 
 def test_merging_damaged_node_dirs(tmp_path, elastic_plan, cli):  # noqa: F811

@@ -101,7 +101,7 @@ def test_a_failing_logger_warns_once_and_the_others_go_on(tmp_path):
                                       "on.")
     lines = [json.loads(x) for x in (tmp_path / "got.jsonl").read_text().splitlines()]
     assert [x.get("step") for x in lines] == [1, 2, 3, None] and lines[-1] == {"closed": True}
-    assert loggers.dropped == [(0, 2)]  # its index, the step
+    assert loggers.dropped == [(0, 2, "log_metrics")]  # its index, the step, where
 
 
 def test_a_logger_that_cannot_be_built_is_left_out(tmp_path):
@@ -111,7 +111,8 @@ def test_a_logger_that_cannot_be_built_is_left_out(tmp_path):
     writer.write(step=1, loss=1.0)
     writer.close()
     records = [json.loads(x) for x in (tmp_path / "rank.0" / "metrics.jsonl").read_text().splitlines()]
-    assert [(r.get("event"), r["step"], r.get("logger")) for r in records] == [("logger_off", 0, 0), (None, 1, None)]
+    assert [(r.get("event"), r["step"], r.get("logger"), r.get("in_constructor")) for r in records] == [
+        ("logger_off", 0, 0, 1), (None, 1, None, None)]
     assert type(open_metrics(RankDir(tmp_path / "rank.1"), [TB], 1)) is MetricsWriter  # only rank 0 logs
 
 
@@ -134,8 +135,13 @@ def test_a_dropped_logger_is_written_down_and_the_summary_names_it(tmp_path):
     assert loggers_off({"logger_off": off}, {"loggers": specs}) == [
         "logger tests.loggers.file_logger.BrokenLogger failed at step 2 and was off from then (its error: "
         "rank.0/stderr)"]
-    assert loggers_off({"logger_off": [{"event": "logger_off", "step": 0, "logger": 7}]}, {"loggers": "x"}) == [
+    assert loggers_off({"logger_off": [{"event": "logger_off", "step": 0, "logger": 7, "in_constructor": 1}]},
+                       {"loggers": "x"}) == [
         "logger number 7 failed in its constructor and was off from then (its error: rank.0/stderr)"]
+    assert loggers_off({"logger_off": [{"event": "logger_off", "step": 0, "logger": 0, "in_close": 1}]},
+                       {"loggers": specs}) == [
+        "logger tests.loggers.file_logger.FileLogger failed when closed after step 0 and was off from then (its error: "
+        "rank.0/stderr)"]
 
 
 def test_tensorboard_event_files_read_back(tmp_path):
