@@ -60,15 +60,7 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
                 problems.append(f"{section}.{name}: {owner} has no table {name}.{hint} Its tables: {listing}.")
     if host_device_mix not in (0, 1):
         problems.append(f"placement.host_device_mix={host_device_mix} must be 0 (tables on the device) or 1 (tables on the host).")
-    for key, on in (("placement.host_device_mix=1", host_device_mix == 1), ("placement.ps=true", ps)):
-        if on and not shapes and known:
-            notes.append(f"{key}: {owner} has no embedding tables; nothing moves to the host")
-        elif on and shapes and set(shapes) <= set(wanted):  # every table has a placement of its own
-            notes.append(f"{key}: every table of {owner} has its own placement.tables entry, which it keeps; "
-                         f"{key} moves none")
-    if (host_device_mix == 1 or ps) and kept:
-        notes.append(f"{'placement.ps=true' if ps else 'placement.host_device_mix=1'} leaves inside the parts: "
-                     f"{'; '.join(f'{n} ({why})' for n, why in kept.items())}")
+    notes += _intent_notes(shapes, wanted, host_device_mix, ps, owner, known, kept)
 
     tables, one_rank = [], []  # one_rank: the ps tables, said in a note when a stage has one rank
     for name, (rows, dim) in shapes.items():
@@ -104,6 +96,23 @@ def plan_tables(shapes: dict[str, tuple[int, int]], table_cfgs: dict[str, TableC
         notes.append(f"ps tables {few(one_rank)} on a group of 1 rank (world size / pipeline stages): it holds every "
                      f"row anyway, as a replicated host table (shards 1)")
     return tables, problems, notes
+
+
+def _intent_notes(shapes: dict[str, tuple[int, int]], wanted: dict[str, str], host_device_mix: int, ps: bool,
+                  owner: str, known: bool, kept: dict[str, str]) -> list[str]:
+    """What placement.host_device_mix=1 and placement.ps=true leave where it was: no tables, a placement.tables entry
+    for each, embeddings that stay inside the parts."""
+    notes = []
+    for key, on in (("placement.host_device_mix=1", host_device_mix == 1), ("placement.ps=true", ps)):
+        if on and not shapes and known:
+            notes.append(f"{key}: {owner} has no embedding tables; nothing moves to the host")
+        elif on and shapes and set(shapes) <= set(wanted):  # every table has a placement of its own
+            notes.append(f"{key}: every table of {owner} has its own placement.tables entry, which it keeps; "
+                         f"{key} moves none")
+    if (host_device_mix == 1 or ps) and kept:
+        notes.append(f"{'placement.ps=true' if ps else 'placement.host_device_mix=1'} leaves inside the parts: "
+                     f"{'; '.join(f'{n} ({why})' for n, why in kept.items())}")
+    return notes
 
 
 TABLE_FIELDS = ("lr", "betas", "eps", "l1", "l2", "lr_power", "initial_accumulator")
