@@ -56,7 +56,8 @@ def mapping_without_plus(base: DictConfig, key: str, value: Any, line: str, open
     parent = OmegaConf.select(base, parent_key, default=None) if parent_key else None
     if _names(node) and isinstance(value, dict) and {str(k) for k in value} - set(node.keys()):
         at = key
-    elif _names(parent) and leaf not in parent.keys():
+    elif (_names(parent) and leaf not in parent.keys()
+          and not difflib.get_close_matches(leaf, parent.keys(), cutoff=0.8)):  # (a typo: unknown_key's did-you-mean)
         at = parent_key
     else:
         return None

@@ -29,6 +29,9 @@ class DataFacts:
 
     train_samples: int | None = None
     """Training samples in one epoch; None for an endless stream (trainer.epochs is then refused)."""
+    samples_key: str = ""
+    """The config key that sets train_samples, when one does (a generated data set's data.samples): a problem with
+    their number names it and its fix; "" = the data decides it (a file, a user's Dataset)."""
     model_sizes: dict[str, Any] = field(default_factory=dict)
     """Model keys the data decides (e.g. field_sizes of a tabular file); ``Recipe.model_spec`` applies them."""
     reference: dict[str, float] = field(default_factory=dict)

@@ -118,9 +118,12 @@ def _too_few_samples(data_facts, batch: BatchPlan | None, dp: int) -> list[str]:
     """A data set, or a stream that ended when the launcher read it, with fewer items than one global micro-batch:
     every rank would stop before its first step (a stream's epoch would hold no micro-batch)."""
     group = batch.micro_size * dp if batch is not None else 0
-    fix = "Lower batch.global_size (or batch.micro_size), or give more data."
+    key = data_facts.samples_key
+    fix = (f"Lower batch.global_size (or batch.micro_size), or give more data"
+           f"{f' ({key}={group} or more)' if key else ''}.")
     if data_facts.train_samples is not None and data_facts.train_samples < group:
-        return [f"the data has {data_facts.train_samples} training samples, fewer than one global micro-batch "
+        given = f" ({key}={data_facts.train_samples})" if key else ""
+        return [f"the data has {data_facts.train_samples} training samples{given}, fewer than one global micro-batch "
                 f"(batch.micro_size {batch.micro_size} × dp {dp} = {group}). {fix}"]
     if data_facts.stream_items is not None and data_facts.stream_items < group:
         return [f"data is a stream (IterableDataset) that ended after {data_facts.stream_items} items when the "

@@ -44,7 +44,7 @@ class MnistMlp:
     def data_facts(self, data: DataConfig) -> DataFacts:
         """Generated images every rank holds whole: float32 pixels and int64 labels."""
         per = data.side * data.side * 4 + 8
-        return DataFacts(train_samples=data.samples, eval_samples=data.eval_samples,
+        return DataFacts(train_samples=data.samples, samples_key="data.samples", eval_samples=data.eval_samples,
                          resident_bytes=(data.samples + data.eval_samples) * per, binary_labels=False)
 
     def model_spec(self, model: ModelConfig, facts: DataFacts) -> dict:

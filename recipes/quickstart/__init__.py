@@ -38,7 +38,8 @@ class Quickstart:
     def data_facts(self, data: DataConfig) -> DataFacts:
         """A fixed data set every rank holds whole: float32 inputs and labels, a train and a held-out copy."""
         resident = 2 * data.samples * (data.in_features + data.out_features) * 4
-        return DataFacts(train_samples=data.samples, resident_bytes=resident, binary_labels=False)
+        return DataFacts(train_samples=data.samples, samples_key="data.samples", resident_bytes=resident,
+                         binary_labels=False)
 
     def model_spec(self, model: ModelConfig, facts: DataFacts) -> dict:
         return asdict(model)

@@ -130,8 +130,9 @@ def test_quickstart_data_must_cover_a_global_micro_batch(cpu_host):
     """Said once (the recipe's own check said it again in other words)."""
     with pytest.raises(ConfigError) as e:
         plan_of(["recipe=quickstart", "data.samples=8"], cpu_host)
-    assert e.value.problems == ["the data has 8 training samples, fewer than one global micro-batch (batch.micro_size "
-                                "16 × dp 2 = 32). Lower batch.global_size (or batch.micro_size), or give more data."]
+    assert e.value.problems == ["the data has 8 training samples (data.samples=8), fewer than one global micro-batch "
+                                "(batch.micro_size 16 × dp 2 = 32). Lower batch.global_size (or batch.micro_size), or "
+                                "give more data (data.samples=32 or more)."]
 
 
 def test_planning_imports_neither_torch_nor_deepspeed():
