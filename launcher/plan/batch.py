@@ -19,8 +19,10 @@ class BatchPlan:
     """Micro-batches accumulated per optimizer step."""
 
 
-def plan_batch(global_size: int, micro_size: int, grad_accum: int, dp: int) -> tuple[BatchPlan | None, list[str]]:
-    """Infer the -1 entries. Returns (plan, []) or (None, problems)."""
+def plan_batch(global_size: int, micro_size: int, grad_accum: int, dp: int, accum_key: str = "batch.grad_accum"
+               ) -> tuple[BatchPlan | None, list[str]]:
+    """Infer the -1 entries. Returns (plan, []) or (None, problems). ``accum_key``: the key that gave grad_accum, which
+    the problems name (a pipeline's batch.micro_batches sets it: its grad_accum=-1 would infer nothing)."""
     given = {k: v for k, v in (("global_size", global_size), ("micro_size", micro_size), ("grad_accum", grad_accum))}
     bad = [f"batch.{k}={v} must be a positive integer, or -1 to infer it." for k, v in given.items() if v == 0 or v < -1]
     if bad:
@@ -34,25 +36,26 @@ def plan_batch(global_size: int, micro_size: int, grad_accum: int, dp: int) -> t
         g = m * a * dp
     elif m == -1:
         if g % (a * dp):
-            return None, [_split_error(g, a, dp, missing="micro")]
+            return None, [_split_error(g, a, dp, "micro", accum_key)]
         m = g // (a * dp)
     elif a == -1:
         if g % (m * dp):
-            return None, [_split_error(g, m, dp, missing="accum")]
+            return None, [_split_error(g, m, dp, "accum", accum_key)]
         a = g // (m * dp)
     if g != m * a * dp:
+        inferable = ("one of batch.micro_size / batch.grad_accum" if accum_key == "batch.grad_accum" else
+                     "batch.micro_size")
         return None, [
             f"batch does not divide: global {g} != micro {m} × accum {a} × dp {dp} (= {m * a * dp}). "
-            f"Set batch.global_size={m * a * dp}, or set one of batch.micro_size / batch.grad_accum to -1 to infer it."
+            f"Set batch.global_size={m * a * dp}, or set {inferable} to -1 to infer it."
         ]
     return BatchPlan(global_size=g, micro_size=m, grad_accum=a), []
 
 
-def _split_error(g: int, other: int, dp: int, missing: str) -> str:
+def _split_error(g: int, other: int, dp: int, missing: str, accum_key: str) -> str:
     known = "accum" if missing == "micro" else "micro"
     lower = (g // (other * dp)) * other * dp
     fix = f"batch.global_size={lower}" if lower else f"batch.global_size={other * dp}"
-    return (
-        f"batch does not divide: global {g} != {missing} ? × {known} {other} × dp {dp}; "
-        f"{g} is not a multiple of {other * dp}. Set {fix}, or change batch.{'grad_accum' if known == 'accum' else 'micro_size'}."
-    )
+    change = accum_key if known == "accum" else "batch.micro_size"
+    return (f"batch does not divide: global {g} != {missing} ? × {known} {other} × dp {dp}; {g} is not a multiple of "
+            f"{other * dp}. Set {fix}, or change {change}.")

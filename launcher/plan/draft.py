@@ -224,9 +224,8 @@ def plan_shape(cfg: DictConfig, host: HostFacts, facts: Facts, d: Draft) -> None
     accum, accum_problems, accum_notes = _grad_accum(cfg.batch.grad_accum, cfg.batch.micro_batches)
     d.problems += accum_problems
     d.notes += accum_notes
-    d.batch, batch_problems = plan_batch(cfg.batch.global_size, cfg.batch.micro_size, accum, dp)
-    if cfg.batch.micro_batches != -1:  # the accumulation the problem names is the key the user gave
-        batch_problems = [p.replace("batch.grad_accum", "batch.micro_batches") for p in batch_problems]
+    accum_key = "batch.micro_batches" if cfg.batch.micro_batches != -1 else "batch.grad_accum"  # (it set accum)
+    d.batch, batch_problems = plan_batch(cfg.batch.global_size, cfg.batch.micro_size, accum, dp, accum_key)
     d.problems += batch_problems
     if d.batch is not None and cfg.batch.global_size == -1 and cfg.batch.micro_size == -1:
         d.notes.append(f"batch: no size set; {DEFAULT_MICRO_SIZE} samples per rank and micro-batch (HuggingFace "

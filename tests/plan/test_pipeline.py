@@ -102,6 +102,10 @@ def test_a_batch_that_does_not_divide_by_micro_batches_names_that_key(cpu_host):
         plan_of(["recipe=resnet", "batch.micro_batches=3"], cpu_host)
     assert e.value.problems == ["batch does not divide: global 32 != micro ? × accum 3 × dp 1; 32 is not a multiple "
                                 "of 3. Set batch.global_size=30, or change batch.micro_batches."]
+    with pytest.raises(ConfigError) as e:  # its grad_accum=-1 would infer nothing: micro_batches sets it
+        plan_of(["recipe=resnet", "batch.micro_batches=4", "batch.micro_size=5"], cpu_host)
+    assert e.value.problems == ["batch does not divide: global 32 != micro 5 × accum 4 × dp 1 (= 20). Set "
+                                "batch.global_size=20, or set batch.micro_size to -1 to infer it."]
 
 
 def test_gpt_tie_and_micro_batches(cpu_host):
