@@ -223,10 +223,10 @@ def _root_group(shown: str, group: str) -> str:
             body = {group: body}
         example = (f" ({group}={options[0]} sets {yaml.safe_dump(body, default_flow_style=True, width=10**6).strip()}"
                    f", which your file may hold)")
+    choice = options[0] if len(options) == 1 else f"<{' | '.join(options)}>"
     return (f"{shown}: its defaults list names /{group}, which hetero-launch's root config picks after the recipe "
             f"(Hydra allows one, and no override of it from a recipe file). Remove the entry, and give "
-            f"{group}={options[0] if len(options) == 1 else '<' + ' | '.join(options) + '>'} on the command line, or write that option's keys in the file's "
-            f"body{example}.")
+            f"{group}={choice} on the command line, or write that option's keys in the file's body{example}.")
 
 
 def _close_key(key: str) -> str:

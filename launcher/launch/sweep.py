@@ -106,13 +106,14 @@ def _shared_checkpoint_dirs(jobs: list[Job]) -> list[str]:
     problems = []
     for j in jobs:
         folder = j.cfg.trainer.checkpoint_dir
-        if folder and Path(folder).resolve() in first:
+        where = Path(folder).resolve() if folder else None
+        if where in first:
             problems.append(f"job {j.number} ({' '.join(j.overrides)}): trainer.checkpoint_dir={folder} is job "
-                            f"{first[Path(folder).resolve()]}'s too, whose checkpoints it would write over. Give each "
-                            f"job its own folder (e.g. sweep over trainer.checkpoint_dir too), or leave it unset: each "
-                            f"job's run dir keeps its checkpoints.")
-        elif folder:
-            first[Path(folder).resolve()] = j.number
+                            f"{first[where]}'s too, whose checkpoints it would write over. Give each job its own "
+                            f"folder (e.g. sweep over trainer.checkpoint_dir too), or leave it unset: each job's run "
+                            f"dir keeps its checkpoints.")
+        elif where is not None:
+            first[where] = j.number
     return problems
 
 

@@ -22,8 +22,8 @@ bayes_auc). The run dir is in the rank's environment (``HL_RUN_DIR``), for a log
 class may say which packages it needs (``requires = ("wandb",)``): before any rank starts the launcher checks
 those, that the ``_target_`` imports, that its constructor takes the given arguments and that it has both methods
 (exit 2 otherwise, naming the key). At run time a logger that raises is reported once, as a warning in rank 0's
-stderr, and is off for the rest of the run: training goes on, and the run's summary names it. Weights & Biases, for example (WANDB_MODE=offline
-keeps it on the disk)::
+stderr, and is off for the rest of the run: training goes on, and the run's summary names it. Weights & Biases,
+for example (WANDB_MODE=offline keeps it on the disk)::
 
     class WandbLogger:
         requires = ("wandb",)

@@ -108,8 +108,8 @@ def _checkpoint_notes(cfg: DictConfig) -> list[str]:
     """trainer.checkpoint_dir that no checkpoint goes to, and trainer.checkpoint_every past the last step."""
     t = cfg.trainer
     if t.checkpoint_every < 0 and t.checkpoint_dir:
-        return [f"trainer.checkpoint_dir={t.checkpoint_dir} with trainer.checkpoint_every=-1: no checkpoint is written, "
-                f"so nothing goes there"]
+        return [f"trainer.checkpoint_dir={t.checkpoint_dir} with trainer.checkpoint_every=-1: no checkpoint is "
+                f"written, so nothing goes there"]
     if t.checkpoint_every > t.steps and not t.epochs:
         return [f"trainer.checkpoint_every={t.checkpoint_every} is past trainer.steps={t.steps}: the run's one "
                 f"checkpoint is the one at its end (as with trainer.checkpoint_every=0)"]

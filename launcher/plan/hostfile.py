@@ -2,13 +2,13 @@
 the caller reads the file.
 
 A hostfile has one host per line, ``worker-1 slots=4`` (slots: ranks on that host, one per accelerator), blank
-lines and ``#`` comments; OpenMPI's ``max_slots=M`` may follow (its cap on the ranks there: at least slots). The filters take DeepSpeed's syntax, ``NAME[:SLOT[,SLOT...]]`` joined by ``@``:
+lines and ``#`` comments; OpenMPI's ``max_slots=M`` may follow (its cap on the ranks there: at least slots). The
+filters take DeepSpeed's syntax, ``NAME[:SLOT[,SLOT...]]`` joined by ``@``:
 ``worker-0@worker-1:0,2`` is every slot of worker-0 and slots 0 and 2 of worker-1. Hosts keep the hostfile's order
 and slots the order given (DeepSpeed makes that order the rank's CUDA_VISIBLE_DEVICES). Stricter than DeepSpeed:
 slots=0, a host name that is not a host name or address, anything on a line after slots=N other than max_slots=M
-and a comment,
-a host or slot named twice in a filter, and a filter that leaves nothing are refused, not ignored. Every problem is
-collected into one ConfigError, each naming the line or the entry and a fix."""
+and a comment, a host or slot named twice in a filter, and a filter that leaves nothing are refused, not ignored.
+Every problem is collected into one ConfigError, each naming the line or the entry and a fix."""
 
 from __future__ import annotations
 

@@ -71,12 +71,12 @@ def _check_labels(label: str, positive: str, negative: str, values: list[str]) -
         raise TabularError([f"data.label={label}: column {label!r} holds lists or mappings ({nested[0]}), not one "
                             f"value a row. Set data.label to a column of one 0/1, true/false or named value a row."])
     blank = any(not v.strip() for v in values)  # a missing label: no data.positive or data.negative can name it
-    missing = [f"data.label={label}: some rows of column {label!r} have no label (blank or null; its other values: "
-               f"{', '.join(v for v in values[:10] if v.strip())}), and no data.positive or data.negative can name "
-               f"that. Drop those rows from the file (pandas: df.dropna(subset=[{label!r}])), or set data.positive "
-               f"alone if every row without it is a negative one."]
     if blank and (not positive or negative or len(values) > 2):  # (data.positive alone: the rest are negatives)
-        raise TabularError(missing)
+        raise TabularError([f"data.label={label}: some rows of column {label!r} have no label (blank or null; its "
+                            f"other values: {', '.join(v for v in values[:10] if v.strip())}), and no data.positive "
+                            f"or data.negative can name that. Drop those rows from the file (pandas: "
+                            f"df.dropna(subset=[{label!r}])), or set data.positive alone if every row without it is a "
+                            f"negative one."])
     if not positive:
         lower = {v.strip().lower() for v in values}
         if len(values) != 2 or not any(lower == pair for pair in BINARY_LABELS):
