@@ -33,6 +33,7 @@ from launcher.backends.elastic import RDZV_BACKENDS
 from launcher.errors import ConfigError
 from launcher.launch.liveness import FAILED_KEY, Liveness, Silence
 from launcher.plan import HostFacts, RunPlan
+from launcher.plan.layout import endpoint_host
 from launcher.plan.ranks import on_node
 from launcher.metrics_writer import host_available_memory
 
@@ -159,7 +160,7 @@ class NodeGroup:
         """The failure record of a silence: the hosts lost (node, hostname, address, ranks) and what this node saw."""
         timeout = self.liveness.timeout_s if self.liveness is not None else 0
         if silence.store:
-            host = self.endpoint.rpartition(":")[0].strip("[]")
+            host = endpoint_host(self.endpoint)
             holders = [n for n in silence.nodes if host in (self.hosts[n]["addr"], self.hosts[n]["hostname"])]
             nodes = holders or list(silence.nodes)
         else:

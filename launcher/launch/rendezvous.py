@@ -4,6 +4,7 @@ launcher can bound the wait: torch's store client may wait inside C++ with no bo
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import sys
@@ -17,6 +18,7 @@ from omegaconf import DictConfig
 
 from launcher.backends.elastic import RDZV_BACKENDS
 from launcher.errors import first_line
+from launcher.plan.layout import endpoint_host
 
 READ_TIMEOUT_S = 60
 """torch's c10d rendezvous backend's default read_timeout (its store client's connect and call bound), in s."""
@@ -28,7 +30,7 @@ def _is_host(endpoint: str, local_addr: str) -> dict[str, str]:
     guesses (and falls back to a client when the port is taken: several launchers on one machine)."""
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
 
-    host = endpoint.rpartition(":")[0].strip("[]")
+    host = endpoint_host(endpoint)
     return {"is_host": "true"} if local_addr and local_addr == host and not _matches_machine_hostname(host) else {}
 
 
@@ -100,12 +102,12 @@ def _bounded(make, timeout_s: float):
 
 def _held_here(endpoint: str) -> bool:
     """Whether the endpoint's address is this host's and its port is in use here (no bind)."""
-    host, _, port = endpoint.rpartition(":")
+    host, port = endpoint_host(endpoint), endpoint.rpartition(":")[2]
     try:
-        with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as s:
-            s.bind((host.strip("[]"), int(port)))
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, int(port)))
     except OSError as e:
-        return e.errno == 98  # EADDRINUSE (another errno: not this host's address)
+        return e.errno == errno.EADDRINUSE  # (another errno: not this host's address)
     except ValueError:
         return False
     return False

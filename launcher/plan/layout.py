@@ -78,6 +78,11 @@ def address_problem(value: str) -> str:
     return ""
 
 
+def endpoint_host(endpoint: str) -> str:
+    """The host of a <host>:<port> endpoint (cluster.rdzv_endpoint), an IPv6 address without its brackets."""
+    return str(endpoint).rpartition(":")[0].strip("[]")
+
+
 def shown(value: object, limit: int = 60) -> str:
     """A value as it is written in JSON (quotes and escapes visible, nothing obeyed), cut to about limit characters."""
     text = json.dumps(value, default=repr)  # JSON values as written; anything else (a caller's object) by repr

@@ -11,6 +11,7 @@ import re
 from omegaconf import DictConfig
 
 from launcher.contract import BackendRules, backend_named
+from launcher.plan.layout import endpoint_host
 
 __all__ = ["checkpoint_problems", "node_range", "node_range_problems", "planned_nodes", "store_notes"]
 
@@ -98,7 +99,7 @@ def store_notes(cfg: DictConfig, backends: tuple[BackendRules, ...]) -> list[str
 def _loopback(endpoint: str, timeout_s: float) -> list[str]:
     """A note for a c10d endpoint on a loopback address: right for several launchers on one host (as a test runs them);
     a launcher on another host dials its own loopback and stops after cluster.rdzv_timeout_s."""
-    host = str(endpoint).rpartition(":")[0].strip("[]")
+    host = endpoint_host(endpoint)
     if host != "localhost" and not host.startswith("127.") and host != "::1":
         return []
     return [f"cluster.rdzv_endpoint={endpoint} is a loopback address: only launchers on this host reach it (one on "
