@@ -45,7 +45,7 @@ class RowUpdate:
     def _tensors(self) -> tuple[torch.Tensor | None, ...]:
         raise NotImplementedError
 
-    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
+    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> bytes:
         """The kernel's Job of the next step (its step count, where it keeps one, moves once the kernel ran:
         ``_counted``)."""
         raise NotImplementedError

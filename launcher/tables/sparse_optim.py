@@ -76,7 +76,7 @@ class SparseFTRL(RowUpdate):
     def _tensors(self) -> tuple[torch.Tensor | None, ...]:
         return self.weight, self.accum, self.linear
 
-    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
+    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> bytes:
         return kernels.job(rows, grads, self._tensors(), out, (self.lr, self.l1, self.l2, -self.lr_power))
 
     @torch.no_grad()
@@ -121,7 +121,7 @@ class LazyAdam(RowUpdate):
     def _tensors(self) -> tuple[torch.Tensor | None, ...]:
         return self.weight, self.moments
 
-    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
+    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> bytes:
         t = self.steps + 1
         step_size = self.lr * math.sqrt(1 - self.beta2**t) / (1 - self.beta1**t)
         return kernels.job(rows, grads, self._tensors(), out,
@@ -186,7 +186,7 @@ class SparseSGD(RowUpdate):
     def _tensors(self) -> tuple[torch.Tensor | None, ...]:
         return self.weight, self.buffer
 
-    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
+    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> bytes:
         return kernels.job(rows, grads, self._tensors(), out,
                            (self.lr, self.momentum, 1 - self.dampening, self.weight_decay),
                            int(self.nesterov), int(self.steps == 0))
@@ -243,7 +243,7 @@ class SparseAdagrad(RowUpdate):
     def _tensors(self) -> tuple[torch.Tensor | None, ...]:
         return self.weight, self.state
 
-    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> kernels.Job:
+    def _job(self, rows: torch.Tensor, grads: torch.Tensor, out: tuple[torch.Tensor | None, ...]) -> bytes:
         return kernels.job(rows, grads, self._tensors(), out, (self.lr, self.eps, self.weight_decay),
                            int(self.rowwise))
 
