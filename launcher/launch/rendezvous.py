@@ -9,7 +9,6 @@ import os
 import socket
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -90,9 +89,7 @@ def _bounded(make, timeout_s: float):
 
     thread = threading.Thread(target=run, name="hl-rendezvous-handler", daemon=True)
     thread.start()
-    deadline = time.monotonic() + timeout_s
-    while thread.is_alive() and time.monotonic() < deadline:
-        thread.join(0.2)
+    thread.join(timeout_s)  # (a signal's handler still runs during the wait: the join is interruptible)
     if thread.is_alive():
         raise TimeoutError(f"no answer in {timeout_s:g} s")
     if "error" in done:
