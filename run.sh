@@ -57,9 +57,9 @@ fi
 if [ "${1:-}" = "test" ]; then
   shift
   cd "$ROOT"
-  # Two pytest-xdist workers, a whole test file each at a time (module fixtures are shared): a launched run leaves a
-  # core idle a third of its time (the launcher alone starting, ranks waiting on each other, on a watchdog or on a
-  # rendezvous), the other worker's tests fill it. HL_TEST_WORKERS=0 runs every test in this one process (-s, --pdb).
+  # Two pytest-xdist workers (one a core), a whole test file each at a time (module fixtures are shared): the suite
+  # is bound by CPU, and a third worker made it no faster (docs/ci.md). HL_TEST_WORKERS=0 runs every test in this one
+  # process (-s, --pdb).
   # --durations=25: CI's log names the slowest tests. The order the workers take the files in: tests/conftest.py.
   exec "$PY" -m pytest -n "${HL_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
 fi
