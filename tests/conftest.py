@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -111,82 +112,123 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Comp
     )
 
 
-NOT_HERE = ("script=", "--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "-m", "--multirun",
+NOT_HERE = ("script=", "++script=", "+script=", "--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn",
             "cluster.launch=", "hydra.", "+hydra.")
 """Arguments after which run_cli starts a process of its own: a user's code (a script, a config folder) would be
 imported into this test process and stay there (sys.modules, sys.path) for the next test; other backends, sweeps and
-Hydra's own settings are left as the CLI runs them."""
+Hydra's own settings and flags (HERE_NOT_FLAGS: Hydra's app sets sys.argv and the root logger's handlers) are left
+as the CLI runs them."""
+HERE_NOT_FLAGS = {"-m", "--multirun", "--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve",
+                  "--package", "-p", "--shell-completion", "-sc", "--version", "-V"}
 
 
 def launches_here(args: list[str], cwd: Path) -> bool:
     """Whether run_cli runs these arguments in this process: the main thread (the launcher sets signal handlers), a
-    built-in recipe's run with none of NOT_HERE and no ``_target_`` (a user's class), from a folder without Python
-    files or a ``conf/`` (a user's project)."""
+    built-in recipe's run with none of NOT_HERE / HERE_NOT_FLAGS and no ``_target_`` (a user's class), from a folder
+    without Python files or a ``conf/`` (a user's project)."""
     import threading
 
     if os.environ.get("HL_TEST_SUBPROCESS") == "1" or threading.current_thread() is not threading.main_thread():
         return False
-    if any(a.startswith(NOT_HERE) or "_target_" in a for a in args):
+    if any(a.startswith(NOT_HERE) or a in HERE_NOT_FLAGS or "_target_" in a for a in args):
         return False
     return not (Path(cwd) / "conf").exists() and not any(Path(cwd).glob("*.py"))
 
 
+class _Expired(BaseException):
+    """run_cli's timeout in this process: a BaseException, so that none of the launcher's ``except Exception`` takes
+    it for a failure of its own and goes on."""
+
+
 def _run_here(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     """``python -m launcher.cli args`` without a new interpreter: main(args) in cwd, its output captured, an exception
-    printed as the interpreter would (exit 1), then this process as before: environment, folder, signal handlers,
-    logging levels; and the run's forkserver and multiprocessing's resource tracker (children of this process now)
-    stopped and reaped. Saves each launched run the launcher's start (Python, Hydra, torch: ~1.8 s of CPU, measured
-    on the 2-core CI machine: 3.7 against 5.5 s for a 2-rank smoke run). ``timeout``: SIGALRM raises TimeoutExpired,
-    as subprocess.run would."""
+    printed as the interpreter would (exit 1); then this process as it was before (``_kept_as_it_was``). Saves each
+    launched run the launcher's start (Python, Hydra, torch: ~1.8 s of CPU, measured on the 2-core CI machine: 3.7
+    against 5.5 s for a 2-rank smoke run). ``timeout``: the run's processes are killed and TimeoutExpired raised, as
+    subprocess.run does."""
     import contextlib
     import io
-    import logging
     import signal
     import traceback
-    from multiprocessing import forkserver, resource_tracker
 
-    from launcher.backends import warm_start
     from launcher.cli import main
 
-    handlers = {s: signal.getsignal(s) for s in signal.valid_signals() if signal.getsignal(s) is not None}
-    env, here = dict(os.environ), os.getcwd()
-    levels = {name: logging.getLogger(name).level for name in list(logging.root.manager.loggerDict)}
     out, err = io.StringIO(), io.StringIO()
 
     def expired(signum, frame):
-        raise subprocess.TimeoutExpired(["hetero-launch", *args], timeout)
+        raise _Expired
 
-    os.environ["COLUMNS"] = "200"
-    os.chdir(cwd)
-    signal.signal(signal.SIGALRM, expired)
-    signal.alarm(max(1, int(timeout)))
+    with _kept_as_it_was():
+        os.environ["COLUMNS"] = "200"
+        os.chdir(cwd)
+        signal.signal(signal.SIGALRM, expired)
+        signal.alarm(max(1, int(timeout)))
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    code = main(list(args))
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                except Exception:  # noqa: BLE001 - the interpreter's traceback and exit code 1, as in a process
+                    traceback.print_exc()
+                    code = 1
+        except _Expired:
+            _kill_children()
+            raise subprocess.TimeoutExpired(["hetero-launch", *args], timeout, out.getvalue(), err.getvalue()) from None
+        finally:
+            signal.alarm(0)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def _kept_as_it_was():
+    """This process as before an in-process launch: its environment, folder, sys.path and sys.argv, the signal
+    handlers the launch changed (only those: pytest's faulthandler holds the fatal signals below Python's view), each
+    logger's level, handlers and propagation; the run's forkserver stopped and reaped (its module state as before),
+    and multiprocessing's resource tracker too where the launch started it."""
+    import logging
+    import signal
+    from multiprocessing import forkserver, resource_tracker
+
+    from launcher.backends import warm_start
+
+    handlers = {s: signal.getsignal(s) for s in signal.valid_signals() if signal.getsignal(s) is not None}
+    env, here, path, argv = dict(os.environ), os.getcwd(), list(sys.path), list(sys.argv)
+    loggers = [logging.root, *(x for x in logging.root.manager.loggerDict.values() if isinstance(x, logging.Logger))]
+    kept = [(x, x.level, list(x.handlers), x.propagate, x.disabled) for x in loggers]
+    preload, tracker = forkserver._forkserver._preload_modules, resource_tracker._resource_tracker._pid
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main(list(args))
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except subprocess.TimeoutExpired:
-                raise
-            except Exception:  # noqa: BLE001 - the interpreter's traceback and exit code 1, as run in a process
-                traceback.print_exc()
-                code = 1
+        yield
     finally:
-        signal.alarm(0)
         os.chdir(here)
         os.environ.clear()
         os.environ.update(env)
+        sys.path[:], sys.argv[:] = path, argv
         for s, handler in handlers.items():
-            with contextlib.suppress(OSError, ValueError, TypeError):
-                signal.signal(s, handler)
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
+            if signal.getsignal(s) is not handler:
+                with contextlib.suppress(OSError, ValueError, TypeError):
+                    signal.signal(s, handler)
+        for x, level, had, propagate, disabled in kept:
+            x.setLevel(level)
+            x.handlers[:], x.propagate, x.disabled = had, propagate, disabled
         with contextlib.suppress(OSError, ChildProcessError):
             forkserver._forkserver._stop()
+        forkserver._forkserver._preload_modules = preload
         warm_start._started_with = None
-        with contextlib.suppress(OSError, ChildProcessError):
-            resource_tracker._resource_tracker._stop()
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+        if tracker is None:
+            with contextlib.suppress(OSError, ChildProcessError):
+                resource_tracker._resource_tracker._stop()
+
+
+def _kill_children() -> None:
+    """SIGKILL to every process this one started and its descendants (a run that outlived its timeout), reaped."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(children, timeout=10)
 
 
 @pytest.fixture

@@ -89,7 +89,9 @@ def _bounded(make, timeout_s: float):
 
     thread = threading.Thread(target=run, name="hl-rendezvous-handler", daemon=True)
     thread.start()
-    thread.join(timeout_s)  # (a signal's handler still runs during the wait: the join is interruptible)
+    # (a signal's handler still runs during the wait: the join is interruptible; TIMEOUT_MAX: a bound from
+    # cluster.rdzv_conf's read_timeout past what a lock can wait is no bound)
+    thread.join(min(timeout_s, threading.TIMEOUT_MAX))
     if thread.is_alive():
         raise TimeoutError(f"no answer in {timeout_s:g} s")
     if "error" in done:

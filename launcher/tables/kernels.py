@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 import os
 import struct
 import subprocess
@@ -37,7 +38,7 @@ _tried = False
 F32, I64, PTR = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
 
 
-JOB = struct.Struct("<8q3q8f2i")
+JOB = struct.Struct("<8Q3q8f2i")
 """One table's update, packed as kernels.c's Job (128 bytes, no padding): pointers to the table, up to two states and
 where their new values go (0: in place), to the unique rows and their gradients; table_rows, n, d; the optimizer's 8
 constants c[8] and 2 flags (their meaning: each optimizer's row function in kernels.c). Packed with ``struct`` (~3 us
@@ -215,11 +216,16 @@ def job(rows: torch.Tensor, grads: torch.Tensor, tensors: tuple[torch.Tensor | N
     The caller keeps the tensors alive until the update ran."""
     at = [0 if t is None else t.data_ptr() for t in tensors] + [0] * (3 - len(tensors))
     to = [0 if t is None else t.data_ptr() for t in out] + [0] * (3 - len(out))
-    return JOB.pack(*at, *to, rows.data_ptr(), grads.data_ptr(), tensors[0].shape[0], rows.shape[0], grads.shape[1],
-                    *constants, *_NO_CONSTANTS[len(constants):], flag0, flag1)
+    fields = (*at, *to, rows.data_ptr(), grads.data_ptr(), tensors[0].shape[0], rows.shape[0], grads.shape[1])
+    try:
+        return JOB.pack(*fields, *constants, *_NO_CONSTANTS[len(constants):], flag0, flag1)
+    except (OverflowError, struct.error):  # a constant past fp32's range: +-inf, as a C float assignment gives it
+        fp32 = [c if abs(c) <= FP32_MAX else math.copysign(math.inf, c) for c in constants]
+        return JOB.pack(*fields, *fp32, *_NO_CONSTANTS[len(constants):], flag0, flag1)
 
 
 _NO_CONSTANTS = (0.0,) * 8
+FP32_MAX = 3.4028234663852886e38
 
 
 def update_many(name: str, jobs: list[tuple[bytes, torch.Tensor]]) -> None:
