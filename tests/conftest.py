@@ -146,7 +146,6 @@ def _run_here(args: list[str], cwd: Path, timeout: float) -> subprocess.Complete
     launched run the launcher's start (Python, Hydra, torch: ~1.8 s of CPU, measured on the 2-core CI machine: 3.7
     against 5.5 s for a 2-rank smoke run). ``timeout``: the run's processes are killed and TimeoutExpired raised, as
     subprocess.run does."""
-    import contextlib
     import io
     import signal
     import traceback

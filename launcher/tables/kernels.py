@@ -35,7 +35,7 @@ _lib: ctypes.CDLL | None = None
 _why = ""
 _tried = False
 
-F32, I64, PTR = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
+I64, PTR = ctypes.c_int64, ctypes.c_void_p
 
 
 JOB = struct.Struct("<8Q3q8f2i")
@@ -45,6 +45,8 @@ constants c[8] and 2 flags (their meaning: each optimizer's row function in kern
 a job) rather than built as a ctypes.Structure (~9 us: a step of 26 tables paid ~0.15 ms for it)."""
 JOB_N, JOB_TABLE_ROWS = 9, 8
 """Where a packed Job's n and table_rows are among its fields."""
+_NO_CONSTANTS = (0.0,) * 8
+FP32_MAX = 3.4028234663852886e38
 
 
 UPDATES = ("sgd", "lazy_adam", "ftrl", "adagrad")
@@ -220,12 +222,8 @@ def job(rows: torch.Tensor, grads: torch.Tensor, tensors: tuple[torch.Tensor | N
     try:
         return JOB.pack(*fields, *constants, *_NO_CONSTANTS[len(constants):], flag0, flag1)
     except (OverflowError, struct.error):  # a constant past fp32's range: +-inf, as a C float assignment gives it
-        fp32 = [c if abs(c) <= FP32_MAX else math.copysign(math.inf, c) for c in constants]
+        fp32 = [math.copysign(math.inf, c) if abs(c) > FP32_MAX else c for c in constants]  # (a NaN stays)
         return JOB.pack(*fields, *fp32, *_NO_CONSTANTS[len(constants):], flag0, flag1)
-
-
-_NO_CONSTANTS = (0.0,) * 8
-FP32_MAX = 3.4028234663852886e38
 
 
 def update_many(name: str, jobs: list[tuple[bytes, torch.Tensor]]) -> None:
