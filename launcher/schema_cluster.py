@@ -114,10 +114,10 @@ compilation), counted from the job's start; a script's rank is watched from its 
     """After a failed attempt, start the job again this many times at most, from the run's newest complete
     checkpoint (each attempt's rank logs are kept in attempt.<k>/). Not after an interrupt or bad input."""
     warm_start: bool = True
-    """A recipe's ranks on CPU are forked from a forkserver that imported torch and the worker once for the run,
-    instead of each importing them anew (~4 s of CPU a rank on 2 cores: a 2-rank run takes 0.64-0.71× the CPU, 4
-    ranks 0.40×, bench/warm_start.py); each rank still gets its own variables,
-    session, output files and death with the launcher. false = every rank a fresh ``python -m launcher.worker``
+    """A recipe's ranks on CPU are forked from a forkserver that imported torch and the worker once for the launcher's
+    runs (a sweep's jobs, an elastic restart), instead of each importing them anew (~4 s of CPU a rank on 2 cores: a
+    2-rank run takes 0.64-0.71× the CPU, 4 ranks 0.40×, bench/warm_start.py); each rank still gets its own
+    variables, session, output files and death with the launcher. false = every rank a fresh ``python -m launcher.worker``
     (as for scripts and CUDA plans, which always start so)."""
 
 

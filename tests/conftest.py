@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -159,6 +160,7 @@ def _run_here(args: list[str], cwd: Path, timeout: float) -> subprocess.Complete
 
     with _kept_as_it_was():
         os.environ["COLUMNS"] = "200"
+        os.environ.pop("PYTEST_CURRENT_TEST", None)  # as from a shell; it names each test: a forkserver for each
         os.chdir(cwd)
         signal.signal(signal.SIGALRM, expired)
         signal.alarm(max(1, int(timeout)))
@@ -172,6 +174,7 @@ def _run_here(args: list[str], cwd: Path, timeout: float) -> subprocess.Complete
                     traceback.print_exc()
                     code = 1
         except _Expired:
+            _stop_forkserver()
             _kill_children()
             raise subprocess.TimeoutExpired(["hetero-launch", *args], timeout, out.getvalue(), err.getvalue()) from None
         finally:
@@ -183,13 +186,12 @@ def _run_here(args: list[str], cwd: Path, timeout: float) -> subprocess.Complete
 def _kept_as_it_was():
     """This process as before an in-process launch: its environment, folder, sys.path and sys.argv, the signal
     handlers the launch changed (only those: pytest's faulthandler holds the fatal signals below Python's view), each
-    logger's level, handlers and propagation; the run's forkserver stopped and reaped (its module state as before),
-    and multiprocessing's resource tracker too where the launch started it."""
+    logger's level, handlers and propagation; multiprocessing's resource tracker stopped where the launch started
+    it. The warm start's forkserver stays, as in a launcher's sweep: the next run with the same variables forks its
+    ranks from it (launcher/backends/warm_start.py)."""
     import logging
     import signal
     from multiprocessing import forkserver, resource_tracker
-
-    from launcher.backends import warm_start
 
     handlers = {s: signal.getsignal(s) for s in signal.valid_signals() if signal.getsignal(s) is not None}
     env, here, path, argv = dict(os.environ), os.getcwd(), list(sys.path), list(sys.argv)
@@ -210,13 +212,21 @@ def _kept_as_it_was():
         for x, level, had, propagate, disabled in kept:
             x.setLevel(level)
             x.handlers[:], x.propagate, x.disabled = had, propagate, disabled
-        with contextlib.suppress(OSError, ChildProcessError):
-            forkserver._forkserver._stop()
         forkserver._forkserver._preload_modules = preload
-        warm_start._started_with = None
         if tracker is None:
             with contextlib.suppress(OSError, ChildProcessError):
                 resource_tracker._resource_tracker._stop()
+
+
+def _stop_forkserver() -> None:
+    """The warm start's forkserver stopped and reaped (a run that outlived its timeout): the next run starts one."""
+    from multiprocessing import forkserver
+
+    from launcher.backends import warm_start
+
+    with contextlib.suppress(OSError, ChildProcessError):
+        forkserver._forkserver._stop()
+    warm_start._started_with = None
 
 
 def _kill_children() -> None:
@@ -253,18 +263,23 @@ def cli(capsys, monkeypatch):
 def processes_of_run(run_dir: Path) -> list[str]:
     """The command lines of this host's live processes (zombies left out) that belong to the run at run_dir: its
     path in their environment (the ranks and their children: HL_RUN_DIR) or in their command line (mpirun, srun,
-    rank_start)."""
+    rank_start), or a session of its ranks (``rank.N/pid``: a warm rank and its forked children show the
+    forkserver's environment)."""
     needle = str(Path(run_dir).resolve()).encode()
+    here = [RunDir(run_dir).rank(int(d.name.split(".")[1])).read_pid() for d in Path(run_dir).glob("rank.*")]
+    sessions = {pid[1] for pid in here if pid and pid[0] == socket.gethostname()}
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             cmdline = (proc / "cmdline").read_bytes()
-            if needle not in cmdline and needle not in (proc / "environ").read_bytes():
-                continue
             stat = (proc / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
+            if (needle not in cmdline and needle not in (proc / "environ").read_bytes()
+                    and int(proc.name) not in sessions and int(fields[3]) not in sessions):
+                continue
         except OSError:
             continue
-        if stat[stat.rindex(")") + 2] != "Z" and int(proc.name) != os.getpid():
+        if fields[0] != "Z" and int(proc.name) != os.getpid():
             found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
     return found
 

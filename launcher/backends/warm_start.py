@@ -2,7 +2,7 @@
 
 A fresh ``python -m launcher.worker`` spends most of a short run importing: on a 2-core machine ~4 s of CPU a rank
 (torch, then torch._dynamo, which every torch optimizer imports when it is built), against ~1 s of training in a
-smoke run. Here the imports happen once per run: ``multiprocessing``'s forkserver (a fresh interpreter, started by
+smoke run. Here the imports happen once per launcher: ``multiprocessing``'s forkserver (a fresh interpreter, started by
 this launcher) imports ``launcher.worker.warm`` and forks every rank from that state; torch elastic's
 ``start_processes`` with a function entrypoint and ``start_method="forkserver"`` starts them, gives each its
 variables and its ``rank.N/`` files (``RankLogsSpecs``) as it does for a program. bench/warm_start.py: a 2-rank run's
@@ -10,14 +10,18 @@ CPU 0.64-0.71× a fresh start's, 4 ranks 0.40× (docs/running.md#how-the-ranks-s
 
 What a rank would have had from a fresh interpreter, it has here too:
 - the variables read when torch is imported (OMP_NUM_THREADS, PYTHONUNBUFFERED, ...): the forkserver starts with
-  the variables every local rank shares (``shared``), then elastic sets each rank's own;
+  the variables every local rank shares (``shared``) but the run's own, then elastic sets each rank's;
 - its own session, and death with the launcher: the forkserver ends when the launcher's end closes its pipe or the
   launcher dies (its parent-death signal, asked for before it imports torch), and a
   rank asks for SIGKILL when its parent (the forkserver) ends (launcher/worker/warm.py); the forkserver has a
   session of its own too, so a signal to the launcher's process group is the launcher's alone, which stops the
   ranks as on any signal (launcher/worker/forkserver_session.py);
-- HL_RUN_DIR in its /proc environ (how the launcher finds a run's processes): the forkserver starts with it, so it
-  is one of the run's processes too, and goes with them at the run's end.
+- one forkserver for the launcher's life, not one a run: it starts without the run's own variables (``PER_RUN``:
+  the run dir, the rendezvous address, the world's shape, which elastic gives each rank) and serves every later run
+  whose other variables are the same (a sweep's jobs, an elastic restart); a rank's folder and ``sys.path`` are the
+  launcher's as it starts (multiprocessing's preparation data). A forked rank's /proc environ is the forkserver's
+  (without HL_RUN_DIR): the launcher finds a run's processes by their sessions too (each rank leads its own;
+  ``supervise.job_processes``).
 Not warm: scripts (``script=``: the user's ``__main__``), CUDA plans (a fork must not inherit a CUDA context), and
 ``launcher.warm_start=false``. Imports torch: the backends import it only when they start a job."""
 
@@ -32,6 +36,7 @@ from multiprocessing import forkserver, resource_tracker
 from torch.distributed.elastic.multiprocessing import LogsSpecs, PContext, start_processes
 
 from launcher.lifeline import FORKSERVER_PARENT_ENV
+from launcher.rundir import RUN_DIR_ENV
 
 PRELOAD = ["launcher.worker.forkserver_session", "launcher.worker.warm"]
 """Modules the forkserver imports once: first its own session (out of the launcher's process group, which a Ctrl-C or
@@ -40,8 +45,15 @@ TRACKER_SPARED = (signal.SIGHUP, signal.SIGQUIT)
 """Signals blocked in multiprocessing's resource tracker, a process of the launcher's group: it ignores SIGINT and
 SIGTERM itself, and would die of these when the launcher's group is signalled (a closed terminal), then a new one
 would print a traceback for every shared-memory name the ranks' queues give back."""
+PER_RUN = frozenset({RUN_DIR_ENV, "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK",
+                     "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_WORLD_SIZE",
+                     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                     "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE"})
+"""A run's own variables, which nothing reads while torch and the worker are imported: the forkserver starts without
+them (each rank gets its run's from elastic), so that the next run, with another run dir and port, forks from the
+same one. Any other variable that differs (OMP_NUM_THREADS, a user's TORCH_*) starts a new forkserver."""
 _started_with: dict[str, str] | None = None
-"""The shared variables the running forkserver was started with (a sweep's next run has another run dir)."""
+"""The variables the running forkserver was started with."""
 
 
 def shared(envs: dict[int, dict[str, str]]) -> dict[str, str]:
@@ -50,12 +62,19 @@ def shared(envs: dict[int, dict[str, str]]) -> dict[str, str]:
     return {k: v for k, v in first.items() if all(env.get(k) == v for env in others)}
 
 
+def forkserver_env(shared_env: dict[str, str]) -> dict[str, str]:
+    """The forkserver's variables for ranks whose shared ones are ``shared_env``: this process's, then theirs, without
+    the run's own (PER_RUN)."""
+    return {k: v for k, v in {**os.environ, **shared_env}.items() if k not in PER_RUN}
+
+
 @contextmanager
-def _environ(extra: dict[str, str]) -> Iterator[None]:
-    """os.environ with ``extra`` for the moment the forkserver is started (it inherits the process's environment),
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """os.environ exactly ``env`` for the moment the forkserver is started (it inherits the process's environment),
     then as it was."""
     before = dict(os.environ)
-    os.environ.update(extra)
+    os.environ.clear()
+    os.environ.update(env)
     try:
         yield
     finally:
@@ -73,12 +92,13 @@ def _blocked(signals: tuple[int, ...]) -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-def ensure_forkserver(env: dict[str, str]) -> None:
-    """A forkserver started with ``env`` and the preload, running (started now if there is none, or it ended, or it
-    was started for other variables)."""
+def ensure_forkserver(shared_env: dict[str, str]) -> None:
+    """A forkserver started with the preload and ``forkserver_env(shared_env)``, running: the one already running
+    when it was started with the same variables, else a new one (the old one, another run's, stopped)."""
     global _started_with
+    env = forkserver_env(shared_env)
     if _started_with is not None and _started_with != env:
-        forkserver._forkserver._stop()  # another run's: its variables (HL_RUN_DIR) are not this run's
+        forkserver._forkserver._stop()
     with _blocked(TRACKER_SPARED):  # the tracker keeps the mask it starts with: they stay pending there, unseen
         resource_tracker.ensure_running()  # with the launcher's own variables: it is no process of the run
     forkserver.set_forkserver_preload(PRELOAD)

@@ -16,14 +16,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from launcher.backends.job import RankJob
-from launcher.backends.processes import STOP_TIMEOUT_S, process_state, send_signals, stop_process_groups
+from launcher.backends.processes import STOP_TIMEOUT_S, process_stat, send_signals, stop_process_groups
 from launcher.launch.watchdog import Stall, Watchdog
 from launcher.rundir import RUN_DIR_ENV
 
@@ -63,10 +63,12 @@ class Outcome:
         return [e for e in self.exits if not e.stopped_by_launcher and e.exit_code is not None]
 
 
-def job_processes(run_dir: str) -> list[int]:
+def job_processes(run_dir: str, sessions: Collection[int] = ()) -> list[int]:
     """This host's processes of the run at run_dir (besides this one), zombies left out: those whose environment
-    names the run dir (the ranks and every process they start; RUN_DIR_ENV) or whose command line starts rank_start
-    on it (mpirun, srun, rank_start; not a user's `tail -f` of a log there)."""
+    names the run dir (the ranks and every process they start; RUN_DIR_ENV), whose command line starts rank_start
+    on it (mpirun, srun, rank_start; not a user's `tail -f` of a log there), and those of ``sessions`` (the ranks'
+    pids: each leads its own session, which its forked children share; a warm rank's environment, as /proc shows
+    it, is its forkserver's, launcher/backends/warm_start.py)."""
     env_entry = f"{RUN_DIR_ENV}={run_dir}\0".encode()
     starter = f"launcher.backends.rank_start\0{run_dir}\0".encode()
     found = []
@@ -74,22 +76,26 @@ def job_processes(run_dir: str) -> list[int]:
         pid = int(proc.name)
         if pid == os.getpid():
             continue
+        state, session = process_stat(pid)
+        if state in ("", "Z"):  # '': gone meanwhile
+            continue
+        if pid in sessions or session in sessions:
+            found.append(pid)
+            continue
         try:
-            if (env_entry not in (proc / "environ").read_bytes()
-                    and starter not in (proc / "cmdline").read_bytes()):
-                continue
+            if env_entry in (proc / "environ").read_bytes() or starter in (proc / "cmdline").read_bytes():
+                found.append(pid)
         except OSError:  # gone, or not ours to read
             continue
-        if process_state(pid) not in ("", "Z"):  # '': gone meanwhile
-            found.append(pid)
     return found
 
 
-def end_job_processes(run_dir: str, timeout_s: float = STOP_TIMEOUT_S) -> list[int]:
+def end_job_processes(run_dir: str, timeout_s: float = STOP_TIMEOUT_S, sessions: Collection[int] = ()) -> list[int]:
     """Return once no process of the run is left on this host (SIGKILL to the stragglers: a rank's child, an mpirun
-    that lingers), or after timeout_s; the pids still running then (none, when the kernel kept its word)."""
+    that lingers), or after timeout_s; the pids still running then (none, when the kernel kept its word).
+    ``sessions``: as job_processes'."""
     deadline = time.monotonic() + timeout_s
-    while (left := job_processes(run_dir)) and time.monotonic() < deadline:
+    while (left := job_processes(run_dir, sessions)) and time.monotonic() < deadline:
         send_signals(left, (signal.SIGKILL,), os.kill)
         time.sleep(0.05)
     return left
@@ -131,8 +137,8 @@ def supervise(job: RankJob, on_tick: Callable[[], None], watchdog: Watchdog | No
         signum = e.sigval
     finally:
         job.stop()  # also when all ended: a rank's leftover children go with it
-        if run_dir is not None:
-            end_job_processes(run_dir)  # the launcher never returns while a process of its job runs here
+        if run_dir is not None:  # the launcher never returns while a process of its job runs here
+            end_job_processes(run_dir, sessions=set(job.pids().values()))
     last = job.poll()
     exits = []
     for rank in sorted(job.ranks):

@@ -1,5 +1,6 @@
-"""A rank started warm: forked from Python's forkserver, which imported torch, torch._dynamo and the worker once
-for the run (launcher/backends/warm_start.py), instead of a fresh ``python -m launcher.worker`` importing them again.
+"""A rank started warm: forked from Python's forkserver, which imported torch, torch._dynamo and the worker once for
+the launcher's runs (launcher/backends/warm_start.py), instead of a fresh ``python -m launcher.worker`` importing them
+again.
 
 Importing this module is the forkserver's preload: what every recipe rank imports before it reads its plan (on this
 2-core machine ~4 s of CPU a rank: torch 1.8 s, and torch._dynamo 1.6-1.9 s, which every torch optimizer imports when
@@ -42,7 +43,8 @@ for the parent-death signal was orphaned as it started (the forkserver died with
 
 
 def start_rank(run_dir: str) -> None:
-    """One rank, in a process forked from the forkserver; never returns."""
+    """One rank, in a process forked from the forkserver; never returns. Its folder and ``sys.path`` are the
+    launcher's as the rank started (multiprocessing's preparation data), not the forkserver's (the first run's)."""
     # multiprocessing hands each forked child the write end of the forkserver's "alive" pipe, which keeps the
     # forkserver up while any child lives; a rank lets go of it, so that the launcher's end (its own end of the pipe
     # closed) ends the forkserver, and that the rank by its parent-death signal.
