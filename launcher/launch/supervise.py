@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from launcher.backends.job import RankJob
 from launcher.backends.processes import STOP_TIMEOUT_S, process_stat, send_signals, stop_process_groups
 from launcher.launch.watchdog import Stall, Watchdog
+from launcher.lifeline import FORKSERVER_PARENT_ENV
 from launcher.rundir import RUN_DIR_ENV
 
 __all__ = ["STOP_TIMEOUT_S", "FAILURE_GRACE_S", "Outcome", "RankExit", "RankJob", "SignalException",
@@ -66,11 +67,14 @@ class Outcome:
 def job_processes(run_dir: str, sessions: Collection[int] = ()) -> list[int]:
     """This host's processes of the run at run_dir (besides this one), zombies left out: those whose environment
     names the run dir (the ranks and every process they start; RUN_DIR_ENV), whose command line starts rank_start
-    on it (mpirun, srun, rank_start; not a user's `tail -f` of a log there), and those of ``sessions`` (the ranks'
-    pids: each leads its own session, which its forked children share; a warm rank's environment, as /proc shows
-    it, is its forkserver's, launcher/backends/warm_start.py)."""
+    on it (mpirun, srun, rank_start; not a user's `tail -f` of a log there), and the processes forked from this
+    launcher's warm-start forkserver that are one of ``sessions`` (the ranks' pids) or in one (each rank leads its
+    own, which its forked children share): a forked process's environment, as /proc shows it, is the forkserver's,
+    which has no run dir but the launcher's pid (launcher/backends/warm_start.py); a pid of ``sessions`` that an
+    unrelated process has taken since lacks it."""
     env_entry = f"{RUN_DIR_ENV}={run_dir}\0".encode()
     starter = f"launcher.backends.rank_start\0{run_dir}\0".encode()
+    forked = f"{FORKSERVER_PARENT_ENV}={os.getpid()}\0".encode()
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         pid = int(proc.name)
@@ -79,11 +83,10 @@ def job_processes(run_dir: str, sessions: Collection[int] = ()) -> list[int]:
         state, session = process_stat(pid)
         if state in ("", "Z"):  # '': gone meanwhile
             continue
-        if pid in sessions or session in sessions:
-            found.append(pid)
-            continue
         try:
-            if env_entry in (proc / "environ").read_bytes() or starter in (proc / "cmdline").read_bytes():
+            environ = (proc / "environ").read_bytes()
+            if (env_entry in environ or (forked in environ and (pid in sessions or session in sessions))
+                    or starter in (proc / "cmdline").read_bytes()):
                 found.append(pid)
         except OSError:  # gone, or not ours to read
             continue

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import processes_of_run, run_cli, run_one_file_project
+from tests.conftest import pid_alive, processes_of_run, run_cli, run_one_file_project
 
 pytestmark = pytest.mark.integration
 
@@ -109,4 +109,25 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     deadline = time.monotonic() + 20
     while processes_of_run(run) and time.monotonic() < deadline:
         time.sleep(0.2)
+    assert not processes_of_run(run), processes_of_run(run)
+
+
+LINGERS = PROBE.replace('print("probe"', '''if os.environ.get("RANK") is not None and os.fork() == 0:  # in each rank only, not in the launcher
+    os.setpgid(0, 0)  # out of the rank's process group, which the stop signals; still in the rank's session
+    with open(f"lingering.{os.environ['RANK']}", "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(300)
+    os._exit(0)
+print("probe"''').replace("import json, multiprocessing, os, torch", "import json, multiprocessing, os, time, torch")
+
+
+def test_a_warm_ranks_forked_child_goes_with_the_run(tmp_path):
+    """A process a warm rank forked (as a DataLoader worker is) shows the forkserver's environment in /proc, without
+    the run dir: the launcher still finds it by the rank's session at the run's end, even out of the rank's process
+    group, and the launcher returns only once it is gone."""
+    res, run = run_one_file_project(tmp_path, "probe", LINGERS, "probe", RECIPE, "cluster.nproc_per_node=2")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert json.loads((run / "plan.json").read_text())["warm_start"] is True
+    children = [int((tmp_path / f"lingering.{rank}").read_text()) for rank in (0, 1)]
+    assert not any(pid_alive(pid) for pid in children), children
     assert not processes_of_run(run), processes_of_run(run)

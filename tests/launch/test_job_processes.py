@@ -1,10 +1,13 @@
 """How the launcher finds a run's processes on its host at the run's end (launch/supervise.py ``job_processes``): by
 the run dir in their environment, and by the ranks' sessions, which a warm rank's forked children share while their
-/proc environment is the forkserver's (no HL_RUN_DIR). Real processes: a session leader that forks a child."""
+/proc environment is the forkserver's (no HL_RUN_DIR, but HL_FORKSERVER_PARENT: this launcher's pid). Real processes:
+a session leader that forks a child, started with the environment a forked rank shows."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +15,7 @@ import time
 import pytest
 
 from launcher.launch.supervise import end_job_processes, job_processes
+from launcher.lifeline import FORKSERVER_PARENT_ENV
 from launcher.rundir import RUN_DIR_ENV
 
 FORKS = "import os, sys, time\nif os.fork() == 0:\n    time.sleep(60)\nprint('forked', flush=True)\ntime.sleep(60)\n"
@@ -31,12 +35,13 @@ def leaders():
     started: list[subprocess.Popen] = []
     yield started
     for p in started:
-        end_job_processes("/nonexistent", timeout_s=5, sessions={p.pid})
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)  # the leader and its forked child
         p.wait(5)
 
 
 def test_a_ranks_session_is_the_runs_though_its_environment_does_not_name_it(tmp_path, leaders):
-    env = {k: v for k, v in os.environ.items() if k != RUN_DIR_ENV}
+    env = {**{k: v for k, v in os.environ.items() if k != RUN_DIR_ENV}, FORKSERVER_PARENT_ENV: str(os.getpid())}
     rank, other = _start(env), _start(env)
     leaders += [rank, other]
     run = str(tmp_path)
@@ -48,6 +53,14 @@ def test_a_ranks_session_is_the_runs_though_its_environment_does_not_name_it(tmp
     rank.wait(5)
     assert job_processes(run, sessions={rank.pid}) == []  # the child went too (SIGKILL), not only the leader
     assert len(job_processes(run, sessions={other.pid})) == 2  # the other session untouched
+
+
+def test_a_session_not_forked_from_this_launchers_forkserver_is_not_the_runs(tmp_path, leaders):
+    """A rank's pid an unrelated process took after the rank ended (or another launcher's forked rank)."""
+    plain = _start({k: v for k, v in os.environ.items() if k not in (RUN_DIR_ENV, FORKSERVER_PARENT_ENV)})
+    other = _start({**os.environ, FORKSERVER_PARENT_ENV: str(os.getpid() + 1)})
+    leaders += [plain, other]
+    assert job_processes(str(tmp_path), sessions={plain.pid, other.pid}) == []
 
 
 def test_a_process_whose_environment_names_the_run_is_the_runs(tmp_path, leaders):
