@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -219,13 +218,18 @@ def _kept_as_it_was():
 
 
 def _stop_forkserver() -> None:
-    """The warm start's forkserver stopped and reaped (a run that outlived its timeout): the next run starts one."""
+    """The warm start's forkserver killed and reaped (a run that outlived its timeout): the next run starts one."""
+    import signal
     from multiprocessing import forkserver
 
     from launcher.backends import warm_start
 
+    if (pid := warm_start.forkserver_pid()) is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # _stop alone waits for it, which a forked child may keep up
     with contextlib.suppress(OSError, ChildProcessError):
         forkserver._forkserver._stop()
+    forkserver._forkserver._forkserver_pid = None
     warm_start._started_with = None
 
 
@@ -263,23 +267,28 @@ def cli(capsys, monkeypatch):
 def processes_of_run(run_dir: Path) -> list[str]:
     """The command lines of this host's live processes (zombies left out) that belong to the run at run_dir: its
     path in their environment (the ranks and their children: HL_RUN_DIR) or in their command line (mpirun, srun,
-    rank_start), or a session of its ranks (``rank.N/pid``: a warm rank and its forked children show the
-    forkserver's environment)."""
+    rank_start), or forked from its launcher's warm-start forkserver, the forkserver included (their environment
+    names the launcher: ``launcher.json``), unless that launcher is this process (an in-process run's: the
+    forkserver stays for the next run)."""
+    from launcher.backends.warm_start import forkserver_pid
+    from launcher.lifeline import FORKSERVER_PARENT_ENV
+
     needle = str(Path(run_dir).resolve()).encode()
-    here = [RunDir(run_dir).rank(int(d.name.split(".")[1])).read_pid() for d in Path(run_dir).glob("rank.*")]
-    sessions = {pid[1] for pid in here if pid and pid[0] == socket.gethostname()}
+    try:
+        forked = f"{FORKSERVER_PARENT_ENV}={json.loads(RunDir(run_dir).launcher.read_text())['pid']}\0".encode()
+    except (OSError, ValueError, KeyError):  # no launcher.json (yet)
+        forked = needle
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             cmdline = (proc / "cmdline").read_bytes()
-            stat = (proc / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
-            if (needle not in cmdline and needle not in (proc / "environ").read_bytes()
-                    and int(proc.name) not in sessions and int(fields[3]) not in sessions):
+            environ = (proc / "environ").read_bytes()
+            if needle not in cmdline and needle not in environ and forked not in environ:
                 continue
+            stat = (proc / "stat").read_text()
         except OSError:
             continue
-        if fields[0] != "Z" and int(proc.name) != os.getpid():
+        if stat[stat.rindex(")") + 2] != "Z" and int(proc.name) not in (os.getpid(), forkserver_pid()):
             found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
     return found
 

@@ -330,10 +330,14 @@ class Launched(BaseException):
 
 
 def _children() -> set[str]:
+    """This process's children but the warm start's forkserver, which an earlier in-process run may have left for
+    the next one (tests/conftest.py _run_here)."""
+    from launcher.backends.warm_start import forkserver_pid
+
     out = set()
     for f in Path("/proc/self/task").glob("*/children"):
         out |= set(f.read_text().split())
-    return out
+    return out - {str(forkserver_pid())}
 
 
 @pytest.fixture

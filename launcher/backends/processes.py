@@ -41,18 +41,12 @@ def stop_process_groups(procs: list[subprocess.Popen]) -> None:
 
 def process_state(pid: int) -> str:
     """The kernel's one-letter state of pid ('' where /proc has none)."""
-    return process_stat(pid)[0]
-
-
-def process_stat(pid: int) -> tuple[str, int]:
-    """(the kernel's one-letter state, the session id) of pid; ('', 0) where /proc has none."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
             stat = f.read()
-        fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
-        return fields[0], int(fields[3])
+        return stat[stat.rindex(")") + 2]
     except (OSError, ValueError, IndexError):
-        return "", 0
+        return ""
 
 
 def wait_ended(pids: list[int], timeout_s: float = 10.0) -> None:

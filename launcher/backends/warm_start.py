@@ -20,8 +20,8 @@ What a rank would have had from a fresh interpreter, it has here too:
   the run dir, the rendezvous address, the world's shape, which elastic gives each rank) and serves every later run
   whose other variables are the same (a sweep's jobs, an elastic restart); a rank's folder and ``sys.path`` are the
   launcher's as it starts (multiprocessing's preparation data). A forked rank's /proc environ is the forkserver's
-  (without HL_RUN_DIR): the launcher finds a run's processes by their sessions too (each rank leads its own;
-  ``supervise.job_processes``).
+  (without HL_RUN_DIR, with the launcher's pid in FORKSERVER_PARENT_ENV): at a run's end the launcher takes every
+  process forked from its forkserver but the forkserver for the run's (``supervise.job_processes``).
 Not warm: scripts (``script=``: the user's ``__main__``), CUDA plans (a fork must not inherit a CUDA context), and
 ``launcher.warm_start=false``. Imports torch: the backends import it only when they start a job."""
 
@@ -71,14 +71,16 @@ def forkserver_env(shared_env: dict[str, str]) -> dict[str, str]:
 @contextmanager
 def _environ(env: dict[str, str]) -> Iterator[None]:
     """os.environ exactly ``env`` for the moment the forkserver is started (it inherits the process's environment),
-    then as it was."""
+    then as it was; only the variables that differ are changed (other threads read the environment meanwhile)."""
     before = dict(os.environ)
-    os.environ.clear()
+    for key in before.keys() - env.keys():
+        del os.environ[key]
     os.environ.update(env)
     try:
         yield
     finally:
-        os.environ.clear()
+        for key in os.environ.keys() - before.keys():
+            del os.environ[key]
         os.environ.update(before)
 
 
@@ -105,6 +107,11 @@ def ensure_forkserver(shared_env: dict[str, str]) -> None:
     with _environ({**env, FORKSERVER_PARENT_ENV: str(os.getpid())}):  # it dies with this process (forkserver_session.py)
         forkserver.ensure_running()
     _started_with = env
+
+
+def forkserver_pid() -> int | None:
+    """The pid of this process's running forkserver, if one was started."""
+    return forkserver._forkserver._forkserver_pid
 
 
 def rank_entry(run_dir: str) -> None:

@@ -170,18 +170,23 @@ def run_attempt(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]],
     from launcher.launch.ops import RankBuildWatch
     from launcher.launch.progress import ProgressView
     from launcher.launch.quiet import QuietScriptWatch
-    from launcher.launch.supervise import supervise
+    from launcher.launch.supervise import end_job_processes, supervise
     from launcher.launch.tee import RankTee, streamed_ranks
     from launcher.launch.watchdog import Watchdog
 
     with signals_held() as held:
         job = start_job(plan, run_dir, envs)
-    watchdog = (Watchdog({r: run_dir.rank(r) for r in job.ranks}, job.pids, watchdog_s,
-                         first_step=plan.kind != "script") if watchdog_s > 0 else None)
+    try:  # until supervise has them: any error here stops the ranks first (a sweep goes on to its next job)
+        watchdog = (Watchdog({r: run_dir.rank(r) for r in job.ranks}, job.pids, watchdog_s,
+                             first_step=plan.kind != "script") if watchdog_s > 0 else None)
+        tee = RankTee(console, run_dir, streamed_ranks(plan.kind, console_mode, job.ranks), console_mode == "all")
+        builds = RankBuildWatch(plan, console)  # a rank compiling an op the launcher did not prebuild is announced
+        quiet = QuietScriptWatch(run_dir, job.pids, watchdog_s if plan.kind == "script" else 0, console)
+    except BaseException:
+        job.stop()
+        end_job_processes(str(run_dir.path.resolve()))
+        raise
     other_failed = nodes.should_stop if nodes is not None else None  # a failure elsewhere, or a host to admit
-    tee = RankTee(console, run_dir, streamed_ranks(plan.kind, console_mode, job.ranks), console_mode == "all")
-    builds = RankBuildWatch(plan, console)  # a rank compiling an op the launcher did not prebuild is announced
-    quiet = QuietScriptWatch(run_dir, job.pids, watchdog_s if plan.kind == "script" else 0, console)
     with ProgressView(console, run_dir.rank(min(job.ranks)), plan.steps) as view:
 
         def tick() -> None:

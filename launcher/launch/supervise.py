@@ -16,14 +16,15 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from launcher.backends.job import RankJob
-from launcher.backends.processes import STOP_TIMEOUT_S, process_stat, send_signals, stop_process_groups
+from launcher.backends.processes import STOP_TIMEOUT_S, process_state, send_signals, stop_process_groups
+from launcher.backends.warm_start import forkserver_pid
 from launcher.launch.watchdog import Stall, Watchdog
 from launcher.lifeline import FORKSERVER_PARENT_ENV
 from launcher.rundir import RUN_DIR_ENV
@@ -64,41 +65,39 @@ class Outcome:
         return [e for e in self.exits if not e.stopped_by_launcher and e.exit_code is not None]
 
 
-def job_processes(run_dir: str, sessions: Collection[int] = ()) -> list[int]:
+def job_processes(run_dir: str) -> list[int]:
     """This host's processes of the run at run_dir (besides this one), zombies left out: those whose environment
-    names the run dir (the ranks and every process they start; RUN_DIR_ENV), whose command line starts rank_start
-    on it (mpirun, srun, rank_start; not a user's `tail -f` of a log there), and the processes forked from this
-    launcher's warm-start forkserver that are one of ``sessions`` (the ranks' pids) or in one (each rank leads its
-    own, which its forked children share): a forked process's environment, as /proc shows it, is the forkserver's,
-    which has no run dir but the launcher's pid (launcher/backends/warm_start.py); a pid of ``sessions`` that an
-    unrelated process has taken since lacks it."""
+    names the run dir (the ranks and every process they start by exec; RUN_DIR_ENV), whose command line starts
+    rank_start on it (mpirun, srun, rank_start; not a user's `tail -f` of a log there), and every process forked from
+    this launcher's warm-start forkserver but the forkserver itself: a forked process's environment, as /proc shows
+    it, is the forkserver's, which names no run dir but this launcher (``FORKSERVER_PARENT_ENV``), and the launcher's
+    runs come one after another (launcher/backends/warm_start.py)."""
     env_entry = f"{RUN_DIR_ENV}={run_dir}\0".encode()
     starter = f"launcher.backends.rank_start\0{run_dir}\0".encode()
     forked = f"{FORKSERVER_PARENT_ENV}={os.getpid()}\0".encode()
+    spared = {os.getpid(), forkserver_pid()}
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         pid = int(proc.name)
-        if pid == os.getpid():
-            continue
-        state, session = process_stat(pid)
-        if state in ("", "Z"):  # '': gone meanwhile
+        if pid in spared:
             continue
         try:
             environ = (proc / "environ").read_bytes()
-            if (env_entry in environ or (forked in environ and (pid in sessions or session in sessions))
-                    or starter in (proc / "cmdline").read_bytes()):
-                found.append(pid)
+            if (env_entry not in environ and forked not in environ
+                    and starter not in (proc / "cmdline").read_bytes()):
+                continue
         except OSError:  # gone, or not ours to read
             continue
+        if process_state(pid) not in ("", "Z"):  # '': gone meanwhile
+            found.append(pid)
     return found
 
 
-def end_job_processes(run_dir: str, timeout_s: float = STOP_TIMEOUT_S, sessions: Collection[int] = ()) -> list[int]:
+def end_job_processes(run_dir: str, timeout_s: float = STOP_TIMEOUT_S) -> list[int]:
     """Return once no process of the run is left on this host (SIGKILL to the stragglers: a rank's child, an mpirun
-    that lingers), or after timeout_s; the pids still running then (none, when the kernel kept its word).
-    ``sessions``: as job_processes'."""
+    that lingers), or after timeout_s; the pids still running then (none, when the kernel kept its word)."""
     deadline = time.monotonic() + timeout_s
-    while (left := job_processes(run_dir, sessions)) and time.monotonic() < deadline:
+    while (left := job_processes(run_dir)) and time.monotonic() < deadline:
         send_signals(left, (signal.SIGKILL,), os.kill)
         time.sleep(0.05)
     return left
@@ -140,8 +139,8 @@ def supervise(job: RankJob, on_tick: Callable[[], None], watchdog: Watchdog | No
         signum = e.sigval
     finally:
         job.stop()  # also when all ended: a rank's leftover children go with it
-        if run_dir is not None:  # the launcher never returns while a process of its job runs here
-            end_job_processes(run_dir, sessions=set(job.pids().values()))
+        if run_dir is not None:
+            end_job_processes(run_dir)  # the launcher never returns while a process of its job runs here
     last = job.poll()
     exits = []
     for rank in sorted(job.ranks):

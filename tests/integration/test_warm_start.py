@@ -1,7 +1,8 @@
 """Warm-started ranks (launcher.warm_start, the default for a recipe on CPU: forked from a forkserver that imported
 torch and the worker once) train exactly as fresh ``python -m launcher.worker`` ranks do, and each is a rank of its
 own: its own session, its variables (the ones torch reads at import included), its output in rank.N/, and gone
-with the run. One warm and one cold run of the same recipe, compared step by step."""
+with the run, with what it forked; the forkserver stays for the launcher's next run. One warm and one cold run of the
+same recipe, compared step by step."""
 
 import json
 import os
@@ -79,7 +80,7 @@ def test_warm_ranks_train_exactly_as_fresh_ones(runs):
     for n in ("warm", "cold"):
         summary = json.loads((runs[n] / "summary.json").read_text())
         assert [r["exit_code"] for r in summary["ranks"]] == [0, 0]
-        assert not processes_of_run(runs[n]), processes_of_run(runs[n])  # the forkserver went with the run
+        assert not processes_of_run(runs[n]), processes_of_run(runs[n])  # the ranks went with the run
 
 
 def test_a_warm_rank_has_its_own_session_variables_and_threads(tmp_path):
@@ -113,7 +114,7 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
 
 
 LINGERS = PROBE.replace('print("probe"', '''if os.environ.get("RANK") is not None and os.fork() == 0:  # in each rank, not in the launcher
-    os.setpgid(0, 0)  # out of the rank's process group, which the stop signals; still in the rank's session
+    os.setsid()  # out of the rank's session and process group, which the stop signals
     with open(f"lingering.{os.environ['RANK']}", "w") as f:
         f.write(str(os.getpid()))
     time.sleep(300)
@@ -123,8 +124,8 @@ print("probe"''').replace("import json, multiprocessing, os, torch", "import jso
 
 def test_a_warm_ranks_forked_child_goes_with_the_run(tmp_path):
     """A process a warm rank forked (as a DataLoader worker is) shows the forkserver's environment in /proc, without
-    the run dir: the launcher still finds it by the rank's session at the run's end, even out of the rank's process
-    group, and the launcher returns only once it is gone."""
+    the run dir: the launcher still finds it at the run's end (forked from its forkserver), even out of the rank's
+    process group, and returns only once it is gone."""
     res, run = run_one_file_project(tmp_path, "probe", LINGERS, "probe", RECIPE, "cluster.nproc_per_node=2")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert json.loads((run / "plan.json").read_text())["warm_start"] is True
