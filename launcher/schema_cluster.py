@@ -117,8 +117,8 @@ compilation), counted from the job's start; a script's rank is watched from its 
     """A recipe's ranks on CPU are forked from a forkserver that imported torch and the worker once for the launcher's
     runs (a sweep's jobs, an elastic restart), instead of each importing them anew (~4 s of CPU a rank on 2 cores: a
     2-rank run takes 0.64-0.71× the CPU, 4 ranks 0.40×, bench/warm_start.py); each rank still gets its own
-    variables, session, output files and death with the launcher. false = every rank a fresh ``python -m launcher.worker``
-    (as for scripts and CUDA plans, which always start so)."""
+    variables, session, output files and death with the launcher. false = every rank a fresh
+    ``python -m launcher.worker`` (as for scripts and CUDA plans, which always start so)."""
 
 
 @dataclass

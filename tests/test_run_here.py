@@ -8,11 +8,11 @@ import logging
 import os
 import signal
 import sys
-from multiprocessing import forkserver
 
 import psutil
 import pytest
 
+from launcher.backends.warm_start import forkserver_pid
 from tests.conftest import launches_here, processes_of_run, run_cli
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ def _state() -> dict:
         "signals": {s: signal.getsignal(s) for s in signal.valid_signals()},
         "loggers": {x.name: (x.level, list(x.handlers), x.propagate, x.disabled) for x in loggers},
         "children": sorted(p.pid for p in psutil.Process().children(recursive=True)
-                           if p.status() != "zombie" and p.pid != forkserver._forkserver._forkserver_pid),
+                           if p.status() != "zombie" and p.pid != forkserver_pid()),
     }
 
 
@@ -37,12 +37,12 @@ def test_a_launched_run_leaves_this_process_as_it_found_it(tmp_path):
     assert "summary:" in res.stdout  # the launcher's console, captured
     ranks = sorted(p.name for p in (tmp_path / "log_output" / "latest").resolve().glob("rank.*"))
     assert ranks == ["rank.0", "rank.1"]  # real ranks ran
-    server = forkserver._forkserver._forkserver_pid  # the warm start's: kept for the next run, as in a sweep
+    server = forkserver_pid()  # the warm start's: kept for the next run, as in a sweep
     assert server is not None and psutil.Process(server).ppid() == os.getpid()
     again = run_cli(["recipe=mnist_mlp", "trainer.steps=2", "data.samples=128", "data.eval_samples=32",
                      "output.run_name=again"], tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert forkserver._forkserver._forkserver_pid == server  # the second run's ranks forked from the same one
+    assert forkserver_pid() == server  # the second run's ranks forked from the same one
     assert not processes_of_run(tmp_path / "log_output" / "again"), processes_of_run(tmp_path / "log_output" / "again")
     after = _state()
     for key in before:

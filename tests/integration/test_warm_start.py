@@ -113,7 +113,7 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     assert not processes_of_run(run), processes_of_run(run)
 
 
-LINGERS = PROBE.replace('print("probe"', '''if os.environ.get("RANK") is not None and os.fork() == 0:  # in each rank, not in the launcher
+LINGERS = PROBE.replace('print("probe"', '''if os.environ.get("RANK") is not None and os.fork() == 0:  # ranks only
     os.setsid()  # out of the rank's session and process group, which the stop signals
     with open(f"lingering.{os.environ['RANK']}", "w") as f:
         f.write(str(os.getpid()))
