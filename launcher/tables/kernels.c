@@ -418,33 +418,22 @@ static inline float row_squares(const float *wr, const float *gr, int64_t d, flo
 }
 
 /* Adagrad (torch.optim.Adagrad without lr_decay; FBGEMM's EXACT_ADAGRAD): state += g^2, w -= lr g / (sqrt(state) +
- * eps). flag rowwise: one state per row, += mean(g^2) (FBGEMM's EXACT_ROWWISE_ADAGRAD). L2 decay into g first.
- * c: lr, eps, decay. */
+ * eps). flag rowwise: one state per row, += mean(g^2) (FBGEMM's EXACT_ROWWISE_ADAGRAD; adagrad_rows). L2 decay into
+ * g first. c: lr, eps, decay. This is one row of the element-wise one. */
 static inline void adagrad_row(const Job *job, int64_t i) {
-    const int64_t d = job->d, width = job->flag[0] ? 1 : d;
+    const int64_t d = job->d;
     if (i + PREFETCH_AHEAD < job->n) {
         prefetch_row(job->w, job->rows[i + PREFETCH_AHEAD], d);
-        prefetch_row(job->s1, job->rows[i + PREFETCH_AHEAD], width);
+        prefetch_row(job->s1, job->rows[i + PREFETCH_AHEAD], d);
     }
     const float lr = job->c[0], eps = job->c[1], decay = job->c[2];
-    const float *wr = job->w + job->rows[i] * d, *sr = job->s1 + job->rows[i] * width, *gr = job->g + i * d;
-    float *ow = dest(job, job->w, job->ow, i, d), *os = dest(job, job->s1, job->o1, i, width);
-    if (job->flag[0]) {
-        float s = sr[0] + row_squares(wr, gr, d, decay) / (float)d;
-        float mult = lr / (sqrtf(s) + eps);
-        if (decay == 0.0f) {
-            for (int64_t j = 0; j < d; ++j) ow[j] = wr[j] - mult * gr[j];
-        } else {
-            for (int64_t j = 0; j < d; ++j) ow[j] = wr[j] - mult * fmaf(decay, wr[j], gr[j]);
-        }
-        os[0] = s;
-    } else {
-        for (int64_t j = 0; j < d; ++j) {
-            float wj = wr[j], gj = decay != 0.0f ? fmaf(decay, wj, gr[j]) : gr[j];
-            float s = fmaf(gj, gj, sr[j]);
-            os[j] = s;
-            ow[j] = fmaf(-lr, gj / (sqrtf(s) + eps), wj);
-        }
+    const float *wr = job->w + job->rows[i] * d, *sr = job->s1 + job->rows[i] * d, *gr = job->g + i * d;
+    float *ow = dest(job, job->w, job->ow, i, d), *os = dest(job, job->s1, job->o1, i, d);
+    for (int64_t j = 0; j < d; ++j) {
+        float wj = wr[j], gj = decay != 0.0f ? fmaf(decay, wj, gr[j]) : gr[j];
+        float s = fmaf(gj, gj, sr[j]);
+        os[j] = s;
+        ow[j] = fmaf(-lr, gj / (sqrtf(s) + eps), wj);
     }
 }
 
@@ -456,7 +445,7 @@ static inline void adagrad_row(const Job *job, int64_t i) {
  * then all the rows, one job's after another, split over the threads in equal contiguous shares (one wake-up for a
  * step's tables: one call per table cost ~10 us of Python and a wake-up each, most of a step of 26 small tables at
  * two threads). Each row is written by one thread: the result does not depend on the thread count. */
-#define UPDATE_MANY(name, row)                                                                                    \
+#define UPDATE_MANY(name, each)                                                                                   \
     KERNEL int64_t hl_##name(int64_t count, const Job *jobs, int threads) {                                       \
         int64_t start[count + 1];                                                                                 \
         start[0] = 0;                                                                                             \
@@ -473,17 +462,68 @@ static inline void adagrad_row(const Job *job, int64_t i) {
             for (int64_t k = 0, at = lo; at < hi; ++k) {                                                          \
                 if (start[k + 1] <= at) continue;                                                                 \
                 const int64_t end = (hi < start[k + 1] ? hi : start[k + 1]) - start[k];                           \
-                for (int64_t i = at - start[k]; i < end; ++i) row(&jobs[k], i);                                   \
+                each(&jobs[k], at - start[k], end);                                                               \
                 at = start[k + 1];                                                                                \
             }                                                                                                     \
         }                                                                                                         \
         return 0;                                                                                                 \
     }
 
-UPDATE_MANY(sgd, sgd_row)
-UPDATE_MANY(lazy_adam, adam_row)
-UPDATE_MANY(ftrl, ftrl_row)
-UPDATE_MANY(adagrad, adagrad_row)
+/* name##s(job, from, to): rows [from, to) of a job, one ``name`` call a row. */
+#define EACH_ROW(name)                                                                                            \
+    static inline void name##s(const Job *job, int64_t from, int64_t to) {                                        \
+        for (int64_t i = from; i < to; ++i) name(job, i);                                                         \
+    }
+EACH_ROW(sgd_row)
+EACH_ROW(adam_row)
+EACH_ROW(ftrl_row)
+
+/* Rows of a row-wise Adagrad pass at a time (adagrad_rows): 128 against 32, 8 and one at a time, 1.0 / 1.05 / 1.15 /
+ * 1.45 ms for 8 tables of 4 M x 64, 2,200 rows each (a C loop over the same jobs, one thread, 2026-12-02). */
+#define ROWWISE_CHUNK 128
+
+/* Adagrad over rows [from, to). Row-wise, ROWWISE_CHUNK rows at a time: first each row's state and multiplier, then
+ * the rows' writes. A row's multiplier is a chain of dependent adds (its squares' sum), a square root and a division;
+ * the rows' chains are independent, and in a loop of their own the CPU overlaps them, where one row's chain and then
+ * its writes, row after row, left it waiting on each chain in turn (a third of the time of that update). The same
+ * arithmetic in the same order: the same values. */
+static inline void adagrad_rows(const Job *job, int64_t from, int64_t to) {
+    if (!job->flag[0]) {
+        for (int64_t i = from; i < to; ++i) adagrad_row(job, i);
+        return;
+    }
+    const int64_t d = job->d;
+    const float lr = job->c[0], eps = job->c[1], decay = job->c[2];
+    float mult[ROWWISE_CHUNK];
+    for (int64_t c0 = from; c0 < to; c0 += ROWWISE_CHUNK) {
+        const int64_t c1 = c0 + ROWWISE_CHUNK < to ? c0 + ROWWISE_CHUNK : to;
+        for (int64_t i = c0; i < c1; ++i) {
+            if (i + PREFETCH_AHEAD < job->n) {
+                prefetch_row(job->w, job->rows[i + PREFETCH_AHEAD], d);
+                prefetch_row(job->s1, job->rows[i + PREFETCH_AHEAD], 1);
+            }
+            const float *wr = job->w + job->rows[i] * d, *gr = job->g + i * d;
+            const float s = job->s1[job->rows[i]] + row_squares(wr, gr, d, decay) / (float)d;
+            *dest(job, job->s1, job->o1, i, 1) = s;
+            mult[i - c0] = lr / (sqrtf(s) + eps);
+        }
+        for (int64_t i = c0; i < c1; ++i) {
+            const float *wr = job->w + job->rows[i] * d, *gr = job->g + i * d;
+            float *ow = dest(job, job->w, job->ow, i, d);
+            const float m = mult[i - c0];
+            if (decay == 0.0f) {
+                for (int64_t j = 0; j < d; ++j) ow[j] = wr[j] - m * gr[j];
+            } else {
+                for (int64_t j = 0; j < d; ++j) ow[j] = wr[j] - m * fmaf(decay, wr[j], gr[j]);
+            }
+        }
+    }
+}
+
+UPDATE_MANY(sgd, sgd_rows)
+UPDATE_MANY(lazy_adam, adam_rows)
+UPDATE_MANY(ftrl, ftrl_rows)
+UPDATE_MANY(adagrad, adagrad_rows)
 
 /* out[i] = table[rows[i]] (n rows of d values), rows prefetched ahead, spread over threads: the forward gather of a
  * host table. -(i + 1) when rows[i] is not in [0, table_rows). */

@@ -261,6 +261,27 @@ def test_rowwise_adagrad_keeps_one_state_a_row_and_the_planner_counts_it():
     assert TABLE_OPTIMIZERS["adagrad"].sparse and TABLE_OPTIMIZERS["rowwise_adagrad"].shardable
 
 
+@pytest.mark.parametrize("dim,decay,threads", [(7, 0.0, 1), (64, 0.05, 2), (16, 0.0, 3)])
+def test_rowwise_adagrad_over_several_passes_of_rows_steps_as_its_torch_ops(dim, decay, threads, monkeypatch):
+    """The row-wise kernel takes rows 128 at a time (kernels.c adagrad_rows): 300 rows a step over 1-3 threads, a
+    pass cut at every thread's share and a partial last one, against the torch ops; deferred values bit for bit."""
+    monkeypatch.setattr(kernels, "threads", lambda: threads)
+    g = torch.Generator().manual_seed(5)
+    start = torch.randn(1000, dim, generator=g)
+    batches = [(torch.randperm(1000, generator=g)[:300], torch.randn(300, dim, generator=g)) for _ in range(3)]
+    fused, deferred = (RowwiseAdagrad(start.clone(), lr=0.1, weight_decay=decay) for _ in range(2))
+    for rows, grads in batches:
+        fused.step(rows, grads)
+        write_rows(rows, deferred.updates(rows, grads))
+    assert all(torch.equal(a, b) for a, b in zip(_state(deferred), _state(fused)))
+    _torch_ops(monkeypatch)
+    ref = RowwiseAdagrad(start.clone(), lr=0.1, weight_decay=decay)
+    for rows, grads in batches:
+        ref.step(rows, grads)
+    for got, want in zip(_state(fused), _state(ref)):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
 def test_a_host_without_a_compiler_takes_the_torch_ops(monkeypatch):
     monkeypatch.setattr(kernels, "_lib", None)
     monkeypatch.setattr(kernels, "_tried", False)
