@@ -44,6 +44,10 @@ def test_a_launched_run_leaves_this_process_as_it_found_it(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert forkserver_pid() == server  # the second run's ranks forked from the same one
     assert not processes_of_run(tmp_path / "log_output" / "again"), processes_of_run(tmp_path / "log_output" / "again")
+    cold = run_cli(["recipe=mnist_mlp", "trainer.steps=2", "data.samples=128", "data.eval_samples=32",
+                    "output.run_name=cold", "launcher.warm_start=false"], tmp_path)
+    assert cold.returncode == 0, cold.stdout[-3000:] + cold.stderr[-3000:]
+    assert forkserver_pid() is None and not psutil.pid_exists(server)  # a cold run keeps no idle forkserver
     after = _state()
     for key in before:
         if key == "loggers":  # loggers made during the run (torch's, on first use) may be new; the old ones as were

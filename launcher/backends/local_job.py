@@ -100,10 +100,11 @@ def spawn_ranks(plan: RunPlan, run_dir: RunDir, envs: dict[int, dict[str, str]])
     life; warm (forked from the forkserver) where the plan says so."""
     by_local = local_ranks(plan, envs)
     local_envs = {local: dict(envs[rank]) for local, rank in by_local.items()}
-    if getattr(plan, "warm_start", False):
-        from launcher.backends.warm_start import start_warm
+    from launcher.backends.warm_start import start_warm, stop_forkserver
 
+    if getattr(plan, "warm_start", False):
         return LocalJob(start_warm(run_dir.name, str(run_dir.path), local_envs, RankLogsSpecs(run_dir)), by_local)
+    stop_forkserver()  # an earlier warm run's (a sweep's), idle now
     # each rank dies with this process (lifeline: the kernel's parent-death signal), then runs python <rank args>
     args = tuple(lifeline.command(os.getpid(), signal.SIGKILL, [sys.executable, *plan.rank_args(str(run_dir.path))]))
     pc = start_processes(
