@@ -99,8 +99,8 @@ def ensure_forkserver(shared_env: dict[str, str]) -> None:
     when it was started with the same variables, else a new one (the old one, another run's, stopped)."""
     global _started_with
     env = forkserver_env(shared_env)
-    if _started_with is not None and _started_with != env:
-        forkserver._forkserver._stop()
+    if _started_with != env:
+        stop_forkserver()  # another run's (none started: nothing to stop)
     with _blocked(TRACKER_SPARED):  # the tracker keeps the mask it starts with: they stay pending there, unseen
         resource_tracker.ensure_running()  # with the launcher's own variables: it is no process of the run
     forkserver.set_forkserver_preload(PRELOAD)

@@ -31,7 +31,7 @@
 #define KERNEL
 #endif
 
-/* Inlined wherever it is called (the row kernels: into each width's copy of their loop, BY_DIM). */
+/* Inlined wherever it is called (the row kernels: into each width's copy of their loop, adagrad_rows_by_width). */
 #define ALWAYS __attribute__((always_inline))
 
 static inline void prefetch_row(const float *base, int64_t row, int64_t width) {
@@ -420,7 +420,7 @@ static inline ALWAYS float row_squares(const float *wr, const float *gr, int64_t
 }
 
 /* Adagrad (torch.optim.Adagrad without lr_decay; FBGEMM's EXACT_ADAGRAD): state += g^2, w -= lr g / (sqrt(state) +
- * eps). flag rowwise: one state per row, += mean(g^2) (FBGEMM's EXACT_ROWWISE_ADAGRAD; adagrad_rows). L2 decay into
+ * eps). flag rowwise: one state per row, += mean(g^2) (FBGEMM's EXACT_ROWWISE_ADAGRAD; adagrad_rows_d). L2 decay into
  * g first. c: lr, eps, decay. This is one row of the element-wise one. */
 static inline ALWAYS void adagrad_row(const Job *job, int64_t i, const int64_t d) {
     if (i + PREFETCH_AHEAD < job->n) {
@@ -463,7 +463,7 @@ static inline ALWAYS void adagrad_row(const Job *job, int64_t i, const int64_t d
             for (int64_t k = 0, at = lo; at < hi; ++k) {                                                          \
                 if (start[k + 1] <= at) continue;                                                                 \
                 const int64_t end = (hi < start[k + 1] ? hi : start[k + 1]) - start[k];                           \
-                each(&jobs[k], at - start[k], end);                                                               \
+                each(&jobs[k], at - start[k], end, jobs[k].d);                                                    \
                 at = start[k + 1];                                                                                \
             }                                                                                                     \
         }                                                                                                         \
@@ -479,7 +479,7 @@ EACH_ROW(sgd_row)
 EACH_ROW(adam_row)
 EACH_ROW(ftrl_row)
 
-/* Rows of a row-wise Adagrad pass at a time (adagrad_rows): 128 against 32, 8 and one at a time, 1.0 / 1.05 / 1.15 /
+/* Rows of a row-wise Adagrad pass at a time (adagrad_rows_d): 128 against 32, 8 and one at a time, 1.0 / 1.05 / 1.15 /
  * 1.45 ms for 8 tables of 4 M x 64, 2,200 rows each (a C loop over the same jobs, one thread, 2026-12-02). */
 #define ROWWISE_CHUNK 128
 
@@ -520,29 +520,22 @@ static inline ALWAYS void adagrad_rows_d(const Job *job, int64_t from, int64_t t
     }
 }
 
-/* each(job, from, to): the kernel's rows_d, with d as the job has it, or (BY_DIM) with d = 64 a constant there: the
- * compiler then unrolls and vectorizes each row's loops for it, the same operations in the same order. Row-wise
- * Adagrad at 64 only, where it was measured to gain: its update of 8 tables of 4 M x 64 in the store 0.73-0.76 ms
- * against 1.03-1.06 (one thread), 0.42-0.68 against 0.78-0.83 (two), 2026-12-02. At 16 the constant lost: row-wise
- * Adagrad's update of 26 tables of 1 M x 16 1.13-1.15 against 0.90-1.03 ms, SGD's 1.57 against 0.62-0.78. */
-#define ANY_DIM(each)                                                                                             \
-    static inline void each(const Job *job, int64_t from, int64_t to) { each##_d(job, from, to, job->d); }
-#define BY_DIM(each)                                                                                              \
-    static inline void each(const Job *job, int64_t from, int64_t to) {                                           \
-        if (job->d == 64)                                                                                         \
-            each##_d(job, from, to, 64);                                                                          \
-        else                                                                                                      \
-            each##_d(job, from, to, job->d);                                                                      \
-    }
-ANY_DIM(sgd_rows)
-ANY_DIM(adam_rows)
-ANY_DIM(ftrl_rows)
-BY_DIM(adagrad_rows)
+/* adagrad_rows_d with d = 64 a constant where the rows are row-wise and 64 wide: the compiler then unrolls and
+ * vectorizes the rows' loops for it, the same operations in the same order. There only, where it was measured to
+ * gain: row-wise Adagrad's update of 8 tables of 4 M x 64 in the store 0.72-0.91 ms against 0.90-1.08 (one thread),
+ * 0.42-0.68 against 0.52-0.83 (two), 2026-12-02. At 16 the constant lost: row-wise Adagrad's update of 26 tables of
+ * 1 M x 16 1.13-1.15 against 0.90-1.03 ms, SGD's 1.57 against 0.62-0.78. */
+static inline void adagrad_rows_by_width(const Job *job, int64_t from, int64_t to, const int64_t d) {
+    if (job->flag[0] && d == 64)
+        adagrad_rows_d(job, from, to, 64);
+    else
+        adagrad_rows_d(job, from, to, d);
+}
 
-UPDATE_MANY(sgd, sgd_rows)
-UPDATE_MANY(lazy_adam, adam_rows)
-UPDATE_MANY(ftrl, ftrl_rows)
-UPDATE_MANY(adagrad, adagrad_rows)
+UPDATE_MANY(sgd, sgd_rows_d)
+UPDATE_MANY(lazy_adam, adam_rows_d)
+UPDATE_MANY(ftrl, ftrl_rows_d)
+UPDATE_MANY(adagrad, adagrad_rows_by_width)
 
 /* out[i] = table[rows[i]] (n rows of d values), rows prefetched ahead, spread over threads: the forward gather of a
  * host table. -(i + 1) when rows[i] is not in [0, table_rows). */

@@ -263,7 +263,7 @@ def test_rowwise_adagrad_keeps_one_state_a_row_and_the_planner_counts_it():
 
 @pytest.mark.parametrize("dim,decay,threads", [(7, 0.0, 1), (64, 0.05, 2), (16, 0.0, 3)])
 def test_rowwise_adagrad_over_several_passes_of_rows_steps_as_its_torch_ops(dim, decay, threads, monkeypatch):
-    """The row-wise kernel takes rows 128 at a time (kernels.c adagrad_rows): 300 rows a step over 1-3 threads, a
+    """The row-wise kernel takes rows 128 at a time (kernels.c adagrad_rows_d): 300 rows a step over 1-3 threads, a
     pass cut at every thread's share and a partial last one, against the torch ops; deferred values bit for bit."""
     monkeypatch.setattr(kernels, "threads", lambda: threads)
     g = torch.Generator().manual_seed(5)
