@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -85,6 +87,32 @@ def choice() -> str:
         return f"torch ops ({ENV}=torch)"
     cc = compiler()
     return f"C kernels ({os.path.basename(cc)})" if cc else "torch ops (no C compiler: cc, gcc or clang, on PATH)"
+
+
+FBGEMM_DISTRIBUTIONS = ("fbgemm-gpu-cpu", "fbgemm-gpu", "fbgemm-gpu-nightly-cpu", "fbgemm-gpu-nightly")
+"""The packages that install fbgemm_gpu (its version is read from the first found; nothing is imported)."""
+
+
+def fbgemm_choice() -> str:
+    """Where fbgemm_gpu is installed, why the host tables whose optimizer FBGEMM also has (SGD, Adagrad, row-wise
+    Adagrad) do not run on its kernels, in words; '' where it is not. Measured by bench/fbgemm_ops_bench.py: FBGEMM's
+    CPU backward-and-update op on the store's own tables, table by table (its module's one call needs the tables in
+    its own flat buffer, which a model's own modules are not), against the store's step."""
+    if importlib.util.find_spec("fbgemm_gpu") is None:
+        return ""
+    version = ""
+    for name in FBGEMM_DISTRIBUTIONS:
+        try:
+            version = " " + importlib.metadata.version(name)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    measured = ("its CPU update run on the store's tables took 1.1-5.8x the C kernels' step time (docs/performance.md, "
+                "bench/fbgemm_ops_bench.py)")
+    if choice().startswith("C kernels"):
+        return f"fbgemm_gpu{version} installed, not used: {measured}"
+    return f"fbgemm_gpu{version} installed, not used: the store keeps one update path ({measured}; not measured " \
+           f"against torch's ops)"
 
 
 def pages_wanted() -> bool:

@@ -32,6 +32,7 @@ def probe_host() -> HostFacts:
         host_memory=host_memory(),
         device_memory=device_memory,
         table_kernels=f"{native.choice()}; {native.pages_choice()}",
+        table_fbgemm=native.fbgemm_choice(),
         omp_threads=os.environ.get("OMP_NUM_THREADS", ""),
     )
 

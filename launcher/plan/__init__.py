@@ -136,7 +136,7 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
                                     optimizer_location=run.optimizer_location)
     placement, prefetch_problems = plan_prefetch(cfg.placement.prefetch, placement, dims, zero, d.device_type)
     placement = dataclasses.replace(placement, kernels_words=kernels_words(placement, host.table_kernels,
-                                                                                d.device_type))
+                                                                                d.device_type, host.table_fbgemm))
     d.problems += prefetch_problems + composition_problems(placement.modules, cfg) + sparse_grad_problems(
         facts.model.sparse_grads if facts.model is not None else (), placement.tables, cfg.optimizer.name,
         cfg.optimizer.weight_decay)

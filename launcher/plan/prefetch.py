@@ -14,6 +14,7 @@ from typing import Any
 
 from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan
+from launcher.plan.registry import TABLE_OPTIMIZERS
 
 AUTO_WHY = {
     "cpu": ("placement.prefetch=auto is 0 on CPU ranks: measured no faster here (bench/host_overlap.py, wide_deep at "
@@ -75,15 +76,19 @@ def plan_prefetch(value: Any, placement: PlacementPlan, dims: ParallelDims, zero
     return replace(placement, prefetch=depth, prefetch_words=_words(placement, depth)), []
 
 
-def kernels_words(placement: PlacementPlan, kernels: str, device_type: str) -> str:
+def kernels_words(placement: PlacementPlan, kernels: str, device_type: str, fbgemm: str = "") -> str:
     """Which tables the C kernels (launcher/tables/kernels.c) or torch's ops step, in words ('' without such
     tables): tables in host memory, or on a CPU device, take the host's choice; tables on a CUDA device torch's
-    ops."""
+    ops. ``fbgemm`` (HostFacts.table_fbgemm): where fbgemm_gpu is installed, why the tables whose optimizer FBGEMM
+    also has stay off its kernels."""
     host = [t.name for t in placement.tables if t.on_host or (t.outside and device_type == "cpu")]
     if not host or not kernels:
         return ""
     optimizers = "/".join(sorted({t.optimizer for t in placement.tables if t.name in host}))
-    return f"{', '.join(host)}: gather, gradient coalesce and {optimizers} update on {kernels}"
+    words = f"{', '.join(host)}: gather, gradient coalesce and {optimizers} update on {kernels}"
+    theirs = [t.name for t in placement.tables if t.name in host and t.optimizer in TABLE_OPTIMIZERS
+              and TABLE_OPTIMIZERS[t.optimizer].fbgemm]
+    return f"{words}; {', '.join(theirs)}: {fbgemm}" if fbgemm and theirs else words
 
 
 def _words(placement: PlacementPlan, depth: int) -> str:

@@ -72,6 +72,9 @@ class TableOptimizer:
     torch's SparseAdam keeps its state over the whole weight, and a dense table is the engine's."""
     row_floats: int = 0
     """fp32 state values per row besides (row-wise Adagrad's one sum a row)."""
+    fbgemm: str = ""
+    """FBGEMM's optimizer of the same update (its EmbOptimType), '' = none: where fbgemm_gpu is installed, the plan
+    says why such a table's update stays on the store's kernels (launcher/plan/prefetch.py kernels_words)."""
 
     @property
     def sparse(self) -> bool:
@@ -96,12 +99,14 @@ TABLE_OPTIMIZERS: dict[str, TableOptimizer] = {
                                   shardable=False),
     "ftrl": TableOptimizer("launcher.tables.sparse_optim.SparseFTRL",
                            ("lr", "l1", "l2", "lr_power", "initial_accumulator"), 2),  # accumulator + linear
-    "sgd": TableOptimizer("launcher.tables.sparse_optim.SparseSGD", _SGD, 0, ("sgd",)),
+    "sgd": TableOptimizer("launcher.tables.sparse_optim.SparseSGD", _SGD, 0, ("sgd",), fbgemm="EXACT_SGD"),
     "momentum": TableOptimizer("launcher.tables.sparse_optim.SparseSGD", _SGD, 1, ("momentum",)),  # the buffer
     "adagrad": TableOptimizer("launcher.tables.sparse_optim.SparseAdagrad",
-                              ("lr", "eps", "weight_decay", "initial_accumulator"), 1),  # the sum of squares
+                              ("lr", "eps", "weight_decay", "initial_accumulator"), 1,  # the sum of squares
+                              fbgemm="EXACT_ADAGRAD"),
     "rowwise_adagrad": TableOptimizer("launcher.tables.sparse_optim.RowwiseAdagrad",
-                                      ("lr", "eps", "weight_decay", "initial_accumulator"), 0, row_floats=1),
+                                      ("lr", "eps", "weight_decay", "initial_accumulator"), 0, row_floats=1,
+                                      fbgemm="EXACT_ROWWISE_ADAGRAD"),
     # a dense table is a parameter of the engine; its state is optimizer.name's
     "dense": TableOptimizer("", (), 0, shardable=False),
 }

@@ -43,6 +43,9 @@ class HostFacts:
     table_kernels: str = ""
     """What host tables' gathers, coalesces and updates run on here, and the pages under them, in words
     (launcher.native.choice and pages_choice): the C kernels, or torch's ops and why; huge pages or not, and why."""
+    table_fbgemm: str = ""
+    """Where fbgemm_gpu is installed, why tables whose optimizer FBGEMM also has do not run on its kernels, in words
+    (launcher.native.fbgemm_choice); "" = it is not installed."""
 
 
 class RunPlan(Protocol):

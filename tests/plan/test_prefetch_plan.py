@@ -81,3 +81,29 @@ def test_pipeline_stages_tensor_parallel_and_zero3_say_why_they_are_not_prefetch
         "tensor parallel (parallel.tp=2) gathers parameters in the forward")
     assert why_not(placement, ParallelDims(dp=2, pp=1, tp=1, world_size=2), 3).startswith("ZeRO-3 gathers")
     assert why_not(placement, ParallelDims(dp=2, pp=1, tp=1, world_size=2), 2) == ""
+
+
+def test_where_fbgemm_is_installed_the_plan_says_why_its_optimizers_tables_stay_on_the_store_kernels(cpu_host):
+    """HostFacts.table_fbgemm (launcher.native.fbgemm_choice) is said for the tables whose optimizer FBGEMM also has
+    (the registry's ``fbgemm``), and only where it is installed."""
+    import dataclasses
+
+    from launcher import native
+
+    why = "fbgemm_gpu 9.9 installed, not used: measured slower"
+    host = dataclasses.replace(cpu_host, table_kernels="C kernels (cc)", table_fbgemm=why)
+    both = plan_of([*HOST, "tables.deep_embedding.optimizer=rowwise_adagrad", "tables.wide_embedding.optimizer=sgd"],
+                   host).placement.kernels_words
+    assert both.endswith(f"on C kernels (cc); deep_embedding, wide_embedding: {why}")
+    one = plan_of([*HOST, "tables.deep_embedding.optimizer=adagrad"], host).placement.kernels_words  # wide: ftrl
+    assert one.endswith(f"; deep_embedding: {why}")
+    assert why not in plan_of(HOST, host).placement.kernels_words  # lazy Adam and FTRL: FBGEMM has neither
+    assert why not in plan_of([*HOST, "tables.wide_embedding.optimizer=sgd"], dataclasses.replace(
+        host, table_fbgemm="")).placement.kernels_words
+    installed = native.fbgemm_choice()  # this host's own answer: said where the package is, and nothing else
+    try:
+        import fbgemm_gpu  # noqa: F401
+    except Exception:  # noqa: BLE001 - absent, or a build that does not load next to this torch
+        assert installed == "" or installed.startswith("fbgemm_gpu ")
+    else:
+        assert installed.startswith("fbgemm_gpu ") and "not used" in installed
