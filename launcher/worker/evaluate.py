@@ -22,16 +22,28 @@ def mean_over(value: torch.Tensor, dp: DataParallel) -> float:
     return value.item() / dp.size
 
 
-def _gather_cat(t: torch.Tensor, dp: DataParallel) -> torch.Tensor:
-    """Concatenate a 1-D CPU tensor from every dp rank (shards may differ in length)."""
-    parts = [None] * dp.size
-    dist.all_gather_object(parts, t.cpu(), group=dp.group)
-    return torch.cat(parts)
+def _gather_cat(t: torch.Tensor, dp: DataParallel, device: torch.device) -> torch.Tensor:
+    """Concatenate a 1-D fp32 CPU tensor from every dp rank (shards may differ in length) on the CPU: each rank's
+    length, then the values padded to the longest in one all_gather on the rank's ``device`` (NCCL's groups take
+    device tensors; no pickled copies: a held-out set's scores are the eval's largest memory). One rank: the tensor
+    itself."""
+    if dp.size == 1:
+        return t
+    lengths = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dp.size)]
+    dist.all_gather(lengths, torch.tensor([len(t)], device=device), group=dp.group)
+    counts = [int(n) for n in lengths]
+    padded = torch.cat([t, t.new_zeros(max(counts) - len(t))]).to(device)
+    parts = [padded.new_empty(max(counts)) for _ in range(dp.size)]
+    dist.all_gather(parts, padded, group=dp.group)
+    return torch.cat([part[:n].cpu() for part, n in zip(parts, counts)])
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    """One flat tensor of a rank's scored values (empty when it scored no batch: its dp peers still gather)."""
-    return torch.cat(parts) if parts else torch.zeros(0)
+    """One flat fp32 tensor of a rank's scored values (empty when it scored no batch: its dp peers still gather);
+    ``parts`` is emptied as it is joined (the batches' tensors are not kept beside their copy)."""
+    out = torch.cat(parts) if parts else torch.zeros(0)
+    parts.clear()
+    return out
 
 
 def _outputs(trainer, batch) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -104,8 +116,10 @@ def _reduce(sums, outputs, labels, truth, metrics: str, dp: DataParallel) -> dic
     result = {"loss": (sums[0] / sums[1].clamp(min=1)).item()}
     if metrics != "binary":
         return result | {"n": int(sums[1].item())}
-    scores, ys = _gather_cat(_cat(outputs), dp), _gather_cat(_cat(labels), dp)
+    device = sums.device
+    scores, ys = _gather_cat(_cat(outputs), dp, device), _gather_cat(_cat(labels), dp, device)
     result |= binary_metrics(scores, ys)
+    del scores
     if truth is not None:  # the data knows it on every rank: each rank gathers, also one that scored no batch
-        result["bayes_auc"] = auc(_gather_cat(_cat(truth), dp), ys)
+        result["bayes_auc"] = auc(_gather_cat(_cat(truth), dp, device), ys)
     return result
