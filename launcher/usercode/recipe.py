@@ -53,7 +53,8 @@ def units(model: Any, top: bool = True) -> list[tuple[str, Any]]:
     (module path, module) in registration order. A pipeline stage begins at one of them, recompute and FSDP units
     name them. A Sequential deeper down stays inside its layer (TorchRec's MLP keeps its Perceptrons). A model that
     wraps one module with layers of its own (TorchRec's ``DLRMTrain``, a model that builds a KeyedJaggedTensor and
-    calls ``self.dlrm``, HF's ``*ForCausalLM`` around its ``model``) has that module's layers."""
+    calls ``self.dlrm``, HF's ``*ForCausalLM`` around its ``model``) has that module's layers, through any number
+    of such wrappers."""
     children = list(model.named_children())
     if top and len(children) == 1 and _is_wrapped(children[0][1]):
         name, child = children[0]
@@ -70,10 +71,15 @@ def units(model: Any, top: bool = True) -> list[tuple[str, Any]]:
 
 
 def _is_wrapped(module: Any) -> bool:
-    """The one child of a wrapper is a model in its own right: two or more children, one of them made of modules (a
-    Sequential of single operations, ``Linear, ReLU, Linear``, stays one layer)."""
+    """The one child of a wrapper is a model in its own right: below it, through any chain of single children (a
+    wrapper of a wrapper: ``Outer.w = Wrapped(dlrm)``), a module of two or more children, any module but a
+    Sequential of single operations (``Linear, ReLU, Linear`` stays one layer; a model of four ``Linear``s is four)."""
     items = list(module.children())
-    return len(items) >= 2 and any(any(True for _ in m.children()) for m in items)
+    while len(items) == 1:
+        module, items = items[0], list(items[0].children())
+    if len(items) < 2:
+        return False
+    return type(module).__name__ != "Sequential" or any(any(True for _ in m.children()) for m in items)
 
 
 def _is_stack(module: Any, sequential: bool) -> bool:

@@ -152,6 +152,21 @@ def test_a_wrapper_of_one_model_has_that_models_layers():
     flat = nn.Module()
     flat.net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
     assert [n for n, _ in units(flat)] == ["net"]
+    twice = nn.Module()  # a wrapper of a wrapper (Outer.w = Wrapped(dlrm)): down to the model
+    twice.outer = nn.Module()
+    twice.outer.dlrm = inner
+    assert [n for n, _ in units(twice)] == ["outer.dlrm.dense", "outer.dlrm.stack.0", "outer.dlrm.stack.1",
+                                            "outer.dlrm.head"]
+    plain = nn.Module()  # a model of single operations, not a Sequential: its layers, as unwrapped
+    plain.fc1, plain.act, plain.fc2 = nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1)
+    wrapped = nn.Module()
+    wrapped.inner = plain
+    assert [n for n, _ in units(wrapped)] == ["inner.fc1", "inner.act", "inner.fc2"] == [
+        f"inner.{n}" for n, _ in units(plain)]
+    deep_flat = nn.Module()  # wrappers of a Sequential of single operations: one layer, however deep
+    deep_flat.outer = nn.Module()
+    deep_flat.outer.net = flat.net
+    assert [n for n, _ in units(deep_flat)] == ["outer"]
 
 
 def test_real_timm_and_torchvision_models_open_their_stacks():
