@@ -257,12 +257,21 @@ def _labels(files, footers, train: np.ndarray, label: str, positive: str,
     col = coded(pq.ParquetFile(files[f]).read_row_group(g, columns=[label]).column(label), used_only=True)
     texts = col.texts()
     values = set(texts)
-    for _, meta in footers:
+    missing = []
+    for path, (_, meta) in zip(files, footers):
         index = next(i for i in range(meta.num_columns) if meta.schema.column(i).path == label)
         for k in range(meta.num_row_groups):
             stats = meta.row_group(k).column(index).statistics
             if stats is not None and stats.has_min_max:
                 values.update(_stat_text(v) for v in (stats.min, stats.max))
+            if stats is not None and stats.has_null_count and stats.null_count:
+                missing.append(f"{stats.null_count:,} in row group {k} of {path}")
+    if missing:
+        more = f" and {len(missing) - 3} more row groups" if len(missing) > 3 else ""
+        raise TabularError([f"data.label={label}: rows without a label (null), by the files' footers: "
+                            f"{'; '.join(missing[:3])}{more}. "
+                            f"A row needs its label to train or to be scored: drop those rows or fill their label, or "
+                            f"move the files out of data.path."])
     try:
         positive = _check_labels(label, positive, negative, sorted(values))
     except TabularError as e:

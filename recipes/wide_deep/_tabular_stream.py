@@ -112,10 +112,11 @@ class Encoder:
         lay = self.layout
         texts = col.texts()
         other = sorted(set(texts) - {lay.positive, lay.negative})
-        if other:
-            raise TabularError([f"data.label={lay.label}: row group {g} of {lay.files[f]} holds {', '.join(other[:5])}"
-                                f", neither data.positive={lay.positive} nor the negative value {lay.negative}. Fix "
-                                f"the file, or move it out of data.path."])
+        if other:  # "": a null or empty label (coded), which the footers did not count
+            said = ", ".join("a missing (null or empty) value" if t == "" else t for t in other[:5])
+            raise TabularError([f"data.label={lay.label}: row group {g} of {lay.files[f]} holds {said}, neither "
+                                f"data.positive={lay.positive} nor the negative value {lay.negative}. Fix the file, or "
+                                f"move it out of data.path."])
         return np.array([t == lay.positive for t in texts], np.float32)[col.codes]
 
     def stats(self) -> tuple[np.ndarray, np.ndarray]:

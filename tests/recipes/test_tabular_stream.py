@@ -286,3 +286,33 @@ def test_a_rank_refuses_an_inf_the_footers_did_not_show(tmp_path, monkeypatch, s
                                            r"first\): continuous column 'x' holds 1 value\(s\) that are not finite "
                                            r"numbers .* the first -?inf at data row \d+;"):
         list(itertools.islice(data.train_batches(0, 1, 40, 0), 200))
+
+
+def _with_null_labels(root, statistics: bool):
+    """write_dir's files, but the last file's label null in every 17th row (footers with or without statistics)."""
+    write_dir(root, GROUPS[:6])
+    cols = _columns(5000, 300)
+    cols["label"] = pa.array(cols["label"].to_numpy(zero_copy_only=False), mask=np.arange(300) % 17 == 0)
+    pq.write_table(pa.table(cols), root / "part-9.parquet", row_group_size=150, write_statistics=statistics)
+    return root
+
+
+def test_null_labels_are_refused_from_the_footers_and_named_by_the_rank_that_meets_them(tmp_path, capsys,
+                                                                                       monkeypatch):
+    root = _with_null_labels(tmp_path / "d", statistics=True)
+    with pytest.raises(TabularError) as e:
+        layout(str(root), "label", "1", categorical=["k"], hash_buckets=BUCKETS)
+    [problem] = e.value.problems
+    assert problem == (f"data.label=label: rows without a label (null), by the files' footers: 9 in row group 0 of "
+                       f"{root / 'part-9.parquet'}; 9 in row group 1 of {root / 'part-9.parquet'}. A row needs its "
+                       f"label to train or to be scored: drop those rows or fill their label, or move the files out "
+                       f"of data.path.")
+    monkeypatch.chdir(tmp_path)
+    assert main(["recipe=wide_deep", "data=tabular", "data.path=d", "data.label=label", "data.positive=1",
+                 "data.hash_buckets=64", "data.categorical=[k]", "dry_run=true"]) == 2
+    assert "rows without a label (null)" in " ".join(capsys.readouterr().err.split())
+    hidden = _with_null_labels(tmp_path / "hidden", statistics=False)  # no footer counts them: the rank names them
+    data = source(hidden, test_fraction=0.12)
+    with pytest.raises(TabularError, match=r"data.label=label: row group \d of .*part-9.parquet holds a missing \(null "
+                                           r"or empty\) value, neither data.positive=1 nor the negative value 0"):
+        list(itertools.islice(data.train_batches(0, 1, 40, 0), 400))
