@@ -6,9 +6,12 @@ schedules split the step's arguments with ``tensor_split``, so the first stage i
 (``arange(M)``, split into one number each) and looks its micro-batch up (``Feed``), as the last stage's loss looks up
 its labels. A later stage that uses the batch's inputs (a graph split's ``Chunk.fed``) reads them from the
 micro-batch the schedule runs (``Stage`` records which), so an input whose shape changes from one micro-batch to the
-next is never sent between stages. torch's stages are shaped once, by a micro-batch of the run's size; a held-out
-batch of another size (the short last one) runs through stages shaped for it, made the first time such a batch comes
-(every rank of the pipeline holds the same batch, so they all make the same ones without a word between them)."""
+next is never sent between stages. torch's stages are shaped by a micro-batch; one whose inputs have other shapes
+(the short last batch, a batch of ids padded to its longest list, whose layers then send values of another length)
+runs through stages shaped for those inputs, made the first time such a micro-batch comes (``SHAPED`` kept; every rank
+of the pipeline holds the same micro-batches, so they all make the same ones without a word between them). A
+training step whose micro-batches differ runs each run of equally shaped ones as a schedule of its own (GPipe's order
+where it is not the planned count: the same sums in the same order), before the one optimizer step."""
 
 from __future__ import annotations
 
@@ -26,6 +29,35 @@ from launcher.usercode.items import batch_rows, input_tensors
 
 _SINGLE = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
 """Schedules of one stage per rank; interleaved_1f1b runs several (ScheduleInterleaved1F1B)."""
+SHAPED = 16
+"""Shapes of micro-batch a rank keeps stages and schedules for (each new one is a shape run on meta): the oldest other
+than the run's own go first."""
+
+
+def signature(inputs: Any) -> tuple:
+    """What stages are shaped by: the shape of each of a micro-batch's tensor inputs (another input, such as a
+    KeyedJaggedTensor, never crosses between stages: its batch size)."""
+    return tuple(tuple(x.shape) if torch.is_tensor(x) else batch_rows([x]) for x in input_tensors(inputs))
+
+
+def _runs(micro_batches: list[tuple[Any, Any]]) -> list[tuple[tuple, list[tuple[Any, Any]]]]:
+    """(signature, the micro-batches) of each run of consecutive micro-batches with one signature."""
+    out: list[tuple[tuple, list[tuple[Any, Any]]]] = []
+    for mb in micro_batches:
+        key = signature(mb[0])
+        if out and out[-1][0] == key:
+            out[-1][1].append(mb)
+        else:
+            out.append((key, [mb]))
+    return out
+
+
+def _keep(cache: dict, key: Any, value: Any, own: Any) -> Any:
+    """cache[key] = value, the oldest entry other than ``own`` dropped past SHAPED."""
+    cache[key] = value
+    if len(cache) > SHAPED:
+        del cache[next(k for k in cache if k != own)]
+    return value
 
 
 def _tied_parameter(chunk: Any, path: str) -> nn.Parameter | None:
@@ -84,11 +116,10 @@ class Feed:
                 if torch.is_tensor(t) and tuple(t.shape) != tuple(like.shape):
                     raise RuntimeError(
                         f"pipeline stage {stage} sends a {tuple(t.shape)} tensor (its output {i}) where the stages "
-                        f"were shaped for {tuple(like.shape)} by a micro-batch of the same size: its shape depends "
-                        f"on the batch's content (a variable-length value made by a layer). Only the batch's own "
-                        f"inputs may change shape from one micro-batch to the next (each stage reads them from the "
-                        f"micro-batch). Begin the next stage elsewhere (parallel.stages) so that the layer that makes "
-                        f"it and the one that uses it are on one stage, or set parallel.pipeline_stages=1.")
+                        f"were shaped for {tuple(like.shape)} by a micro-batch whose inputs have the same shapes: "
+                        f"its shape depends on the batch's values, not only on its inputs' shapes (a layer that "
+                        f"filters or counts). Begin the next stage elsewhere (parallel.stages) so that the layer that "
+                        f"makes it and the one that uses it are on one stage, or set parallel.pipeline_stages=1.")
             return out
 
         return run
@@ -125,8 +156,8 @@ class PipelineEngine(ChunkEngine):
         self._first = any(c.stage == 0 for c in chunks)
         self.is_last = any(c.stage == n - 1 for c in chunks)
         """This rank runs the last stage (it has the model's outputs and scores the held-out batches)."""
-        self._rows = batch_rows(rt.example)
-        """The samples of a micro-batch: what the stages were shaped by."""
+        self._own = signature(rt.example)
+        """The inputs' shapes of the run's micro-batch: what the first stages were shaped by."""
         self._feed = feed = Feed()
         for c in chunks:
             if c.stage == 0:
@@ -142,12 +173,11 @@ class PipelineEngine(ChunkEngine):
         def mean_part(output: Any, number: torch.Tensor) -> torch.Tensor:  # each micro-batch's share of the mean
             return loss_fn(output, feed.labels[int(number)]) / m
 
-        if plan.schedule in _SINGLE:
-            self._train = _SINGLE[plan.schedule](stages[0], m, loss_fn=mean_part, scale_grads=False)
-        else:
-            self._train = ScheduleInterleaved1F1B(stages, m, loss_fn=mean_part, scale_grads=False)
-        self._shaped = {self._rows: (self._eval_schedule(stages), _sends(examples))}
-        """Samples in a micro-batch -> (the forward-only schedule over stages shaped for it, what its stages send)."""
+        self._mean_part = mean_part
+        self._trains = {(self._own, m): (self._train_schedule(stages, m), _sends(examples))}
+        """(inputs' shapes, micro-batches) -> (the training schedule over stages shaped for them, what they send)."""
+        self._shaped = {self._own: (self._eval_schedule(stages), _sends(examples))}
+        """Inputs' shapes -> (the forward-only schedule over stages shaped for them, what its stages send)."""
         self._sum_tied(plan, rt)
 
     def _stages(self, examples: dict[int, tuple[tuple, tuple]]) -> list[Stage]:
@@ -157,6 +187,31 @@ class PipelineEngine(ChunkEngine):
         return [Stage(c.call or c.module, c.stage, n, self.device,
                       input_args=(number,) if c.stage == 0 else examples[c.stage][0],
                       output_args=examples[c.stage][1], group=self.pp_group, feed=self._feed) for c in self.chunks]
+
+    def _train_schedule(self, stages: list[Stage], count: int) -> Any:
+        """The planned schedule over ``count`` micro-batches; GPipe's where they are not the planned count (a run of
+        equally shaped micro-batches within a step: 1F1B wants at least as many as stages)."""
+        plan = self._rt.plan.pipeline
+        if plan.schedule in _SINGLE:
+            kind = _SINGLE[plan.schedule] if count == plan.micro_batches else ScheduleGPipe
+            return kind(stages[0], count, loss_fn=self._mean_part, scale_grads=False)
+        if count != plan.micro_batches:
+            raise RuntimeError(
+                f"a training step's micro-batches have inputs of different shapes ({count} of "
+                f"{plan.micro_batches} alike), which parallel.schedule=interleaved_1f1b cannot run apart. Give every "
+                f"micro-batch of a step one shape (pad a step's batch to its longest list before it is split), or set "
+                f"parallel.schedule=1f1b.")
+        return ScheduleInterleaved1F1B(stages, count, loss_fn=self._mean_part, scale_grads=False)
+
+    def _trained(self, key: tuple, run: list[tuple[Any, Any]]) -> tuple[Any, dict[int, tuple]]:
+        """(schedule, what its stages send) for ``run``: micro-batches whose inputs have the shapes ``key``."""
+        got = self._trains.get((key, len(run)))
+        if got is None:
+            examples = stage_shapes(self._rt, self._rt.plan.pipeline, run[0][0])
+            got = _keep(self._trains, (key, len(run)),
+                        (self._train_schedule(self._stages(examples), len(run)), _sends(examples)),
+                        (self._own, self._rt.plan.pipeline.micro_batches))
+        return got
 
     def _eval_schedule(self, stages: list[Stage]) -> Any:
         if self._rt.plan.pipeline.schedule in _SINGLE:
@@ -201,13 +256,17 @@ class PipelineEngine(ChunkEngine):
     def train_batch(self, micro_batches: list[tuple[tuple[torch.Tensor, ...], torch.Tensor]]) -> torch.Tensor:
         """One optimizer step over ``micro_batches`` ((inputs, labels) each, on the device) by the schedule: the mean
         loss over them, on every stage."""
-        numbers = self._feed.hold(micro_batches, self._shaped[self._rows][1])
         losses: list[torch.Tensor] = []
-        try:
-            self._train.step(*((numbers,) if self._first else ()), return_outputs=False,  # only the losses are wanted
-                             **({"target": numbers, "losses": losses} if self.is_last else {}))
-        finally:
-            self._feed.hold([])
+        for key, run in _runs(micro_batches):
+            schedule, sends = self._trained(key, run)
+            numbers = self._feed.hold(run, sends)
+            got: list[torch.Tensor] = []  # (a schedule's step clears the list it is given)
+            try:
+                schedule.step(*((numbers,) if self._first else ()), return_outputs=False,  # the losses alone
+                              **({"target": numbers, "losses": got} if self.is_last else {}))
+            finally:
+                self._feed.hold([])
+            losses += got
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss = torch.stack(losses).sum().detach().float() if self.is_last else torch.zeros((), device=self.device)
@@ -216,12 +275,12 @@ class PipelineEngine(ChunkEngine):
 
     def outputs(self, inputs: Any) -> torch.Tensor | None:
         """The model's output for one held-out micro-batch (on the rank of the last stage; None elsewhere), through
-        stages shaped for its size."""
-        rows = batch_rows(inputs)
-        if rows not in self._shaped:
+        stages shaped for its inputs."""
+        key = signature(inputs)
+        if key not in self._shaped:
             examples = stage_shapes(self._rt, self._rt.plan.pipeline, inputs)
-            self._shaped[rows] = (self._eval_schedule(self._stages(examples)), _sends(examples))
-        schedule, sends = self._shaped[rows]
+            _keep(self._shaped, key, (self._eval_schedule(self._stages(examples)), _sends(examples)), self._own)
+        schedule, sends = self._shaped[key]
         numbers = self._feed.hold([(inputs, None)], sends)
         try:
             out = schedule.eval(*((numbers,) if self._first else ()))

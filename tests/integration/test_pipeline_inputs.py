@@ -174,6 +174,47 @@ class VarData(Dataset):
         return torch.randn(3, generator=g), torch.randint(0, 100, (3,), generator=g), float(i % 2)
 
 
+class Pool(nn.Module):
+    def forward(self, rows, ids):
+        mask = (ids > 0).unsqueeze(-1).float()  # 0 pads a list to the batch's longest
+        return (rows * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+class PadNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.seq_emb = nn.Embedding(100, 8, padding_idx=0)
+        self.pool = Pool()
+        self.head = nn.Linear(8 + 3, 1)
+
+    def forward(self, dense, ids):
+        return self.head(torch.cat([self.pool(self.seq_emb(ids), ids), dense], dim=1)).squeeze(-1)
+
+
+class PadData(Dataset):
+    def __init__(self, n=200, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        longest = torch.where(torch.rand(n, generator=g) < 0.1, 12, 3)  # mostly short lists, now and then a long one
+        self.rows = [(torch.randn(3, generator=g),
+                      torch.randint(1, 100, (int(torch.randint(1, int(m) + 1, (), generator=g)),), generator=g))
+                     for m in longest]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        dense, ids = self.rows[i]
+        return dense, ids, float(ids.sum() % 3 == 0)
+
+
+def padded(items):
+    """Each loader batch's lists padded to its longest: the ids' width, and the (rows, width, 8) embeddings that stage
+    0 sends, change from one micro-batch to the next."""
+    width = max(len(it[1]) for it in items)
+    ids = torch.stack([torch.nn.functional.pad(it[1], (0, width - len(it[1]))) for it in items])
+    return torch.stack([it[0] for it in items]), ids, torch.tensor([it[2] for it in items])
+
+
 def six_batch(items):
     tags = [it[4] for it in items]
     offsets = torch.tensor([0, *itertools.accumulate(len(t) for t in tags)][:-1])
@@ -202,6 +243,8 @@ SEVEN = recipe("seven", "Seven", "SevenData", *STEPS_8, held_out=True)
 SIX = recipe("six", "Six", "SixData", "loader: {collate_fn: recsys7.model.six_batch}", *STEPS_8, held_out=True)
 VARNET = recipe("varnet", "VarNet", "VarData", "trainer: {steps: 4}", "batch: {global_size: 32, micro_batches: 2}")
 BAGNET = recipe("bagnet", "BagNet", "Bags", "loader: {collate_fn: recsys7.model.bags}", "trainer: {steps: 2}")
+PADNET = recipe("padnet", "PadNet", "PadData", "loader: {collate_fn: recsys7.model.padded}", *STEPS_8[:2],
+                "batch: {global_size: 32, micro_batches: 2}", held_out=True)
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +258,7 @@ def project(tmp_path_factory) -> Path:
     (root / "conf" / "recipe" / "bagnet.yaml").write_text(BAGNET)
     (root / "conf" / "recipe" / "six.yaml").write_text(SIX)
     (root / "conf" / "recipe" / "varnet.yaml").write_text(VARNET)
+    (root / "conf" / "recipe" / "padnet.yaml").write_text(PADNET)
     return root
 
 
@@ -289,4 +333,21 @@ def test_a_value_whose_shape_depends_on_the_batch_crossing_a_boundary_is_named(p
                    "output.run_name=varnet"], project)
     out = " ".join((res.stdout + res.stderr).replace("│", " ").split())
     assert res.returncode == 1, out[-3000:]
-    assert "pipeline stage 0 sends a (" in out and "its shape depends on the batch's content" in out, out[-3000:]
+    assert "pipeline stage 0 sends a (" in out and "its shape depends on the batch's values" in out, out[-3000:]
+
+
+def test_values_whose_length_follows_the_inputs_cross_a_boundary_and_train_as_one_process(project):
+    """Each micro-batch's lists padded to its longest (a width of 1-12): stage 0 sends (16, width, 8) embeddings, whose
+    width changes from one micro-batch to the next, within a step too. Each shape of inputs runs through stages
+    shaped for it (a step whose two micro-batches differ runs each as a schedule of its own), in training and in
+    the held-out set (250 = 7 x 32 + 26: a short last batch), as one process does."""
+    one = train(project, "pad_one", ["cluster.nproc_per_node=1"], "padnet")
+    pp = train(project, "pad_pp2", ["parallel.pipeline_stages=2", "+parallel.stages={pool: 1}"], "padnet")
+    assert [s["layers"] for s in json.loads((pp / "plan.json").read_text())["pipeline"]["stages"]] == [
+        ["seq_emb"], ["pool", "head"]]
+    reference = losses(one)
+    assert len(reference) == 8
+    assert_close(reference, losses(pp), rel=1e-5)
+    want, got = (json.loads((run / "summary.json").read_text())["eval"] for run in (one, pp))
+    assert got["n"] == 250 and abs(got["auc"] - want["auc"]) <= 1e-6, (got, want)
+    assert abs(got["loss"] - want["loss"]) <= 1e-5 * want["loss"], (got, want)
