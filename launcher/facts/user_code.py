@@ -362,9 +362,11 @@ def _data_facts(spec: dict[str, Any], train: Any, sample: Sample, evaluation: An
     def size(n: int | None) -> str:
         return f"{n:,} items" if n is not None else "a stream (IterableDataset)"
 
+    held = "none (no evaluation)" if evaluation is None else size(n_eval) if n_eval is not None else (
+        "a stream (IterableDataset), of which each evaluation reads eval.batches global micro-batches (a stream "
+        "need not end: raise eval.batches to read more)")
     line = (f"data: {spec['_target_']}: {size(n_train)} of {inputs} + label{', binary labels' if binary else ''}, "
-            f"{seconds * 1e3:.2g} ms an item; eval_data: "
-            f"{size(n_eval) if evaluation is not None else 'none (no evaluation)'}"
+            f"{seconds * 1e3:.2g} ms an item; eval_data: {held}"
             f"{f'; val_data: {len(validation):,} items' if validation is not None else ''}")
     return DataFacts(train_samples=n_train, lines=(line, output_line) if output_line else (line,),
                      binary_labels=binary, eval_samples=n_eval, item_seconds=seconds, item_cpu_share=share,

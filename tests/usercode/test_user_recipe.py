@@ -553,3 +553,21 @@ def test_the_users_omp_num_threads_is_kept_as_torchrun_keeps_it(project, cpu_hos
     assert {r.env["OMP_NUM_THREADS"] for r in plan(project, host=cpu_host).ranks} == {"1"}
     with pytest.raises(ConfigError, match=r"OMP_NUM_THREADS='abc' in the launcher's environment: .* whole number"):
         plan(project, host=dataclasses.replace(cpu_host, omp_threads="abc"))
+
+
+def test_a_held_out_stream_is_said_to_be_read_eval_batches_at_a_time(project, cpu_host):
+    """A finite IterableDataset as eval_data is read eval.batches global micro-batches an evaluation (a stream need
+    not end): the data line says so, where it would otherwise look scored whole."""
+    from launcher.config import compose_config
+    from launcher.facts.preflight import gather_facts
+
+    (project / "my_ctr" / "held_stream.py").write_text(
+        "import torch\nfrom torch.utils.data import IterableDataset\n\n"
+        "class Stream(IterableDataset):\n"
+        "    def __init__(self, n=251, users=0, items=0, seed=0):\n        self.n = n\n\n"
+        "    def __iter__(self):\n        for i in range(self.n):\n"
+        "            yield torch.tensor(i % 100), torch.tensor(i % 10), torch.zeros(4), torch.tensor(1.0)\n")
+    cfg = compose_config(["recipe=my_ctr", "eval_data._target_=my_ctr.held_stream.Stream"], "conf")
+    [line, *_] = gather_facts(cfg, "conf").data.lines
+    assert line.endswith("eval_data: a stream (IterableDataset), of which each evaluation reads eval.batches global "
+                         "micro-batches (a stream need not end: raise eval.batches to read more)"), line
