@@ -135,10 +135,7 @@ def main() -> None:
             spread = f"{min(ms):.2f}-{max(ms):.2f}"
             lines.append(f"{optimizer:<17}{p:<24}{statistics.median(ms):>10.2f}{spread:>14}   {ratio}")
         print("\n".join(lines[-3:]), flush=True)
-    text = "\n".join(lines)
-    print(text)
-    with open(args.out, "a") as f:
-        f.write(text + "\n\n")
+    tbe_bench.report("\n".join(lines), args.out)
 
 
 if __name__ == "__main__":
