@@ -81,12 +81,20 @@ def compiler() -> str | None:
     return None
 
 
+def kernels_compiler() -> str | None:
+    """The compiler the ranks' host-table kernels build with; None where they run torch's ops ($HL_TABLE_KERNELS=torch,
+    or no compiler)."""
+    return None if os.environ.get(ENV, "auto") == "torch" else compiler()
+
+
 def choice() -> str:
     """What the ranks' host tables will run, in words: 'C kernels (<compiler>)' or 'torch ops (<why>)'."""
+    cc = kernels_compiler()
+    if cc:
+        return f"C kernels ({os.path.basename(cc)})"
     if os.environ.get(ENV, "auto") == "torch":
         return f"torch ops ({ENV}=torch)"
-    cc = compiler()
-    return f"C kernels ({os.path.basename(cc)})" if cc else "torch ops (no C compiler: cc, gcc or clang, on PATH)"
+    return "torch ops (no C compiler: cc, gcc or clang, on PATH)"
 
 
 FBGEMM_DISTRIBUTIONS = ("fbgemm-gpu-cpu", "fbgemm-gpu", "fbgemm-gpu-nightly-cpu", "fbgemm-gpu-nightly")
@@ -109,7 +117,7 @@ def fbgemm_choice() -> str:
             continue
     measured = ("its CPU update run on the store's tables took 1.1-5.8x the C kernels' step time at 26 x 1 M x 16 and "
                 "8 x 4 M x 64 (docs/performance.md, bench/fbgemm_ops_bench.py)")
-    if choice().startswith("C kernels"):
+    if kernels_compiler():
         return f"fbgemm_gpu{version} installed, not used: {measured}"
     return f"fbgemm_gpu{version} installed, not used: the store keeps one update path ({measured}; not measured " \
            f"against torch's ops)"
