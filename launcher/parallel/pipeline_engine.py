@@ -203,15 +203,20 @@ class PipelineEngine(ChunkEngine):
                 f"parallel.schedule=1f1b.")
         return ScheduleInterleaved1F1B(stages, count, loss_fn=self._mean_part, scale_grads=False)
 
+    def _shaped_for(self, cache: dict, key: Any, inputs: Any, schedule_of: Any, own: Any) -> tuple[Any, dict]:
+        """cache[key]: (a schedule, what its stages send), made the first time by ``schedule_of`` over stages shaped
+        by the shape run of ``inputs`` (``_keep`` bounds the cache)."""
+        got = cache.get(key)
+        if got is None:
+            examples = stage_shapes(self._rt, self._rt.plan.pipeline, inputs)
+            got = _keep(cache, key, (schedule_of(self._stages(examples)), _sends(examples)), own)
+        return got
+
     def _trained(self, key: tuple, run: list[tuple[Any, Any]]) -> tuple[Any, dict[int, tuple]]:
         """(schedule, what its stages send) for ``run``: micro-batches whose inputs have the shapes ``key``."""
-        got = self._trains.get((key, len(run)))
-        if got is None:
-            examples = stage_shapes(self._rt, self._rt.plan.pipeline, run[0][0])
-            got = _keep(self._trains, (key, len(run)),
-                        (self._train_schedule(self._stages(examples), len(run)), _sends(examples)),
-                        (self._own, self._rt.plan.pipeline.micro_batches))
-        return got
+        return self._shaped_for(self._trains, (key, len(run)), run[0][0],
+                                lambda stages: self._train_schedule(stages, len(run)),
+                                (self._own, self._rt.plan.pipeline.micro_batches))
 
     def _eval_schedule(self, stages: list[Stage]) -> Any:
         if self._rt.plan.pipeline.schedule in _SINGLE:
@@ -276,11 +281,7 @@ class PipelineEngine(ChunkEngine):
     def outputs(self, inputs: Any) -> torch.Tensor | None:
         """The model's output for one held-out micro-batch (on the rank of the last stage; None elsewhere), through
         stages shaped for its inputs."""
-        key = signature(inputs)
-        if key not in self._shaped:
-            examples = stage_shapes(self._rt, self._rt.plan.pipeline, inputs)
-            _keep(self._shaped, key, (self._eval_schedule(self._stages(examples)), _sends(examples)), self._own)
-        schedule, sends = self._shaped[key]
+        schedule, sends = self._shaped_for(self._shaped, signature(inputs), inputs, self._eval_schedule, self._own)
         numbers = self._feed.hold([(inputs, None)], sends)
         try:
             out = schedule.eval(*((numbers,) if self._first else ()))
