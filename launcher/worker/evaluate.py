@@ -32,7 +32,7 @@ def _gather_cat(t: torch.Tensor, dp: DataParallel, device: torch.device) -> torc
     lengths = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dp.size)]
     dist.all_gather(lengths, torch.tensor([len(t)], device=device), group=dp.group)
     counts = [int(n) for n in lengths]
-    padded = torch.cat([t, t.new_zeros(max(counts) - len(t))]).to(device)
+    padded = (t if len(t) == max(counts) else torch.cat([t, t.new_zeros(max(counts) - len(t))])).to(device)
     parts = [padded.new_empty(max(counts)) for _ in range(dp.size)]
     dist.all_gather(parts, padded, group=dp.group)
     return torch.cat([part[:n].cpu() for part, n in zip(parts, counts)])
