@@ -5,19 +5,22 @@ not grow with it: acceptance within 10 %).
     .venv/bin/python bench/tabular_stream.py [--rows 5000000,50000000] [--dir /tmp/hl-tabular-stream]
                                              [--group 250000] [--groups-per-file 10] [--buckets 100000]
                                              [--batch 4096] [--steps 300] [--data-batches 500] [--rounds 2]
+                                             [--eval-batches 10]
                                              [--keep] [--out bench/results/tabular_stream.txt]
 
 The data is bench/criteo_parquet.py's (13 int columns, 26 hex-id columns, a label): the biggest size is written once
-under --dir (free disk checked first), each smaller one is a folder of links to its first files (the same rows),
-and --dir is deleted at the end unless --keep. Per round and size, interleaved: (1) the data path alone: two fresh
+under --dir (free disk checked first), each smaller one is a folder of links to its first files (the same rows), and
+--dir is deleted at the end unless --keep. Per round and size, interleaved: (1) the data path alone: two fresh
 processes at once, as rank 0 and 1 of dp 2, each builds the data source from its config and draws --data-batches
 micro-batches of --batch / 2 rows after the first (which reads the statistics sample and the first window); its
 samples/s, its peak RSS (VmHWM) and what streaming added to it (the peak less the RSS once the source was built:
 compared with the plan's data term); (2) the training run: ``hetero-launch recipe=wide_deep data=tabular ...`` on 2
-ranks for --steps steps of global batch --batch (eval capped at 10 batches per rank), each rank's peak RSS (VmHWM,
-rank.N/memory.json via summary.json), the plan's predicted peak and the samples/s each rank trains on (the run's
-global samples/s / 2); data/train is the data path's samples/s over that. The table gives
-the median (min-max) over the rounds. Not a test: the figures belong to the machine.
+ranks for --steps steps of global batch --batch (eval capped at --eval-batches batches per rank), each rank's peak RSS
+(VmHWM, rank.N/memory.json via summary.json), the plan's predicted peak and the samples/s each rank trains on (the
+run's global samples/s / 2); data/train is the data path's samples/s over that. --eval-batches 0 evaluates the whole
+held-out set (the default of eval.max_batches), so the peak then counts an evaluation that streams more rows the more
+the directory holds. The table gives the median (min-max) over the rounds. Not a test: the figures belong to the
+machine.
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ def train(path: Path, args, logs: Path) -> list[dict]:
     name = f"run{time.monotonic_ns()}"
     cmd = [sys.executable, "-m", "launcher.cli", "recipe=wide_deep", "data=tabular", f"data.path={path}",
            "data.label=label", "data.positive=1", f"data.hash_buckets={args.buckets}", "trainer.epochs=0",
-           f"trainer.steps={args.steps}", f"batch.global_size={args.batch}", "eval.max_batches=10",
+           f"trainer.steps={args.steps}", f"batch.global_size={args.batch}", f"eval.max_batches={args.eval_batches}",
            "trainer.log_every=50", "cluster.nproc_per_node=2", f"output.log_dir={logs}", f"output.run_name={name}"]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     if res.returncode:
@@ -133,7 +136,7 @@ def report(results: dict, args) -> str:
     gib = 2**30
     lines = [f"bench/tabular_stream.py --rows {args.rows} --group {args.group} --groups-per-file "
              f"{args.groups_per_file} --buckets {args.buckets} --batch {args.batch} --steps {args.steps} "
-             f"--data-batches {args.data_batches} --rounds {args.rounds}",
+             f"--data-batches {args.data_batches} --rounds {args.rounds} --eval-batches {args.eval_batches}",
              f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
              f"{time.strftime('%Y-%m-%d')}; median (min-max) over {args.rounds} interleaved round(s); 2 ranks "
              f"(dp 2), micro-batch {args.batch // 2} rows; 1-minute load average {args.load[0]:.1f} at the start, "
@@ -173,6 +176,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--data-batches", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--eval-batches", type=int, default=10, help="eval.max_batches (0: the whole held-out set)")
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
     ap.add_argument("--out", default=str(ROOT / "bench/results/tabular_stream.txt"))
     args = ap.parse_args()
