@@ -6,8 +6,10 @@ embedding work of one training step, interleaved in one invocation.
                                         [--kernels]
 
 ``--kernels`` times the project's table kernels alone (``store.step()``: coalesce and update) at 1 and 2 threads,
-interleaved round by round in one process (``kernel_threads``), and then torch's own memory-bound and arithmetic ops
-the same way (``machine_ceiling``): what a second thread can give on this machine.
+alternating step by step in one process, --steps (default 20 there) of each per round (``kernel_threads``), and then
+torch's own memory-bound and arithmetic ops the same way (``machine_ceiling``): what a second thread can give on this
+machine. Before 2026-12-02 the thread counts alternated round by round, 8 steps each: a virtual machine's slow spells
+then fell on one thread count and moved a round's ratio by +-0.3.
 
 One step, for every variant: the pooled forward of every table (1 id per feature per sample, Zipf(1.05) ids over
 the table's rows, a fresh batch each step), the backward of a fixed upstream gradient, and the sparse update of the
@@ -40,6 +42,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import itertools
 import statistics
 import sys
 import time
@@ -249,46 +252,50 @@ def measure(variant: str, shape: tuple[int, int, int], batch: int, warmup: int, 
 def kernel_threads(variants: list[str], shape: tuple[int, int, int], batch: int, rounds: int, warmup: int,
                    steps: int) -> str:
     """``--kernels``: the project's table kernels alone (``store.step()``: the coalesce of a step's gradients and the
-    update of its rows; the forward, backward and collect run untimed before each) at 1 and at 2 threads, the two
-    interleaved in each round, in one process. The whole step is the default mode's, run with --threads 1 and 2."""
+    update of its rows; the forward, backward and collect run untimed before each) at 1 and at 2 threads, alternating
+    step by step (``one_against_two``), in one process. The whole step is the default mode's, run with --threads 1
+    and 2."""
     tables, rows, dim = shape
-    lines = [f"# tbe_bench --kernels {'x'.join(map(str, shape))} batch {batch}, {rounds} rounds x {steps} steps: "
-             f"store.step() alone; torch {torch.__version__}",
+    lines = [f"# tbe_bench --kernels {'x'.join(map(str, shape))} batch {batch}, {rounds} rounds x {steps} steps at "
+             f"each thread count, alternating step by step: store.step() alone; torch {torch.__version__}",
              f"{'variant':<24}{'1 thread ms':>12}{'2 threads ms':>14}   speed-up (rounds)"]
     for v in variants:
         step, store = build(v, tables, rows, dim)
-        data = batches(tables, rows, batch, warmup + steps, seed=1)
+        data = itertools.cycle(batches(tables, rows, batch, 2 * steps + 1, seed=1))
         grad = torch.randn(batch, tables * dim, generator=torch.Generator().manual_seed(2))
-        lines.append(speed_up(v, one_against_two(functools.partial(store_steps, step, store, data, grad, warmup),
-                                                 rounds)))
-        del step, store
+        timed = functools.partial(store_step, step, store, data, grad)
+        for _ in range(warmup):
+            timed()
+        lines.append(speed_up(v, one_against_two(timed, rounds, steps)))
+        del step, store, timed
         gc.collect()
-    return "\n".join(lines + machine_ceiling(shape, batch, rounds))
+    return "\n".join(lines + machine_ceiling(shape, batch, rounds, steps))
 
 
-def store_steps(step, store, data: list[torch.Tensor], grad: torch.Tensor, warmup: int) -> list[float]:
-    """Seconds of each ``store.step()`` after ``warmup`` (the forward, backward and collect before it untimed)."""
-    times = []
-    for i, ids in enumerate(data):
-        torch.cat([bag(ids[t].view(-1, 1)) for t, bag in enumerate(step.bags)], dim=1).backward(grad)
-        store.collect()
-        t0 = time.perf_counter()
-        store.step()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return times
+def store_step(step, store, data, grad: torch.Tensor) -> float:
+    """Seconds of one ``store.step()`` on the next batch of ``data`` (the forward, backward and collect untimed)."""
+    ids = next(data)
+    torch.cat([bag(ids[t].view(-1, 1)) for t, bag in enumerate(step.bags)], dim=1).backward(grad)
+    store.collect()
+    t0 = time.perf_counter()
+    store.step()
+    return time.perf_counter() - t0
 
 
-def one_against_two(timed_round, rounds: int) -> dict[int, list[float]]:
-    """Per thread count (1, 2), the median ms of each round's ``timed_round()`` (its steps' seconds), the two
-    interleaved, the first round untimed."""
+def one_against_two(timed_step, rounds: int, steps: int) -> dict[int, list[float]]:
+    """Per thread count (1, 2), the median ms of each round's ``steps`` calls of ``timed_step()`` (seconds), the
+    thread count switched at every call (the round's first call alternating), so that a machine that slows down or
+    speeds up for a while (a virtual machine's neighbours) does it to both; the first round untimed."""
     per: dict[int, list[float]] = {1: [], 2: []}
     for r in range(rounds + 1):
-        for threads in ((1, 2) if r % 2 == 0 else (2, 1)):
+        times: dict[int, list[float]] = {1: [], 2: []}
+        for i in range(2 * steps):
+            threads = (1, 2)[(i + r) % 2]
             torch.set_num_threads(threads)
-            times = timed_round()
-            if r:
-                per[threads].append(statistics.median(times) * 1e3)
+            times[threads].append(timed_step())
+        if r:
+            for threads, ts in times.items():
+                per[threads].append(statistics.median(ts) * 1e3)
     return per
 
 
@@ -298,7 +305,7 @@ def speed_up(name: str, per: dict[int, list[float]]) -> str:
             f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})")
 
 
-def machine_ceiling(shape: tuple[int, int, int], batch: int, rounds: int) -> list[str]:
+def machine_ceiling(shape: tuple[int, int, int], batch: int, rounds: int, steps: int) -> list[str]:
     """What a second thread gives torch's own ops on this machine, interleaved the same way: the gather of the step's
     rows from tables of its shape (memory latency), an add over 256 MiB (memory bandwidth) and a matmul
     (arithmetic)."""
@@ -310,15 +317,12 @@ def machine_ceiling(shape: tuple[int, int, int], batch: int, rounds: int) -> lis
            "torch matmul 1024^2": lambda: square @ square}
     lines = []
     for name, op in ops.items():
-        def op_steps() -> list[float]:
-            times = []
-            for _ in range(8):
-                t0 = time.perf_counter()
-                op()
-                times.append(time.perf_counter() - t0)
-            return times
+        def op_step(op=op) -> float:
+            t0 = time.perf_counter()
+            op()
+            return time.perf_counter() - t0
 
-        lines.append(speed_up(name, one_against_two(op_steps, rounds)))
+        lines.append(speed_up(name, one_against_two(op_step, rounds, steps)))
     return lines
 
 
@@ -328,7 +332,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 8; 20 with --kernels)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--variants", default="sgd,fbgemm_sgd,torch_sgd,adagrad,fbgemm_adagrad,rowwise_adagrad,"
                                           "fbgemm_rowwise_adagrad,lazy_adam,ftrl")
@@ -341,8 +345,9 @@ def main() -> None:
     variants = [v for v in args.variants.split(",") if v]
     if args.kernels:
         report(kernel_threads([v for v in variants if base_of(v) in PROJECT], shape, args.batch, args.rounds,
-                              args.warmup, args.steps), args.out)
+                              args.warmup, args.steps or 20), args.out)
         return
+    args.steps = args.steps or 8
     try:
         import fbgemm_gpu  # noqa: F401
     except ImportError as e:
