@@ -71,18 +71,22 @@ class Encoder:
         files.move_to_end(f)
         return files[f]
 
-    def read(self, unit: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rows [lo, hi) of row group ``unit`` (file, group, rows), encoded. The Arrow memory the read took goes
-        back to the OS once the rows are encoded (``release_unused``: ~1 ms against ~15 for the read): Arrow's pool
-        (mimalloc) kept what it freed, more the more row groups a thread read, so a rank's memory grew with the
-        held-out set an evaluation streams (docs/tabular_stream.md#memory)."""
+    def read(self, unit: np.ndarray, lo: int, hi: int, release: bool = False
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows [lo, hi) of row group ``unit`` (file, group, rows), encoded; ``release``: then give the Arrow memory
+        the read took back to the OS (``release_unused``). Evaluation's reads do: each evaluation reads on a thread of
+        its own, and Arrow's pool (mimalloc) kept what those threads freed, so a rank's memory grew with the held-out
+        set it streamed (docs/tabular_stream.md#memory). Training's reads do not: on its one reading thread the pool
+        holds what one read needs, and giving it back costs the next read its page faults (~10 % of the data path's
+        samples/s)."""
         import pyarrow as pa
 
         f, g = int(unit[0]), int(unit[1])
         table = self._file(f).read_row_group(g, columns=self.layout.columns, use_threads=False)
         out = self.encode(table.slice(lo, hi - lo), f, g, lo)
         del table
-        pa.default_memory_pool().release_unused()
+        if release:
+            pa.default_memory_pool().release_unused()
         return out
 
     def encode(self, table, f: int, g: int, lo: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -325,7 +329,7 @@ class StreamedTabular:
         sizes = [n + 1] * extra + [n] * (batches - extra)
 
         def chunks() -> Iterator[tuple]:
-            rows = Rows((self.encoder.read(*p) for p in pieces(units, lo, hi)), self._widths)
+            rows = Rows((self.encoder.read(*p, release=True) for p in pieces(units, lo, hi)), self._widths)
             yield from (rows.take(size) for size in sizes)
 
         for dense, ids, y in ahead(chunks, self.prefetch):
