@@ -261,6 +261,7 @@ def kernel_threads(variants: list[str], shape: tuple[int, int, int], batch: int,
              f"{'variant':<24}{'1 thread ms':>12}{'2 threads ms':>14}   speed-up (rounds)"]
     for v in variants:
         step, store = build(v, tables, rows, dim)
+        # an odd number of batches: each comes back under the other thread count on its next turn
         data = itertools.cycle(batches(tables, rows, batch, 2 * steps + 1, seed=1))
         grad = torch.randn(batch, tables * dim, generator=torch.Generator().manual_seed(2))
         timed = functools.partial(store_step, step, store, data, grad)
@@ -343,11 +344,12 @@ def main() -> None:
     print(keep_freed_memory())  # the process's malloc as a recipe rank's (every variant in it alike)
     shape = tuple(int(x) for x in args.shape.split("x"))
     variants = [v for v in args.variants.split(",") if v]
+    if args.steps is None:
+        args.steps = 20 if args.kernels else 8
     if args.kernels:
         report(kernel_threads([v for v in variants if base_of(v) in PROJECT], shape, args.batch, args.rounds,
-                              args.warmup, args.steps or 20), args.out)
+                              args.warmup, args.steps), args.out)
         return
-    args.steps = args.steps or 8
     try:
         import fbgemm_gpu  # noqa: F401
     except ImportError as e:
