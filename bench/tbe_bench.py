@@ -28,6 +28,8 @@ touched rows. The project's path is driven as the Trainer drives it: ``BagLookup
 - an FBGEMM variant with ``_huge`` (``fbgemm_sgd_huge``): FBGEMM's host weights and states given the same huge pages
   (FBGEMM itself does not ask for them): what FBGEMM would do with the same memory.
 The process's malloc is set as a recipe rank's (launcher/worker/heap.py, said on the first line), for every variant.
+A variant whose own tables and states would not fit in 85 % of the memory available is left out, with its size said
+(``fitting``: lazy Adam and FTRL at 8 x 4 M x 64 hold 24 GiB); each report's header names the processor.
 
 Every variant is built once and kept while their tables fit in 70 % of the memory available (else each round builds
 each variant afresh and frees it); each round runs --warmup steps of each variant, then times --steps; rounds
@@ -40,9 +42,11 @@ depend on the machine: see docs/performance.md for where they were taken.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import itertools
+import os
 import statistics
 import sys
 import time
@@ -225,6 +229,28 @@ def table_bytes(variant: str, shape: tuple[int, int, int]) -> int:
     return 4 * tables * rows * (dim + state_floats(variant, dim))
 
 
+def fitting(variants: list[str], shape: tuple[int, int, int]) -> list[str]:
+    """The variants whose own tables and states fit in 85 % of the memory available now; each other one named with its
+    size and left out (lazy Adam at 8 x 4 M x 64 holds 24 GiB: the kernel's OOM killer would end the whole bench).
+    All of them where /proc/meminfo cannot be read."""
+    room = kernel_field("/proc/meminfo", "MemAvailable")
+    kept = [v for v in variants if not room or table_bytes(v, shape) < 0.85 * room]
+    for v in (v for v in variants if v not in kept):
+        print(f"{v} left out: its tables and states hold {table_bytes(v, shape) / 2**30:.1f} GiB, "
+              f"{room / 2**30:.1f} GiB are available", flush=True)
+    return kept
+
+
+def machine() -> str:
+    """The processor's model name and the CPUs this process may run on: the results file holds runs of several
+    virtual machines."""
+    name = "unknown processor"
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            name = next((line.partition(":")[2].strip() for line in f if line.startswith("model name")), name)
+    return f"{name}, {len(os.sched_getaffinity(0))} CPUs"
+
+
 def timed(step, data: list[torch.Tensor], grad: torch.Tensor, warmup: int) -> float:
     """Median ms of the steps after ``warmup``."""
     times = []
@@ -257,7 +283,8 @@ def kernel_threads(variants: list[str], shape: tuple[int, int, int], batch: int,
     and 2."""
     tables, rows, dim = shape
     lines = [f"# tbe_bench --kernels {'x'.join(map(str, shape))} batch {batch}, {rounds} rounds x {steps} steps at "
-             f"each thread count, alternating step by step: store.step() alone; torch {torch.__version__}",
+             f"each thread count, alternating step by step: store.step() alone; torch {torch.__version__}; "
+             f"{machine()}",
              f"{'variant':<24}{'1 thread ms':>12}{'2 threads ms':>14}   speed-up (rounds)"]
     for v in variants:
         step, store = build(v, tables, rows, dim)
@@ -343,7 +370,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(keep_freed_memory())  # the process's malloc as a recipe rank's (every variant in it alike)
     shape = tuple(int(x) for x in args.shape.split("x"))
-    variants = [v for v in args.variants.split(",") if v]
+    variants = fitting([v for v in args.variants.split(",") if v], shape)
     if args.steps is None:
         args.steps = 20 if args.kernels else 8
     if args.kernels:
@@ -372,7 +399,7 @@ def main() -> None:
     lines = [f"# tbe_bench {args.shape} batch {args.batch}, {args.threads} thread(s), {args.rounds} rounds x "
              f"{args.steps} steps, variants {'kept' if resident else 'rebuilt each round'}; "
              f"copy bound {bound:.1f} GB/s; "
-             f"torch {torch.__version__}",
+             f"torch {torch.__version__}; {machine()}",
              f"{'variant':<24}{'median ms':>10}{'spread':>16}{'GB/s':>7}{'of copy':>8}   ratio to FBGEMM (rounds)"]
     for v in variants:
         med = statistics.median(results[v])
