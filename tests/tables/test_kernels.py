@@ -222,8 +222,11 @@ def test_the_coalesce_says_which_parts_sums_are_not_all_finite(runs, n, threads,
     order = torch.argsort(rows)
     values, counts = torch.unique(rows, return_counts=True)
     twice = (rows == values[counts > 1][-1]).nonzero().flatten()[:2]  # two ids of one row, high in the order
-    for part, at, bad in ((1, order[-1], float("nan")), (0, order[0], float("-inf")), (len(parts) - 1, n // 2,
-                          float("inf")), (0, twice, 3e38)):  # the last: two finite values whose sum is not
+    cases = [(1, order[-1], float("nan")), (0, order[0], float("-inf")), (len(parts) - 1, n // 2, float("inf")),
+             (0, twice, 3e38)]  # the last: two finite values whose sum is not
+    if runs == "several":  # parts 2 and 3 each a run of one array (kernels.c sum_sorted_one): its first and last rows
+        cases += [(2, order[-1], float("nan")), (3, torch.argsort(parts[3][0])[0], float("inf"))]
+    for part, at, bad in cases:
         broken = [(r, v.clone()) for r, v in parts]
         broken[part][1][at, 1] = bad
         assert torch.isfinite(broken[part][1]).all() == (bad == 3e38)
