@@ -96,16 +96,17 @@ typedef struct {
     float *const *sums;
 } Sums;
 
+/* Whether each of the n values at v is finite. */
+static inline int finite_span(const float *v, int64_t n) {
+    int here = 1;
+    for (int64_t i = 0; i < n; ++i) here &= isfinite(v[i]) != 0;
+    return here;
+}
+
 /* ok[a] &= whether every value of rows [from, to) of ``s``'s sums array a is finite, for each of its arrays: the
  * finiteness check of a step's gradients, fused into the coalesce that just wrote them (still in cache). */
 static void finite_rows(const Sums *s, int64_t from, int64_t to, int *ok) {
-    for (int64_t a = 0; a < s->m; ++a) {
-        const float *v = s->sums[a] + from * s->d[a];
-        const int64_t n = (to - from) * s->d[a];
-        int here = 1;
-        for (int64_t i = 0; i < n; ++i) here &= isfinite(v[i]) != 0;
-        ok[a] &= here;
-    }
+    for (int64_t a = 0; a < s->m; ++a) ok[a] &= finite_span(s->sums[a] + from * s->d[a], (to - from) * s->d[a]);
 }
 
 /* The sums of sorted ids' values, each made in one place from the values its ids point at, read ahead: sequential
@@ -164,8 +165,7 @@ static int64_t sum_sorted_one(const int64_t *sorted, const int32_t *order, int64
                 __builtin_prefetch((const char *)(values + order[p + PREFETCH_AHEAD] * stride) + b, 0, 1);
         const float *restrict v = values + order[p] * stride;
         if (sorted[p] != last) {
-            if (u >= at)
-                for (int64_t j = 0; j < d; ++j) finite &= isfinite(out[j]) != 0;
+            if (u >= at) finite &= finite_span(out, d); /* the row before is complete */
             last = sorted[p];
             unique[++u] = last;
             out = sums + u * d;
@@ -174,8 +174,7 @@ static int64_t sum_sorted_one(const int64_t *sorted, const int32_t *order, int64
             for (int64_t j = 0; j < d; ++j) out[j] += v[j];
         }
     }
-    if (u >= at)
-        for (int64_t j = 0; j < d; ++j) finite &= isfinite(out[j]) != 0;
+    if (u >= at) finite &= finite_span(out, d);
     ok[0] &= finite;
     return u + 1 - at;
 }
