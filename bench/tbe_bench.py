@@ -311,25 +311,35 @@ def store_step(step, store, data, grad: torch.Tensor) -> float:
 
 
 def one_against_two(timed_step, rounds: int, steps: int) -> dict[int, list[float]]:
-    """Per thread count (1, 2), the median ms of each round's ``steps`` calls of ``timed_step()`` (seconds), the
-    thread count switched at every call (the round's first call alternating), so that a machine that slows down or
-    speeds up for a while (a virtual machine's neighbours) does it to both; the first round untimed."""
-    per: dict[int, list[float]] = {1: [], 2: []}
+    """``alternating`` between 1 and 2 threads."""
+    return alternating(timed_step, {n: functools.partial(torch.set_num_threads, n) for n in (1, 2)}, rounds, steps)
+
+
+def alternating(timed_step, settings: dict, rounds: int, steps: int) -> dict:
+    """Per key of ``settings`` (two: each a function that puts that setting in force), the median ms of each round's
+    ``steps`` calls of ``timed_step()`` (seconds) under it, the setting switched at every call (the round's first call
+    alternating), so that a machine that slows down or speeds up for a while (a virtual machine's neighbours) does it
+    to both; the first round untimed."""
+    keys = list(settings)
+    per: dict = {k: [] for k in keys}
     for r in range(rounds + 1):
-        times: dict[int, list[float]] = {1: [], 2: []}
+        times: dict = {k: [] for k in keys}
         for i in range(2 * steps):
-            threads = (1, 2)[(i + r) % 2]
-            torch.set_num_threads(threads)
-            times[threads].append(timed_step())
+            key = keys[(i + r) % 2]
+            settings[key]()
+            times[key].append(timed_step())
         if r:
-            for threads, ts in times.items():
-                per[threads].append(statistics.median(ts) * 1e3)
+            for key, ts in times.items():
+                per[key].append(statistics.median(ts) * 1e3)
     return per
 
 
-def speed_up(name: str, per: dict[int, list[float]]) -> str:
-    ratios = [a / b for a, b in zip(per[1], per[2])]
-    return (f"{name:<24}{statistics.median(per[1]):>12.2f}{statistics.median(per[2]):>14.2f}   "
+def speed_up(name: str, per: dict) -> str:
+    """A report line: each of ``per``'s two settings' median ms, and the median and rounds of the first's over the
+    second's."""
+    first, second = per.values()
+    ratios = [a / b for a, b in zip(first, second)]
+    return (f"{name:<24}{statistics.median(first):>12.2f}{statistics.median(second):>14.2f}   "
             f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})")
 
 

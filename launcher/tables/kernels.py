@@ -61,6 +61,16 @@ SIGNATURES = {
 }
 
 
+def library(source: Path = SOURCE) -> ctypes.CDLL:
+    """kernels.c at ``source`` built (launcher/native.py, cached by content) and loaded, its functions given
+    SIGNATURES (bench/kernels_ab.py loads another revision's beside this one)."""
+    lib = ctypes.CDLL(str(native.build(source)))
+    for name, args in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, I64
+    return lib
+
+
 def _load() -> None:
     global _lib, _why, _tried
     _tried = True
@@ -68,14 +78,9 @@ def _load() -> None:
         _why = f"{native.ENV}=torch"
         return
     try:
-        lib = ctypes.CDLL(str(native.build(SOURCE)))
+        _lib = library()
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         _why = f"the kernels did not build: {e}" if native.compiler() else str(e)
-        return
-    for name, args in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, I64
-    _lib = lib
 
 
 def available() -> bool:
