@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from launcher import native
+from launcher.constants import MMAP_MAX
 from launcher.tables import hugepages
 
 SOURCE = Path(__file__).with_name("kernels.c")
@@ -150,28 +151,45 @@ def coalesce_checked(parts: list[tuple[torch.Tensor, torch.Tensor]],
     count = len(parts)
     sizes = [r.shape[0] for r, _ in parts]
     dims = [v.shape[1] for _, v in parts]
-    at_rows, at_values = list(itertools.accumulate(sizes, initial=0)), [0]
-    for n, d in zip(sizes, dims):
-        at_values.append(at_values[-1] + n * d)
-    unique, sums = torch.empty(at_rows[-1], dtype=torch.int64), torch.empty(at_values[-1])
-    u0, s0 = unique.data_ptr(), sums.data_ptr()
+    at_rows = list(itertools.accumulate(sizes, initial=0))
+    unique = torch.empty(at_rows[-1], dtype=torch.int64)
+    floats = [n * d for n, d in zip(sizes, dims)]
+    blocks = _sum_blocks(floats)
+    places = [(block, at) for block, first, end in blocks
+              for at in list(itertools.accumulate(floats[first:end], initial=0))[:-1]]
     found, finite = (ctypes.c_int64 * count)(), (ctypes.c_int64 * count)()
     ok = _lib.hl_coalesce_many(count, _pointers([r for r, _ in parts]), _int64s(sizes),
                                _pointers([v for _, v in parts]), _int64s(dims),
                                _int64s([v.stride(0) for _, v in parts]), limit,
-                               _int64s([u0 + 8 * a for a in at_rows[:-1]]),
-                               _int64s([s0 + 4 * a for a in at_values[:-1]]),
+                               _int64s([unique.data_ptr() + 8 * a for a in at_rows[:-1]]),
+                               _int64s([block.data_ptr() + 4 * at for block, at in places]),
                                found, finite, threads())
     if ok < 0:
         raise MemoryError("the table kernels could not allocate the coalesce's scratch")
     for (rows, _), k in zip(parts, found):
         _check(k, rows, limit)
     kept = [x for k, n in zip(found, sizes) for x in (k, n - k)]  # each part's rows, then the room it left
-    if len(set(dims)) == 1 and dims[0]:  # one split each (a view a part, made in one call)
-        out = zip(unique.split(kept)[::2], sums.view(-1, dims[0]).split(kept)[::2])
+    if len(set(dims)) == 1 and dims[0]:  # one split a block (a view a part, made in one call)
+        sums = [s for block, first, end in blocks for s in block.view(-1, dims[0]).split(kept[2 * first:2 * end])[::2]]
     else:
-        out = zip(unique.split(kept)[::2], (sums[b:b + k * d].view(k, d) for b, d, k in zip(at_values, dims, found)))
-    return list(out), [bool(f) for f in finite]
+        sums = [block[at:at + k * d].view(k, d) for (block, at), d, k in zip(places, dims, found)]
+    return list(zip(unique.split(kept)[::2], sums)), [bool(f) for f in finite]
+
+
+def _sum_blocks(floats: list[int]) -> list[tuple[torch.Tensor, int, int]]:
+    """Where the parts' sums go (part i: ``floats[i]`` values): (a block, its first part, one past its last part)
+    each. Consecutive parts share a block while it stays under MMAP_MAX bytes: glibc keeps such a block in its heap
+    once it is freed, and the next step's coalesce reuses it. A block from MMAP_MAX up is mapped afresh and every page
+    of it faulted as the sums are written (8 x 4 M x 64 at batch 16,384, one 32 MiB block: the coalesce took 11.5 ms,
+    7.5 in blocks under it; docs/performance.md). A part of MMAP_MAX or more has a block of its own."""
+    blocks: list[tuple[torch.Tensor, int, int]] = []
+    first, total = 0, 0
+    for i, n in enumerate([*floats, MMAP_MAX]):  # the last one closes the last block
+        if i > first and (total + n) * 4 >= MMAP_MAX:
+            blocks.append((torch.empty(total), first, i))
+            first, total = i, 0
+        total += n
+    return blocks
 
 
 def gather(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -162,6 +162,25 @@ def test_coalesce_many_is_each_coalesce_over_threads(monkeypatch):
         kernels.coalesce_many([parts[2], (torch.tensor([3, 31]), torch.ones(2, DIM))], 30)
 
 
+@pytest.mark.parametrize("dims", [(DIM,) * 6, (DIM, 3, 16, DIM, 1, 5)])
+def test_sums_in_several_blocks_are_each_parts_own_coalesce(dims, monkeypatch):
+    """The coalesce's sums go into blocks kept under glibc's mmap threshold (kernels._sum_blocks; here 4 KiB, so
+    that small parts fill several): parts split between blocks, one larger than a block, an empty one, each part's
+    rows and sums still those of its own coalesce, bit for bit, with equal widths (one split a block) or not."""
+    g = torch.Generator().manual_seed(4)
+    sizes = (40, 0, 70, 300, 20, 33)
+    parts = [(torch.randint(0, 50, (n,), generator=g), torch.randn(n, d, generator=g)) for n, d in zip(sizes, dims)]
+    monkeypatch.setattr(kernels, "MMAP_MAX", 4096)
+    blocks = kernels._sum_blocks([n * d for n, d in zip(sizes, dims)])
+    firsts, ends = [b[1] for b in blocks], [b[2] for b in blocks]
+    assert len(blocks) >= 3 and firsts == [0, *ends[:-1]] and ends[-1] == len(sizes)
+    assert all(b[0].numel() * 4 < 4096 for b in blocks if b[2] - b[1] > 1)  # only a part alone reaches it
+    for (u, s), (rows, values) in zip(kernels.coalesce_many(parts, 50), parts):
+        want_u, inverse = torch.unique(rows, return_inverse=True)
+        assert torch.equal(u, want_u)
+        assert torch.equal(s, torch.zeros(len(want_u), values.shape[1]).index_add_(0, inverse, values))
+
+
 @pytest.mark.parametrize("threads", [2, 3, 8])
 def test_one_big_lookup_split_over_the_threads_is_the_one_thread_coalesce(threads, monkeypatch):
     """Fewer lookups than threads: a lookup of 2^14 ids or more is split over the threads by its ids' top bits
