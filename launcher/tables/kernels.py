@@ -140,7 +140,8 @@ def coalesce_many(parts: list[tuple[torch.Tensor, torch.Tensor]],
                   limit: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``coalesce`` of each (rows, values) of ``parts`` (each ``coalescable``), in one call: the parts spread over the
     rank's threads, consecutive parts with the same rows tensor sorted once (kernels.c hl_coalesce_many). The
-    results are views of two buffers (one allocation each for all the parts, not two a part)."""
+    results are views of a few buffers (one for every part's rows, the sums in blocks: ``_sum_blocks``), not two
+    allocations a part."""
     return coalesce_checked(parts, limit)[0]
 
 
@@ -180,8 +181,9 @@ def _sum_blocks(floats: list[int]) -> list[tuple[torch.Tensor, int, int]]:
     """Where the parts' sums go (part i: ``floats[i]`` values): (a block, its first part, one past its last part)
     each. Consecutive parts share a block while it stays under MMAP_MAX bytes: glibc keeps such a block in its heap
     once it is freed, and the next step's coalesce reuses it. A block from MMAP_MAX up is mapped afresh and every page
-    of it faulted as the sums are written (8 x 4 M x 64 at batch 16,384, one 32 MiB block: the coalesce took 11.5 ms,
-    7.5 in blocks under it; docs/performance.md). A part of MMAP_MAX or more has a block of its own."""
+    of it faulted as the sums are written (8 x 4 M x 64 at batch 16,384, one 32 MiB block: store.step() took 15.8 ms
+    at one thread and 9.2 at two, 11.3 and 6.3 in blocks; docs/performance.md). A part of MMAP_MAX or more has a block
+    of its own."""
     blocks: list[tuple[torch.Tensor, int, int]] = []
     first, total = 0, 0
     for i, n in enumerate([*floats, MMAP_MAX]):  # the last one closes the last block
