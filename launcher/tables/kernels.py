@@ -177,6 +177,10 @@ def coalesce_checked(parts: list[tuple[torch.Tensor, torch.Tensor]],
     return list(zip(unique.split(kept)[::2], sums)), [bool(f) for f in finite]
 
 
+BLOCK_SLACK = 4096
+"""Bytes a sums block stays under MMAP_MAX by: what glibc and torch's 64-byte alignment add to the request."""
+
+
 def _sum_blocks(floats: list[int]) -> list[tuple[torch.Tensor, int, int]]:
     """Where the parts' sums go (part i: ``floats[i]`` values): (a block, its first part, one past its last part)
     each. Consecutive parts share a block while it stays under MMAP_MAX bytes: glibc keeps such a block in its heap
@@ -187,7 +191,7 @@ def _sum_blocks(floats: list[int]) -> list[tuple[torch.Tensor, int, int]]:
     blocks: list[tuple[torch.Tensor, int, int]] = []
     first, total = 0, 0
     for i, n in enumerate([*floats, MMAP_MAX]):  # the last one closes the last block
-        if i > first and (total + n) * 4 >= MMAP_MAX:
+        if i > first and (total + n) * 4 >= MMAP_MAX - BLOCK_SLACK:
             blocks.append((torch.empty(total), first, i))
             first, total = i, 0
         total += n
