@@ -316,3 +316,27 @@ def test_null_labels_are_refused_from_the_footers_and_named_by_the_rank_that_mee
     with pytest.raises(TabularError, match=r"data.label=label: row group \d of .*part-9.parquet holds a missing \(null "
                                            r"or empty\) value, neither data.positive=1 nor the negative value 0"):
         list(itertools.islice(data.train_batches(0, 1, 40, 0), 400))
+
+
+@pytest.mark.parametrize("taken", [None, 2])  # every item; the consumer stops after two
+def test_the_reading_thread_has_ended_when_the_stream_is_done(taken):
+    """A process that exits while the stream's thread is still inside Arrow's C++ code aborts ("terminate called
+    without an active exception"): once its consumer is done, ``ahead`` waits for its thread, here still closing its
+    source (a sleep in the source's cleanup) when the last item has been taken."""
+    import threading
+    import time
+
+    from launcher.recipes.wide_deep._tabular_stream import ahead
+
+    def source():
+        try:
+            yield from range(5)
+        finally:
+            time.sleep(0.3)
+
+    stream = ahead(source, 2)
+    got = list(stream) if taken is None else [next(stream) for _ in range(taken)]
+    if taken is not None:
+        stream.close()
+    assert got == list(range(5 if taken is None else taken))
+    assert not [t for t in threading.enumerate() if t.name == "tabular-stream"]
