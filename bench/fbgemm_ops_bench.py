@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import tbe_bench  # noqa: E402
-from launcher.worker.heap import keep_freed_memory  # noqa: E402
+from rank_malloc import as_a_rank  # noqa: E402
 
 PATHS = ("store.step()", "fbgemm, raw ids", "fbgemm, coalesced rows")
 
@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fbgemm_ops.txt"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(keep_freed_memory(), flush=True)
+    print(as_a_rank(), flush=True)  # the process's malloc as a recipe rank's
     shape = tuple(int(x) for x in args.shape.split("x"))
     lines = [f"# fbgemm_ops_bench {args.shape} batch {args.batch}, {args.threads} thread(s), {args.rounds} rounds x "
              f"{args.steps} steps, {time.strftime('%Y-%m-%d %H:%M')}; torch {torch.__version__}",

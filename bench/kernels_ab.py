@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tbe_bench  # noqa: E402  (bench/ is not a package)
 
 from launcher.tables import kernels  # noqa: E402
-from launcher.worker.heap import keep_freed_memory  # noqa: E402
+from rank_malloc import as_a_rank  # noqa: E402
 
 
 def at_revision(rev: str, folder: Path) -> Path:
@@ -66,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
     if not kernels.available():
         raise SystemExit(f"the table kernels do not load here: {kernels.why_not()}")
-    print(keep_freed_memory(), flush=True)  # the process's malloc as a recipe rank's
+    print(as_a_rank(), flush=True)  # the process's malloc as a recipe rank's
     torch.set_num_threads(args.threads)
     shape = tuple(int(x) for x in args.shape.split("x"))
     with tempfile.TemporaryDirectory() as tmp:

@@ -27,7 +27,8 @@ touched rows. The project's path is driven as the Trainer drives it: ``BagLookup
   bench waits for the move before timing);
 - an FBGEMM variant with ``_huge`` (``fbgemm_sgd_huge``): FBGEMM's host weights and states given the same huge pages
   (FBGEMM itself does not ask for them): what FBGEMM would do with the same memory.
-The process's malloc is set as a recipe rank's (launcher/worker/heap.py, said on the first line), for every variant.
+The process's malloc is set as a recipe rank's (bench/rank_malloc.py: tcmalloc where installed, else glibc's as
+launcher/worker/heap.py sets it; ``--malloc glibc`` keeps glibc's), for every variant, and said in the header.
 A variant whose own tables and states would not fit in 85 % of the memory available is left out, with its size said
 (``fitting``: lazy Adam and FTRL at 8 x 4 M x 64 hold 24 GiB); each report's header names the processor.
 
@@ -59,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from launcher.procfs import kernel_field  # noqa: E402
-from launcher.worker.heap import keep_freed_memory  # noqa: E402
+from rank_malloc import as_a_rank  # noqa: E402  (bench/ is not a package)
 
 PROJECT = ("sgd", "adagrad", "rowwise_adagrad", "lazy_adam", "ftrl")
 FBGEMM = {"fbgemm_sgd": "EXACT_SGD", "fbgemm_adagrad": "EXACT_ADAGRAD",
@@ -69,6 +70,8 @@ AGAINST = {"sgd": "fbgemm_sgd", "adagrad": "fbgemm_adagrad", "rowwise_adagrad": 
 STATE_FLOATS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 0, "lazy_adam": 2, "ftrl": 2, "fbgemm_sgd": 0,
                 "fbgemm_adagrad": 1, "fbgemm_rowwise_adagrad": 0, "torch_sgd": 0}
 LR = 0.01
+MALLOC = ""
+"""The process's malloc, in the words of a rank's log (main sets it: bench/rank_malloc.py)."""
 
 
 def zipf_ids(n: int, rows: int, gen: torch.Generator, a: float = 1.05) -> torch.Tensor:
@@ -284,7 +287,7 @@ def kernel_threads(variants: list[str], shape: tuple[int, int, int], batch: int,
     tables, rows, dim = shape
     lines = [f"# tbe_bench --kernels {'x'.join(map(str, shape))} batch {batch}, {rounds} rounds x {steps} steps at "
              f"each thread count, alternating step by step: store.step() alone; torch {torch.__version__}; "
-             f"{machine()}",
+             f"{machine()}; {MALLOC.split(' (')[0]}",
              f"{'variant':<24}{'1 thread ms':>12}{'2 threads ms':>14}   speed-up (rounds)"]
     for v in variants:
         step, store = build(v, tables, rows, dim)
@@ -376,9 +379,12 @@ def main() -> None:
                                           "fbgemm_rowwise_adagrad,lazy_adam,ftrl")
     ap.add_argument("--out", default="", help="append the report to this file")
     ap.add_argument("--kernels", action="store_true", help="the project's table kernels alone, 1 against 2 threads")
+    ap.add_argument("--malloc", default="auto", help="launcher.malloc of the process (auto: as a rank's here)")
     args = ap.parse_args()
+    global MALLOC
+    MALLOC = as_a_rank(args.malloc)  # the process's malloc as a recipe rank's, every variant alike
+    print(MALLOC, flush=True)
     torch.set_num_threads(args.threads)
-    print(keep_freed_memory())  # the process's malloc as a recipe rank's (every variant in it alike)
     shape = tuple(int(x) for x in args.shape.split("x"))
     variants = fitting([v for v in args.variants.split(",") if v], shape)
     if args.steps is None:
@@ -409,7 +415,7 @@ def main() -> None:
     lines = [f"# tbe_bench {args.shape} batch {args.batch}, {args.threads} thread(s), {args.rounds} rounds x "
              f"{args.steps} steps, variants {'kept' if resident else 'rebuilt each round'}; "
              f"copy bound {bound:.1f} GB/s; "
-             f"torch {torch.__version__}; {machine()}",
+             f"torch {torch.__version__}; {machine()}; {MALLOC.split(' (')[0]}",
              f"{'variant':<24}{'median ms':>10}{'spread':>16}{'GB/s':>7}{'of copy':>8}   ratio to FBGEMM (rounds)"]
     for v in variants:
         med = statistics.median(results[v])

@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 from launcher import native
+from launcher.facts import malloc
 from launcher.plan.types import HostFacts
 from launcher.procfs import kernel_field
 
@@ -34,6 +35,9 @@ def probe_host() -> HostFacts:
         table_kernels=f"{native.choice()}; {native.pages_choice()}",
         table_fbgemm=native.fbgemm_choice(),
         omp_threads=os.environ.get("OMP_NUM_THREADS", ""),
+        malloc_libs=malloc.find_allocators(),
+        preload=os.environ.get("LD_PRELOAD", ""),
+        malloc_vars=malloc.glibc_settings(),
     )
 
 

@@ -30,6 +30,7 @@ from launcher.plan.placement import PlacementPlan, TablePlan, sparse_grad_proble
 from launcher.plan.prefetch import kernels_words, plan_prefetch
 from launcher.plan.ps import placed, plan_build, ps_fixes, stage_ranks
 from launcher.plan.registry import CPU_OPTIMIZERS
+from launcher.plan.malloc import with_malloc
 from launcher.plan.ranks import RankPlan, omp_threads_kept, plan_ranks, rank_table, visible_devices
 from launcher.plan.rules import check_config
 from launcher.plan.script import check_script_ops
@@ -158,8 +159,9 @@ def _launch_plan(cfg: DictConfig, host: HostFacts, facts: Facts, layout: Cluster
                        cpu_count=host.cpu_count, extensions_dir=host.extensions_dir, path=host.toolchain_path,
                        dims=dims, devices=devices, omp_threads=host.omp_threads)
     omp_problems, omp_notes = omp_threads_kept(host.omp_threads, host.cpu_count, d.nproc)
-    d.problems += omp_problems
-    d.notes += omp_notes
+    ranks, malloc_problems, malloc_notes = with_malloc(ranks, cfg.launcher.malloc, host)
+    d.problems += omp_problems + malloc_problems
+    d.notes += omp_notes + malloc_notes
     loggers, logger_problems = logger_specs(cfg.logger)
     d.problems += logger_problems
     eval_metrics = _eval_metrics(cfg, facts.data, d.notes, d.problems)

@@ -27,6 +27,7 @@ from launcher.plan.parallel import ParallelDims
 from launcher.plan.placement import PlacementPlan, plan_placement
 from launcher.plan.prefetch import prefetch_depth
 from launcher.plan.registry import CPU_OPTIMIZERS
+from launcher.plan.malloc import with_malloc
 from launcher.plan.ranks import omp_threads_kept, plan_ranks, rank_table
 from launcher.plan.rules import check_cluster, check_launcher, check_output, device_and_backend, resolve_nproc
 from launcher.plan.script_keys import changed_keys, intents_set, script_key_verdicts
@@ -203,7 +204,7 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
                         f"(init_process_group() takes gloo on the CPU and nccl on a GPU, as torchrun's ranks do) or "
                         f"write \"cuda:nccl,cpu:gloo\".")
     omp_problems, omp_notes = omp_threads_kept(host.omp_threads, host.cpu_count, nproc)
-    problems, notes = problems + omp_problems, [*notes, *omp_notes]
+    problems, notes = problems + omp_problems + with_malloc((), cfg.launcher.malloc, host)[1], [*notes, *omp_notes]
     if problems:
         raise ConfigError(problems)
     ds_ops = tuple(dict.fromkeys([*ds_ops, *cfg.script_ops]))  # the engine's, then the script's own
@@ -212,6 +213,8 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
         master_port=c.master_port, cpu_count=host.cpu_count, extensions_dir=host.extensions_dir,
         path=host.toolchain_path, omp_threads=host.omp_threads,
     )
+    ranks, _, malloc_notes = with_malloc(ranks, cfg.launcher.malloc, host)  # its problems: checked above
+    notes = [*notes, *malloc_notes]
     handover: dict[str, str] = {}
     if use.kind == "accelerate":  # the plan reaches Accelerator() as accelerate launch hands it over
         handover, problems, more = accelerate_handover(runtime, device_type, use, parts.config_file(runtime.parts),

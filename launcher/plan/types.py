@@ -46,6 +46,12 @@ class HostFacts:
     table_fbgemm: str = ""
     """Where fbgemm_gpu is installed, why tables whose optimizer FBGEMM also has do not run on its kernels, in words
     (launcher.native.fbgemm_choice); "" = it is not installed."""
+    malloc_libs: tuple[tuple[str, str], ...] = ()
+    """(name, path) of each allocator a rank could preload that this host has (launcher/facts/malloc.py)."""
+    preload: str = ""
+    """LD_PRELOAD of the launcher's environment: the ranks inherit it."""
+    malloc_vars: tuple[str, ...] = ()
+    """glibc's malloc variables set in the launcher's environment (MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES, ...)."""
 
 
 class RunPlan(Protocol):

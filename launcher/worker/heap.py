@@ -16,8 +16,10 @@ tables' part of a step (coalesce, update) took 8.7-12.4 ms with glibc's defaults
 The memory kept is at most the threshold a process: what a step frees is what the next one makes again.
 
 Left alone when the user chose: any of glibc's own variables for this (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_,
-MALLOC_TOP_PAD_, GLIBC_TUNABLES) or another allocator preloaded (LD_PRELOAD of jemalloc, tcmalloc, mimalloc); and
-off the GNU C library (musl, macOS), where these calls do not exist.
+MALLOC_TOP_PAD_, GLIBC_TUNABLES); when another allocator runs in the process (tcmalloc, which the plan preloads where
+it is installed: launcher/plan/malloc.py, or the user's jemalloc or mimalloc), seen in /proc/self/maps, not in
+LD_PRELOAD alone (a host that lacks the library named there runs glibc's: the dynamic loader skips it with a line on
+stderr); and off the GNU C library (musl, macOS), where these calls do not exist.
 """
 
 from __future__ import annotations
@@ -26,36 +28,61 @@ import ctypes
 import os
 import platform
 from collections.abc import Mapping
+from pathlib import Path
 
 from launcher.constants import MMAP_MAX
+from launcher.plan.malloc import preloaded
 
 TRIM_THRESHOLD = 256 << 20
 MMAP_THRESHOLD = MMAP_MAX
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 """mallopt's parameter numbers (malloc.h)."""
 USERS_OWN = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
-OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
-def left_alone(environ: Mapping[str, str]) -> str:
-    """Why the rank's malloc is not set here ('' when it is to be): the user's own choice, or not glibc."""
+def running_allocator(maps: str | None = None) -> str:
+    """The path of the allocator of ALLOCATORS loaded in this process ('' for none): from ``maps``, the text of
+    /proc/self/maps (read when None; '' where there is none)."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            maps = ""
+    paths = {line.split()[-1] for line in maps.splitlines() if line.count(" ") >= 5 and "/" in line}
+    return next((p for p in sorted(paths) if preloaded(p)), "")
+
+
+def left_alone(environ: Mapping[str, str], maps: str | None = None) -> str:
+    """Why the rank's malloc is not set here ('' when it is to be): another allocator runs, the user's own
+    settings, or not glibc. ``maps``: as running_allocator's."""
+    running = running_allocator(maps)
+    if running:
+        return f"{preloaded(running)} runs: {running}"
     own = [v for v in USERS_OWN if v in environ]
     if own:
         return f"{own[0]} is set"
-    preload = environ.get("LD_PRELOAD", "")
-    other = [a for a in OTHER_ALLOCATORS if a in preload]
-    if other:
-        return f"{other[0]} is preloaded (LD_PRELOAD)"
     if platform.libc_ver()[0] != "glibc":
         return "not the GNU C library"
     return ""
 
 
-def keep_freed_memory(environ: Mapping[str, str] | None = None) -> str:
-    """Set the rank's malloc as the module says, unless ``left_alone``; returns the words for the rank's log."""
-    why = left_alone(os.environ if environ is None else environ)
+def keep_freed_memory(environ: Mapping[str, str] | None = None, maps: str | None = None) -> str:
+    """Set the rank's malloc as the module says, unless ``left_alone``; returns the words for the rank's log (they
+    say when LD_PRELOAD names an allocator this process has not loaded)."""
+    environ = os.environ if environ is None else environ
+    running = running_allocator(maps)
+    if running:
+        return f"malloc: {preloaded(running)} ({running})"
+    why = left_alone(environ, maps)
     if why:
         return f"malloc left as it is ({why})"
+    named = preloaded(environ.get("LD_PRELOAD", ""))
+    if named:
+        return f"{named} is in LD_PRELOAD but not loaded (not on this host?): " + _set_glibc()
+    return _set_glibc()
+
+
+def _set_glibc() -> str:
     mallopt = ctypes.CDLL(None).mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     if not (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
