@@ -14,6 +14,8 @@ hand sparse loop and the runs named). Rows:
                    each of the last two also with HL_TABLE_KERNELS=torch (the table store on torch's ops, as before
                    launcher/tables/kernels.c: the kernels' gain)
   launcher dense   hetero-launch with tables.*.optimizer=dense (the dense baseline through the launcher)
+  hand sparse, tcmalloc preloaded: the hand loop in a process started with tcmalloc, where the launcher's ranks
+                   preload it (launcher.malloc=auto); and the recipe default with launcher.malloc=glibc
   bound            random row gathers from the table: uniform ids, and the recipe's skewed (log-uniform) ids
 Not a test: numbers depend on the machine. Step time excludes the first warm-up steps.
 """
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from launcher.facts.malloc import find_allocators
 from launcher.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +95,14 @@ def launcher_run(rows_per: int, batch: int, steps: int, warmup: int, nproc: int,
     return {"ms_per_step": batch / sps * 1000, "samples_per_s": sps, "lookups_per_s": sps * FIELDS}
 
 
+def hand_loop_preloaded(library: str, rows_per: int, batch: int, steps: int, warmup: int) -> dict:
+    """hand_loop (sparse) in a process of its own started with ``library`` in LD_PRELOAD: the hand loop with the
+    allocator the launcher's ranks preload (launcher.malloc), which a user may preload too."""
+    res = subprocess.run([sys.executable, __file__, "--hand-json", f"{rows_per},{batch},{steps},{warmup}"],
+                         capture_output=True, text=True, env={**os.environ, "LD_PRELOAD": library}, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def gather_bound(rows_per: int, batch: int, skewed: bool) -> float:
     """Row lookups/s of a plain gather from a (rows x 16) fp32 table: the floor of any lookup."""
     table = torch.randn(rows_per * FIELDS, 16)
@@ -139,9 +150,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="each run this many times, interleaved; median reported")
     ap.add_argument("--only", default="", help="words separated by |: only the runs whose name has one of them "
                                               "(the hand sparse loop, the baseline, always runs)")
+    ap.add_argument("--hand-json", default="", help=argparse.SUPPRESS)  # ROWS_PER,BATCH,STEPS,WARMUP: one hand loop
     a = ap.parse_args()
-    rows_per = a.rows // FIELDS
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+    if a.hand_json:
+        print(json.dumps(hand_loop(*(int(x) for x in a.hand_json.split(",")), True, False)))
+        return
+    rows_per = a.rows // FIELDS
+    tcmalloc = dict(find_allocators()).get("tcmalloc", "")
     lazy_both = ["placement.host_device_mix=1", "tables.wide_embedding.optimizer=lazy_adam",
                  "tables.wide_embedding.lr=0.001"]
     dense = ["tables.deep_embedding.optimizer=dense", "tables.wide_embedding.optimizer=dense"]
@@ -152,6 +168,8 @@ def main() -> None:
         "launcher, host tables, row-fused lazy Adam, 1 rank": lambda: launcher_run(rows_per, a.batch, a.steps, a.warmup, 1, lazy_both),
         "launcher, host tables, row-fused lazy Adam, 2 ranks": lambda: launcher_run(rows_per, a.batch, a.steps, a.warmup, 2, lazy_both),
         "launcher, host tables, recipe default (lazy Adam + FTRL), 1 rank": lambda: launcher_run(rows_per, a.batch, a.steps, a.warmup, 1, ["placement.host_device_mix=1"]),
+        "launcher, host tables, recipe default, glibc malloc (launcher.malloc=glibc), 1 rank": lambda: launcher_run(
+            rows_per, a.batch, a.steps, a.warmup, 1, ["placement.host_device_mix=1", "launcher.malloc=glibc"]),
         "launcher, host tables, recipe default, torch ops (HL_TABLE_KERNELS=torch), 1 rank": lambda: launcher_run(
             rows_per, a.batch, a.steps, a.warmup, 1, ["placement.host_device_mix=1"], {"HL_TABLE_KERNELS": "torch"}),
         "launcher, host tables, row-fused lazy Adam, torch ops (HL_TABLE_KERNELS=torch), 1 rank": lambda: launcher_run(
@@ -160,6 +178,9 @@ def main() -> None:
         "hand dense (Adam fused)": lambda: hand_loop(rows_per, a.batch, a.steps, a.warmup, False, True),
         "launcher dense, 1 rank": lambda: launcher_run(rows_per, a.batch, a.steps, a.warmup, 1, dense),
     }
+    if tcmalloc:  # the hand loop with the allocator the ranks preload here (a user may preload it too)
+        runs["hand sparse, tcmalloc preloaded"] = lambda: hand_loop_preloaded(tcmalloc, rows_per, a.batch, a.steps,
+                                                                              a.warmup)
     if a.only:
         words = [w for w in a.only.split("|") if w]
         runs = {k: v for k, v in runs.items() if k.startswith("hand sparse") or any(w in k for w in words)}

@@ -77,6 +77,7 @@ VALUES: dict[str, Any] = {
     "cluster.rdzv_backend": "etcd-v2", "cluster.rdzv_conf": {"read_timeout": 9},
     "cluster.local_addr": "127.0.0.1", "cluster.nproc_per_node": "1", "cluster.master_addr": "localhost",
     "cluster.backend": "nccl", "cluster.device": "cuda",  # gloo / cpu are what auto picks on this host
+    "launcher.malloc": "glibc",  # the ranks' LD_PRELOAD where tcmalloc is installed; the plan's note says so anyway
     "cluster.rank_table_file": "ranks.json", "cluster.hostfile": "hosts", "cluster.include": "h1",
     "cluster.exclude": "h1",
     "output.log_dir": "elsewhere", "output.run_name": "walk", "output.console": "all",

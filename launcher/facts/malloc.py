@@ -13,14 +13,11 @@ import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
 
+from launcher.plan.malloc import GLIBC_VARIABLES
+
 LIBRARIES = {"tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc_minimal.so", "libtcmalloc.so.4", "libtcmalloc.so")}
 """The file names of each allocator the plan may preload, best first: gperftools' tcmalloc without its profiler
 (Debian's libtcmalloc-minimal4), then the full one."""
-GLIBC_VARIABLES = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_CHECK_", "MALLOC_MMAP_MAX_",
-                   "MALLOC_MMAP_THRESHOLD_", "MALLOC_PERTURB_", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_",
-                   "GLIBC_TUNABLES")
-"""glibc's own variables for its malloc (mallopt(3), tunables(7)): a user who set one chose glibc's malloc."""
-
 
 def library_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
     """The folders searched, in order, without repeats."""

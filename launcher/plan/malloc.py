@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 CHOICES = ("auto", "tcmalloc", "glibc")
 ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
 """Allocators a user may preload themselves (their library's file names contain these)."""
+GLIBC_VARIABLES = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_CHECK_", "MALLOC_MMAP_MAX_",
+                   "MALLOC_MMAP_THRESHOLD_", "MALLOC_PERTURB_", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_",
+                   "GLIBC_TUNABLES")
+"""glibc's own variables for its malloc (mallopt(3), tunables(7)): a user who set one chose glibc's malloc."""
 INSTALL = "apt-get install libtcmalloc-minimal4 (Debian, Ubuntu) or conda install -c conda-forge gperftools"
 
 

@@ -15,11 +15,14 @@ tables' part of a step (coalesce, update) took 8.7-12.4 ms with glibc's defaults
   blocks come from the heap from the first step on.
 The memory kept is at most the threshold a process: what a step frees is what the next one makes again.
 
-Left alone when the user chose: any of glibc's own variables for this (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_,
-MALLOC_TOP_PAD_, GLIBC_TUNABLES); when another allocator runs in the process (tcmalloc, which the plan preloads where
-it is installed: launcher/plan/malloc.py, or the user's jemalloc or mimalloc), seen in /proc/self/maps, not in
-LD_PRELOAD alone (a host that lacks the library named there runs glibc's: the dynamic loader skips it with a line on
-stderr); and off the GNU C library (musl, macOS), where these calls do not exist.
+Blocks of 32 MiB and more it still maps and faults afresh at each step (the highest threshold glibc accepts): where
+tcmalloc is installed the plan preloads it instead (launcher/plan/malloc.py), which reuses every size.
+
+Left alone when the user chose: any of glibc's own variables for its malloc (MALLOC_TRIM_THRESHOLD_,
+MALLOC_ARENA_MAX, GLIBC_TUNABLES, ...: launcher.plan.malloc.GLIBC_VARIABLES); when another allocator runs in the
+process (tcmalloc, or the user's jemalloc or mimalloc), seen in /proc/self/maps, not in LD_PRELOAD alone (a host
+that lacks the library named there runs glibc's: the dynamic loader skips it with a line on stderr); and off the GNU
+C library (musl, macOS), where these calls do not exist.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.constants import MMAP_MAX
-from launcher.plan.malloc import preloaded
+from launcher.plan.malloc import GLIBC_VARIABLES, preloaded
 
 TRIM_THRESHOLD = 256 << 20
 MMAP_THRESHOLD = MMAP_MAX
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 """mallopt's parameter numbers (malloc.h)."""
-USERS_OWN = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
+USERS_OWN = GLIBC_VARIABLES
 
 
 def running_allocator(maps: str | None = None) -> str:
