@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from launcher.procfs import kernel_field  # noqa: E402
-from rank_malloc import as_a_rank  # noqa: E402  (bench/ is not a package)
+import rank_malloc  # noqa: E402  (bench/ is not a package)
 
 PROJECT = ("sgd", "adagrad", "rowwise_adagrad", "lazy_adam", "ftrl")
 FBGEMM = {"fbgemm_sgd": "EXACT_SGD", "fbgemm_adagrad": "EXACT_ADAGRAD",
@@ -260,6 +260,7 @@ def timed(step, data: list[torch.Tensor], grad: torch.Tensor, warmup: int) -> fl
     for i, ids in enumerate(data):
         t0 = time.perf_counter()
         step(ids, grad)
+        rank_malloc.step_end()  # as a rank's Trainer after each step
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
@@ -275,6 +276,7 @@ def measure(variant: str, shape: tuple[int, int, int], batch: int, warmup: int, 
     if built is None:
         del step, keep
         gc.collect()
+        rank_malloc.step_end()  # tcmalloc: the variant's tables back to the kernel before the next is built
     return ms
 
 
@@ -300,6 +302,7 @@ def kernel_threads(variants: list[str], shape: tuple[int, int, int], batch: int,
         lines.append(speed_up(v, one_against_two(timed, rounds, steps)))
         del step, store, timed
         gc.collect()
+        rank_malloc.step_end()
     return "\n".join(lines + machine_ceiling(shape, batch, rounds, steps))
 
 
@@ -310,7 +313,9 @@ def store_step(step, store, data, grad: torch.Tensor) -> float:
     store.collect()
     t0 = time.perf_counter()
     store.step()
-    return time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    rank_malloc.step_end()  # untimed, as the forward
+    return elapsed
 
 
 def one_against_two(timed_step, rounds: int, steps: int) -> dict[int, list[float]]:
@@ -382,7 +387,7 @@ def main() -> None:
     ap.add_argument("--malloc", default="auto", help="launcher.malloc of the process (auto: as a rank's here)")
     args = ap.parse_args()
     global MALLOC
-    MALLOC = as_a_rank(args.malloc)  # the process's malloc as a recipe rank's, every variant alike
+    MALLOC = rank_malloc.as_a_rank(args.malloc)  # the process's malloc as a recipe rank's, every variant alike
     print(MALLOC, flush=True)
     torch.set_num_threads(args.threads)
     shape = tuple(int(x) for x in args.shape.split("x"))

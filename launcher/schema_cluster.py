@@ -120,10 +120,11 @@ compilation), counted from the job's start; a script's rank is watched from its 
     variables, session, output files and death with the launcher. false = every rank a fresh
     ``python -m launcher.worker`` (as for scripts and CUDA plans, which always start so)."""
     malloc: str = "auto"
-    """The ranks' memory allocator. auto: tcmalloc where it is installed (libtcmalloc-minimal4), preloaded into each
-    rank as torch's CPU launcher (torch.backends.xeon.run_cpu) does, else glibc's; tcmalloc: refused where it is not
-    installed; glibc: glibc's malloc, set to keep a step's freed memory (launcher/worker/heap.py). Your own
-    LD_PRELOAD of an allocator, or glibc's MALLOC_* / GLIBC_TUNABLES variables, are kept (docs/running.md#malloc)."""
+    """The ranks' memory allocator. auto: for a recipe's ranks tcmalloc where it is installed (libtcmalloc-minimal4),
+    preloaded as torch's CPU launcher (torch.backends.xeon.run_cpu) does, else glibc's; a script's ranks keep glibc's.
+    tcmalloc: refused where it is not installed; glibc: glibc's malloc (a recipe's set to keep a step's freed memory,
+    launcher/worker/heap.py). Your own LD_PRELOAD of an allocator, or glibc's MALLOC_* / GLIBC_TUNABLES variables,
+    are kept (docs/running.md#malloc)."""
 
 
 @dataclass

@@ -8,8 +8,9 @@ all its pages again at every step; a step's smaller blocks it keeps as ``launche
 tcmalloc keeps every size it freed for reuse. Measured on the one-thread step of 8 tables of 4 M x 64 rows, batch
 16,384 (bench/tbe_bench.py, docs/performance.md#tcmalloc-for-the-ranks): glibc 8,194 faults a step, tcmalloc none.
 
-``auto`` preloads tcmalloc where it is installed, as torch's own CPU launcher (torch.backends.xeon.run_cpu) does by
-default, and keeps glibc's malloc elsewhere; ``tcmalloc`` is refused where it is not installed; ``glibc`` keeps
+``auto`` preloads tcmalloc into a recipe's ranks where it is installed, as torch's own CPU launcher
+(torch.backends.xeon.run_cpu) does by default, and keeps glibc's malloc elsewhere and for a script's ranks (which have
+no Trainer to give tcmalloc's free memory back after each step: launcher/worker/heap.py release_hook); ``tcmalloc`` is refused where it is not installed; ``glibc`` keeps
 glibc's. The user's own choice wins: an allocator already in LD_PRELOAD, or glibc's own variables set (then auto keeps
 glibc's, configured as the user configured it)."""
 
@@ -38,11 +39,13 @@ def preloaded(preload: str) -> str:
     return next((a for a in ALLOCATORS for n in names if a in n), "")
 
 
-def plan_malloc(choice: str, libs: tuple[tuple[str, str], ...], preload: str,
-                glibc_vars: tuple[str, ...]) -> tuple[dict[str, str], str, list[str]]:
+def plan_malloc(choice: str, libs: tuple[tuple[str, str], ...], preload: str, glibc_vars: tuple[str, ...],
+                script: bool = False) -> tuple[dict[str, str], str, list[str]]:
     """(variables for every rank, a note for the plan, problems) of ``launcher.malloc=choice`` on a host with the
     allocators ``libs`` ((name, path): launcher/facts/malloc.py), the launcher's LD_PRELOAD ``preload`` (the ranks
-    inherit it) and glibc's malloc variables ``glibc_vars`` set in its environment."""
+    inherit it) and glibc's malloc variables ``glibc_vars`` set in its environment. ``script``: the ranks run a
+    user's script, which has no Trainer to give tcmalloc's free memory back after each step (heap.release_hook): auto
+    keeps what ``python script.py`` has there."""
     if choice not in CHOICES:
         return {}, "", [f"launcher.malloc={choice} is not one of {', '.join(CHOICES)}. Use launcher.malloc=auto "
                         f"(tcmalloc where installed, else glibc's malloc), tcmalloc or glibc."]
@@ -57,6 +60,9 @@ def plan_malloc(choice: str, libs: tuple[tuple[str, str], ...], preload: str,
         return {}, "", [f"launcher.malloc=tcmalloc, but this host has no tcmalloc library (libtcmalloc_minimal.so.4 "
                         f"or libtcmalloc.so.4 under /usr/lib, /usr/local/lib or this environment's lib). Install it "
                         f"({INSTALL}), or use launcher.malloc=auto (glibc's malloc where tcmalloc is missing)."]
+    if choice == "auto" and script:
+        return {}, ("malloc: a script's ranks keep glibc's, as `python script.py` has it (launcher.malloc=tcmalloc "
+                    "preloads tcmalloc; nothing then gives its free memory back after a step)"), []
     if choice == "glibc" or (choice == "auto" and glibc_vars) or "tcmalloc" not in found:
         return {}, _glibc_note(choice, glibc_vars), []
     path = found["tcmalloc"]
@@ -74,8 +80,10 @@ def _glibc_note(choice: str, glibc_vars: tuple[str, ...]) -> str:
             f"larger ones too, is not installed here ({INSTALL})")
 
 
-def with_malloc(ranks: tuple[RankPlan, ...], choice: str, host: HostFacts) -> tuple[tuple, list[str], list[str]]:
-    """(``ranks`` with the allocator's variables added, problems, notes) of ``launcher.malloc=choice`` on ``host``."""
-    env, note, problems = plan_malloc(choice, host.malloc_libs, host.preload, host.malloc_vars)
+def with_malloc(ranks: tuple[RankPlan, ...], choice: str, host: HostFacts,
+                script: bool = False) -> tuple[tuple, list[str], list[str]]:
+    """(``ranks`` with the allocator's variables added, problems, notes) of ``launcher.malloc=choice`` on ``host``
+    (``script``: as plan_malloc's)."""
+    env, note, problems = plan_malloc(choice, host.malloc_libs, host.preload, host.malloc_vars, script)
     ranks = tuple(dataclasses.replace(r, env={**r.env, **env}) for r in ranks) if env else ranks
     return ranks, problems, [note] if note else []

@@ -204,7 +204,7 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
                         f"(init_process_group() takes gloo on the CPU and nccl on a GPU, as torchrun's ranks do) or "
                         f"write \"cuda:nccl,cpu:gloo\".")
     omp_problems, omp_notes = omp_threads_kept(host.omp_threads, host.cpu_count, nproc)
-    problems, notes = problems + omp_problems + with_malloc((), cfg.launcher.malloc, host)[1], [*notes, *omp_notes]
+    problems, notes = problems + omp_problems + with_malloc((), cfg.launcher.malloc, host, script=True)[1], [*notes, *omp_notes]
     if problems:
         raise ConfigError(problems)
     ds_ops = tuple(dict.fromkeys([*ds_ops, *cfg.script_ops]))  # the engine's, then the script's own
@@ -213,7 +213,7 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
         master_port=c.master_port, cpu_count=host.cpu_count, extensions_dir=host.extensions_dir,
         path=host.toolchain_path, omp_threads=host.omp_threads,
     )
-    ranks, _, malloc_notes = with_malloc(ranks, cfg.launcher.malloc, host)  # its problems: checked above
+    ranks, _, malloc_notes = with_malloc(ranks, cfg.launcher.malloc, host, script=True)  # problems: checked above
     notes = [*notes, *malloc_notes]
     handover: dict[str, str] = {}
     if use.kind == "accelerate":  # the plan reaches Accelerator() as accelerate launch hands it over

@@ -30,7 +30,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from launcher.constants import MMAP_MAX
@@ -92,3 +92,26 @@ def _set_glibc() -> str:
         return "malloc left as it is (glibc refused mallopt)"
     return (f"malloc keeps up to {TRIM_THRESHOLD >> 20} MiB of freed memory for the next step, blocks under "
             f"{MMAP_THRESHOLD >> 20} MiB from its heap (launcher/worker/heap.py)")
+
+
+def release_hook(maps: str | None = None) -> Callable[[], None] | None:
+    """Where tcmalloc runs (``maps``: as running_allocator's): a function for the end of each step that gives the
+    kernel back what tcmalloc holds free beyond TRIM_THRESHOLD, as glibc's trim threshold is set here. tcmalloc keeps
+    every freed block, so a table or a state freed once (moved onto huge pages, replaced by a checkpoint's) would stay
+    resident beside its successor: a 2 GiB tensor freed left RSS at 2 GiB. What a step frees and the next makes again
+    stays under the threshold and is kept. None where tcmalloc does not run, or lacks gperftools' C API."""
+    if "tcmalloc" not in running_allocator(maps):
+        return None
+    lib = ctypes.CDLL(None)
+    try:
+        free_bytes, release = lib.MallocExtension_GetNumericProperty, lib.MallocExtension_ReleaseToSystem
+    except AttributeError:
+        return None
+    free_bytes.argtypes, free_bytes.restype = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_int
+    release.argtypes, release.restype = [ctypes.c_size_t], None
+    held = ctypes.c_size_t()
+
+    def give_back() -> None:
+        if free_bytes(b"tcmalloc.pageheap_free_bytes", ctypes.byref(held)) and held.value > TRIM_THRESHOLD:
+            release(held.value - TRIM_THRESHOLD)
+    return give_back

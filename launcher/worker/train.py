@@ -30,7 +30,7 @@ from launcher.tables.partition import RowPartition
 from launcher.usercode import recipe_for
 from launcher.usercode.items import OutputLoss, move_to
 from launcher.worker.accounting import resident_bytes
-from launcher.worker.heap import keep_freed_memory
+from launcher.worker.heap import keep_freed_memory, release_hook
 from launcher.worker.host_modules import HostModules, host_group, place_on_host
 from launcher.worker.mesh import DataParallel, build_mesh, describe_mesh, stage_mesh
 from launcher.worker.optimizers import build_optimizer
@@ -57,6 +57,10 @@ def run_rank(path: str | Path) -> None:
     rank_dir.mesh.write_text(json.dumps(describe_mesh(mesh, dp), indent=2))
     rss_at_start = resident_bytes()  # the runtime's own: imports, the process group, the mesh
     trainer = build_trainer(plan, dp, device, rank, mesh)
+    give_back = release_hook()
+    if give_back is not None:  # tcmalloc: what the build freed (weights moved into the stores) goes back now
+        give_back()
+        trainer.step_end = give_back
     trainer.memory_marks = {"rss_at_start": rss_at_start, "rss_after_build": resident_bytes()}
     trainer.track_memory = os.environ.get("HL_MEMORY_TRACKER") == "1"  # memory.json "tracker": torch's split
     if plan.resume_from:

@@ -68,6 +68,9 @@ class Trainer:
         self.saving: Callable[[], AbstractContextManager[None]] = nullcontext
         """Around a checkpoint's save: fit sets it to MetricsWriter.saving (the heartbeat says "saving" and a thread
         keeps it moving, so a save longer than launcher.watchdog_s is not taken for a hang)."""
+        self.step_end: Callable[[], None] = lambda: None
+        """Called after each step: run_rank sets it to the allocator's (launcher/worker/heap.py release_hook: what
+        tcmalloc holds free beyond 256 MiB goes back to the kernel)."""
         self._lookahead = self._build_lookahead()
         self.early = EarlyStop(plan.early_stop) if plan.early_stop is not None else None
         """trainer.early_stop's state (launcher/worker/early_stop.py); None without early stopping."""
@@ -210,6 +213,7 @@ class Trainer:
             if step == first:  # optimizer states exist from the first step on
                 self.write_memory(run_dir, rank_dir, tracked)
             metrics.step_done(step)
+            self.step_end()
             if step == first or step % p.log_every == 0 or step == p.steps:
                 watch.check()
                 local, mean = loss.item(), mean_over(loss, self.dp)

@@ -57,7 +57,7 @@ def test_preloaded_reads_library_names_not_folders():
     assert preloaded("") == ""
 
 
-def test_every_rank_of_a_recipe_and_of_a_script_gets_the_plans_allocator(cpu_host, tmp_path):
+def test_a_recipes_ranks_get_tcmalloc_and_a_scripts_when_asked(cpu_host, tmp_path):
     host = dataclasses.replace(cpu_host, malloc_libs=LIBS)
     plan = plan_of(["recipe=quickstart"], host)
     assert [r.env["LD_PRELOAD"] for r in plan.ranks] == [TC, TC]
@@ -69,7 +69,9 @@ def test_every_rank_of_a_recipe_and_of_a_script_gets_the_plans_allocator(cpu_hos
     def script_plan(overrides, on):
         return plan_script(compose_config([f"script={script}", *overrides]), on, backends=tuple(BACKENDS.values()),
                            parts=RULES)
-    plan = script_plan([], host)
+    plan = script_plan([], host)  # a script keeps what `python script.py` has, unless asked
+    assert all("LD_PRELOAD" not in r.env for r in plan.ranks) and any("script's ranks keep" in n for n in plan.notes)
+    plan = script_plan(["launcher.malloc=tcmalloc"], host)
     assert [r.env["LD_PRELOAD"] for r in plan.ranks] == [TC] * plan.world_size
     with pytest.raises(ConfigError, match="launcher.malloc=tcmalloc, but this host has no tcmalloc"):
         script_plan(["launcher.malloc=tcmalloc"], cpu_host)

@@ -82,8 +82,9 @@ def test_nothing_set_means_the_rank_is_set_on_glibc():
 
 CAT = '''
 import ctypes, json, resource, sys
-from launcher.worker.heap import keep_freed_memory
+from launcher.worker.heap import keep_freed_memory, release_hook
 words = keep_freed_memory()
+step_end = release_hook() or (lambda: None)  # as the Trainer calls it after each step
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
@@ -94,12 +95,25 @@ def step():  # 8 lookups of 4 MiB, then, while they live, their concatenation: 3
         ctypes.memset(b, 1, n)
     for b in blocks:
         libc.free(b)
+    step_end()
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
 for _ in range(2):
     step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(5):
     step()
-print(json.dumps({"faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5, "words": words}))
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
+def table_freed():  # a table (torch aligns its blocks: posix_memalign), moved elsewhere and freed at a step's end
+    table = ctypes.c_void_p()
+    libc.posix_memalign(ctypes.byref(table), 64, 1 << 30)
+    ctypes.memset(table.value, 1, 1 << 30)
+    with_table = rss()
+    libc.free(table.value)
+    step_end()
+    return with_table - rss()
+table_freed()  # tcmalloc gives the first one back by itself
+print(json.dumps({"faults": faults, "words": words, "freed": table_freed()}))
 '''
 
 
@@ -116,13 +130,17 @@ TCMALLOC = dict(find_allocators()).get("tcmalloc", "")
 @pytest.mark.skipif(not TCMALLOC, reason="tcmalloc is not installed (apt-get install libtcmalloc-minimal4)")
 def test_tcmalloc_reuses_a_steps_32_mib_block_where_glibc_maps_and_faults_it_at_every_step():
     """launcher/plan/malloc.py's reason to preload tcmalloc: glibc, even as heap.py sets it, faults the 32 MiB block's
-    8,192 pages at every step (its heap has no free chunk that large while the lookups live); tcmalloc none. A name in
-    LD_PRELOAD that this host lacks leaves the process on glibc, set as heap.py sets it, and its words say so."""
+    8,192 pages at every step (its heap has no free chunk that large while the lookups live); tcmalloc none, with
+    release_hook called after each step as the Trainer calls it, which still gives back a freed GiB (tcmalloc alone
+    would keep it). A name in LD_PRELOAD that this host lacks leaves the process on glibc, set as heap.py sets it, and
+    its words say so."""
     glibc, tc = _cat_faults(""), _cat_faults(TCMALLOC)
     missing = _cat_faults("/nonexistent/libtcmalloc_minimal.so.4")
     assert glibc["faults"] > 8192 * 0.9, glibc
     assert "256 MiB of freed memory" in glibc["words"]
     assert tc["faults"] < 100, tc
+    for run in (glibc, tc, missing):  # the freed GiB: glibc unmaps it; tcmalloc keeps it, but release_hook gives it back
+        assert run["freed"] > 0.9 * (1 << 30), run
     assert tc["words"].startswith("malloc: tcmalloc (/") and "libtcmalloc" in tc["words"], tc
     assert missing["words"].startswith("tcmalloc is in LD_PRELOAD but not loaded (not on this host?): malloc keeps")
     assert missing["faults"] > 8192 * 0.9, missing
