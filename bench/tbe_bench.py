@@ -3,7 +3,7 @@ embedding work of one training step, interleaved in one invocation.
 
     .venv/bin/python bench/tbe_bench.py [--shape 26x1000000x16] [--batch 4096] [--rounds 3] [--steps 8]
                                         [--threads 1] [--variants sgd,fbgemm_sgd,...] [--out bench/results/tbe.txt]
-                                        [--kernels]
+                                        [--kernels] [--shared] [--malloc glibc]
 
 ``--kernels`` times the project's table kernels alone (``store.step()``: coalesce and update) at 1 and 2 threads,
 alternating step by step in one process, --steps (default 20 there) of each per round (``kernel_threads``), and then
@@ -32,7 +32,9 @@ launcher/worker/heap.py sets it; ``--malloc glibc`` keeps glibc's), for every va
 A variant whose own tables and states would not fit in 85 % of the memory available is left out, with its size said
 (``fitting``: lazy Adam and FTRL at 8 x 4 M x 64 hold 24 GiB); each report's header names the processor.
 
-Every variant is built once and kept while their tables fit in 70 % of the memory available (else each round builds
+Each round of each variant runs in a fresh process of its own (``isolated``; since 2026-12-03: sharing one process, a
+variant inherited memory another had freed). With ``--shared`` every variant runs in this process, built once and
+kept while their tables fit in 70 % of the memory available (else each round builds
 each variant afresh and frees it); each round runs --warmup steps of each variant, then times --steps; rounds
 alternate the variants' order. Reported: per variant the median ms/step over rounds (each round's own median),
 the spread (min-max of the round medians), bytes moved per step (rows read and written, states included) and that
@@ -49,6 +51,7 @@ import gc
 import itertools
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -385,6 +388,9 @@ def main() -> None:
     ap.add_argument("--out", default="", help="append the report to this file")
     ap.add_argument("--kernels", action="store_true", help="the project's table kernels alone, 1 against 2 threads")
     ap.add_argument("--malloc", default="auto", help="launcher.malloc of the process (auto: as a rank's here)")
+    ap.add_argument("--shared", action="store_true", help="every variant in this one process (default: each round "
+                                                       "of each variant in a process of its own)")
+    ap.add_argument("--one", default="", help=argparse.SUPPRESS)  # isolated's child: one round of this variant
     args = ap.parse_args()
     global MALLOC
     MALLOC = rank_malloc.as_a_rank(args.malloc)  # the process's malloc as a recipe rank's, every variant alike
@@ -394,6 +400,9 @@ def main() -> None:
     variants = fitting([v for v in args.variants.split(",") if v], shape)
     if args.steps is None:
         args.steps = 20 if args.kernels else 8
+    if args.one:  # isolated's child: one round of one variant, built here, its median ms on the last line
+        print(measure(args.one, shape, args.batch, args.warmup, args.steps))
+        return
     if args.kernels:
         report(kernel_threads([v for v in variants if base_of(v) in PROJECT], shape, args.batch, args.rounds,
                               args.warmup, args.steps), args.out)
@@ -409,16 +418,20 @@ def main() -> None:
     # Every variant built once and kept, when they fit in 70 % of the memory available: a training process allocates
     # its tables once, and rebuilding 1-8 GB per variant and round left each round on pages in another state.
     resident = sum(table_bytes(v, shape) for v in variants) < 0.7 * kernel_field("/proc/meminfo", "MemAvailable")
+    isolate = not args.shared
+    resident = resident and not isolate
     built = {v: build(v, *shape) for v in variants} if resident else {}
     for v in built:  # one untimed round: the first steps of a variant kept are not its steady state
         measure(v, shape, args.batch, args.warmup, args.steps, built[v])
     for r in range(args.rounds):
         order = variants if r % 2 == 0 else variants[::-1]
         for v in order:
-            results[v].append(measure(v, shape, args.batch, args.warmup, args.steps, built.get(v)))
+            results[v].append(isolated(v, args) if isolate else
+                              measure(v, shape, args.batch, args.warmup, args.steps, built.get(v)))
         print(f"round {r + 1}: " + ", ".join(f"{v} {results[v][-1]:.1f}" for v in variants), flush=True)
     lines = [f"# tbe_bench {args.shape} batch {args.batch}, {args.threads} thread(s), {args.rounds} rounds x "
-             f"{args.steps} steps, variants {'kept' if resident else 'rebuilt each round'}; "
+             f"{args.steps} steps, variants "
+             f"{'kept' if resident else 'each in a process of its own' if isolate else 'rebuilt each round'}; "
              f"copy bound {bound:.1f} GB/s; "
              f"torch {torch.__version__}; {machine()}; {MALLOC.split(' (')[0]}",
              f"{'variant':<24}{'median ms':>10}{'spread':>16}{'GB/s':>7}{'of copy':>8}   ratio to FBGEMM (rounds)"]
@@ -434,6 +447,19 @@ def main() -> None:
         spread = f"{min(results[v]):.1f}-{max(results[v]):.1f}"
         lines.append(f"{v:<24}{med:>10.1f}{spread:>16}{rate:>7.2f}{rate / bound:>8.1%}   {ratio}")
     report("\n".join(lines), args.out)
+
+
+def isolated(variant: str, args: argparse.Namespace) -> float:
+    """One round of ``variant`` in a fresh process (the default; ``--shared`` runs every variant in one): with the same malloc, threads, shape and batch,
+    nothing of another variant's memory to inherit. Sharing one process, a variant run after another reused its freed
+    memory: under glibc the room in the heap its blocks left (no page faults for a 32 MiB block), under tcmalloc the
+    very pages, still on the transparent huge pages the store's tables were moved to (FBGEMM's SGD at 8 x 4 M x 64,
+    batch 16,384: 13.0-15.6 ms after the store's variant, 17.5-18.1 ms in a process of its own)."""
+    cmd = [sys.executable, __file__, "--one", variant, "--shape", args.shape, "--batch", str(args.batch),
+           "--warmup", str(args.warmup), "--steps", str(args.steps), "--threads", str(args.threads),
+           "--malloc", args.malloc]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def report(text: str, out: str) -> None:

@@ -10,9 +10,9 @@ tcmalloc keeps every size it freed for reuse. Measured on the one-thread step of
 
 ``auto`` preloads tcmalloc into a recipe's ranks where it is installed, as torch's own CPU launcher
 (torch.backends.xeon.run_cpu) does by default, and keeps glibc's malloc elsewhere and for a script's ranks (which have
-no Trainer to give tcmalloc's free memory back after each step: launcher/worker/heap.py release_hook); ``tcmalloc`` is refused where it is not installed; ``glibc`` keeps
-glibc's. The user's own choice wins: an allocator already in LD_PRELOAD, or glibc's own variables set (then auto keeps
-glibc's, configured as the user configured it)."""
+no Trainer to give tcmalloc's free memory back after each step: launcher/worker/heap.py release_hook); ``tcmalloc``
+is refused where it is not installed; ``glibc`` keeps glibc's. The user's own choice wins: an allocator already in
+LD_PRELOAD, or glibc's own variables set (then auto keeps glibc's, configured as the user configured it)."""
 
 from __future__ import annotations
 

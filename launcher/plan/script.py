@@ -204,7 +204,8 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
                         f"(init_process_group() takes gloo on the CPU and nccl on a GPU, as torchrun's ranks do) or "
                         f"write \"cuda:nccl,cpu:gloo\".")
     omp_problems, omp_notes = omp_threads_kept(host.omp_threads, host.cpu_count, nproc)
-    problems, notes = problems + omp_problems + with_malloc((), cfg.launcher.malloc, host, script=True)[1], [*notes, *omp_notes]
+    problems += omp_problems + with_malloc((), cfg.launcher.malloc, host, script=True)[1]
+    notes = [*notes, *omp_notes]
     if problems:
         raise ConfigError(problems)
     ds_ops = tuple(dict.fromkeys([*ds_ops, *cfg.script_ops]))  # the engine's, then the script's own

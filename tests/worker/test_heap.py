@@ -139,7 +139,7 @@ def test_tcmalloc_reuses_a_steps_32_mib_block_where_glibc_maps_and_faults_it_at_
     assert glibc["faults"] > 8192 * 0.9, glibc
     assert "256 MiB of freed memory" in glibc["words"]
     assert tc["faults"] < 100, tc
-    for run in (glibc, tc, missing):  # the freed GiB: glibc unmaps it; tcmalloc keeps it, but release_hook gives it back
+    for run in (glibc, tc, missing):  # the freed GiB: glibc unmaps it; tcmalloc keeps it, release_hook gives it back
         assert run["freed"] > 0.9 * (1 << 30), run
     assert tc["words"].startswith("malloc: tcmalloc (/") and "libtcmalloc" in tc["words"], tc
     assert missing["words"].startswith("tcmalloc is in LD_PRELOAD but not loaded (not on this host?): malloc keeps")
