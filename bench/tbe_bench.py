@@ -450,11 +450,12 @@ def main() -> None:
 
 
 def isolated(variant: str, args: argparse.Namespace) -> float:
-    """One round of ``variant`` in a fresh process (the default; ``--shared`` runs every variant in one): with the same malloc, threads, shape and batch,
-    nothing of another variant's memory to inherit. Sharing one process, a variant run after another reused its freed
-    memory: under glibc the room in the heap its blocks left (no page faults for a 32 MiB block), under tcmalloc the
-    very pages, still on the transparent huge pages the store's tables were moved to (FBGEMM's SGD at 8 x 4 M x 64,
-    batch 16,384: 13.0-15.6 ms after the store's variant, 17.5-18.1 ms in a process of its own)."""
+    """One round of ``variant`` in a fresh process (the default; ``--shared`` runs every variant in one): with the
+    same malloc, threads, shape and batch, nothing of another variant's memory to inherit. Sharing one process, a
+    variant run after another reused its freed memory: under glibc the room in the heap its blocks left (no page
+    faults for a 32 MiB block), under tcmalloc the very pages, still on the transparent huge pages the store's tables
+    were moved to (FBGEMM's SGD at 8 x 4 M x 64, batch 16,384: 13.0-15.6 ms after the store's variant, 17.5-18.1 ms
+    in a process of its own)."""
     cmd = [sys.executable, __file__, "--one", variant, "--shape", args.shape, "--batch", str(args.batch),
            "--warmup", str(args.warmup), "--steps", str(args.steps), "--threads", str(args.threads),
            "--malloc", args.malloc]
