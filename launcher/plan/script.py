@@ -204,18 +204,17 @@ def plan_script(cfg: DictConfig, host: HostFacts, use: ScriptUse | None = None, 
                         f"(init_process_group() takes gloo on the CPU and nccl on a GPU, as torchrun's ranks do) or "
                         f"write \"cuda:nccl,cpu:gloo\".")
     omp_problems, omp_notes = omp_threads_kept(host.omp_threads, host.cpu_count, nproc)
-    problems += omp_problems + with_malloc((), cfg.launcher.malloc, host, script=True)[1]
-    notes = [*notes, *omp_notes]
-    if problems:
-        raise ConfigError(problems)
-    ds_ops = tuple(dict.fromkeys([*ds_ops, *cfg.script_ops]))  # the engine's, then the script's own
     ranks = plan_ranks(
         nnodes=1, nproc_per_node=nproc, device_type=device_type, master_addr=c.master_addr,
         master_port=c.master_port, cpu_count=host.cpu_count, extensions_dir=host.extensions_dir,
         path=host.toolchain_path, omp_threads=host.omp_threads,
     )
-    ranks, _, malloc_notes = with_malloc(ranks, cfg.launcher.malloc, host, script=True)  # problems: checked above
-    notes = [*notes, *malloc_notes]
+    ranks, malloc_problems, malloc_notes = with_malloc(ranks, cfg.launcher.malloc, host, script=True)
+    problems += omp_problems + malloc_problems
+    notes = [*notes, *omp_notes, *malloc_notes]
+    if problems:
+        raise ConfigError(problems)
+    ds_ops = tuple(dict.fromkeys([*ds_ops, *cfg.script_ops]))  # the engine's, then the script's own
     handover: dict[str, str] = {}
     if use.kind == "accelerate":  # the plan reaches Accelerator() as accelerate launch hands it over
         handover, problems, more = accelerate_handover(runtime, device_type, use, parts.config_file(runtime.parts),

@@ -40,17 +40,21 @@ TRIM_THRESHOLD = 256 << 20
 MMAP_THRESHOLD = MMAP_MAX
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 """mallopt's parameter numbers (malloc.h)."""
-USERS_OWN = GLIBC_VARIABLES
+
+
+def _maps() -> str:
+    """This process's /proc/self/maps ('' where there is none)."""
+    try:
+        return Path("/proc/self/maps").read_text()
+    except OSError:
+        return ""
 
 
 def running_allocator(maps: str | None = None) -> str:
     """The path of the allocator of ALLOCATORS loaded in this process ('' for none): from ``maps``, the text of
-    /proc/self/maps (read when None; '' where there is none)."""
+    /proc/self/maps (read when None)."""
     if maps is None:
-        try:
-            maps = Path("/proc/self/maps").read_text()
-        except OSError:
-            maps = ""
+        maps = _maps()
     paths = {line.split()[-1] for line in maps.splitlines() if line.count(" ") >= 5 and "/" in line}
     return next((p for p in sorted(paths) if preloaded(p)), "")
 
@@ -61,7 +65,7 @@ def left_alone(environ: Mapping[str, str], maps: str | None = None) -> str:
     running = running_allocator(maps)
     if running:
         return f"{preloaded(running)} runs: {running}"
-    own = [v for v in USERS_OWN if v in environ]
+    own = [v for v in GLIBC_VARIABLES if v in environ]
     if own:
         return f"{own[0]} is set"
     if platform.libc_ver()[0] != "glibc":
@@ -73,6 +77,7 @@ def keep_freed_memory(environ: Mapping[str, str] | None = None, maps: str | None
     """Set the rank's malloc as the module says, unless ``left_alone``; returns the words for the rank's log (they
     say when LD_PRELOAD names an allocator this process has not loaded)."""
     environ = os.environ if environ is None else environ
+    maps = _maps() if maps is None else maps  # read once: running_allocator and left_alone both look
     running = running_allocator(maps)
     if running:
         return f"malloc: {preloaded(running)} ({running})"
